@@ -1,0 +1,472 @@
+"""Scaled dot-product attention, attention masks, multi-head attention and its KV cache.
+
+Mask convention, one for all of attnlab: a **boolean** tensor broadcastable to
+(B, H, Tq, Tk) where ``True`` means *may attend*. PyTorch's ``key_padding_mask`` and boolean
+``attn_mask`` of ``nn.MultiheadAttention`` use the opposite sense (``True`` = ignore); convert
+them at the boundary with :func:`from_key_padding_mask` and :func:`from_attn_mask`.
+A query row with nothing to attend to yields zeros (and zero gradients), never NaN.
+
+Causal masks are aligned bottom-right: with Tq queries and Tk keys, query ``i`` sits at
+position ``Tk - Tq + i``. For Tq == Tk this is the usual lower triangle; for a KV cache it lets
+the new queries see every cached key and each other causally.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+# Global switch: when False, every call takes the explicit path (for inspection and teaching).
+USE_FUSED = True
+
+
+class explicit_attention:  # noqa: N801 - used as a context manager, reads like a statement
+    """Context manager that forces the explicit (step-by-step) attention path everywhere."""
+
+    def __enter__(self) -> None:
+        global USE_FUSED
+        self._previous = USE_FUSED
+        USE_FUSED = False
+
+    def __exit__(self, *exc: object) -> None:
+        global USE_FUSED
+        USE_FUSED = self._previous
+
+
+# --------------------------------------------------------------------------- masks
+
+
+def padding_mask(lengths: Tensor, max_len: int | None = None) -> Tensor:
+    """Key mask from sequence lengths: (B,) -> (B, 1, 1, T), True where a real token is."""
+    if lengths.dim() != 1:
+        raise ValueError(f"lengths must be 1-D (B,), got shape {tuple(lengths.shape)}")
+    T = int(lengths.max()) if max_len is None else max_len
+    positions = torch.arange(T, device=lengths.device)  # (T,)
+    return (positions[None, :] < lengths[:, None])[:, None, None, :]  # (B, 1, 1, T)
+
+
+def padding_mask_from_ids(ids: Tensor, pad_id: int = 0) -> Tensor:
+    """Key mask from token ids: (B, T) -> (B, 1, 1, T), True where the id is not ``pad_id``."""
+    if ids.dim() != 2:
+        raise ValueError(f"ids must be (B, T), got shape {tuple(ids.shape)}")
+    return (ids != pad_id)[:, None, None, :]  # (B, 1, 1, T)
+
+
+def causal_mask(t_q: int, t_k: int | None = None, device: torch.device | None = None) -> Tensor:
+    """Bottom-right aligned causal mask (1, 1, Tq, Tk): query i may see keys j <= i + Tk - Tq."""
+    t_k = t_q if t_k is None else t_k
+    if t_k < t_q:
+        raise ValueError(f"a causal mask needs Tk >= Tq, got Tq={t_q}, Tk={t_k}")
+    i = torch.arange(t_q, device=device)[:, None]  # (Tq, 1)
+    j = torch.arange(t_k, device=device)[None, :]  # (1, Tk)
+    return (j <= i + (t_k - t_q))[None, None]  # (1, 1, Tq, Tk)
+
+
+def combine_masks(*masks: Tensor | None) -> Tensor | None:
+    """Logical AND of boolean masks (None entries are skipped); None if all are None."""
+    result = None
+    for m in masks:
+        if m is None:
+            continue
+        result = m if result is None else result & m
+    return result
+
+
+def from_key_padding_mask(key_padding_mask: Tensor) -> Tensor:
+    """PyTorch ``key_padding_mask`` (B, Tk), True/-inf = ignore -> attnlab mask (B, 1, 1, Tk)."""
+    if key_padding_mask.dim() != 2:
+        raise ValueError(
+            f"key_padding_mask must be (B, Tk), got shape {tuple(key_padding_mask.shape)}"
+        )
+    if key_padding_mask.dtype == torch.bool:
+        keep = ~key_padding_mask
+    else:
+        keep = _additive_to_bool(key_padding_mask, "key_padding_mask")
+    return keep[:, None, None, :]  # (B, 1, 1, Tk)
+
+
+def to_key_padding_mask(mask: Tensor) -> Tensor:
+    """attnlab key mask (B, 1, 1, Tk) -> PyTorch ``key_padding_mask`` (B, Tk), True = ignore."""
+    if mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[2] != 1:
+        raise ValueError(f"expected a key mask of shape (B, 1, 1, Tk), got {tuple(mask.shape)}")
+    return ~mask[:, 0, 0, :]  # (B, Tk)
+
+
+def from_attn_mask(attn_mask: Tensor, n_heads: int | None = None) -> Tensor:
+    """PyTorch ``attn_mask`` (Tq, Tk) or (B*H, Tq, Tk), True/-inf = blocked -> attnlab mask.
+
+    Returns (1, 1, Tq, Tk) or (B, H, Tq, Tk). A float mask must hold only 0 and -inf; a general
+    additive bias has no boolean meaning: pass it as ``bias=`` instead.
+    """
+    keep = (
+        ~attn_mask if attn_mask.dtype == torch.bool else _additive_to_bool(attn_mask, "attn_mask")
+    )
+    if keep.dim() == 2:
+        return keep[None, None]  # (1, 1, Tq, Tk)
+    if keep.dim() == 3:
+        if n_heads is None:
+            raise ValueError("a 3-D attn_mask (B*H, Tq, Tk) needs n_heads to be unflattened")
+        return keep.view(-1, n_heads, *keep.shape[1:])  # (B, H, Tq, Tk)
+    raise ValueError(f"attn_mask must be 2-D or 3-D, got shape {tuple(attn_mask.shape)}")
+
+
+def to_attn_mask(mask: Tensor) -> Tensor:
+    """attnlab mask -> PyTorch boolean ``attn_mask`` sense (True = blocked), same shape."""
+    return ~mask
+
+
+def _additive_to_bool(mask: Tensor, name: str) -> Tensor:
+    """0 -> True (keep), -inf -> False (blocked); anything else is not a mask."""
+    blocked = torch.isneginf(mask)
+    if not torch.all(blocked | (mask == 0)):
+        raise ValueError(
+            f"{name} holds values other than 0 and -inf: that is an additive bias, not a mask; "
+            "pass it as bias= instead"
+        )
+    return ~blocked
+
+
+def _check_mask(mask: Tensor, target: tuple[int, ...]) -> None:
+    """Raise a clear error unless ``mask`` is boolean and broadcasts to ``target``."""
+    if mask.dtype != torch.bool:
+        raise ValueError(
+            f"mask must be a bool tensor (True = may attend), got {mask.dtype}; convert PyTorch "
+            "masks with from_attn_mask / from_key_padding_mask, or pass an additive float as bias="
+        )
+    try:
+        torch.broadcast_shapes(mask.shape, target)
+    except RuntimeError:
+        raise ValueError(
+            f"mask of shape {tuple(mask.shape)} does not broadcast to (B, H, Tq, Tk) = {target}; "
+            "a key padding mask is (B, 1, 1, Tk), a causal mask (1, 1, Tq, Tk)"
+        ) from None
+
+
+# --------------------------------------------------------------------------- attention
+
+
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    is_causal: bool = False,
+    dropout_p: float = 0.0,
+    return_weights: bool = False,
+    *,
+    bias: Tensor | None = None,
+    scale: float | None = None,
+    fused: bool | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Attention(Q, K, V) = softmax(Q Kᵀ / √d_k + bias, masked) V  (Vaswani et al. 2017, eq. 1).
+
+    q: (B, H, Tq, Dk); k: (B, Hkv, Tk, Dk); v: (B, Hkv, Tk, Dv), with H a multiple of Hkv
+    (grouped-query attention shares each key/value head among H / Hkv query heads).
+    mask: bool, broadcastable to (B, H, Tq, Tk), True = may attend. bias: additive float scores
+    (relative position bias, ALiBi). Returns (output (B, H, Tq, Dv), weights (B, H, Tq, Tk) or
+    None). Unless weights are asked for (or ``fused=False`` / :data:`USE_FUSED` is off) this
+    runs PyTorch's fused kernel; both paths give the same numbers.
+    """
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(
+            "q, k, v must be 4-D (B, H, T, D); got "
+            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    if not (q.is_floating_point() and k.is_floating_point() and v.is_floating_point()):
+        raise ValueError(f"q, k, v must be floating point, got {q.dtype}, {k.dtype}, {v.dtype}")
+    B, H, Tq, Dk = q.shape
+    Hkv, Tk = k.shape[1], k.shape[2]
+    if H % Hkv != 0 or v.shape[1] != Hkv:
+        raise ValueError(
+            f"query heads ({H}) must be a multiple of key/value heads (k: {Hkv}, v: {v.shape[1]})"
+        )
+    if mask is not None:
+        _check_mask(mask, (B, H, Tq, Tk))
+    if is_causal:
+        mask = combine_masks(mask, causal_mask(Tq, Tk, device=q.device))
+    scale = 1.0 / math.sqrt(Dk) if scale is None else scale
+
+    use_fused = (USE_FUSED if fused is None else fused) and not return_weights
+    if use_fused:
+        return _fused_attention(q, k, v, mask, bias, dropout_p, scale), None
+
+    if Hkv != H:  # share each key/value head among H / Hkv query heads
+        k = k.repeat_interleave(H // Hkv, dim=1)  # (B, H, Tk, Dk)
+        v = v.repeat_interleave(H // Hkv, dim=1)  # (B, H, Tk, Dv)
+    scores = torch.matmul(q, k.transpose(-2, -1)) * scale  # (B, H, Tq, Tk)
+    if bias is not None:
+        scores = scores + bias
+    if mask is not None:
+        # The dtype's lowest finite value instead of -inf: a fully masked row then softmaxes to a
+        # harmless uniform row (no NaN), which the multiplication below turns into zeros.
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores, dim=-1)  # (B, H, Tq, Tk)
+    if mask is not None:
+        weights = weights * mask  # rows with nothing to attend to become all zeros
+    if dropout_p > 0.0:
+        weights = F.dropout(weights, p=dropout_p)
+    out = torch.matmul(weights, v)  # (B, H, Tq, Dv)
+    return out, weights
+
+
+def _fused_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    bias: Tensor | None,
+    dropout_p: float,
+    scale: float,
+) -> Tensor:
+    """PyTorch's fused kernel with attnlab's conventions (mask sense, zero rows, GQA)."""
+    H, Hkv = q.shape[1], k.shape[1]
+    attn_mask: Tensor | None = mask
+    if bias is not None:
+        attn_mask = bias if mask is None else torch.where(mask, bias, float("-inf"))
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale, enable_gqa=Hkv != H
+    )  # (B, H, Tq, Dv)
+    if bias is not None and mask is not None:
+        # With a float mask the kernel cannot tell "blocked" from "very unlikely": zero the rows
+        # that attend to nothing so they match the explicit path.
+        any_key = mask.any(dim=-1, keepdim=True)  # (B|1, H|1, Tq|1, 1)
+        out = out.masked_fill(~any_key, 0.0)
+    return out
+
+
+# --------------------------------------------------------------------------- KV cache
+
+
+class KVCache:
+    """Keys and values kept between decoding steps, (B, Hkv, T, D), grown in place.
+
+    For self-attention each call appends the new positions; for cross-attention the encoder's
+    keys and values are computed once and reused (``static``). Storage doubles when full, so
+    appending a token costs O(1) amortised instead of a full copy.
+    """
+
+    def __init__(self) -> None:
+        self._k: Tensor | None = None
+        self._v: Tensor | None = None
+        self.length = 0
+        self.static = False
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Add new keys/values (B, Hkv, Tnew, D); return all of them so far (B, Hkv, T, D)."""
+        t_new = k.shape[2]
+        if self._k is None or self._v is None:
+            capacity = max(16, 2 * t_new)
+            self._k = k.new_empty(k.shape[0], k.shape[1], capacity, k.shape[3])
+            self._v = v.new_empty(v.shape[0], v.shape[1], capacity, v.shape[3])
+        elif self.length + t_new > self._k.shape[2]:
+            capacity = max(2 * self._k.shape[2], self.length + t_new)
+            self._k = _grow(self._k, capacity, self.length)
+            self._v = _grow(self._v, capacity, self.length)
+        end = self.length + t_new
+        self._k[:, :, self.length : end] = k
+        self._v[:, :, self.length : end] = v
+        self.length = end
+        return self.keys, self.values
+
+    def set_static(self, k: Tensor, v: Tensor) -> None:
+        """Store cross-attention keys/values that stay fixed for the whole decode."""
+        self._k, self._v, self.length, self.static = k, v, k.shape[2], True
+
+    @property
+    def keys(self) -> Tensor:
+        assert self._k is not None, "empty KVCache"
+        return self._k[:, :, : self.length]  # (B, Hkv, T, D)
+
+    @property
+    def values(self) -> Tensor:
+        assert self._v is not None, "empty KVCache"
+        return self._v[:, :, : self.length]  # (B, Hkv, T, D)
+
+    def reorder(self, index: Tensor) -> None:
+        """Select batch rows (beam search): keep rows ``index`` (B',) of the batch."""
+        if self._k is not None and self._v is not None:
+            self._k = self._k.index_select(0, index)
+            self._v = self._v.index_select(0, index)
+
+
+def _grow(buffer: Tensor, capacity: int, used: int) -> Tensor:
+    """Copy the used part of a cache buffer into a larger one."""
+    bigger = buffer.new_empty(*buffer.shape[:2], capacity, buffer.shape[3])
+    bigger[:, :, :used] = buffer[:, :, :used]
+    return bigger
+
+
+# --------------------------------------------------------------------------- multi-head
+
+
+RotaryHook = Callable[[Tensor, Tensor, int], tuple[Tensor, Tensor]]
+
+
+class MultiHeadAttention(nn.Module):
+    """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O  (Vaswani et al. 2017, §3.2.2).
+
+    head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V). Self-attention when ``context`` is None, else
+    cross-attention over ``context`` (its length and width may differ from the query's).
+    ``n_kv_heads`` < ``n_heads`` gives grouped-query attention (1 = multi-query).
+    When key and value widths equal ``d_model`` the three input projections are one fused
+    matrix ``qkv`` (rows: queries, then keys, then values), as in ``nn.MultiheadAttention``.
+    ``rotary`` is an optional hook ``(q, k, offset) -> (q, k)`` applied to the per-head queries
+    and keys (RoPE); an additive ``bias`` passed to :meth:`forward` carries relative positions.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        n_kv_heads: int | None = None,
+        *,
+        kdim: int | None = None,
+        vdim: int | None = None,
+        head_dim: int | None = None,
+        bias: bool = True,
+        dropout: float = 0.0,
+        rotary: RotaryHook | None = None,
+        fused: bool = True,
+    ) -> None:
+        super().__init__()
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        if head_dim is None and d_model % n_heads != 0:
+            divisors = [h for h in range(1, d_model + 1) if d_model % h == 0 and h <= 64]
+            raise ValueError(
+                f"d_model={d_model} is not divisible by n_heads={n_heads}; choose n_heads from "
+                f"{divisors} or set head_dim explicitly"
+            )
+        if n_heads % n_kv_heads != 0:
+            raise ValueError(
+                f"n_heads={n_heads} must be a multiple of n_kv_heads={n_kv_heads} "
+                "(each key/value head serves n_heads / n_kv_heads query heads)"
+            )
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.d_model = d_model
+        self.n_heads = n_heads
+        self.n_kv_heads = n_kv_heads
+        self.head_dim = d_model // n_heads if head_dim is None else head_dim
+        self.kdim = d_model if kdim is None else kdim
+        self.vdim = d_model if vdim is None else vdim
+        self.dropout = dropout
+        self.rotary = rotary
+        self.fused = fused
+        q_width = n_heads * self.head_dim
+        kv_width = n_kv_heads * self.head_dim
+        self._split = (q_width, kv_width, kv_width)
+        if self.kdim == d_model and self.vdim == d_model:
+            self.qkv = nn.Linear(d_model, q_width + 2 * kv_width, bias=bias)
+        else:
+            self.q_proj = nn.Linear(d_model, q_width, bias=bias)
+            self.k_proj = nn.Linear(self.kdim, kv_width, bias=bias)
+            self.v_proj = nn.Linear(self.vdim, kv_width, bias=bias)
+        self.out_proj = nn.Linear(q_width, d_model, bias=bias)
+
+    # -- projections
+
+    def _project(
+        self, x: Tensor, context: Tensor | None
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """Queries (B, Tq, H*Dh) and, unless cached cross keys are reused, keys and values."""
+        q_w, kv_w, _ = self._split
+        if hasattr(self, "qkv"):
+            if context is None:  # self-attention: one matmul for all three
+                return self.qkv(x).split(self._split, dim=-1)  # 3 x (B, T, ·)
+            w_q, w_kv = self.qkv.weight.split((q_w, 2 * kv_w), dim=0)
+            b_q, b_kv = (
+                (None, None) if self.qkv.bias is None else self.qkv.bias.split((q_w, 2 * kv_w))
+            )
+            q = F.linear(x, w_q, b_q)  # (B, Tq, H*Dh)
+            k, v = F.linear(context, w_kv, b_kv).split((kv_w, kv_w), dim=-1)  # (B, Tk, Hkv*Dh)
+            return q, k, v
+        source = x if context is None else context
+        return self.q_proj(x), self.k_proj(source), self.v_proj(source)
+
+    def _project_query(self, x: Tensor) -> Tensor:
+        """Queries only (B, Tq, H*Dh), for cross-attention with cached keys and values."""
+        if hasattr(self, "qkv"):
+            q_w = self._split[0]
+            b = None if self.qkv.bias is None else self.qkv.bias[:q_w]
+            return F.linear(x, self.qkv.weight[:q_w], b)
+        return self.q_proj(x)
+
+    def _heads(self, t: Tensor, n: int) -> Tensor:
+        """(B, T, n*Dh) -> (B, n, T, Dh)."""
+        B, T, _ = t.shape
+        return t.view(B, T, n, self.head_dim).transpose(1, 2)
+
+    # -- forward
+
+    def forward(
+        self,
+        x: Tensor,
+        context: Tensor | None = None,
+        mask: Tensor | None = None,
+        *,
+        is_causal: bool = False,
+        bias: Tensor | None = None,
+        need_weights: bool = False,
+        average_weights: bool = False,
+        cache: KVCache | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """x: (B, Tq, d_model); context: (B, Tk, kdim) or None. Returns (B, Tq, d_model), weights.
+
+        mask: bool, broadcastable to (B, H, Tq, Tk), True = may attend. With ``cache`` the keys
+        and values of earlier calls are reused: for self-attention the new positions are
+        appended (the mask, if given, must cover all Tk = past + new keys); for cross-attention
+        the context is projected once, on the first call. Weights are (B, H, Tq, Tk), or
+        (B, Tq, Tk) averaged over heads with ``average_weights``.
+        """
+        self._check_input(x, self.d_model, "x")
+        B, Tq, _ = x.shape
+        offset = cache.length if cache is not None and context is None else 0
+        if context is not None and cache is not None and cache.static:
+            q = self._heads(self._project_query(x), self.n_heads)  # (B, H, Tq, Dh)
+            k, v = cache.keys, cache.values  # (B, Hkv, Tk, Dh)
+        else:
+            if context is not None:
+                self._check_input(context, self.kdim, "context")
+            q, k, v = self._project(x, context)
+            q = self._heads(q, self.n_heads)  # (B, H, Tq, Dh)
+            k = self._heads(k, self.n_kv_heads)  # (B, Hkv, Tk_new, Dh)
+            v = self._heads(v, self.n_kv_heads)  # (B, Hkv, Tk_new, Dh)
+            if self.rotary is not None and context is None:
+                q, k = self.rotary(q, k, offset)
+            if cache is not None:
+                if context is None:
+                    k, v = cache.append(k, v)  # (B, Hkv, past + Tq, Dh)
+                else:
+                    cache.set_static(k, v)
+        # One new query against a cache sees every key: no causal mask needed.
+        causal = is_causal and not (cache is not None and Tq == 1)
+        out, weights = scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            mask=mask,
+            is_causal=causal,
+            dropout_p=self.dropout if self.training else 0.0,
+            return_weights=need_weights,
+            bias=bias,
+            fused=None if self.fused else False,
+        )  # (B, H, Tq, Dh)
+        out = out.transpose(1, 2).reshape(B, Tq, self.n_heads * self.head_dim)  # (B, Tq, H*Dh)
+        out = self.out_proj(out)  # (B, Tq, d_model)
+        if weights is not None and average_weights:
+            weights = weights.mean(dim=1)  # (B, Tq, Tk)
+        return out, weights
+
+    @staticmethod
+    def _check_input(t: Tensor, width: int, name: str) -> None:
+        if not t.is_floating_point():
+            raise ValueError(
+                f"{name} must be a floating tensor of shape (B, T, {width}), got dtype {t.dtype}; "
+                "token ids go through an embedding layer first"
+            )
+        if t.dim() != 3 or t.shape[-1] != width:
+            raise ValueError(f"{name} must have shape (B, T, {width}), got {tuple(t.shape)}")

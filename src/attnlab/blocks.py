@@ -1,0 +1,354 @@
+"""Transformer building blocks: norms, feed-forward, encoder and decoder blocks, and stacks.
+
+Every block takes (B, T, D) and returns (B, T, D) plus the attention weights when asked.
+Post-norm (the original Transformer): x = Norm(x + Sublayer(x)).
+Pre-norm (GPT-2, LLaMA):               x = x + Sublayer(Norm(x)), with a final norm on the stack.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from attnlab.attention import KVCache, MultiHeadAttention, RotaryHook
+
+NormKind = Literal["layer", "rms"]
+Activation = Literal["relu", "gelu", "gelu_tanh", "swiglu"]
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm(x) = x / sqrt(mean(x²) + eps) · g  (Zhang & Sennrich 2019, eq. 4); no centring."""
+
+    def __init__(self, d_model: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model))
+
+    def forward(self, x: Tensor) -> Tensor:
+        # Normalise in float32 at least, as LLaMA does, then return to the input's dtype.
+        dtype = x.dtype
+        h = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        h = h * torch.rsqrt(h.pow(2).mean(dim=-1, keepdim=True) + self.eps)  # (..., D)
+        return self.weight * h.to(dtype)
+
+
+def make_norm(kind: NormKind, d_model: int, eps: float = 1e-5, bias: bool = True) -> nn.Module:
+    """LayerNorm (Ba et al. 2016: (x − μ)/σ · g + b, PyTorch's kernel) or RMSNorm."""
+    if kind == "layer":
+        return nn.LayerNorm(d_model, eps=eps, bias=bias)
+    if kind == "rms":
+        return RMSNorm(d_model, eps=eps)
+    raise ValueError(f"norm must be 'layer' or 'rms', got {kind!r}")
+
+
+class FeedForward(nn.Module):
+    """Position-wise FFN(x) = W2 · act(W1 x + b1) + b2 (Vaswani et al. 2017, eq. 2).
+
+    With ``swiglu``: W2 · (SiLU(W_gate x) ⊙ W_up x)  (Shazeer 2020, eq. 6); the gate and up
+    projections are stored as one matrix ``w_in`` (gate rows first) for one matmul.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        d_ff: int,
+        activation: Activation = "relu",
+        dropout: float = 0.0,
+        bias: bool = True,
+    ) -> None:
+        super().__init__()
+        if activation not in ("relu", "gelu", "gelu_tanh", "swiglu"):
+            raise ValueError(
+                f"activation must be relu, gelu, gelu_tanh or swiglu, got {activation!r}"
+            )
+        self.activation = activation
+        width = 2 * d_ff if activation == "swiglu" else d_ff
+        self.w_in = nn.Linear(d_model, width, bias=bias)
+        self.w_out = nn.Linear(d_ff, d_model, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.w_in(x)  # (B, T, d_ff or 2·d_ff)
+        if self.activation == "swiglu":
+            gate, up = h.chunk(2, dim=-1)
+            h = F.silu(gate) * up  # (B, T, d_ff)
+        elif self.activation == "relu":
+            h = F.relu(h)
+        elif self.activation == "gelu":
+            h = F.gelu(h)
+        else:
+            h = F.gelu(h, approximate="tanh")
+        return self.w_out(self.dropout(h))  # (B, T, D)
+
+
+class EncoderBlock(nn.Module):
+    """Self-attention then feed-forward, each wrapped in a residual and a norm.
+
+    With ``causal=True`` and no cross-attention this is also the GPT/LLaMA decoder block.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int,
+        *,
+        dropout: float = 0.1,
+        attn_dropout: float | None = None,
+        activation: Activation = "relu",
+        norm_first: bool = False,
+        norm: NormKind = "layer",
+        norm_eps: float = 1e-5,
+        bias: bool = True,
+        n_kv_heads: int | None = None,
+        rotary: RotaryHook | None = None,
+        fused: bool = True,
+    ) -> None:
+        super().__init__()
+        self.norm_first = norm_first
+        attn_dropout = dropout if attn_dropout is None else attn_dropout
+        self.self_attn = MultiHeadAttention(
+            d_model,
+            n_heads,
+            n_kv_heads,
+            bias=bias,
+            dropout=attn_dropout,
+            rotary=rotary,
+            fused=fused,
+        )
+        self.ff = FeedForward(d_model, d_ff, activation, dropout, bias)
+        self.norm1 = make_norm(norm, d_model, norm_eps, bias)
+        self.norm2 = make_norm(norm, d_model, norm_eps, bias)
+        self.dropout1 = nn.Dropout(dropout)
+        self.dropout2 = nn.Dropout(dropout)
+
+    def forward(
+        self,
+        x: Tensor,
+        mask: Tensor | None = None,
+        *,
+        is_causal: bool = False,
+        bias: Tensor | None = None,
+        need_weights: bool = False,
+        cache: KVCache | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """x: (B, T, D); mask: bool (B|1, 1|H, T, T) True = may attend. Returns x, weights."""
+
+        def attend(h: Tensor) -> tuple[Tensor, Tensor | None]:
+            out, w = self.self_attn(
+                h,
+                mask=mask,
+                is_causal=is_causal,
+                bias=bias,
+                need_weights=need_weights,
+                cache=cache,
+            )
+            return self.dropout1(out), w
+
+        if self.norm_first:
+            a, weights = attend(self.norm1(x))
+            x = x + a  # (B, T, D)
+            x = x + self.dropout2(self.ff(self.norm2(x)))
+        else:
+            a, weights = attend(x)
+            x = self.norm1(x + a)
+            x = self.norm2(x + self.dropout2(self.ff(x)))
+        return x, weights
+
+
+class DecoderBlock(nn.Module):
+    """Causal self-attention, cross-attention over the encoder output, feed-forward."""
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int,
+        *,
+        dropout: float = 0.1,
+        attn_dropout: float | None = None,
+        activation: Activation = "relu",
+        norm_first: bool = False,
+        norm: NormKind = "layer",
+        norm_eps: float = 1e-5,
+        bias: bool = True,
+        n_kv_heads: int | None = None,
+        d_memory: int | None = None,
+        rotary: RotaryHook | None = None,
+        fused: bool = True,
+    ) -> None:
+        super().__init__()
+        self.norm_first = norm_first
+        attn_dropout = dropout if attn_dropout is None else attn_dropout
+        self.self_attn = MultiHeadAttention(
+            d_model,
+            n_heads,
+            n_kv_heads,
+            bias=bias,
+            dropout=attn_dropout,
+            rotary=rotary,
+            fused=fused,
+        )
+        self.cross_attn = MultiHeadAttention(
+            d_model,
+            n_heads,
+            n_kv_heads,
+            kdim=d_memory,
+            vdim=d_memory,
+            bias=bias,
+            dropout=attn_dropout,
+            fused=fused,
+        )
+        self.ff = FeedForward(d_model, d_ff, activation, dropout, bias)
+        self.norm1 = make_norm(norm, d_model, norm_eps, bias)
+        self.norm2 = make_norm(norm, d_model, norm_eps, bias)
+        self.norm3 = make_norm(norm, d_model, norm_eps, bias)
+        self.dropout1 = nn.Dropout(dropout)
+        self.dropout2 = nn.Dropout(dropout)
+        self.dropout3 = nn.Dropout(dropout)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        self_mask: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        *,
+        is_causal: bool = True,
+        bias: Tensor | None = None,
+        need_weights: bool = False,
+        cache: KVCache | None = None,
+        cross_cache: KVCache | None = None,
+    ) -> tuple[Tensor, tuple[Tensor | None, Tensor | None]]:
+        """x: (B, Tq, D); memory: (B, Tk, Dm). Returns x and (self weights, cross weights)."""
+
+        def self_block(h: Tensor) -> tuple[Tensor, Tensor | None]:
+            out, w = self.self_attn(
+                h,
+                mask=self_mask,
+                is_causal=is_causal,
+                bias=bias,
+                need_weights=need_weights,
+                cache=cache,
+            )
+            return self.dropout1(out), w
+
+        def cross_block(h: Tensor) -> tuple[Tensor, Tensor | None]:
+            out, w = self.cross_attn(
+                h, memory, mask=memory_mask, need_weights=need_weights, cache=cross_cache
+            )
+            return self.dropout2(out), w
+
+        if self.norm_first:
+            a, w_self = self_block(self.norm1(x))
+            x = x + a
+            c, w_cross = cross_block(self.norm2(x))
+            x = x + c
+            x = x + self.dropout3(self.ff(self.norm3(x)))
+        else:
+            a, w_self = self_block(x)
+            x = self.norm1(x + a)
+            c, w_cross = cross_block(x)
+            x = self.norm2(x + c)
+            x = self.norm3(x + self.dropout3(self.ff(x)))
+        return x, (w_self, w_cross)
+
+
+class Encoder(nn.Module):
+    """A stack of EncoderBlocks with an optional final norm (needed after pre-norm blocks).
+
+    ``gradient_checkpointing = True`` recomputes each block's activations in the backward
+    pass instead of storing them: less memory, about one extra forward of compute.
+    """
+
+    def __init__(self, blocks: list[EncoderBlock], final_norm: nn.Module | None = None) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+        self.norm = final_norm
+        self.gradient_checkpointing = False
+
+    def forward(
+        self,
+        x: Tensor,
+        mask: Tensor | None = None,
+        *,
+        is_causal: bool = False,
+        bias: Tensor | None = None,
+        return_weights: bool = False,
+        caches: list[KVCache] | None = None,
+    ) -> Tensor | tuple[Tensor, list[Tensor]]:
+        """x: (B, T, D) -> (B, T, D); with ``return_weights`` also a list of (B, H, T, T)."""
+        weights: list[Tensor] = []
+        for i, block in enumerate(self.blocks):
+            cache = None if caches is None else caches[i]
+            if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+                x, w = checkpoint(
+                    block,
+                    x,
+                    mask,
+                    is_causal=is_causal,
+                    bias=bias,
+                    need_weights=return_weights,
+                    cache=cache,
+                    use_reentrant=False,
+                )
+            else:
+                x, w = block(
+                    x,
+                    mask,
+                    is_causal=is_causal,
+                    bias=bias,
+                    need_weights=return_weights,
+                    cache=cache,
+                )
+            if w is not None:
+                weights.append(w)
+        if self.norm is not None:
+            x = self.norm(x)
+        return (x, weights) if return_weights else x
+
+
+class Decoder(nn.Module):
+    """A stack of DecoderBlocks (self + cross attention) with an optional final norm."""
+
+    def __init__(self, blocks: list[DecoderBlock], final_norm: nn.Module | None = None) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+        self.norm = final_norm
+        self.gradient_checkpointing = False
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        self_mask: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        *,
+        is_causal: bool = True,
+        return_weights: bool = False,
+        caches: list[KVCache] | None = None,
+        cross_caches: list[KVCache] | None = None,
+    ) -> Tensor | tuple[Tensor, list[tuple[Tensor | None, Tensor | None]]]:
+        """x: (B, Tq, D), memory: (B, Tk, Dm) -> (B, Tq, D) [, per-layer (self, cross) weights]."""
+        weights: list[tuple[Tensor | None, Tensor | None]] = []
+        for i, block in enumerate(self.blocks):
+            kwargs = dict(
+                is_causal=is_causal,
+                need_weights=return_weights,
+                cache=None if caches is None else caches[i],
+                cross_cache=None if cross_caches is None else cross_caches[i],
+            )
+            if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+                x, w = checkpoint(
+                    block, x, memory, self_mask, memory_mask, use_reentrant=False, **kwargs
+                )
+            else:
+                x, w = block(x, memory, self_mask, memory_mask, **kwargs)
+            weights.append(w)
+        if self.norm is not None:
+            x = self.norm(x)
+        return (x, weights) if return_weights else x

@@ -1,0 +1,192 @@
+"""Positional information: absolute (sinusoidal, learned), rotary, and relative biases (T5, ALiBi).
+
+Absolute encodings are added to the token embeddings: ``forward(x, offset)`` returns
+``x + P[offset : offset + T]``. RoPE rotates per-head queries and keys inside attention
+(it plugs into :class:`attnlab.attention.MultiHeadAttention` as its ``rotary`` hook). T5 and
+ALiBi produce an additive score bias (1, H, Tq, Tk) passed to attention as ``bias=``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+
+def sinusoid_table(n_positions: int, d_model: int, base: float = 10000.0) -> Tensor:
+    """PE(pos, 2i) = sin(pos / base^(2i/d)), PE(pos, 2i+1) = cos(...)  (Vaswani 2017, §3.5)."""
+    position = torch.arange(n_positions, dtype=torch.float64)[:, None]  # (P, 1)
+    div = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float64) * (-math.log(base) / d_model))
+    table = torch.zeros(n_positions, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(position * div)  # (P, ceil(D/2))
+    table[:, 1::2] = torch.cos(position * div[: d_model // 2])  # (P, floor(D/2))
+    return table.float()
+
+
+class SinusoidalPositionalEncoding(nn.Module):
+    """Fixed sinusoidal encoding added to embeddings; a buffer that extends itself on demand."""
+
+    def __init__(self, d_model: int, max_len: int = 512, base: float = 10000.0) -> None:
+        super().__init__()
+        self.d_model, self.base = d_model, base
+        self.register_buffer("table", sinusoid_table(max_len, d_model, base), persistent=False)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        """x: (B, T, D) -> x + PE[offset : offset + T]."""
+        end = offset + x.shape[1]
+        if end > self.table.shape[0]:  # a formula, not a table of parameters: just compute more
+            self.table = sinusoid_table(2 * end, self.d_model, self.base).to(self.table.device)
+        return x + self.table[offset:end].to(x.dtype)  # (B, T, D)
+
+
+class LearnedPositionalEmbedding(nn.Module):
+    """A trained vector per position (BERT, GPT-2), up to ``max_len`` positions."""
+
+    def __init__(self, max_len: int, d_model: int) -> None:
+        super().__init__()
+        self.max_len = max_len
+        self.embedding = nn.Embedding(max_len, d_model)
+        nn.init.normal_(self.embedding.weight, std=0.02)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        """x: (B, T, D) -> x + E[offset : offset + T]."""
+        end = offset + x.shape[1]
+        if end > self.max_len:
+            raise ValueError(
+                f"sequence reaches position {end} but the learned position table has max_len="
+                f"{self.max_len}; truncate inputs to {self.max_len} tokens or build the model "
+                "with a larger max_len (or use sinusoidal / rope positions, which have no limit)"
+            )
+        positions = torch.arange(offset, end, device=x.device)  # (T,)
+        return x + self.embedding(positions)  # (B, T, D)
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    """(x1, x2) -> (-x2, x1) over the two halves of the last dimension."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class RotaryEmbedding(nn.Module):
+    """RoPE (Su et al. 2021, eq. 34): rotate each query/key pair of channels by angle m·θ_i.
+
+    Uses the half-split pairing (channel i with i + Dh/2) of GPT-NeoX and LLaMA, so weights
+    from those models load unchanged. Call as ``q, k = rope(q, k, offset)`` on (B, H, T, Dh).
+    """
+
+    def __init__(self, head_dim: int, base: float = 10000.0, max_len: int = 2048) -> None:
+        super().__init__()
+        if head_dim % 2 != 0:
+            raise ValueError(f"RoPE needs an even head_dim, got {head_dim}")
+        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)  # (Dh/2,)
+        self._build(max_len)
+
+    def _build(self, n_positions: int) -> None:
+        t = torch.arange(n_positions, dtype=torch.float32, device=self.inv_freq.device)
+        freqs = torch.outer(t, self.inv_freq)  # (P, Dh/2)
+        angles = torch.cat((freqs, freqs), dim=-1)  # (P, Dh)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, q: Tensor, k: Tensor, offset: int = 0) -> tuple[Tensor, Tensor]:
+        """Rotate q (B, H, Tq, Dh) and k (B, Hkv, Tk, Dh); the new positions start at offset."""
+        t_q, t_k = q.shape[2], k.shape[2]
+        end = offset + max(t_q, t_k)
+        if end > self.cos.shape[0]:
+            self._build(2 * end)
+        cos_k = self.cos[offset : offset + t_k].to(k.dtype)  # (Tk, Dh)
+        sin_k = self.sin[offset : offset + t_k].to(k.dtype)
+        cos_q = self.cos[offset + t_k - t_q : offset + t_k].to(q.dtype)  # (Tq, Dh), last Tq
+        sin_q = self.sin[offset + t_k - t_q : offset + t_k].to(q.dtype)
+        q = q * cos_q + rotate_half(q) * sin_q
+        k = k * cos_k + rotate_half(k) * sin_k
+        return q, k
+
+
+def t5_relative_bucket(
+    relative_position: Tensor,
+    bidirectional: bool = True,
+    num_buckets: int = 32,
+    max_distance: int = 128,
+) -> Tensor:
+    """Map key−query offsets to buckets: exact for small offsets, log-spaced up to max_distance.
+
+    Raffel et al. 2020 (T5), §2.1. Half of the buckets hold exact offsets 0..n/2-1, the rest
+    grow logarithmically; offsets beyond ``max_distance`` share the last bucket. When
+    bidirectional, keys after the query use a separate half of the buckets.
+    """
+    buckets = torch.zeros_like(relative_position)
+    if bidirectional:
+        num_buckets //= 2
+        buckets = buckets + (relative_position > 0).long() * num_buckets
+        distance = relative_position.abs()
+    else:
+        distance = (-relative_position).clamp(min=0)  # only keys at or before the query
+    max_exact = num_buckets // 2
+    is_small = distance < max_exact
+    log_ratio = torch.log(distance.float().clamp(min=1) / max_exact) / math.log(
+        max_distance / max_exact
+    )
+    large = max_exact + (log_ratio * (num_buckets - max_exact)).long()
+    large = large.clamp(max=num_buckets - 1)
+    return buckets + torch.where(is_small, distance, large)
+
+
+class T5RelativePositionBias(nn.Module):
+    """Learned scalar per (bucket, head) added to attention scores (T5)."""
+
+    def __init__(
+        self,
+        n_heads: int,
+        num_buckets: int = 32,
+        max_distance: int = 128,
+        bidirectional: bool = True,
+    ) -> None:
+        super().__init__()
+        self.n_heads, self.num_buckets = n_heads, num_buckets
+        self.max_distance, self.bidirectional = max_distance, bidirectional
+        self.embedding = nn.Embedding(num_buckets, n_heads)
+
+    def forward(self, t_q: int, t_k: int, offset: int | None = None) -> Tensor:
+        """Bias (1, H, Tq, Tk); query i sits at position ``offset + i`` (default Tk − Tq)."""
+        offset = t_k - t_q if offset is None else offset
+        device = self.embedding.weight.device
+        query_pos = torch.arange(offset, offset + t_q, device=device)[:, None]  # (Tq, 1)
+        key_pos = torch.arange(t_k, device=device)[None, :]  # (1, Tk)
+        buckets = t5_relative_bucket(
+            key_pos - query_pos, self.bidirectional, self.num_buckets, self.max_distance
+        )  # (Tq, Tk)
+        return self.embedding(buckets).permute(2, 0, 1)[None]  # (1, H, Tq, Tk)
+
+
+def alibi_slopes(n_heads: int) -> Tensor:
+    """Head slopes 2^(-8/n), 2^(-16/n), ... (Press et al. 2022, §3); interleaved if n is not 2^k."""
+
+    def power_of_two_slopes(n: int) -> list[float]:
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    if math.log2(n_heads).is_integer():
+        return torch.tensor(power_of_two_slopes(n_heads))
+    closest = 2 ** math.floor(math.log2(n_heads))
+    extra = power_of_two_slopes(2 * closest)[0::2][: n_heads - closest]
+    return torch.tensor(power_of_two_slopes(closest) + extra)
+
+
+class ALiBi(nn.Module):
+    """Attention with Linear Biases: score bias −m_h · |i − j| (causal: keys j ≤ i only matter)."""
+
+    def __init__(self, n_heads: int) -> None:
+        super().__init__()
+        self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)  # (H,)
+
+    def forward(self, t_q: int, t_k: int, offset: int | None = None) -> Tensor:
+        """Bias (1, H, Tq, Tk); query i sits at position ``offset + i`` (default Tk − Tq)."""
+        offset = t_k - t_q if offset is None else offset
+        device = self.slopes.device
+        query_pos = torch.arange(offset, offset + t_q, device=device)[:, None]  # (Tq, 1)
+        key_pos = torch.arange(t_k, device=device)[None, :]  # (1, Tk)
+        distance = (query_pos - key_pos).abs().float()  # (Tq, Tk)
+        return -self.slopes[None, :, None, None] * distance[None, None]  # (1, H, Tq, Tk)
