@@ -1,0 +1,132 @@
+"""Length-bucketed batching: group similar lengths so batches carry little padding."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+
+class LengthBucketSampler:
+    """Deterministic per-epoch batches of example indices, grouped by length.
+
+    Each epoch: shuffle all indices, cut them into pools, sort each pool by length, cut each pool
+    into batches, then shuffle the batch order. Batches are therefore nearly uniform in length
+    yet differ from epoch to epoch; `batches(epoch)` depends only on (seed, epoch).
+
+    Exactly one of `batch_size` (examples per batch; pools of `batch_size * bucket_mult`) or
+    `max_tokens` (padded tokens per batch, i.e. rows * longest row <= max_tokens; pools of about
+    `bucket_mult` batches at the mean length) must be given. With `shuffle=False` nothing is
+    shuffled: pools are consecutive indices and batches keep their sorted order (for evaluation).
+    """
+
+    def __init__(
+        self,
+        lengths: Sequence[int],
+        batch_size: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        bucket_mult: int = 50,
+        drop_last: bool = False,
+        *,
+        max_tokens: int | None = None,
+    ) -> None:
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        if self.lengths.ndim != 1 or len(self.lengths) == 0:
+            raise ValueError("lengths must be a non-empty list of sequence lengths")
+        if (self.lengths < 1).any():
+            first = int(np.flatnonzero(self.lengths < 1)[0])
+            raise ValueError(
+                f"example {first} has length {self.lengths[first]}; drop empty sequences first"
+            )
+        if (batch_size is None) == (max_tokens is None):
+            raise ValueError("give exactly one of batch_size or max_tokens")
+        if bucket_mult < 1:
+            raise ValueError(f"bucket_mult must be >= 1, got {bucket_mult}")
+        if seed < 0:
+            raise ValueError(f"seed must be >= 0, got {seed}")
+        if batch_size is not None:
+            if batch_size < 1:
+                raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+            pool_size = batch_size * bucket_mult
+        else:
+            assert max_tokens is not None
+            longest = int(self.lengths.max())
+            if max_tokens < longest:
+                raise ValueError(
+                    f"max_tokens={max_tokens} is below the longest sequence ({longest} tokens, "
+                    f"example {int(self.lengths.argmax())}); raise max_tokens or truncate"
+                )
+            if drop_last:
+                raise ValueError("drop_last applies only with batch_size, not max_tokens")
+            pool_size = bucket_mult * max(1, max_tokens // math.ceil(self.lengths.mean()))
+        self.batch_size = batch_size
+        self.max_tokens = max_tokens
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.pool_size = pool_size
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        """The batches (lists of example indices) for `epoch`, the same every time it is asked."""
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        rng = np.random.default_rng([self.seed, epoch])
+        n = len(self.lengths)
+        order = rng.permutation(n) if self.shuffle else np.arange(n)
+        batches: list[list[int]] = []
+        for start in range(0, n, self.pool_size):
+            pool = order[start : start + self.pool_size]
+            pool = pool[np.argsort(self.lengths[pool], kind="stable")]
+            batches.extend(self._cut(pool))
+        if self.shuffle:
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        return batches
+
+    def _cut(self, pool: np.ndarray) -> list[list[int]]:
+        """Cut a length-sorted pool into batches by count or by padded-token budget."""
+        if self.batch_size is not None:
+            size = self.batch_size
+            cut = [pool[i : i + size].tolist() for i in range(0, len(pool), size)]
+            return [b for b in cut if len(b) == size] if self.drop_last else cut
+        assert self.max_tokens is not None
+        cut, current = [], []
+        for index in pool.tolist():
+            # the pool is sorted ascending, so the newcomer is the batch's longest row
+            if current and (len(current) + 1) * self.lengths[index] > self.max_tokens:
+                cut.append(current)
+                current = []
+            current.append(index)
+        cut.append(current)
+        return cut
+
+
+def padding_fraction(batches: Sequence[Sequence[int]], lengths: Sequence[int]) -> float:
+    """Share of the padded (rows x longest row) token grid that is padding, over all batches."""
+    lengths_array = np.asarray(lengths, dtype=np.int64)
+    real = padded = 0
+    for batch in batches:
+        if len(batch) == 0:
+            raise ValueError("empty batch")
+        batch_lengths = lengths_array[list(batch)]
+        real += int(batch_lengths.sum())
+        padded += len(batch) * int(batch_lengths.max())
+    if padded == 0:
+        raise ValueError("no tokens in the batches")
+    return 1.0 - real / padded
+
+
+def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad id lists into `input_ids` (B, T) long and their `lengths` (B,) long."""
+    if len(seqs) == 0:
+        raise ValueError("cannot pad an empty batch")
+    lengths = torch.tensor([len(s) for s in seqs], dtype=torch.long)
+    if (lengths == 0).any():
+        # an all-padding row would make every attention score masked, giving NaN
+        raise ValueError(f"sequence {int((lengths == 0).nonzero()[0])} is empty; drop it first")
+    input_ids = torch.full((len(seqs), int(lengths.max())), pad_id, dtype=torch.long)
+    for row, seq in enumerate(seqs):
+        input_ids[row, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
+    return input_ids, lengths

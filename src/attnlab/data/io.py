@@ -1,0 +1,66 @@
+"""Reading UTF-8 text and writing files atomically, with errors that name file and line."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+from attnlab.data.errors import DataError
+
+
+def read_utf8(path: str | os.PathLike[str]) -> str:
+    """Read a whole file as UTF-8 (a leading BOM is dropped); bad bytes raise with a line number."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise DataError(path, "no such file", "check the path") from None
+    except IsADirectoryError:
+        raise DataError(path, "is a directory, not a file", "pass the path of a file") from None
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        column = err.start - (raw.rfind(b"\n", 0, err.start) + 1) + 1
+        raise DataError(
+            path,
+            f"byte 0x{raw[err.start]:02x} at byte column {column} is not valid UTF-8",
+            "re-save the file with UTF-8 encoding (e.g. `iconv -f GB18030 -t UTF-8`)",
+            line=line,
+        ) from None
+
+
+def read_json(path: str | os.PathLike[str], what: str) -> Any:
+    """Parse a UTF-8 JSON file; `what` names its kind ("tokenizer", "split") in errors."""
+    text = read_utf8(path)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise DataError(
+            path,
+            f"not a valid {what} JSON file ({err.msg}, column {err.colno})",
+            f"regenerate the {what} file instead of editing it by hand",
+            line=err.lineno,
+        ) from None
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write UTF-8 text via a temporary file and rename, so a crash never leaves half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(tmp, "x", encoding="utf-8", newline="\n") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: str | os.PathLike[str], obj: Any) -> None:
+    """Write `obj` as indented UTF-8 JSON (non-ASCII kept readable), atomically."""
+    atomic_write_text(path, json.dumps(obj, ensure_ascii=False, indent=1) + "\n")
