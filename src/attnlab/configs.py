@@ -1,0 +1,278 @@
+"""Config plumbing shared by every task: dataclass <-> JSON/TOML, typed overrides, argparse."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import json
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, TypeVar, Union
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised only on Python 3.10
+    import tomli as tomllib
+
+T = TypeVar("T")
+
+_TRUE = {"true", "1", "yes", "y", "on"}
+_FALSE = {"false", "0", "no", "n", "off"}
+_NONE = {"none", "null"}
+
+
+def _check_dataclass(obj_or_cls: Any) -> type:
+    """Return the dataclass type of `obj_or_cls`, or raise a ValueError saying it is not one."""
+    cls = obj_or_cls if isinstance(obj_or_cls, type) else type(obj_or_cls)
+    if not dataclasses.is_dataclass(cls):
+        raise ValueError(f"{cls.__name__} is not a dataclass; decorate it with @dataclass")
+    return cls
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    """Map each dataclass field name to its resolved type annotation."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _unknown_field_error(cls: type, name: str) -> ValueError:
+    """Build the error for a field name that `cls` does not have, suggesting the closest one."""
+    valid = [f.name for f in dataclasses.fields(cls)]
+    close = difflib.get_close_matches(name, valid, n=1)
+    hint = f" Did you mean '{close[0]}'?" if close else ""
+    return ValueError(
+        f"unknown field '{name}' for {cls.__name__}.{hint} Valid fields: {', '.join(valid)}"
+    )
+
+
+def _type_name(tp: Any) -> str:
+    """Human-readable name of a type annotation, for error messages."""
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _split_seq(value: str) -> list[str]:
+    """Split "0.9,0.98", "(0.9, 0.98)" or "[1,2]" into its stripped items."""
+    inner = value.strip().strip("()[]").strip()
+    return [] if not inner else [item.strip() for item in inner.split(",")]
+
+
+def _coerce(value: Any, tp: Any, name: str) -> Any:
+    """Convert `value` (often a string from the command line) to annotation `tp` or raise."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    bad = ValueError(f"field '{name}': cannot parse {value!r} as {_type_name(tp)}")
+    if tp is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        if type(None) in args and (value is None or str(value).strip().lower() in _NONE):
+            return None
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _coerce(value, arg, name)
+            except ValueError:
+                continue
+        raise bad
+    if origin is Literal:
+        for choice in args:
+            try:
+                if _coerce(value, type(choice), name) == choice:
+                    return choice
+            except ValueError:
+                continue
+        raise ValueError(
+            f"field '{name}': {value!r} is not one of the choices {', '.join(map(repr, args))}"
+        )
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+            return value.strip().lower() in _TRUE
+        raise ValueError(f"field '{name}': cannot parse {value!r} as bool (use true/false)")
+    if tp is int:
+        if isinstance(value, bool):
+            raise bad
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                try:
+                    as_float = float(value)  # accept "1e3" for integer fields
+                except ValueError:
+                    raise bad from None
+                if as_float.is_integer():
+                    return int(as_float)
+        raise bad
+    if tp is float:
+        if isinstance(value, bool):
+            raise bad
+        if isinstance(value, int | float):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                raise bad from None
+        raise bad
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise bad
+    if tp is Path:
+        if isinstance(value, str | Path):
+            return Path(value)
+        raise bad
+    if origin in (tuple, list):
+        items = _split_seq(value) if isinstance(value, str) else value
+        if not isinstance(items, list | tuple):
+            raise bad
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(items) != len(args):
+                raise ValueError(
+                    f"field '{name}': expected {len(args)} comma-separated values "
+                    f"({_type_name(tp)}), got {value!r}"
+                )
+            return tuple(_coerce(v, a, name) for v, a in zip(items, args))
+        elem = args[0] if args else Any
+        out = [_coerce(v, elem, name) for v in items]
+        return tuple(out) if origin is tuple else out
+    if origin is dict or tp is dict:
+        if isinstance(value, dict):
+            return dict(value)
+        raise bad
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if isinstance(value, dict):
+            return from_dict(tp, value)
+        raise bad
+    if isinstance(tp, type) and isinstance(value, tp):
+        return value
+    raise ValueError(f"field '{name}': unsupported field type {_type_name(tp)}")
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """Return dataclass `cfg` as a dict (tuples stay tuples, nested dataclasses become dicts)."""
+    _check_dataclass(cfg)
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(cls: type[T], data: dict[str, Any]) -> T:
+    """Build dataclass `cls` from a dict, coercing values to field types; unknown keys raise."""
+    _check_dataclass(cls)
+    ftypes = _field_types(cls)
+    kwargs = {}
+    for key, value in data.items():
+        name = key.replace("-", "_")
+        if name not in ftypes:
+            raise _unknown_field_error(cls, name)
+        kwargs[name] = _coerce(value, ftypes[name], name)
+    return cls(**kwargs)
+
+
+def save_json(cfg: Any, path: str | Path) -> Path:
+    """Write the dataclass `cfg` to `path` as indented JSON and return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(to_dict(cfg), indent=2, default=str) + "\n")
+    return path
+
+
+def load_json(cls: type[T], path: str | Path) -> T:
+    """Read a JSON file written by `save_json` back into dataclass `cls` (tuples restored)."""
+    data = json.loads(Path(path).read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object of config fields, got {type(data)}")
+    return from_dict(cls, data)
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """Parse a TOML file into a plain dict (pass it to `apply_overrides` or `from_dict`)."""
+    with open(path, "rb") as f:
+        return tomllib.load(f)
+
+
+def apply_overrides(cfg: T, overrides: dict[str, Any]) -> T:
+    """Return a copy of `cfg` with `overrides` applied; strings are coerced to each field's type.
+
+    Keys may use dashes or underscores; a dotted key ("train.lr") reaches into a nested dataclass.
+    """
+    cls = _check_dataclass(cfg)
+    ftypes = _field_types(cls)
+    changes: dict[str, Any] = {}
+    nested: dict[str, dict[str, Any]] = {}
+    for key, value in overrides.items():
+        name = key.replace("-", "_")
+        head, dot, rest = name.partition(".")
+        if head not in ftypes:
+            raise _unknown_field_error(cls, head)
+        if dot:
+            if not dataclasses.is_dataclass(ftypes[head]):
+                raise ValueError(f"field '{head}' is not a nested config; cannot set '{name}'")
+            nested.setdefault(head, {})[rest] = value
+        else:
+            changes[name] = _coerce(value, ftypes[name], name)
+    for head, sub in nested.items():
+        changes[head] = apply_overrides(changes.get(head, getattr(cfg, head)), sub)
+    return dataclasses.replace(cfg, **changes)
+
+
+def _metavar(tp: Any) -> str:
+    """Short metavar for an argparse option of type `tp`."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Literal:
+        return "{" + ",".join(map(str, args)) + "}"
+    if origin in (tuple, list):
+        return "A,B,..."
+    return _type_name(tp).upper()
+
+
+def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
+    """Add a `--field-name VALUE` option (also `--field_name`) for every field of dataclass `cls`.
+
+    Options default to "not given", so `collect_overrides` returns only what the user typed.
+    Bool fields also accept a bare flag (`--tensorboard` means true). Help text comes from
+    `field(metadata={"help": ...})` when present.
+    """
+    _check_dataclass(cls)
+    ftypes = _field_types(cls)
+    for f in dataclasses.fields(cls):
+        default = f.default if f.default is not dataclasses.MISSING else None
+        help_text = f.metadata.get("help", "")
+        flags = [f"--{f.name.replace('_', '-')}"]
+        if "_" in f.name:
+            flags.append(f"--{f.name}")
+        extra: dict[str, Any] = {"nargs": "?", "const": "true"} if ftypes[f.name] is bool else {}
+        parser.add_argument(
+            *flags,
+            dest=f.name,
+            default=argparse.SUPPRESS,
+            metavar=_metavar(ftypes[f.name]),
+            help=f"{help_text} (default: {default})".strip(),
+            **extra,
+        )
+
+
+def collect_overrides(namespace: argparse.Namespace, cls: type) -> dict[str, Any]:
+    """Return {field: raw value} for the fields of `cls` that were given on the command line."""
+    given = vars(namespace)
+    names = [f.name for f in dataclasses.fields(_check_dataclass(cls))]
+    return {name: given[name] for name in names if name in given}
+
+
+def parse_key_values(items: list[str]) -> dict[str, str]:
+    """Parse positional overrides like ["n_heads=4", "lr=3e-4"] into {"n_heads": "4", ...}."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"override {item!r} is not of the form key=value (e.g. n_heads=4)")
+        out[key.strip().replace("-", "_")] = value.strip()
+    return out
