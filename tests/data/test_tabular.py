@@ -118,3 +118,10 @@ def test_unknown_extension_and_missing_file(tmp_path: Path) -> None:
     assert "no such file" in str(_error(tmp_path / "absent.csv"))
     with pytest.raises(ValueError, match="unknown format"):
         load_labeled_file(tmp_path / "d.txt", fmt="xlsx")
+
+
+def test_crlf_line_endings_keep_line_numbers(tmp_path: Path) -> None:
+    path = _write(tmp_path / "d.csv", 'text,label\r\n"a\r\nb",x\r\n\r\n ,y\r\n')
+    assert _error(path).line == 5
+    path = _write(tmp_path / "d.jsonl", '{"text": "a", "label": "x"}\r\n{"text": "b", "label": 2}')
+    assert load_labeled_file(path).labels == ["x", "2"]
