@@ -1,0 +1,184 @@
+"""Copy weights from a reference module into attnlab's, and compare gradients the same way.
+
+Each ``*_links`` function pairs every parameter of an attnlab module with the reference
+tensors it is made of (one ``Link`` per parameter): ``copy_links`` loads the reference values,
+``assert_grads_match`` checks that each attnlab gradient equals the same combination of the
+reference gradients. One function per reference module type; the stacks reuse the layer ones.
+Every function checks that its links cover all of attnlab's parameters exactly once, so a
+parameter that is forgotten fails loudly instead of keeping its random initial value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.attention import MultiHeadAttention
+from attnlab.blocks import DecoderBlock, Encoder, EncoderBlock, FeedForward
+
+
+def _same(t: Tensor) -> Tensor:
+    return t
+
+
+@dataclass
+class Link:
+    """attnlab parameter ``ours`` == ``join(*theirs)``."""
+
+    ours: nn.Parameter
+    theirs: tuple[Tensor, ...]
+    join: Callable[..., Tensor] = field(default=_same)
+    name: str = ""
+
+
+def _cat(*ts: Tensor) -> Tensor:
+    return torch.cat(ts, dim=0)
+
+
+def _chunk(i: int, n: int) -> Callable[[Tensor], Tensor]:
+    return lambda t: t.chunk(n, dim=0)[i]
+
+
+def _covers(module: nn.Module, links: Sequence[Link]) -> list[Link]:
+    ours = [id(link.ours) for link in links]
+    expected = {id(p): n for n, p in module.named_parameters()}
+    missing = [n for i, n in expected.items() if i not in ours]
+    assert not missing, f"parameters with no reference: {missing}"
+    assert len(ours) == len(set(ours)) == len(expected), "a parameter is linked twice"
+    return list(links)
+
+
+def copy_links(links: Sequence[Link]) -> None:
+    with torch.no_grad():
+        for link in links:
+            value = link.join(*link.theirs)
+            assert value.shape == link.ours.shape, (link.name, value.shape, link.ours.shape)
+            link.ours.copy_(value)
+
+
+def assert_grads_match(links: Sequence[Link], rtol: float = 1e-7, atol: float = 1e-9) -> None:
+    for link in links:
+        assert link.ours.grad is not None, f"no gradient for {link.name}"
+        expected = link.join(*(t.grad for t in link.theirs))
+        torch.testing.assert_close(link.ours.grad, expected, rtol=rtol, atol=atol, msg=link.name)
+
+
+# --------------------------------------------------------------------------- torch.nn
+
+
+def linear_links(ours: nn.Linear, weight: Tensor, bias: Tensor | None, name: str) -> list[Link]:
+    links = [Link(ours.weight, (weight,), name=f"{name}.weight")]
+    if ours.bias is not None or bias is not None:
+        assert ours.bias is not None and bias is not None, f"{name}: bias on one side only"
+        links.append(Link(ours.bias, (bias,), name=f"{name}.bias"))
+    return links
+
+
+def layer_norm_links(ours: nn.Module, theirs: nn.Module, name: str = "norm") -> list[Link]:
+    """nn.LayerNorm / nn.RMSNorm / HF RMSNorm -> attnlab's norm (weight and optional bias)."""
+    links = [Link(ours.weight, (theirs.weight,), name=f"{name}.weight")]
+    if getattr(ours, "bias", None) is not None:
+        links.append(Link(ours.bias, (theirs.bias,), name=f"{name}.bias"))
+    return links
+
+
+def mha_links(ours: MultiHeadAttention, theirs: nn.MultiheadAttention) -> list[Link]:
+    """nn.MultiheadAttention -> MultiHeadAttention.
+
+    Packed ``in_proj_weight`` (rows q, k, v) when kdim == vdim == embed_dim, else separate
+    ``q_proj_weight`` / ``k_proj_weight`` / ``v_proj_weight`` with one packed ``in_proj_bias``.
+    """
+    b = theirs.in_proj_bias
+    if hasattr(ours, "qkv"):
+        links = linear_links(ours.qkv, theirs.in_proj_weight, b, "qkv")
+    else:
+        links = []
+        for i, (mine, weight) in enumerate(
+            [
+                (ours.q_proj, theirs.q_proj_weight),
+                (ours.k_proj, theirs.k_proj_weight),
+                (ours.v_proj, theirs.v_proj_weight),
+            ]
+        ):
+            links.append(Link(mine.weight, (weight,), name=f"proj{i}.weight"))
+            if b is not None:
+                links.append(Link(mine.bias, (b,), _chunk(i, 3), name=f"proj{i}.bias"))
+    links += linear_links(ours.out_proj, theirs.out_proj.weight, theirs.out_proj.bias, "out")
+    return _covers(ours, links)
+
+
+def _ff_links(ours: FeedForward, theirs: nn.Module) -> list[Link]:
+    return linear_links(
+        ours.w_in, theirs.linear1.weight, theirs.linear1.bias, "linear1"
+    ) + linear_links(ours.w_out, theirs.linear2.weight, theirs.linear2.bias, "linear2")
+
+
+def encoder_layer_links(ours: EncoderBlock, theirs: nn.TransformerEncoderLayer) -> list[Link]:
+    links = mha_links(ours.self_attn, theirs.self_attn) + _ff_links(ours.ff, theirs)
+    links += layer_norm_links(ours.norm1, theirs.norm1, "norm1")
+    links += layer_norm_links(ours.norm2, theirs.norm2, "norm2")
+    return _covers(ours, links)
+
+
+def decoder_layer_links(ours: DecoderBlock, theirs: nn.TransformerDecoderLayer) -> list[Link]:
+    links = mha_links(ours.self_attn, theirs.self_attn)
+    links += mha_links(ours.cross_attn, theirs.multihead_attn)
+    links += _ff_links(ours.ff, theirs)
+    for i in (1, 2, 3):
+        links += layer_norm_links(getattr(ours, f"norm{i}"), getattr(theirs, f"norm{i}"), f"n{i}")
+    return _covers(ours, links)
+
+
+def transformer_links(ours: nn.Module, theirs: nn.Transformer) -> list[Link]:
+    """nn.Transformer -> a module with ``encoder`` (Encoder) and ``decoder`` (Decoder)."""
+    links: list[Link] = []
+    for mine, ref in zip(ours.encoder.blocks, theirs.encoder.layers, strict=True):
+        links += encoder_layer_links(mine, ref)
+    for mine, ref in zip(ours.decoder.blocks, theirs.decoder.layers, strict=True):
+        links += decoder_layer_links(mine, ref)
+    links += layer_norm_links(ours.encoder.norm, theirs.encoder.norm, "encoder.norm")
+    links += layer_norm_links(ours.decoder.norm, theirs.decoder.norm, "decoder.norm")
+    return _covers(ours, links)
+
+
+# --------------------------------------------------------------------------- Hugging Face
+
+
+def llama_mlp_links(ours: FeedForward, theirs: nn.Module) -> list[Link]:
+    """LlamaMLP -> FeedForward("swiglu"): ``w_in`` = [gate_proj; up_proj], ``w_out`` = down."""
+    links = [
+        Link(ours.w_in.weight, (theirs.gate_proj.weight, theirs.up_proj.weight), _cat, "w_in"),
+        Link(ours.w_out.weight, (theirs.down_proj.weight,), name="w_out"),
+    ]
+    return _covers(ours, links)
+
+
+def llama_layer_links(ours: EncoderBlock, theirs: nn.Module) -> list[Link]:
+    """LlamaDecoderLayer -> EncoderBlock(norm="rms", activation="swiglu", bias=False)."""
+    a = theirs.self_attn
+    links = [
+        Link(
+            ours.self_attn.qkv.weight,
+            (a.q_proj.weight, a.k_proj.weight, a.v_proj.weight),
+            _cat,
+            "qkv",
+        ),
+        Link(ours.self_attn.out_proj.weight, (a.o_proj.weight,), name="o_proj"),
+    ]
+    links += llama_mlp_links(ours.ff, theirs.mlp)
+    links += layer_norm_links(ours.norm1, theirs.input_layernorm, "input_layernorm")
+    links += layer_norm_links(ours.norm2, theirs.post_attention_layernorm, "post_attn_norm")
+    return _covers(ours, links)
+
+
+def llama_model_links(embedding: nn.Embedding, stack: Encoder, theirs: nn.Module) -> list[Link]:
+    """LlamaModel -> (nn.Embedding, Encoder of LLaMA-style blocks with a final RMSNorm)."""
+    links = [Link(embedding.weight, (theirs.embed_tokens.weight,), name="embed_tokens")]
+    for mine, ref in zip(stack.blocks, theirs.layers, strict=True):
+        links += llama_layer_links(mine, ref)
+    links += layer_norm_links(stack.norm, theirs.norm, "final_norm")
+    _covers(stack, links[1:])
+    return links

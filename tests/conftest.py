@@ -1,0 +1,67 @@
+"""Shared test set-up: a fresh random seed for every test, printed when the test fails.
+
+Every test starts from torch, numpy and ``random`` seeded with a seed drawn anew for that test,
+so each run of the suite checks new random inputs. When a test fails, its report carries a
+section ``attnlab seed`` with the line to replay it::
+
+    ATTNLAB_SEED=123456789 python -m pytest tests/test_attention.py::test_name
+
+With ``ATTNLAB_SEED`` set, every test uses that seed. Property-based tests (hypothesis) draw
+their own ``seed`` argument for the tensors they build; hypothesis prints it in the falsifying
+example, and it replays with ``--hypothesis-seed=N`` as well.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import secrets
+
+import numpy as np
+import pytest
+import torch
+
+SEED_ENV = "ATTNLAB_SEED"
+_SEED_ATTR = "_attnlab_seed"
+
+
+def _draw_seed() -> int:
+    text = os.environ.get(SEED_ENV, "").strip()
+    if text:
+        try:
+            return int(text)
+        except ValueError:
+            raise pytest.UsageError(f"{SEED_ENV} must be an integer, got {text!r}") from None
+    return secrets.randbits(32)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    text = os.environ.get(SEED_ENV, "").strip()
+    if text:
+        return f"attnlab: every test seeded with {SEED_ENV}={text}"
+    return f"attnlab: a fresh random seed per test (replay one with {SEED_ENV}=N)"
+
+
+@pytest.fixture(autouse=True)
+def seed(request: pytest.FixtureRequest) -> int:
+    """Seed torch, numpy and random for this test; the value is also the fixture's value."""
+    value = _draw_seed()
+    setattr(request.node, _SEED_ATTR, value)
+    random.seed(value)
+    np.random.seed(value)
+    torch.manual_seed(value)
+    return value
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    report = yield
+    value = getattr(item, _SEED_ATTR, None)
+    if value is not None and report.failed:
+        report.sections.append(
+            (
+                "attnlab seed",
+                f"replay this test with {SEED_ENV}={value} python -m pytest '{item.nodeid}'",
+            )
+        )
+    return report
