@@ -110,6 +110,11 @@ def from_attn_mask(attn_mask: Tensor, n_heads: int | None = None) -> Tensor:
     if keep.dim() == 3:
         if n_heads is None:
             raise ValueError("a 3-D attn_mask (B*H, Tq, Tk) needs n_heads to be unflattened")
+        if keep.shape[0] % n_heads != 0:
+            raise ValueError(
+                f"a 3-D attn_mask is (B*H, Tq, Tk), but its first dimension {keep.shape[0]} is "
+                f"not a multiple of n_heads={n_heads}; pass the model's number of heads"
+            )
         return keep.view(-1, n_heads, *keep.shape[1:])  # (B, H, Tq, Tk)
     raise ValueError(f"attn_mask must be 2-D or 3-D, got shape {tuple(attn_mask.shape)}")
 
@@ -347,6 +352,11 @@ class MultiHeadAttention(nn.Module):
             )
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        if (kdim if kdim is not None else d_model) != (vdim if vdim is not None else d_model):
+            raise ValueError(
+                f"kdim={kdim} and vdim={vdim} differ, but one context tensor gives both keys and "
+                "values; set vdim equal to kdim (or leave both None for d_model)"
+            )
         self.d_model = d_model
         self.n_heads = n_heads
         self.n_kv_heads = n_kv_heads

@@ -1,0 +1,670 @@
+"""attnlab.attention against PyTorch's own attention, which nobody here wrote.
+
+* ``scaled_dot_product_attention`` (explicit and fused paths) == ``F.scaled_dot_product_attention``
+  over random shapes, masks (padding, causal, both, random, fully masked rows), additive bias,
+  GQA and Tq != Tk, forward and gradients in float64 (property-based, hypothesis);
+  fully masked rows give zeros and finite gradients; dropout matches torch under one seed
+  (fused) and has the right statistics (explicit).
+* mask helpers and converters == what ``nn.MultiheadAttention`` does with PyTorch-sense masks;
+  causal masks == ``torch.nn.attention.bias.causal_lower_right``.
+* ``MultiHeadAttention`` == ``nn.MultiheadAttention(batch_first=True)`` with copied weights.
+* ``KVCache`` decoding == full causal recomputation (GQA, RoPE, padding, growth, reorder).
+* bad input raises a ValueError that says what to change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import Tensor, nn
+from torch.nn.attention.bias import causal_lower_right
+
+from _copy_weights import assert_grads_match, copy_links, mha_links
+from attnlab.attention import (
+    KVCache,
+    MultiHeadAttention,
+    causal_mask,
+    combine_masks,
+    explicit_attention,
+    from_attn_mask,
+    from_key_padding_mask,
+    padding_mask,
+    padding_mask_from_ids,
+    scaled_dot_product_attention,
+    to_attn_mask,
+    to_key_padding_mask,
+)
+from attnlab.positions import RotaryEmbedding
+
+F64 = torch.float64
+TIGHT = dict(rtol=1e-9, atol=1e-11)  # float64, same maths in a different order
+SETTINGS = settings(max_examples=40, deadline=None)
+
+
+def randn(g: torch.Generator, *shape: int, grad: bool = True) -> Tensor:
+    return torch.randn(*shape, generator=g, dtype=F64).requires_grad_(grad)
+
+
+# --------------------------------------------------------------------------- SDPA vs torch
+
+
+@dataclass
+class Case:
+    B: int
+    H: int
+    Hkv: int
+    Tq: int
+    Tk: int
+    Dk: int
+    Dv: int
+    mask_kind: str
+    use_bias: bool
+    scale: float | None
+    seed: int
+
+
+MASK_KINDS = ["none", "padding", "causal", "padding+causal", "random", "empty_rows"]
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> Case:
+    mask_kind = draw(st.sampled_from(MASK_KINDS))
+    hkv = draw(st.sampled_from([1, 2]))
+    tq = draw(st.integers(1, 6))
+    tk = draw(st.integers(1, 7))
+    if "causal" in mask_kind:
+        tk = max(tk, tq)  # bottom-right causal needs Tk >= Tq
+    return Case(
+        B=draw(st.integers(1, 3)),
+        H=hkv * draw(st.sampled_from([1, 2, 3])),
+        Hkv=hkv,
+        Tq=tq,
+        Tk=tk,
+        Dk=draw(st.integers(1, 8)),
+        Dv=draw(st.integers(1, 8)),
+        mask_kind=mask_kind,
+        use_bias=draw(st.booleans()),
+        scale=draw(st.one_of(st.none(), st.floats(0.05, 2.0))),
+        seed=draw(st.integers(0, 2**32 - 1)),
+    )
+
+
+def build_masks(c: Case, g: torch.Generator) -> tuple[Tensor | None, bool, Tensor]:
+    """(mask for attnlab, is_causal for attnlab, full reference mask (B, H, Tq, Tk)).
+
+    The reference mask is built from definitions, not from attnlab's helpers: padding from
+    ``arange < length``, causal from PyTorch's ``causal_lower_right``.
+    """
+    full = torch.ones(c.B, c.H, c.Tq, c.Tk, dtype=torch.bool)
+    ours: Tensor | None = None
+    is_causal = False
+    if "padding" in c.mask_kind:
+        lengths = torch.randint(0, c.Tk + 1, (c.B,), generator=g)  # 0: every row is empty
+        keep = torch.arange(c.Tk)[None, :] < lengths[:, None]  # (B, Tk)
+        full = full & keep[:, None, None, :]
+        ours = keep[:, None, None, :]
+    if "causal" in c.mask_kind:
+        is_causal = True
+        full = full & causal_lower_right(c.Tq, c.Tk)._materialize()
+    if c.mask_kind in ("random", "empty_rows"):
+        # A random mask with random broadcast dimensions.
+        shape = [
+            c.B if torch.rand((), generator=g) < 0.5 else 1,
+            c.H if torch.rand((), generator=g) < 0.5 else 1,
+            c.Tq,
+            c.Tk,
+        ]
+        ours = torch.rand(*shape, generator=g) < 0.7
+        if c.mask_kind == "empty_rows":
+            ours[..., torch.randint(0, c.Tq, (1,), generator=g), :] = False
+        full = full & ours
+    return ours, is_causal, full
+
+
+def reference_attention(
+    q: Tensor, k: Tensor, v: Tensor, full: Tensor, bias: Tensor | None, scale: float | None
+) -> Tensor:
+    """torch's SDPA; empty rows are unmasked here (the test ignores them) to keep torch finite."""
+    rep = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(rep, dim=1)
+    v = v.repeat_interleave(rep, dim=1)
+    safe = full | ~full.any(dim=-1, keepdim=True)
+    attn_mask: Tensor = safe if bias is None else bias.masked_fill(~safe, float("-inf"))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)
+
+
+@SETTINGS
+@given(cases())
+def test_sdpa_matches_torch_forward_and_gradients(c: Case) -> None:
+    g = torch.Generator().manual_seed(c.seed)
+    q = randn(g, c.B, c.H, c.Tq, c.Dk)
+    k = randn(g, c.B, c.Hkv, c.Tk, c.Dk)
+    v = randn(g, c.B, c.Hkv, c.Tk, c.Dv)
+    bias = randn(g, 1, c.H, c.Tq, c.Tk) if c.use_bias else None
+    mask, is_causal, full = build_masks(c, g)
+    nonempty = full.any(dim=-1)  # (B, H, Tq)
+    cotangent = torch.randn(c.B, c.H, c.Tq, c.Dv, generator=g, dtype=F64) * nonempty[..., None]
+    leaves = [t for t in (q, k, v, bias) if t is not None]
+
+    expected = reference_attention(q, k, v, full, bias, c.scale)
+    expected_grads = torch.autograd.grad((expected * cotangent).sum(), leaves)
+
+    results = {}
+    for fused in (False, True):
+        out, weights = scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            mask,
+            is_causal=is_causal,
+            bias=bias,
+            scale=c.scale,
+            fused=fused,
+            return_weights=not fused,
+        )
+        grads = torch.autograd.grad((out * cotangent).sum(), leaves)
+        results[fused] = out
+        # Rows with something to attend to: the reference; empty rows: exact zeros.
+        torch.testing.assert_close(out * nonempty[..., None], expected * nonempty[..., None])
+        assert torch.equal(out[~nonempty], torch.zeros_like(out[~nonempty]))
+        for got, want in zip(grads, expected_grads):
+            assert torch.isfinite(got).all()
+            torch.testing.assert_close(got, want)
+        assert torch.equal(grads[0][~nonempty], torch.zeros_like(grads[0][~nonempty]))
+        if weights is not None:
+            # weights: zero where blocked, rows sum to 1 (0 for empty rows), and out = weights·V.
+            assert weights.shape == (c.B, c.H, c.Tq, c.Tk)
+            assert torch.equal(weights[~full], torch.zeros_like(weights[~full]))
+            torch.testing.assert_close(weights.sum(-1), nonempty.to(F64))
+            v_rep = v.repeat_interleave(c.H // c.Hkv, dim=1)
+            torch.testing.assert_close(weights @ v_rep, out, **TIGHT)
+    torch.testing.assert_close(results[True], results[False], **TIGHT)
+
+
+def test_fully_masked_everything_gives_zeros_and_finite_gradients() -> None:
+    q = torch.randn(2, 4, 3, 5, dtype=F64, requires_grad=True)
+    k = torch.randn(2, 2, 6, 5, dtype=F64, requires_grad=True)
+    v = torch.randn(2, 2, 6, 5, dtype=F64, requires_grad=True)
+    bias = torch.randn(1, 4, 3, 6, dtype=F64, requires_grad=True)
+    mask = torch.zeros(2, 1, 1, 6, dtype=torch.bool)
+    for fused in (False, True):
+        for b in (None, bias):
+            out, _ = scaled_dot_product_attention(q, k, v, mask, bias=b, fused=fused)
+            assert torch.equal(out, torch.zeros_like(out))
+            leaves = [q, k, v] + ([b] if b is not None else [])
+            for grad in torch.autograd.grad(out.square().sum() + out.sum(), leaves):
+                assert torch.equal(grad, torch.zeros_like(grad))
+
+
+def test_explicit_attention_switch_forces_the_explicit_path() -> None:
+    q, k, v = (torch.randn(1, 2, 3, 4, dtype=F64) for _ in range(3))
+    fused, _ = scaled_dot_product_attention(q, k, v, dropout_p=0.0)
+    with explicit_attention():
+        torch.manual_seed(0)
+        a, _ = scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+        torch.manual_seed(0)
+        b, w = scaled_dot_product_attention(q, k, v, dropout_p=0.5, return_weights=True)
+    assert w is not None
+    torch.testing.assert_close(a, b, **TIGHT)  # same RNG draws: the same explicit path
+    with explicit_attention():
+        plain, _ = scaled_dot_product_attention(q, k, v)
+    torch.testing.assert_close(plain, fused, **TIGHT)
+
+
+# --------------------------------------------------------------------------- dropout
+
+
+def test_fused_dropout_equals_torch_under_the_same_seed() -> None:
+    q = torch.randn(2, 4, 5, 8, dtype=F64)
+    k, v = torch.randn(2, 4, 7, 8, dtype=F64), torch.randn(2, 4, 7, 8, dtype=F64)
+    mask = torch.rand(2, 1, 5, 7) < 0.8
+    state = torch.get_rng_state()
+    ours, _ = scaled_dot_product_attention(q, k, v, mask, dropout_p=0.3, fused=True)
+    torch.set_rng_state(state)
+    theirs = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.3)
+    torch.testing.assert_close(ours, theirs, **TIGHT)
+    torch.set_rng_state(state)
+    no_drop, _ = scaled_dot_product_attention(q, k, v, mask, fused=True)
+    assert not torch.allclose(ours, no_drop)
+
+
+def test_explicit_dropout_drops_at_rate_p_and_rescales() -> None:
+    p = 0.25
+    q = torch.randn(8, 4, 16, 8, dtype=F64)
+    k, v = torch.randn(8, 4, 32, 8, dtype=F64), torch.randn(8, 4, 32, 8, dtype=F64)
+    _, clean = scaled_dot_product_attention(q, k, v, return_weights=True)
+    out, dropped = scaled_dot_product_attention(q, k, v, dropout_p=p, return_weights=True)
+    assert clean is not None and dropped is not None
+    kept = dropped != 0
+    frac = 1 - kept.double().mean().item()
+    n = kept.numel()  # 16384 entries: 6 standard deviations of a binomial rate
+    assert abs(frac - p) < 6 * (p * (1 - p) / n) ** 0.5, frac
+    torch.testing.assert_close(dropped[kept], clean[kept] / (1 - p), **TIGHT)
+    torch.testing.assert_close(out, dropped @ v, **TIGHT)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_dropout_is_unbiased(fused: bool) -> None:
+    """Inverted dropout: the mean output over many draws is the output without dropout."""
+    n, p = 4000, 0.3
+    q1, k1, v1 = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4)
+    q, k, v = (t.to(F64).expand(n, -1, -1, -1) for t in (q1, k1, v1))
+    expected, _ = scaled_dot_product_attention(q1.to(F64), k1.to(F64), v1.to(F64))
+    out, _ = scaled_dot_product_attention(q, k, v, dropout_p=p, fused=fused)
+    mean, std = out.mean(0, keepdim=True), out.std(0, keepdim=True)
+    assert (std > 0).all()
+    assert ((mean - expected).abs() <= 6 * std / n**0.5 + 1e-12).all()
+
+
+def test_mha_dropout_only_in_training() -> None:
+    mha = MultiHeadAttention(16, 4, dropout=0.5).double()
+    x = torch.randn(2, 5, 16, dtype=F64)
+    mha.eval()
+    a, _ = mha(x)
+    b, _ = mha(x)
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    mha.dropout = 0.0
+    c, _ = mha(x)
+    torch.testing.assert_close(a, c, rtol=0, atol=0)
+    mha.dropout = 0.5
+    mha.train()
+    d, _ = mha(x)
+    assert not torch.allclose(a, d)
+
+
+# --------------------------------------------------------------------------- mask helpers
+
+
+def _torch_mha(d_model: int, n_heads: int, **kw) -> tuple[MultiHeadAttention, nn.Module]:
+    theirs = nn.MultiheadAttention(d_model, n_heads, batch_first=True, dtype=F64, **kw)
+    ours = MultiHeadAttention(
+        d_model, n_heads, kdim=kw.get("kdim"), vdim=kw.get("vdim"), bias=kw.get("bias", True)
+    ).double()
+    copy_links(mha_links(ours, theirs))
+    return ours, theirs
+
+
+def test_padding_mask_from_lengths_matches_key_padding_mask() -> None:
+    B, T, d = 4, 7, 12
+    lengths = torch.randint(1, T + 1, (B,))
+    lengths[0] = T
+    mask = padding_mask(lengths)
+    assert mask.shape == (B, 1, 1, T) and mask.dtype == torch.bool
+    kpm = torch.stack([torch.tensor([j >= n for j in range(T)]) for n in lengths.tolist()])
+    assert torch.equal(to_key_padding_mask(mask), kpm)
+    assert torch.equal(from_key_padding_mask(kpm), mask)
+    longer = padding_mask(lengths, max_len=T + 3)
+    assert longer.shape == (B, 1, 1, T + 3) and not longer[..., T:].any()
+
+    ours, theirs = _torch_mha(d, 3)
+    x = torch.randn(B, T, d, dtype=F64)
+    want, _ = theirs(x, x, x, key_padding_mask=kpm, need_weights=False)
+    got, _ = ours(x, mask=mask)
+    torch.testing.assert_close(got, want)
+
+
+def test_padding_mask_from_ids() -> None:
+    pad = 3
+    ids = torch.randint(0, 10, (3, 6))
+    ids[ids == pad] = 4
+    ids[0, 4:] = pad
+    ids[2, 1] = pad  # padding in the middle is still padding
+    mask = padding_mask_from_ids(ids, pad_id=pad)
+    assert mask.shape == (3, 1, 1, 6)
+    assert torch.equal(to_key_padding_mask(mask), ids == pad)
+    assert torch.equal(padding_mask_from_ids(ids), (ids != 0)[:, None, None, :])
+
+
+@pytest.mark.parametrize("t_q, t_k", [(1, 1), (4, 4), (1, 5), (3, 7), (6, 9)])
+def test_causal_mask_is_bottom_right_aligned(t_q: int, t_k: int) -> None:
+    mask = causal_mask(t_q, t_k)
+    assert mask.shape == (1, 1, t_q, t_k)
+    assert torch.equal(mask[0, 0], causal_lower_right(t_q, t_k)._materialize())
+    if t_q == t_k:  # the usual square mask == nn.Transformer's, converted from PyTorch's sense
+        square = nn.Transformer.generate_square_subsequent_mask(t_q, dtype=F64)
+        assert torch.equal(from_attn_mask(square), mask)
+    # and attention with it == torch's attention with the lower-right causal bias
+    q = torch.randn(2, 2, t_q, 4, dtype=F64)
+    k, v = torch.randn(2, 2, t_k, 4, dtype=F64), torch.randn(2, 2, t_k, 4, dtype=F64)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(t_q, t_k))
+    for fused in (False, True):
+        got, _ = scaled_dot_product_attention(q, k, v, is_causal=True, fused=fused)
+        torch.testing.assert_close(got, want)
+
+
+def test_combine_masks() -> None:
+    a = torch.rand(2, 1, 1, 5) < 0.5
+    b = torch.rand(1, 1, 3, 5) < 0.5
+    c = torch.rand(2, 4, 3, 5) < 0.5
+    assert combine_masks() is None and combine_masks(None, None) is None
+    assert combine_masks(None, a) is a
+    assert torch.equal(combine_masks(a, None, b), a & b)
+    assert torch.equal(combine_masks(a, b, c), a & b & c)
+    assert combine_masks(a, b).shape == (2, 1, 3, 5)
+
+
+def _rows_not_empty(attn_block: Tensor, kpm: Tensor) -> None:
+    """Open one key per query row that padding does not hide (torch gives NaN on empty rows)."""
+    t_q = attn_block.shape[-2]
+    first_real = 0  # right padding with lengths >= 1: key 0 is always real
+    assert not kpm[:, first_real].any()
+    attn_block[..., torch.arange(t_q), first_real] = False
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_from_attn_mask_matches_torch_mha(dims: int, kind: str) -> None:
+    B, T, d, H = 3, 5, 8, 2
+    kpm = torch.arange(T)[None, :] >= torch.randint(1, T + 1, (B,))[:, None]  # True = ignore
+    blocked = torch.rand(*(B * H,) * (dims == 3), T, T) < 0.4  # PyTorch sense: True = blocked
+    _rows_not_empty(blocked, kpm)
+    attn_mask, key_padding = blocked, kpm
+    if kind == "float":  # torch wants both masks of one type
+        attn_mask = torch.zeros(blocked.shape, dtype=F64).masked_fill(blocked, float("-inf"))
+        key_padding = torch.zeros(kpm.shape, dtype=F64).masked_fill(kpm, float("-inf"))
+    ours_mask = from_attn_mask(attn_mask, n_heads=H)
+    assert ours_mask.shape == ((1, 1, T, T) if dims == 2 else (B, H, T, T))
+    assert torch.equal(to_attn_mask(ours_mask), blocked.view(ours_mask.shape))
+
+    ours, theirs = _torch_mha(d, H)
+    x = torch.randn(B, T, d, dtype=F64)
+    want, want_w = theirs(
+        x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding, average_attn_weights=False
+    )
+    combined = combine_masks(ours_mask, from_key_padding_mask(key_padding))
+    got, got_w = ours(x, mask=combined, need_weights=True)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got_w, want_w)
+    fused, _ = ours(x, mask=combined)
+    torch.testing.assert_close(fused, want)
+
+
+def test_key_padding_mask_round_trips() -> None:
+    kpm = torch.rand(4, 6) < 0.3
+    mask = from_key_padding_mask(kpm)
+    assert mask.shape == (4, 1, 1, 6)
+    assert torch.equal(to_key_padding_mask(mask), kpm)
+    additive = torch.zeros(4, 6).masked_fill(kpm, float("-inf"))
+    assert torch.equal(from_key_padding_mask(additive), mask)
+    assert torch.equal(from_key_padding_mask(to_key_padding_mask(mask)), mask)
+    square = torch.rand(1, 1, 3, 3) < 0.5
+    assert torch.equal(from_attn_mask(to_attn_mask(square)[0, 0]), square)
+
+
+# --------------------------------------------------------------------------- MHA vs torch
+
+
+def _random_masks(
+    B: int, H: int, t_q: int, t_k: int
+) -> list[tuple[str, Tensor | None, Tensor | None]]:
+    """(name, key_padding_mask, attn_mask) in PyTorch's sense, every query row non-empty."""
+    kpm = torch.arange(t_k)[None, :] >= torch.randint(1, t_k + 1, (B,))[:, None]
+    blocked2 = torch.rand(t_q, t_k) < 0.4
+    blocked3 = torch.rand(B * H, t_q, t_k) < 0.4
+    for m in (blocked2, blocked3):
+        _rows_not_empty(m, kpm)
+    float2 = torch.zeros(t_q, t_k, dtype=F64).masked_fill(blocked2, float("-inf"))
+    return [
+        ("none", None, None),
+        ("key_padding", kpm, None),
+        ("attn_bool_2d", None, blocked2),
+        ("attn_float_2d", None, float2),
+        ("attn_bool_3d", None, blocked3),
+        ("both", kpm, blocked3),
+    ]
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("kind", ["self", "cross", "cross_kdim"])
+def test_mha_matches_torch_multihead_attention(kind: str, bias: bool) -> None:
+    B, t_q = torch.randint(1, 4, ()).item(), torch.randint(1, 7, ()).item()
+    H, head = [1, 2, 4][torch.randint(0, 3, ()).item()], torch.randint(1, 5, ()).item()
+    d = H * head
+    t_k = t_q if kind == "self" else torch.randint(1, 7, ()).item()
+    kdim = torch.randint(2, 10, ()).item() if kind == "cross_kdim" else None
+    if kdim == d:
+        kdim += 1
+    ours, theirs = _torch_mha(d, H, bias=bias, kdim=kdim, vdim=kdim)
+    links = mha_links(ours, theirs)
+    assert hasattr(ours, "qkv") == (kind != "cross_kdim")
+
+    for name, kpm, attn_mask in _random_masks(B, H, t_q, t_k):
+        mask = combine_masks(
+            None if kpm is None else from_key_padding_mask(kpm),
+            None if attn_mask is None else from_attn_mask(attn_mask, n_heads=H),
+        )
+        for need_weights, average in [(False, False), (True, True), (True, False)]:
+            x = torch.randn(B, t_q, d, dtype=F64, requires_grad=True)
+            ctx = (
+                None
+                if kind == "self"
+                else torch.randn(B, t_k, kdim or d, dtype=F64, requires_grad=True)
+            )
+            src = x if ctx is None else ctx
+            want, want_w = theirs(
+                x,
+                src,
+                src,
+                key_padding_mask=kpm,
+                attn_mask=attn_mask,
+                need_weights=need_weights,
+                average_attn_weights=average,
+            )
+            for p in (*ours.parameters(), *theirs.parameters()):
+                p.grad = None
+            got, got_w = ours(x, ctx, mask=mask, need_weights=need_weights, average_weights=average)
+            msg = f"{kind} bias={bias} mask={name} weights={need_weights}/{average}"
+            torch.testing.assert_close(got, want, msg=msg)
+            if need_weights:
+                torch.testing.assert_close(got_w, want_w, msg=msg)
+            else:
+                assert got_w is None
+            cot = torch.randn_like(want)
+            inputs = [x] if ctx is None else [x, ctx]
+            g_ours = torch.autograd.grad((got * cot).sum(), inputs, retain_graph=True)
+            g_theirs = torch.autograd.grad((want * cot).sum(), inputs, retain_graph=True)
+            for a, b in zip(g_ours, g_theirs):
+                torch.testing.assert_close(a, b, msg=msg)
+            (got * cot).sum().backward()
+            (want * cot).sum().backward()
+            assert_grads_match(links)
+
+
+def test_mha_gqa_equals_mha_with_repeated_kv_heads() -> None:
+    """GQA == full MHA whose key/value heads are copies (each serving n_heads/n_kv_heads)."""
+    d, H, Hkv, hd = 24, 6, 2, 4
+    gqa = MultiHeadAttention(d, H, Hkv).double()
+    full = MultiHeadAttention(d, H).double()
+    q_w, k_w, v_w = gqa.qkv.weight.split((H * hd, Hkv * hd, Hkv * hd))
+    q_b, k_b, v_b = gqa.qkv.bias.split((H * hd, Hkv * hd, Hkv * hd))
+
+    def rep(t: Tensor) -> Tensor:
+        return t.view(Hkv, hd, *t.shape[1:]).repeat_interleave(H // Hkv, 0).flatten(0, 1)
+
+    with torch.no_grad():
+        full.qkv.weight.copy_(torch.cat([q_w, rep(k_w), rep(v_w)]))
+        full.qkv.bias.copy_(torch.cat([q_b, rep(k_b), rep(v_b)]))
+        full.out_proj.load_state_dict(gqa.out_proj.state_dict())
+    x = torch.randn(2, 5, d, dtype=F64)
+    mask = torch.rand(2, 1, 5, 5) < 0.7
+    for need_weights in (False, True):
+        a, wa = gqa(x, mask=mask, is_causal=True, need_weights=need_weights)
+        b, wb = full(x, mask=mask, is_causal=True, need_weights=need_weights)
+        torch.testing.assert_close(a, b, **TIGHT)
+        if need_weights:
+            torch.testing.assert_close(wa, wb, **TIGHT)
+
+
+# --------------------------------------------------------------------------- KV cache
+
+
+@pytest.mark.parametrize("n_kv_heads", [None, 2, 1])
+@pytest.mark.parametrize("rope", [False, True])
+@pytest.mark.parametrize("left_pad", [False, True])
+def test_kv_cache_decoding_equals_full_recomputation(
+    n_kv_heads: int | None, rope: bool, left_pad: bool
+) -> None:
+    d, H, B, T, prompt = 16, 4, 3, 37, 3  # 37 > initial capacity 16: the cache grows twice
+    rotary = RotaryEmbedding(d // H, max_len=8) if rope else None  # max_len 8: RoPE extends too
+    mha = MultiHeadAttention(d, H, n_kv_heads, rotary=rotary).double().eval()
+    x = torch.randn(B, T, d, dtype=F64)
+    mask = None
+    if left_pad:
+        pads = torch.randint(0, 4, (B,))
+        mask = (torch.arange(T)[None, :] >= pads[:, None])[:, None, None, :]  # (B, 1, 1, T)
+    full, _ = mha(x, mask=mask, is_causal=True)
+
+    cache = KVCache()
+    steps = [(0, prompt)] + [(t, t + 1) for t in range(prompt, 20)] + [(20, 23)]  # 1 chunk of 3
+    steps += [(t, t + 1) for t in range(23, T)]
+    outs = []
+    for start, end in steps:
+        m = None if mask is None else mask[..., :end]
+        out, _ = mha(x[:, start:end], mask=m, is_causal=True, cache=cache)
+        outs.append(out)
+        assert cache.length == end
+    torch.testing.assert_close(torch.cat(outs, dim=1), full, **TIGHT)
+    assert cache.keys.shape == (B, n_kv_heads or H, T, d // H)
+
+
+def test_kv_cache_append_grows_and_keeps_contents() -> None:
+    cache = KVCache()
+    ks, vs = [], []
+    for n in [3, 1, 1, 14, 1, 20, 2, 40]:  # crosses the initial capacity several times
+        k, v = torch.randn(2, 3, n, 4), torch.randn(2, 3, n, 5)
+        keys, values = cache.append(k, v)
+        ks.append(k)
+        vs.append(v)
+        assert torch.equal(keys, torch.cat(ks, dim=2))
+        assert torch.equal(values, torch.cat(vs, dim=2))
+    assert cache.length == 82 and not cache.static
+
+
+def test_kv_cache_reorder_selects_rows() -> None:
+    d, H, B, T = 12, 3, 4, 6
+    mha = MultiHeadAttention(d, H).double().eval()
+    x = torch.randn(B, T + 1, d, dtype=F64)
+    cache = KVCache()
+    mha(x[:, :T], is_causal=True, cache=cache)
+    keys_before = cache.keys.clone()
+    index = torch.tensor([2, 0, 0, 3])
+    cache.reorder(index)
+    assert torch.equal(cache.keys, keys_before[index])
+    # decoding on after the reorder == full recomputation on the reordered batch
+    x2 = x[index]
+    x2[:, T] = torch.randn(B, d, dtype=F64)
+    step, _ = mha(x2[:, T:], is_causal=True, cache=cache)
+    full, _ = mha(x2, is_causal=True)
+    torch.testing.assert_close(step, full[:, T:], **TIGHT)
+
+
+def test_cross_attention_cache_is_static_and_equals_recomputation() -> None:
+    d, H, B, Tk = 16, 4, 2, 9
+    for kdim in (None, 10):
+        mha = MultiHeadAttention(d, H, 2, kdim=kdim, vdim=kdim).double().eval()
+        ctx = torch.randn(B, Tk, kdim or d, dtype=F64)
+        mem_mask = (torch.rand(B, 1, 1, Tk) < 0.8) | (torch.arange(Tk) == 0)
+        cache = KVCache()
+        for _ in range(4):
+            x = torch.randn(B, 1, d, dtype=F64)
+            got, _ = mha(x, ctx, mask=mem_mask, cache=cache)
+            want, _ = mha(x, ctx, mask=mem_mask)
+            torch.testing.assert_close(got, want, **TIGHT)
+            assert cache.static and cache.length == Tk
+        # after the first call the context is not read again
+        got, _ = mha(x, torch.zeros_like(ctx), mask=mem_mask, cache=cache)
+        torch.testing.assert_close(got, want, **TIGHT)
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def _raises(fn, *fragments: str) -> None:
+    with pytest.raises(ValueError) as info:
+        fn()
+    text = str(info.value)
+    for fragment in fragments:
+        assert fragment in text, f"{fragment!r} not in {text!r}"
+
+
+def test_errors_name_what_to_change() -> None:
+    q = torch.randn(2, 4, 3, 8)
+    k = v = torch.randn(2, 4, 5, 8)
+    _raises(
+        lambda: MultiHeadAttention(10, 3),
+        "d_model=10 is not divisible by n_heads=3",
+        "choose n_heads from [1, 2, 5, 10]",
+        "head_dim",
+    )
+    _raises(
+        lambda: MultiHeadAttention(16, 4, n_kv_heads=3),
+        "n_heads=4 must be a multiple of n_kv_heads=3",
+    )
+    _raises(lambda: MultiHeadAttention(16, 4, dropout=1.0), "dropout must be in [0, 1)")
+    _raises(
+        lambda: scaled_dot_product_attention(q, k, v, torch.ones(2, 1, 1, 4, dtype=torch.bool)),
+        "mask of shape (2, 1, 1, 4) does not broadcast to (B, H, Tq, Tk) = (2, 4, 3, 5)",
+        "key padding mask is (B, 1, 1, Tk)",
+    )
+    _raises(
+        lambda: scaled_dot_product_attention(q, k, v, torch.zeros(1, 1, 3, 5)),
+        "mask must be a bool tensor (True = may attend), got torch.float32",
+        "from_attn_mask",
+        "bias=",
+    )
+    _raises(
+        lambda: from_attn_mask(torch.full((3, 3), 0.5)),
+        "attn_mask holds values other than 0 and -inf",
+        "pass it as bias= instead",
+    )
+    _raises(
+        lambda: from_key_padding_mask(torch.full((2, 3), -1e9)),
+        "key_padding_mask holds values other than 0 and -inf",
+    )
+    _raises(lambda: from_attn_mask(torch.zeros(8, 3, 3, dtype=torch.bool)), "needs n_heads")
+    _raises(
+        lambda: from_attn_mask(torch.zeros(6, 3, 3, dtype=torch.bool), n_heads=4),
+        "first dimension 6 is not a multiple of n_heads=4",
+    )
+    _raises(
+        lambda: MultiHeadAttention(16, 4, kdim=8, vdim=12),
+        "kdim=8 and vdim=12 differ",
+        "set vdim equal to kdim",
+    )
+    _raises(lambda: from_attn_mask(torch.zeros(2, 2, 3, 3, dtype=torch.bool)), "2-D or 3-D")
+    _raises(lambda: from_key_padding_mask(torch.zeros(2, 1, 3, dtype=torch.bool)), "(B, Tk)")
+    _raises(lambda: causal_mask(5, 3), "needs Tk >= Tq, got Tq=5, Tk=3")
+    _raises(
+        lambda: scaled_dot_product_attention(q, k[:, :, :2], v[:, :, :2], is_causal=True),
+        "Tk >= Tq",
+    )
+    _raises(lambda: scaled_dot_product_attention(q[0], k, v), "must be 4-D (B, H, T, D)")
+    _raises(
+        lambda: scaled_dot_product_attention(q, k[:, :3], v[:, :3]),
+        "query heads (4) must be a multiple of key/value heads (k: 3, v: 3)",
+    )
+    _raises(lambda: padding_mask(torch.ones(2, 3)), "lengths must be 1-D (B,)")
+    _raises(lambda: padding_mask_from_ids(torch.ones(3, dtype=torch.long)), "ids must be (B, T)")
+    _raises(lambda: to_key_padding_mask(torch.ones(2, 3, dtype=torch.bool)), "(B, 1, 1, Tk)")
+
+    mha = MultiHeadAttention(16, 4)
+    _raises(
+        lambda: mha(torch.randint(0, 5, (2, 3, 16))),
+        "x must be a floating tensor of shape (B, T, 16), got dtype torch.int64",
+        "embedding layer",
+    )
+    _raises(lambda: mha(torch.randn(2, 3, 8)), "x must have shape (B, T, 16), got (2, 3, 8)")
+    _raises(lambda: mha(torch.randn(3, 16)), "x must have shape (B, T, 16), got (3, 16)")
+    _raises(
+        lambda: mha(torch.randn(2, 3, 16), torch.randn(2, 4, 12)),
+        "context must have shape (B, T, 16), got (2, 4, 12)",
+    )
+    _raises(
+        lambda: mha(torch.randn(2, 3, 16), mask=torch.ones(2, 3, dtype=torch.bool)),
+        "does not broadcast",
+    )
