@@ -285,7 +285,13 @@ class Encoder(nn.Module):
         weights: list[Tensor] = []
         for i, block in enumerate(self.blocks):
             cache = None if caches is None else caches[i]
-            if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+            # Not with a cache: the recomputation in the backward pass would append twice.
+            if (
+                self.gradient_checkpointing
+                and self.training
+                and torch.is_grad_enabled()
+                and cache is None
+            ):
                 x, w = checkpoint(
                     block,
                     x,
@@ -342,7 +348,14 @@ class Decoder(nn.Module):
                 cache=None if caches is None else caches[i],
                 cross_cache=None if cross_caches is None else cross_caches[i],
             )
-            if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+            # Not with caches: the recomputation in the backward pass would append twice.
+            if (
+                self.gradient_checkpointing
+                and self.training
+                and torch.is_grad_enabled()
+                and kwargs["cache"] is None
+                and kwargs["cross_cache"] is None
+            ):
                 x, w = checkpoint(
                     block, x, memory, self_mask, memory_mask, use_reentrant=False, **kwargs
                 )

@@ -1,0 +1,463 @@
+"""attnlab.blocks against PyTorch's Transformer layers (and HF LLaMA's norm and MLP).
+
+* RMSNorm == ``nn.RMSNorm`` (float32/float64, gradients) and == HF ``LlamaRMSNorm`` in bfloat16;
+* FeedForward gelu_tanh == Linear/GELU(tanh)/Linear; swiglu == HF ``LlamaMLP`` (w_in = [gate; up]);
+* EncoderBlock == ``nn.TransformerEncoderLayer`` and DecoderBlock == ``nn.TransformerDecoderLayer``
+  with copied weights, post- and pre-norm, relu and gelu, padding and causal masks, forward and
+  input/parameter gradients in float64;
+* Encoder + Decoder with final LayerNorms == ``nn.Transformer`` (batch_first, src/tgt/memory
+  key padding masks, causal tgt mask), forward and gradients;
+* gradient checkpointing changes neither outputs nor gradients (dropout on) and does recompute;
+* KV caches through an Encoder used causally (GQA, RoPE, RMSNorm, SwiGLU) and through a Decoder
+  (self cache + static cross cache) == full recomputation.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from _copy_weights import (
+    Link,
+    assert_grads_match,
+    copy_links,
+    decoder_layer_links,
+    encoder_layer_links,
+    layer_norm_links,
+    linear_links,
+    llama_mlp_links,
+    transformer_links,
+)
+from attnlab.attention import KVCache, from_key_padding_mask
+from attnlab.blocks import (
+    Decoder,
+    DecoderBlock,
+    Encoder,
+    EncoderBlock,
+    FeedForward,
+    RMSNorm,
+    make_norm,
+)
+from attnlab.positions import RotaryEmbedding
+
+F64 = torch.float64
+TIGHT = dict(rtol=1e-9, atol=1e-11)
+
+
+def right_padding(B: int, T: int) -> Tensor:
+    """PyTorch key_padding_mask (True = pad) with lengths 1..T, one row unpadded."""
+    lengths = torch.randint(1, T + 1, (B,))
+    lengths[0] = T
+    return torch.arange(T)[None, :] >= lengths[:, None]
+
+
+def square_causal(T: int) -> Tensor:
+    """PyTorch's boolean causal attn_mask, True = blocked."""
+    return torch.ones(T, T, dtype=torch.bool).triu(1)
+
+
+def compare_backward(
+    got: Tensor, want: Tensor, inputs: list[tuple[Tensor, Tensor]], links: list[Link]
+) -> None:
+    """Same cotangent through both: input gradients and parameter gradients must agree."""
+    cot = torch.randn_like(want)
+    (got * cot).sum().backward()
+    (want * cot).sum().backward()
+    for ours, theirs in inputs:
+        torch.testing.assert_close(ours.grad, theirs.grad)
+    assert_grads_match(links)
+
+
+def leaf_pair(*shape: int) -> tuple[Tensor, Tensor]:
+    x = torch.randn(*shape, dtype=F64)
+    return x.clone().requires_grad_(), x.clone().requires_grad_()
+
+
+# --------------------------------------------------------------------------- norms and FFN
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_rms_norm_matches_torch(dtype: torch.dtype) -> None:
+    ours, theirs = RMSNorm(12, eps=1e-6).to(dtype), nn.RMSNorm(12, eps=1e-6, dtype=dtype)
+    nn.init.normal_(theirs.weight)
+    links = layer_norm_links(ours, theirs)
+    copy_links(links)
+    x, x_ref = (t.to(dtype) for t in leaf_pair(3, 5, 12))
+    x, x_ref = x.detach().requires_grad_(), x_ref.detach().requires_grad_()
+    got, want = ours(x), theirs(x_ref)
+    torch.testing.assert_close(got, want)
+    compare_backward(got, want, [(x, x_ref)], links)
+
+
+def test_rms_norm_bfloat16_normalises_in_float32_like_llama() -> None:
+    pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    ours, theirs = RMSNorm(16, eps=1e-5), LlamaRMSNorm(16, eps=1e-5)
+    nn.init.normal_(theirs.weight)
+    copy_links(layer_norm_links(ours, theirs))
+    ours, theirs = ours.bfloat16(), theirs.bfloat16()
+    x = torch.randn(4, 16).bfloat16() * 30
+    got = ours(x)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, theirs(x))
+
+
+def test_make_norm() -> None:
+    assert isinstance(make_norm("layer", 8), nn.LayerNorm)
+    assert make_norm("layer", 8, bias=False).bias is None
+    assert isinstance(make_norm("rms", 8), RMSNorm)
+    with pytest.raises(ValueError, match="norm must be 'layer' or 'rms', got 'batch'"):
+        make_norm("batch", 8)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="activation must be relu, gelu, gelu_tanh or swiglu"):
+        FeedForward(8, 16, "tanh")  # type: ignore[arg-type]
+
+
+def test_feed_forward_gelu_tanh() -> None:
+    ours = FeedForward(8, 20, "gelu_tanh").double()
+    ref = nn.Sequential(nn.Linear(8, 20), nn.GELU(approximate="tanh"), nn.Linear(20, 8)).double()
+    links = linear_links(ours.w_in, ref[0].weight, ref[0].bias, "in")
+    links += linear_links(ours.w_out, ref[2].weight, ref[2].bias, "out")
+    copy_links(links)
+    x, x_ref = leaf_pair(2, 3, 8)
+    got, want = ours(x), ref(x_ref)
+    torch.testing.assert_close(got, want)
+    compare_backward(got, want, [(x, x_ref)], links)
+
+
+def test_feed_forward_swiglu_matches_llama_mlp() -> None:
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    config = transformers.LlamaConfig(
+        hidden_size=12, intermediate_size=20, num_attention_heads=2, mlp_bias=False
+    )
+    theirs = LlamaMLP(config).double()
+    ours = FeedForward(12, 20, "swiglu", dropout=0.0, bias=False).double()
+    links = llama_mlp_links(ours, theirs)
+    copy_links(links)
+    x, x_ref = leaf_pair(2, 5, 12)
+    got, want = ours(x), theirs(x_ref)
+    torch.testing.assert_close(got, want)
+    compare_backward(got, want, [(x, x_ref)], links)
+
+
+# --------------------------------------------------------------------------- layers
+
+
+MASKS = ["none", "padding", "causal", "padding+causal"]
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_encoder_block_matches_torch_layer(norm_first: bool, activation: str) -> None:
+    d, H, ff, B, T = 16, 4, 24, 3, 6
+    bias = bool(torch.rand(()) < 0.5)
+    theirs = nn.TransformerEncoderLayer(
+        d,
+        H,
+        ff,
+        dropout=0.0,
+        activation=activation,
+        batch_first=True,
+        norm_first=norm_first,
+        bias=bias,
+        dtype=F64,
+    )
+    ours = EncoderBlock(
+        d, H, ff, dropout=0.0, activation=activation, norm_first=norm_first, bias=bias
+    ).double()
+    links = encoder_layer_links(ours, theirs)
+    copy_links(links)
+    for kind in MASKS:
+        kpm = right_padding(B, T) if "padding" in kind else None
+        causal = "causal" in kind
+        x, x_ref = leaf_pair(B, T, d)
+        for p in (*ours.parameters(), *theirs.parameters()):
+            p.grad = None
+        want = theirs(
+            x_ref,
+            src_mask=square_causal(T) if causal else None,
+            src_key_padding_mask=kpm,
+            is_causal=causal,
+        )
+        mask = None if kpm is None else from_key_padding_mask(kpm)
+        got, weights = ours(x, mask, is_causal=causal)
+        assert weights is None
+        torch.testing.assert_close(got, want, msg=kind)
+        compare_backward(got, want, [(x, x_ref)], links)
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_decoder_block_matches_torch_layer(norm_first: bool, activation: str) -> None:
+    d, H, ff, B, Tq, Tk = 16, 2, 20, 3, 5, 7
+    theirs = nn.TransformerDecoderLayer(
+        d,
+        H,
+        ff,
+        dropout=0.0,
+        activation=activation,
+        batch_first=True,
+        norm_first=norm_first,
+        dtype=F64,
+    )
+    ours = DecoderBlock(d, H, ff, dropout=0.0, activation=activation, norm_first=norm_first)
+    ours = ours.double()
+    links = decoder_layer_links(ours, theirs)
+    copy_links(links)
+    for kind in MASKS:
+        tgt_kpm = right_padding(B, Tq) if "padding" in kind else None
+        mem_kpm = right_padding(B, Tk) if "padding" in kind else None
+        causal = "causal" in kind
+        (y, y_ref), (m, m_ref) = leaf_pair(B, Tq, d), leaf_pair(B, Tk, d)
+        for p in (*ours.parameters(), *theirs.parameters()):
+            p.grad = None
+        want = theirs(
+            y_ref,
+            m_ref,
+            tgt_mask=square_causal(Tq) if causal else None,
+            tgt_key_padding_mask=tgt_kpm,
+            memory_key_padding_mask=mem_kpm,
+            tgt_is_causal=causal,
+        )
+        got, (w_self, w_cross) = ours(
+            y,
+            m,
+            None if tgt_kpm is None else from_key_padding_mask(tgt_kpm),
+            None if mem_kpm is None else from_key_padding_mask(mem_kpm),
+            is_causal=causal,
+        )
+        assert w_self is None and w_cross is None
+        torch.testing.assert_close(got, want, msg=kind)
+        compare_backward(got, want, [(y, y_ref), (m, m_ref)], links)
+
+
+class Seq2Seq(nn.Module):
+    """Encoder + Decoder with final LayerNorms, the shape of ``nn.Transformer``."""
+
+    def __init__(self, d: int, H: int, ff: int, n: int, activation: str, norm_first: bool) -> None:
+        super().__init__()
+        kw = dict(dropout=0.0, activation=activation, norm_first=norm_first)
+        self.encoder = Encoder([EncoderBlock(d, H, ff, **kw) for _ in range(n)], nn.LayerNorm(d))
+        self.decoder = Decoder([DecoderBlock(d, H, ff, **kw) for _ in range(n)], nn.LayerNorm(d))
+
+    def forward(self, src: Tensor, tgt: Tensor, src_mask: Tensor, tgt_mask: Tensor) -> Tensor:
+        memory = self.encoder(src, src_mask)
+        return self.decoder(tgt, memory, tgt_mask, src_mask, is_causal=True)
+
+
+@pytest.mark.filterwarnings("ignore:enable_nested_tensor is True")
+@pytest.mark.parametrize("norm_first, activation", [(False, "relu"), (True, "gelu")])
+def test_encoder_decoder_stack_matches_nn_transformer(norm_first: bool, activation: str) -> None:
+    d, H, ff, n, B, Ts, Tt = 16, 4, 32, 2, 3, 7, 5
+    theirs = nn.Transformer(
+        d,
+        H,
+        n,
+        n,
+        ff,
+        dropout=0.0,
+        activation=activation,
+        batch_first=True,
+        norm_first=norm_first,
+        dtype=F64,
+    )
+    ours = Seq2Seq(d, H, ff, n, activation, norm_first).double()
+    links = transformer_links(ours, theirs)
+    copy_links(links)
+    src_kpm, tgt_kpm = right_padding(B, Ts), right_padding(B, Tt)
+    (s, s_ref), (t, t_ref) = leaf_pair(B, Ts, d), leaf_pair(B, Tt, d)
+    want = theirs(
+        s_ref,
+        t_ref,
+        tgt_mask=square_causal(Tt),
+        src_key_padding_mask=src_kpm,
+        tgt_key_padding_mask=tgt_kpm,
+        memory_key_padding_mask=src_kpm,
+        tgt_is_causal=True,
+    )
+    got = ours(s, t, from_key_padding_mask(src_kpm), from_key_padding_mask(tgt_kpm))
+    torch.testing.assert_close(got, want)
+    compare_backward(got, want, [(s, s_ref), (t, t_ref)], links)
+
+
+# --------------------------------------------------------------------------- checkpointing
+
+
+def _count_calls(modules: list[nn.Module]) -> list[int]:
+    count = [0]
+    for m in modules:
+        # a pre-hook: the recomputation stops early, once it has what the backward pass needs
+        m.register_forward_pre_hook(lambda *_: count.__setitem__(0, count[0] + 1))
+    return count
+
+
+def test_gradient_checkpointing_encoder_same_outputs_and_gradients() -> None:
+    d, H, B, T, n = 16, 4, 2, 6, 3
+    enc = Encoder(
+        [EncoderBlock(d, H, 32, dropout=0.2, norm_first=True) for _ in range(n)], nn.LayerNorm(d)
+    ).double()
+    calls = _count_calls(list(enc.blocks))
+    x0 = torch.randn(B, T, d, dtype=F64)
+    mask = from_key_padding_mask(right_padding(B, T))
+    cot = torch.randn(B, T, d, dtype=F64)
+    results = []
+    for checkpointing in (False, True):
+        enc.gradient_checkpointing = checkpointing
+        enc.zero_grad(set_to_none=True)
+        calls[0] = 0
+        x = x0.clone().requires_grad_()
+        torch.manual_seed(1234)  # same dropout masks: checkpointing replays the RNG
+        out = enc(x, mask, is_causal=True)
+        (out * cot).sum().backward()
+        assert calls[0] == (2 * n if checkpointing else n)  # recomputed in the backward pass
+        results.append((out, x.grad, [p.grad.clone() for p in enc.parameters()]))
+    (o1, gx1, gp1), (o2, gx2, gp2) = results
+    torch.testing.assert_close(o1, o2, **TIGHT)
+    torch.testing.assert_close(gx1, gx2, **TIGHT)
+    for a, b in zip(gp1, gp2):
+        torch.testing.assert_close(a, b, **TIGHT)
+    enc.eval()  # no checkpointing outside training: one call per block
+    calls[0] = 0
+    enc(x0.requires_grad_())
+    assert calls[0] == n
+
+
+def test_gradient_checkpointing_decoder_same_outputs_and_gradients() -> None:
+    d, H, B, Tq, Tk, n = 16, 2, 2, 5, 6, 2
+    dec = Decoder(
+        [DecoderBlock(d, H, 24, dropout=0.2, d_memory=10) for _ in range(n)], nn.LayerNorm(d)
+    ).double()
+    calls = _count_calls(list(dec.blocks))
+    y0, m0 = torch.randn(B, Tq, d, dtype=F64), torch.randn(B, Tk, 10, dtype=F64)
+    self_mask = from_key_padding_mask(right_padding(B, Tq))
+    mem_mask = from_key_padding_mask(right_padding(B, Tk))
+    cot = torch.randn(B, Tq, d, dtype=F64)
+    results = []
+    for checkpointing in (False, True):
+        dec.gradient_checkpointing = checkpointing
+        dec.zero_grad(set_to_none=True)
+        calls[0] = 0
+        y, m = y0.clone().requires_grad_(), m0.clone().requires_grad_()
+        torch.manual_seed(99)
+        out = dec(y, m, self_mask, mem_mask)
+        (out * cot).sum().backward()
+        assert calls[0] == (2 * n if checkpointing else n)
+        results.append((out, y.grad, m.grad, [p.grad.clone() for p in dec.parameters()]))
+    (o1, gy1, gm1, gp1), (o2, gy2, gm2, gp2) = results
+    for a, b in [(o1, o2), (gy1, gy2), (gm1, gm2), *zip(gp1, gp2)]:
+        torch.testing.assert_close(a, b, **TIGHT)
+
+
+def test_gradient_checkpointing_is_skipped_with_caches() -> None:
+    """A cache makes a block stateful: recomputing it would append the keys a second time."""
+    enc = Encoder([EncoderBlock(16, 4, 32, dropout=0.0) for _ in range(2)]).double()
+    dec = Decoder([DecoderBlock(16, 4, 32, dropout=0.0) for _ in range(2)]).double()
+    x = torch.randn(2, 5, 16, dtype=F64, requires_grad=True)
+    memory = torch.randn(2, 3, 16, dtype=F64)
+    grads = []
+    for checkpointing in (False, True):
+        enc.gradient_checkpointing = dec.gradient_checkpointing = checkpointing
+        caches = [KVCache() for _ in range(2)]
+        out = enc(x, is_causal=True, caches=caches)
+        selfc, cross = [KVCache() for _ in range(2)], [KVCache() for _ in range(2)]
+        out = dec(out, memory, caches=selfc, cross_caches=cross)
+        (grad,) = torch.autograd.grad(out.sum(), x)
+        assert torch.isfinite(grad).all()
+        assert [c.length for c in caches + selfc] == [5] * 4
+        grads.append(grad)
+    torch.testing.assert_close(grads[0], grads[1], **TIGHT)
+
+
+# --------------------------------------------------------------------------- KV caches
+
+
+def _chunks(prompt: int, total: int) -> list[tuple[int, int]]:
+    """A prompt, then single tokens, with one chunk of 3 in the middle."""
+    steps = [(0, prompt)]
+    t = prompt
+    while t < total:
+        n = 3 if t == prompt + 4 and t + 3 <= total else 1
+        steps.append((t, t + n))
+        t += n
+    return steps
+
+
+def test_kv_cache_through_a_causal_encoder_stack() -> None:
+    d, H, Hkv, B, T = 32, 4, 2, 2, 21  # T > 16: the caches grow
+    rope = RotaryEmbedding(d // H)
+    stack = (
+        Encoder(
+            [
+                EncoderBlock(
+                    d,
+                    H,
+                    48,
+                    dropout=0.0,
+                    activation="swiglu",
+                    norm="rms",
+                    bias=False,
+                    norm_first=True,
+                    n_kv_heads=Hkv,
+                    rotary=rope,
+                )
+                for _ in range(3)
+            ],
+            RMSNorm(d),
+        )
+        .double()
+        .eval()
+    )
+    x = torch.randn(B, T, d, dtype=F64)
+    full = stack(x, is_causal=True)
+    caches = [KVCache() for _ in stack.blocks]
+    outs = [stack(x[:, s:e], is_causal=True, caches=caches) for s, e in _chunks(4, T)]
+    torch.testing.assert_close(torch.cat(outs, dim=1), full, **TIGHT)
+    assert all(c.length == T for c in caches)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_kv_cache_through_a_decoder_with_static_cross_cache(norm_first: bool) -> None:
+    d, H, B, Tq, Tk, dm = 16, 4, 3, 19, 8, 12
+    dec = (
+        Decoder(
+            [
+                DecoderBlock(
+                    d, H, 32, dropout=0.0, n_kv_heads=2, d_memory=dm, norm_first=norm_first
+                )
+                for _ in range(2)
+            ],
+            nn.LayerNorm(d),
+        )
+        .double()
+        .eval()
+    )
+    y, memory = torch.randn(B, Tq, d, dtype=F64), torch.randn(B, Tk, dm, dtype=F64)
+    mem_mask = from_key_padding_mask(right_padding(B, Tk))
+    full = dec(y, memory, memory_mask=mem_mask)
+    caches = [KVCache() for _ in dec.blocks]
+    cross = [KVCache() for _ in dec.blocks]
+    outs = [
+        dec(y[:, s:e], memory, memory_mask=mem_mask, caches=caches, cross_caches=cross)
+        for s, e in _chunks(3, Tq)
+    ]
+    torch.testing.assert_close(torch.cat(outs, dim=1), full, **TIGHT)
+    assert all(c.static and c.length == Tk for c in cross)
+    assert all(c.length == Tq and not c.static for c in caches)
+
+
+def test_stacks_return_attention_weights() -> None:
+    d, H, B, T = 16, 4, 2, 5
+    enc = Encoder([EncoderBlock(d, H, 32, dropout=0.0) for _ in range(2)]).double()
+    x = torch.randn(B, T, d, dtype=F64)
+    out, weights = enc(x, is_causal=True, return_weights=True)
+    assert len(weights) == 2 and all(w.shape == (B, H, T, T) for w in weights)
+    torch.testing.assert_close(out, enc(x, is_causal=True), **TIGHT)
+    for w in weights:
+        torch.testing.assert_close(w.sum(-1), torch.ones(B, H, T, dtype=F64))
+        assert (w.triu(1) == 0).all()
+    dec = Decoder([DecoderBlock(d, H, 32, dropout=0.0) for _ in range(2)]).double()
+    out, weights = dec(x, torch.randn(B, 7, d, dtype=F64), return_weights=True)
+    assert [(s.shape, c.shape) for s, c in weights] == [((B, H, T, T), (B, H, T, 7))] * 2
