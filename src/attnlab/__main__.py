@@ -1,0 +1,7 @@
+"""``python -m attnlab`` (and ``torchrun -m attnlab``) run the command line."""
+
+import sys
+
+from attnlab.cli import main
+
+sys.exit(main())

@@ -1,0 +1,242 @@
+"""The ``attnlab`` command: parses arguments, then hands over to the task modules."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from attnlab.configs import add_dataclass_arguments, collect_overrides, parse_key_values
+
+
+def _free_run_dir(base: Path) -> Path:
+    """``base`` if it holds no run yet, else the first free ``base-2``, ``base-3``, ..."""
+    if not (base / "config.json").exists():
+        return base
+    n = 2
+    while (base.parent / f"{base.name}-{n}" / "config.json").exists():
+        n += 1
+    return base.parent / f"{base.name}-{n}"
+
+
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    from attnlab.tasks import classify
+
+    train = sub.add_parser("train", help="train a model; writes a run directory")
+    tasks = train.add_subparsers(dest="task", required=True, metavar="TASK")
+    p = tasks.add_parser(
+        "classify",
+        help="character-level Transformer text classifier (bundled Chinese reviews by default)",
+        description="Train a text classifier. Every config field is an option; key=value "
+        "positionals work too (n_heads=8).",
+    )
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="run directory (default: runs/classify, or runs/classify-N when that exists)",
+    )
+    p.add_argument("--config", default=None, help="a TOML preset ([data]/[model]/[train])")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    for cls in classify.SECTIONS.values():
+        add_dataclass_arguments(p, cls)
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    from attnlab.tasks import classify
+
+    overrides = parse_key_values(args.overrides)
+    for cls in classify.SECTIONS.values():
+        overrides.update(collect_overrides(args, cls))
+    if args.out is None:
+        out = Path("runs/classify")
+        out = out if args.resume else _free_run_dir(out)
+    else:
+        out = Path(args.out)
+    print(f"run directory: {out}", file=sys.stderr)
+    results = classify.train(out, overrides, args.config, resume=args.resume, device=args.device)
+    if "test" not in results:  # a non-main DDP rank
+        return 0
+    _print_results(out, results)
+    return 0
+
+
+def _print_results(out: Path, results: dict) -> None:
+    from attnlab.tasks.classify import TUTORIAL_EXAMPLES, ClassifierRun
+
+    summary, test = results["summary"], results["test"]
+    print(
+        f"\nbest {summary['monitor']} {summary['best_metric']:.4f} at step "
+        f"{summary['best_step']} ({summary['stop_reason']}); "
+        f"{summary['wall_time_s'] / 60:.1f} min, precision {summary['precision']}"
+    )
+    if test is not None:
+        print(
+            f"test accuracy {test['accuracy']:.4f}, macro-F1 {test['macro_f1']:.4f} "
+            f"(n = {test['n']})"
+        )
+    run = ClassifierRun.load(out)
+    if set(run.labels.labels) == {"positive", "negative"}:
+        print("tutorial examples:")
+        for pred, (_, want) in zip(
+            run.predict([t for t, _ in TUTORIAL_EXAMPLES]), TUTORIAL_EXAMPLES
+        ):
+            mark = "ok" if pred["label"] == want else f"WRONG (expected {want})"
+            print(f"  {pred['text']} -> {pred['label']} {pred['probs'][pred['label']]:.3f}  {mark}")
+    print(f"results in {out}/ (results.json, test_report.txt, curves.png, metrics.jsonl)")
+
+
+def _add_eval(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("eval", help="accuracy, macro-F1, per-class report, confusion matrix")
+    p.add_argument("run", help="run directory")
+    p.add_argument(
+        "--data", default=None, help="a labelled CSV/TSV/JSONL (default: the run's own test split)"
+    )
+    p.add_argument("--split", default="test", choices=("train", "val", "test"))
+    p.add_argument("--text-col", default=None)
+    p.add_argument("--label-col", default=None)
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def _run_eval(args: argparse.Namespace) -> int:
+    from attnlab.tasks.evaluate import evaluate_run
+
+    report = evaluate_run(args.run, args.data, args.split, args.text_col, args.label_col)
+    if args.json:
+        print(json.dumps(report, ensure_ascii=False, indent=2))
+    else:
+        from attnlab.metrics import format_report
+
+        print(format_report(report))
+    return 0
+
+
+def _add_predict(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("predict", help="label and probabilities for texts (or stdin lines)")
+    p.add_argument("run", help="run directory")
+    p.add_argument("texts", nargs="*", help="texts to classify; none = read lines from stdin")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+
+
+def _run_predict(args: argparse.Namespace) -> int:
+    from attnlab.tasks.classify import ClassifierRun
+
+    texts = args.texts or [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    if not texts:
+        raise ValueError("no text given: pass texts as arguments or pipe lines on stdin")
+    run = ClassifierRun.load(args.run)
+    for start in range(0, len(texts), 256):
+        for pred in run.predict(texts[start : start + 256]):
+            if args.json:
+                print(json.dumps(pred, ensure_ascii=False))
+            else:
+                probs = "  ".join(f"{k} {v:.3f}" for k, v in pred["probs"].items())
+                print(f"{pred['label']}\t{probs}\t{pred['text']}")
+    return 0
+
+
+def _add_attention(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("attention", help="heatmaps of every layer × head for one text")
+    p.add_argument("run", help="run directory")
+    p.add_argument("text", help="the text to look inside")
+    p.add_argument("--out", default=None, help="image path (default: RUN/attention.png)")
+
+
+def _run_attention(args: argparse.Namespace) -> int:
+    from attnlab.tasks.classify import ClassifierRun
+    from attnlab.viz import plot_attention_grid
+
+    run = ClassifierRun.load(args.run)
+    info = run.inspect(args.text)
+    out = Path(args.out) if args.out else Path(args.run) / "attention.png"
+    title = f"{args.text}  →  {info['label']} ({info['prob']:.2f})"
+    plot_attention_grid(
+        info["attention"], info["tokens"], out, token_share=info["token_share"], title=title
+    )
+    top = sorted(zip(info["tokens"], info["token_share"].tolist()), key=lambda t: -t[1])[:5]
+    print(
+        f"{info['label']} ({info['prob']:.3f}); leans on: "
+        + ", ".join(f"{tok} {share:.2f}" for tok, share in top)
+    )
+    print(f"heatmaps written to {out}")
+    return 0
+
+
+def _add_ablate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("ablate", help="train variants of a preset and compare them")
+    p.add_argument("task", choices=("classify",))
+    p.add_argument(
+        "factors",
+        nargs="+",
+        metavar="FIELD=V1,V2,...",
+        help="values to try per config field, e.g. n_heads=1,2,4,8 pooling=mean,cls",
+    )
+    p.add_argument(
+        "--grid",
+        action="store_true",
+        help="full product of the factors (default: one factor at a time)",
+    )
+    p.add_argument("--seeds", type=int, default=1, help="seeds per variant (mean ± std)")
+    p.add_argument("--steps", type=int, default=0, help="optimizer steps per variant")
+    p.add_argument("--epochs", type=int, default=0, help="epochs per variant (if no --steps)")
+    p.add_argument(
+        "--minutes",
+        type=float,
+        default=0.0,
+        help="stop each variant after this much training wall time",
+    )
+    p.add_argument("--config", default=None, help="a TOML preset to vary around")
+    p.add_argument("--out", default="runs/ablate-classify", help="sweep directory")
+    p.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="fixed overrides applied to every variant",
+    )
+
+
+def _run_ablate(args: argparse.Namespace) -> int:
+    from attnlab.tasks.ablate import run_sweep
+
+    run_sweep(args)
+    return 0
+
+
+COMMANDS = {
+    "train": (_add_train, _run_train),
+    "eval": (_add_eval, _run_eval),
+    "predict": (_add_predict, _run_predict),
+    "attention": (_add_attention, _run_attention),
+    "ablate": (_add_ablate, _run_ablate),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="attnlab",
+        description="Transformers written by hand in PyTorch: train, inspect and compare them.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add, _ in COMMANDS.values():
+        add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command][1](args)
+    except ValueError as err:  # bad input: a message that says what to change, no traceback
+        print(f"attnlab: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("attnlab: interrupted (resume with --resume)", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

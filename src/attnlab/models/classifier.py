@@ -1,0 +1,189 @@
+"""TextClassifier: token embeddings, positions, a Transformer encoder, masked pooling, a head."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.attention import padding_mask
+from attnlab.blocks import Encoder, EncoderBlock, make_norm
+from attnlab.positions import (
+    ALiBi,
+    LearnedPositionalEmbedding,
+    RotaryEmbedding,
+    SinusoidalPositionalEncoding,
+    T5RelativePositionBias,
+)
+
+POSITIONS = ("sinusoidal", "learned", "rope", "t5", "alibi", "none")
+POOLINGS = ("mean", "max", "cls")
+
+
+@dataclass
+class ClassifierConfig:
+    """Everything that defines a TextClassifier; saved as config.json in the run directory."""
+
+    vocab_size: int = 0  # set from the tokenizer
+    n_classes: int = 2
+    d_model: int = 128
+    n_heads: int = 4
+    n_layers: int = 2
+    d_ff: int = 512
+    dropout: float = 0.1
+    attn_dropout: float = 0.1
+    emb_dropout: float = 0.1
+    activation: str = "gelu"
+    norm: str = "pre"  # pre | post  (where the norm sits around each sub-layer)
+    norm_type: str = "layer"  # layer | rms
+    pos: str = "sinusoidal"  # sinusoidal | learned | rope | t5 | alibi | none
+    pooling: str = "mean"  # mean | max | cls
+    max_len: int = 256  # longest input the model accepts (learned positions need it)
+    bigram_buckets: int = 0  # >0 adds hashed character-bigram embeddings to each position
+    pad_id: int = 0
+    cls_id: int = 2
+    gradient_checkpointing: bool = False
+
+    def validate(self) -> None:
+        """Raise ValueError naming the field and the valid choices."""
+        if self.vocab_size <= 0:
+            raise ValueError("vocab_size must be set (build the tokenizer first)")
+        if self.pos not in POSITIONS:
+            raise ValueError(f"pos must be one of {POSITIONS}, got {self.pos!r}")
+        if self.pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {POOLINGS}, got {self.pooling!r}")
+        if self.norm not in ("pre", "post"):
+            raise ValueError(f"norm must be 'pre' or 'post', got {self.norm!r}")
+        if self.d_model % self.n_heads != 0:
+            raise ValueError(
+                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
+                "change one of them"
+            )
+
+
+class TextClassifier(nn.Module):
+    """Embeds token ids, encodes them with N Transformer blocks, pools real tokens, classifies.
+
+    Padding is masked out of attention and of pooling. With ``pooling="cls"`` the caller's
+    ids must start with the ``<cls>`` token (the tokenizer's ``add_cls=True``).
+    """
+
+    def __init__(self, cfg: ClassifierConfig) -> None:
+        super().__init__()
+        cfg.validate()
+        self.cfg = cfg
+        D = cfg.d_model
+        self.embed = nn.Embedding(cfg.vocab_size, D, padding_idx=cfg.pad_id)
+        nn.init.normal_(self.embed.weight, std=D**-0.5)
+        self.embed_scale = D**0.5  # unit-variance entries after scaling, on a par with positions
+        with torch.no_grad():
+            self.embed.weight[cfg.pad_id].zero_()
+        self.bigram = None
+        if cfg.bigram_buckets > 0:
+            self.bigram = nn.Embedding(cfg.bigram_buckets, D)
+            nn.init.normal_(self.bigram.weight, std=D**-0.5)
+        self.abs_pos: nn.Module | None = None
+        self.rel_bias: nn.Module | None = None
+        rotary = None
+        if cfg.pos == "sinusoidal":
+            self.abs_pos = SinusoidalPositionalEncoding(D, cfg.max_len)
+        elif cfg.pos == "learned":
+            self.abs_pos = LearnedPositionalEmbedding(cfg.max_len, D)
+        elif cfg.pos == "rope":
+            rotary = RotaryEmbedding(D // cfg.n_heads, max_len=cfg.max_len)
+        elif cfg.pos == "t5":
+            self.rel_bias = T5RelativePositionBias(cfg.n_heads, bidirectional=True)
+        elif cfg.pos == "alibi":
+            self.rel_bias = ALiBi(cfg.n_heads)
+        self.emb_dropout = nn.Dropout(cfg.emb_dropout)
+        pre = cfg.norm == "pre"
+        blocks = [
+            EncoderBlock(
+                D,
+                cfg.n_heads,
+                cfg.d_ff,
+                dropout=cfg.dropout,
+                attn_dropout=cfg.attn_dropout,
+                activation=cfg.activation,  # type: ignore[arg-type]
+                norm_first=pre,
+                norm=cfg.norm_type,  # type: ignore[arg-type]
+                rotary=rotary,
+            )
+            for _ in range(cfg.n_layers)
+        ]
+        self.encoder = Encoder(blocks, make_norm(cfg.norm_type, D) if pre else None)  # type: ignore[arg-type]
+        self.encoder.gradient_checkpointing = cfg.gradient_checkpointing
+        self.head_dropout = nn.Dropout(cfg.dropout)
+        self.head = nn.Linear(D, cfg.n_classes)
+
+    def bigram_ids(self, input_ids: Tensor) -> Tensor:
+        """Hash each (previous, current) id pair into ``bigram_buckets`` ids: (B, T) -> (B, T)."""
+        prev = torch.nn.functional.pad(input_ids[:, :-1], (1, 0), value=self.cfg.pad_id)
+        return (prev * 1_000_003 + input_ids) % self.cfg.bigram_buckets
+
+    def encode(
+        self, input_ids: Tensor, lengths: Tensor, return_weights: bool = False
+    ) -> tuple[Tensor, Tensor, list[Tensor]]:
+        """ids (B, T), lengths (B,) -> hidden (B, T, D), key mask (B, 1, 1, T), weights."""
+        B, T = input_ids.shape
+        if self.cfg.max_len < T and self.cfg.pos == "learned":
+            raise ValueError(
+                f"input has {T} tokens but the model was built with max_len={self.cfg.max_len}; "
+                "truncate the input (the tokenizer's max_len) or retrain with a larger max_len"
+            )
+        mask = padding_mask(lengths, T)  # (B, 1, 1, T)
+        x = self.embed(input_ids) * self.embed_scale  # (B, T, D), √D as in Vaswani et al. §3.4
+        if self.bigram is not None:
+            x = x + self.bigram(self.bigram_ids(input_ids)) * mask[:, 0, 0, :, None]
+        if self.abs_pos is not None:
+            x = self.abs_pos(x)
+        x = self.emb_dropout(x)
+        bias = None if self.rel_bias is None else self.rel_bias(T, T)  # (1, H, T, T)
+        if return_weights:
+            x, weights = self.encoder(x, mask, bias=bias, return_weights=True)
+        else:
+            x, weights = self.encoder(x, mask, bias=bias), []
+        return x, mask, weights
+
+    def pool(self, h: Tensor, mask: Tensor) -> Tensor:
+        """Masked pooling of hidden states (B, T, D) -> (B, D); padding never contributes."""
+        keep = mask[:, 0, 0, :, None]  # (B, T, 1)
+        if self.cfg.pooling == "cls":
+            return h[:, 0]  # (B, D)
+        if self.cfg.pooling == "max":
+            return h.masked_fill(~keep, torch.finfo(h.dtype).min).amax(dim=1)  # (B, D)
+        counts = keep.sum(dim=1).clamp(min=1)  # (B, 1)
+        return (h * keep).sum(dim=1) / counts  # (B, D)
+
+    def forward(self, input_ids: Tensor, lengths: Tensor) -> Tensor:
+        """ids (B, T), lengths (B,) -> class logits (B, C)."""
+        h, mask, _ = self.encode(input_ids, lengths)
+        return self.head(self.head_dropout(self.pool(h, mask)))  # (B, C)
+
+    @torch.no_grad()
+    def inspect(self, input_ids: Tensor, lengths: Tensor) -> dict[str, Tensor]:
+        """Logits, per-layer attention (L, B, H, T, T) and each token's share of the pooled vector.
+
+        The share comes from attention rollout (Abnar & Zuidema 2020): the product over layers
+        of (head-averaged attention + identity, row-normalised), read at the rows that pooling
+        uses (the ``<cls>`` row, or the mean over real tokens for mean/max pooling).
+        """
+        h, mask, weights = self.encode(input_ids, lengths, return_weights=True)
+        logits = self.head(self.pool(h, mask))  # (B, C)
+        attn = torch.stack(weights)  # (L, B, H, T, T)
+        T = input_ids.shape[1]
+        eye = torch.eye(T, dtype=attn.dtype)
+        rollout = eye.expand(input_ids.shape[0], T, T)  # (B, T, T)
+        for layer in attn:
+            a = layer.mean(dim=1) + eye  # (B, T, T)
+            a = a / a.sum(dim=-1, keepdim=True)
+            rollout = a @ rollout
+        keep = mask[:, 0, 0, :].to(attn.dtype)  # (B, T)
+        if self.cfg.pooling == "cls":
+            share = rollout[:, 0]  # (B, T)
+        else:
+            share = (rollout * keep[:, :, None]).sum(1) / keep.sum(1, keepdim=True)  # (B, T)
+        share = share * keep
+        share = share / share.sum(dim=-1, keepdim=True)
+        return {"logits": logits, "attention": attn, "token_share": share}

@@ -1,0 +1,228 @@
+"""``attnlab ablate classify``: train variants of a preset on one split and budget, compare them.
+
+By default each factor is varied on its own around the preset (one factor at a time); with
+``--grid`` the full product is trained. Every variant gets the same data split, the same seeds
+and the same training budget. A sweep directory holds one run directory per (variant, seed),
+``results.csv`` (one row per run), ``results.md`` (mean ± std per variant) and ``results.png``.
+Running the same command again skips finished runs and resumes a half-finished one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from attnlab.configs import parse_key_values
+from attnlab.tasks import classify
+
+COLUMNS = (
+    "variant",
+    "factor",
+    "value",
+    "seed",
+    "val_acc",
+    "test_acc",
+    "test_macro_f1",
+    "n_params",
+    "steps",
+    "wall_time_s",
+    "stop_reason",
+)
+
+
+def parse_factors(items: list[str]) -> dict[str, list[str]]:
+    """["n_heads=1,2,4", "pooling=mean,cls"] -> {"n_heads": ["1", "2", "4"], ...}."""
+    factors: dict[str, list[str]] = {}
+    owner = classify.field_owner()
+    for key, value in parse_key_values(items).items():
+        if key not in owner:
+            raise ValueError(f"cannot vary {key!r}: not a config field of the classify task")
+        values = [v.strip() for v in value.split(",") if v.strip()]
+        if not values:
+            raise ValueError(f"factor {key!r} has no values; write e.g. {key}=1,2")
+        factors[key] = values
+    return factors
+
+
+def variants(
+    factors: dict[str, list[str]], base: dict[str, Any], grid: bool
+) -> list[tuple[str, str, str, dict[str, str]]]:
+    """(name, factor, value, overrides) for each variant; the preset itself comes first."""
+    if grid:
+        out = []
+        keys = list(factors)
+        for combo in itertools.product(*(factors[k] for k in keys)):
+            overrides = dict(zip(keys, combo))
+            name = "-".join(f"{k}={v}" for k, v in overrides.items())
+            out.append((name, "grid", name, overrides))
+        return out
+    out = [("preset", "preset", "", {})]
+    for key, values in factors.items():
+        for value in values:
+            if str(base.get(key)) == value:
+                continue  # this value is the preset itself
+            out.append((f"{key}={value}", key, value, {key: value}))
+    return out
+
+
+def _flat_preset(config: str | None, fixed: dict[str, str]) -> dict[str, Any]:
+    cfg = classify.build_config(config, fixed)
+    flat: dict[str, Any] = {}
+    for section in classify.SECTIONS:
+        flat.update(vars(getattr(cfg, section)))
+    return flat
+
+
+def run_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Train every (variant, seed) not yet finished, then write the tables and the plot."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    fixed = parse_key_values(args.set)
+    if args.steps:
+        fixed["max_steps"] = str(args.steps)
+    elif args.epochs:
+        fixed["epochs"] = str(args.epochs)
+    if args.minutes:
+        fixed["max_minutes"] = str(args.minutes)
+    factors = parse_factors(args.factors)
+    plan = variants(factors, _flat_preset(args.config, fixed), args.grid)
+    seeds = list(range(args.seeds))
+    (out / "sweep.json").write_text(
+        json.dumps(
+            {
+                "factors": factors,
+                "grid": args.grid,
+                "seeds": seeds,
+                "fixed": fixed,
+                "config": args.config,
+                "variants": [p[0] for p in plan],
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    rows: list[dict[str, Any]] = []
+    total = len(plan) * len(seeds)
+    started = time.perf_counter()
+    for k, ((name, factor, value, overrides), seed) in enumerate(
+        itertools.product(plan, seeds), start=1
+    ):
+        run_dir = out / f"{name}-seed{seed}"
+        if (run_dir / "results.json").exists():
+            print(f"[{k}/{total}] {name} seed {seed}: done already", file=sys.stderr)
+        else:
+            print(
+                f"[{k}/{total}] {name} seed {seed}: training "
+                f"({(time.perf_counter() - started) / 60:.1f} min into the sweep)",
+                file=sys.stderr,
+            )
+            settings = {**fixed, **overrides, "seed": str(seed), "tensorboard": "false"}
+            classify.train(
+                run_dir, settings, args.config, resume=(run_dir / "config.json").exists()
+            )
+        rows.append(_row(run_dir, name, factor, value, seed))
+        write_tables(out, rows)
+    print(f"sweep written to {out}/results.md, results.csv, results.png", file=sys.stderr)
+    return rows
+
+
+def _row(run_dir: Path, name: str, factor: str, value: str, seed: int) -> dict[str, Any]:
+    results = json.loads((run_dir / "results.json").read_text())
+    test, summary = results["test"], results["summary"]
+    return {
+        "variant": name,
+        "factor": factor,
+        "value": value,
+        "seed": seed,
+        "val_acc": results["val"]["accuracy"],
+        "test_acc": test["accuracy"] if test else float("nan"),
+        "test_macro_f1": test["macro_f1"] if test else float("nan"),
+        "n_params": results["n_params"],
+        "steps": summary["steps"],
+        "wall_time_s": round(summary["wall_time_s"], 1),
+        "stop_reason": summary["stop_reason"],
+    }
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per variant: mean and std over seeds of the metrics."""
+    by_variant: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_variant.setdefault(row["variant"], []).append(row)
+    summary = []
+    for name, group in by_variant.items():
+        entry: dict[str, Any] = {
+            "variant": name,
+            "factor": group[0]["factor"],
+            "value": group[0]["value"],
+            "seeds": len(group),
+            "n_params": group[0]["n_params"],
+        }
+        for key in ("val_acc", "test_acc", "test_macro_f1", "wall_time_s"):
+            entry[key] = _mean_std([float(r[key]) for r in group])
+        summary.append(entry)
+    return summary
+
+
+def write_tables(out: Path, rows: list[dict[str, Any]]) -> None:
+    """results.csv (every run), results.md (per variant, mean ± std) and results.png."""
+    with open(out / "results.csv", "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    summary = summarise(rows)
+    lines = [
+        "| variant | seeds | params | val acc | test acc | test macro-F1 | train time (s) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for e in summary:
+        lines.append(
+            f"| {e['variant']} | {e['seeds']} | {e['n_params'] / 1e3:.0f}k | "
+            + " | ".join(
+                f"{e[k][0]:.4f} ± {e[k][1]:.4f}" for k in ("val_acc", "test_acc", "test_macro_f1")
+            )
+            + f" | {e['wall_time_s'][0]:.0f} |"
+        )
+    (out / "results.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    plot_summary(summary, out / "results.png")
+
+
+def plot_summary(summary: list[dict[str, Any]], path: Path) -> None:
+    """Validation and test accuracy per variant with ±1 std error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [e["variant"] for e in summary]
+    x = range(len(names))
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * len(names) + 2), 4))
+    for offset, key, color in ((-0.2, "val_acc", "tab:blue"), (0.2, "test_acc", "tab:orange")):
+        ax.bar(
+            [i + offset for i in x],
+            [e[key][0] for e in summary],
+            width=0.4,
+            yerr=[e[key][1] for e in summary],
+            color=color,
+            label=key.replace("_", " "),
+        )
+    lows = [min(e["val_acc"][0], e["test_acc"][0]) for e in summary]
+    ax.set_ylim(max(0.0, min(lows) - 0.05), min(1.0, max(e["val_acc"][0] for e in summary) + 0.03))
+    ax.set_xticks(list(x))
+    ax.set_xticklabels(names, rotation=45, ha="right")
+    ax.set_ylabel("accuracy")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
