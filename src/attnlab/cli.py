@@ -123,10 +123,10 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
 def _run_predict(args: argparse.Namespace) -> int:
     from attnlab.tasks.classify import ClassifierRun
 
+    run = ClassifierRun.load(args.run)
     texts = args.texts or [line.rstrip("\n") for line in sys.stdin if line.strip()]
     if not texts:
         raise ValueError("no text given: pass texts as arguments or pipe lines on stdin")
-    run = ClassifierRun.load(args.run)
     for start in range(0, len(texts), 256):
         for pred in run.predict(texts[start : start + 256]):
             if args.json:
@@ -227,7 +227,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # argparse fills a trailing `nargs="*"` positional before later options are seen, so
+    # `predict RUN --json "text"` leaves "text" over: hand such leftovers to predict's texts.
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if args.command != "predict" or any(e.startswith("-") for e in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.texts = list(args.texts) + extra
     try:
         return COMMANDS[args.command][1](args)
     except ValueError as err:  # bad input: a message that says what to change, no traceback

@@ -1,0 +1,140 @@
+"""End-to-end tests of the classification task on a small synthetic CSV (fast, CPU)."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnlab.cli import main
+from attnlab.tasks import classify
+from attnlab.tasks.classify import ClassifierRun
+
+TINY = {
+    "d_model": "32",
+    "n_heads": "2",
+    "n_layers": "1",
+    "d_ff": "64",
+    "epochs": "10",
+    "batch_size": "16",
+    "lr": "3e-3",
+    "tensorboard": "false",
+    "precision": "fp32",
+    "min_freq": "1",
+    "checkpoint_every": "10",
+    "dropout": "0.0",
+    "attn_dropout": "0.0",
+    "emb_dropout": "0.0",
+}
+
+
+def write_corpus(path: Path, n: int = 240, seed: int = 0) -> Path:
+    """Three classes told apart by a marker character somewhere in random text."""
+    rng = random.Random(seed)
+    filler = "的一是在不了有和人这中大为上个国我以要他时来用们生到作地于出就分对成会可主发年动"
+    markers = {"喜": "happy", "怒": "angry", "平": "calm"}
+    lines = ["text,label"]
+    for i in range(n):
+        marker, label = list(markers.items())[i % 3]
+        body = [rng.choice(filler) for _ in range(rng.randint(5, 30))]
+        body.insert(rng.randrange(len(body) + 1), marker)
+        lines.append(f"{''.join(body)},{label}")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> tuple[Path, Path, dict]:
+    root = tmp_path_factory.mktemp("classify")
+    data = write_corpus(root / "train.csv")
+    run = root / "run"
+    results = classify.train(run, {"data": str(data), **TINY})
+    return run, data, results
+
+
+def test_training_learns_the_marker_and_writes_the_run(trained):
+    run, _, results = trained
+    assert results["test"]["accuracy"] >= 0.9, results["test"]
+    for name in (
+        "config.json",
+        "tokenizer.json",
+        "labels.json",
+        "split.json",
+        "model.safetensors",
+        "metrics.jsonl",
+        "curves.png",
+        "results.json",
+        "test_report.txt",
+        "data_report.json",
+    ):
+        assert (run / name).exists(), name
+    report = json.loads((run / "data_report.json").read_text())
+    assert report["split_sizes"] == {"train": 192, "val": 24, "test": 24}
+    assert set(report["label_counts"]["test"]) == {"happy", "angry", "calm"}
+
+
+def test_predict_eval_and_attention_commands(trained, tmp_path, capsys):
+    run, data, _ = trained
+    loaded = ClassifierRun.load(run)
+    preds = loaded.predict(["的的怒的的", "是是喜是"])
+    assert [p["label"] for p in preds] == ["angry", "happy"]
+    assert abs(sum(preds[0]["probs"].values()) - 1) < 1e-5
+
+    assert main(["predict", str(run), "--json", "的的怒的的"]) == 0
+    line = json.loads(capsys.readouterr().out.strip())
+    assert line["label"] == "angry"
+
+    assert main(["eval", str(run), "--data", str(data), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["accuracy"] > 0.9 and len(report["confusion_matrix"]) == 3
+
+    out = tmp_path / "heat.png"
+    assert main(["attention", str(run), "有人怒了", "--out", str(out)]) == 0
+    assert out.stat().st_size > 10_000
+    info = loaded.inspect("有人怒了")
+    L, H = loaded.config.model.n_layers, loaded.config.model.n_heads
+    assert info["attention"].shape == (L, H, 4, 4)
+    assert torch.allclose(info["token_share"].sum(), torch.tensor(1.0))
+
+
+def test_same_seed_same_metrics(tmp_path):
+    data = write_corpus(tmp_path / "d.csv", n=90)
+    settings = {"data": str(data), **TINY, "epochs": "1"}
+    a = classify.train(tmp_path / "a", settings)
+    b = classify.train(tmp_path / "b", settings)
+    assert a["val"] == b["val"] and a["summary"]["best_metric"] == b["summary"]["best_metric"]
+
+
+def test_bad_inputs_give_clear_errors(tmp_path, capsys):
+    data = write_corpus(tmp_path / "d.csv", n=30)
+    assert (
+        main(
+            [
+                "train",
+                "classify",
+                "--data",
+                str(data),
+                "--text-col",
+                "review",
+                "--out",
+                str(tmp_path / "r"),
+            ]
+        )
+        == 2
+    )
+    assert "review" in capsys.readouterr().err
+    assert (
+        main(["train", "classify", "--data", str(data), "n_haeds=2", "--out", str(tmp_path / "r2")])
+        == 2
+    )
+    assert "n_heads" in capsys.readouterr().err  # suggests the close match
+    assert main(["predict", str(tmp_path)]) == 2
+    assert "not a run directory" in capsys.readouterr().err
+    empty = tmp_path / "empty.csv"
+    empty.write_text("", encoding="utf-8")
+    assert main(["train", "classify", "--data", str(empty), "--out", str(tmp_path / "r3")]) == 2
+    assert "empty" in capsys.readouterr().err.lower()
+    assert not (tmp_path / "r3" / "config.json").exists()  # nothing half-written
