@@ -138,3 +138,13 @@ def test_bad_inputs_give_clear_errors(tmp_path, capsys):
     assert main(["train", "classify", "--data", str(empty), "--out", str(tmp_path / "r3")]) == 2
     assert "empty" in capsys.readouterr().err.lower()
     assert not (tmp_path / "r3" / "config.json").exists()  # nothing half-written
+
+
+def test_separate_train_and_test_files_carve_validation_from_train(tmp_path):
+    train_file = write_corpus(tmp_path / "train.csv", n=120, seed=1)
+    test_file = write_corpus(tmp_path / "test.csv", n=30, seed=2)
+    settings = {"data": str(train_file), "test_data": str(test_file), **TINY, "epochs": "1"}
+    results = classify.train(tmp_path / "run", settings)
+    sizes = json.loads((tmp_path / "run" / "data_report.json").read_text())["split_sizes"]
+    assert sizes == {"train": 108, "val": 12, "test": 30}
+    assert results["test"]["n"] == 30

@@ -170,6 +170,15 @@ def prepare(cfg: RunConfig, run_dir: Path, resume: bool) -> Prepared:
         split = load_split(split_path, corpus.texts)
     elif given_split is not None:
         split = given_split
+        if not split["val"] and dcfg.val_ratio > 0:  # carve validation out of the train file
+            train_idx = split["train"]
+            inner = stratified_split(
+                [corpus.labels[i] for i in train_idx],
+                (1 - dcfg.val_ratio, dcfg.val_ratio, 0.0),
+                dcfg.split_seed,
+            )
+            split["train"] = [train_idx[i] for i in inner["train"]]
+            split["val"] = [train_idx[i] for i in inner["val"]]
     else:
         train_ratio = 1.0 - dcfg.val_ratio - dcfg.test_ratio
         split = stratified_split(
