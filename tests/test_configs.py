@@ -59,7 +59,7 @@ def test_train_config_round_trip(tmp_path: Path) -> None:
 
 def test_load_toml_then_apply(tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
-    path.write_text('n_layers = 4\nlr = 0.01\nbetas = [0.7, 0.8]\n[inner]\ndim = 32\n')
+    path.write_text("n_layers = 4\nlr = 0.01\nbetas = [0.7, 0.8]\n[inner]\ndim = 32\n")
     data = load_toml(path)
     assert data == {"n_layers": 4, "lr": 0.01, "betas": [0.7, 0.8], "inner": {"dim": 32}}
     cfg = from_dict(Cfg, data)
@@ -89,8 +89,10 @@ def test_overrides_coerce_strings_to_field_types() -> None:
     assert Cfg().n_layers == 2, "apply_overrides must not mutate its input"
 
 
-@pytest.mark.parametrize("text,expected", [("true", True), ("1", True), ("YES", True),
-                                           ("false", False), ("0", False), ("no", False)])
+@pytest.mark.parametrize(
+    "text,expected",
+    [("true", True), ("1", True), ("YES", True), ("false", False), ("0", False), ("no", False)],
+)
 def test_bool_spellings(text: str, expected: bool) -> None:
     assert apply_overrides(Cfg(), {"use_bias": text}).use_bias is expected
 
@@ -137,11 +139,16 @@ def test_train_config_validation_through_overrides() -> None:
 def test_argparse_options_only_collect_given_fields() -> None:
     parser = argparse.ArgumentParser()
     add_dataclass_arguments(parser, TrainConfig)
-    ns = parser.parse_args(["--lr", "3e-4", "--grad_accum", "4", "--betas", "0.9,0.95",
-                            "--tensorboard"])
+    ns = parser.parse_args(
+        ["--lr", "3e-4", "--grad_accum", "4", "--betas", "0.9,0.95", "--tensorboard"]
+    )
     overrides = collect_overrides(ns, TrainConfig)
-    assert overrides == {"lr": "3e-4", "grad_accum": "4", "betas": "0.9,0.95",
-                         "tensorboard": "true"}
+    assert overrides == {
+        "lr": "3e-4",
+        "grad_accum": "4",
+        "betas": "0.9,0.95",
+        "tensorboard": "true",
+    }
     cfg = apply_overrides(TrainConfig(tensorboard=False), overrides)
     assert cfg.lr == 3e-4 and cfg.grad_accum == 4 and cfg.betas == (0.9, 0.95) and cfg.tensorboard
     assert "--max-steps" in parser.format_help() and "optimizer steps" in parser.format_help()
@@ -149,7 +156,11 @@ def test_argparse_options_only_collect_given_fields() -> None:
 
 def test_parse_key_values() -> None:
     assert parse_key_values(["n_heads=4", "lr = 3e-4", "name=a=b", "n-layers=2"]) == {
-        "n_heads": "4", "lr": "3e-4", "name": "a=b", "n_layers": "2"}
+        "n_heads": "4",
+        "lr": "3e-4",
+        "name": "a=b",
+        "n_layers": "2",
+    }
     with pytest.raises(ValueError, match="key=value"):
         parse_key_values(["n_heads"])
     with pytest.raises(ValueError, match="key=value"):

@@ -1,0 +1,184 @@
+"""Atomic, pickle-free checkpoints: best weights and the resumable `run_dir/state/` directory.
+
+`state/` holds
+  model.safetensors                        model weights (shared/tied tensors stored once)
+  optimizer.safetensors + optimizer.json   optimizer tensors, and its scalars and param_groups
+  rng.safetensors + rng.json               every rank's RNG states (torch tensors / python+numpy)
+  trainer.json                             loop progress (step, epoch, batch position, best
+                                           metric, early-stop counter, log window, ...), the
+                                           GradScaler state, and the world size
+  COMPLETE                                 written last; marks the directory as whole
+It is written as `state.tmp/`, then swapped in with renames (state -> state.old,
+state.tmp -> state, delete state.old). `recover_state_dir` repairs a crash at any point of that.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, load_model, save_file, save_model
+from torch import nn
+
+from attnlab.train.rng import join_rng, split_rng
+
+STATE, TMP, OLD, COMPLETE = "state", "state.tmp", "state.old", "COMPLETE"
+
+
+def _fsync(path: Path) -> None:
+    """Flush `path` to disk so a rename after it never exposes a half-written file."""
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    """Write `obj` as JSON and fsync it."""
+    path.write_text(json.dumps(_tag_tuples(obj)))
+    _fsync(path)
+
+
+def _read_json(path: Path) -> Any:
+    """Read JSON written by `_write_json` (tuples restored)."""
+    return _untag_tuples(json.loads(path.read_text()))
+
+
+def _tag_tuples(obj: Any) -> Any:
+    """Encode tuples as {"__tuple__": [...]} so JSON round-trips them (e.g. AdamW betas)."""
+    if isinstance(obj, tuple):
+        return {"__tuple__": [_tag_tuples(v) for v in obj]}
+    if isinstance(obj, list):
+        return [_tag_tuples(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: _tag_tuples(v) for k, v in obj.items()}
+    return obj
+
+
+def _untag_tuples(obj: Any) -> Any:
+    """Inverse of `_tag_tuples`."""
+    if isinstance(obj, dict):
+        if set(obj) == {"__tuple__"}:
+            return tuple(_untag_tuples(v) for v in obj["__tuple__"])
+        return {k: _untag_tuples(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_untag_tuples(v) for v in obj]
+    return obj
+
+
+def save_weights(model: nn.Module, path: str | Path) -> Path:
+    """Atomically write `model`'s weights as safetensors (temp file + os.replace)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    save_model(model, str(tmp))
+    _fsync(tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def load_weights(model: nn.Module, path: str | Path) -> None:
+    """Load safetensors weights written by `save_weights` into `model` (strict)."""
+    load_model(model, str(path), strict=True)
+
+
+def _optimizer_to_files(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
+    """Split an optimizer state_dict into tensors and a JSON-able remainder."""
+    sd = opt.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, dict[str, Any]] = {}
+    for pid, pstate in sd["state"].items():
+        for key, value in pstate.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"{pid}.{key}"] = value.detach().cpu().contiguous()
+            else:
+                scalars.setdefault(str(pid), {})[key] = value
+    return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
+
+
+def _optimizer_from_files(
+    opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict
+) -> None:
+    """Load the state split by `_optimizer_to_files` into `opt`."""
+    state: dict[int, dict[str, Any]] = {}
+    for name, value in tensors.items():
+        pid, _, key = name.partition(".")
+        state.setdefault(int(pid), {})[key] = value
+    for pid, values in meta["scalars"].items():
+        state.setdefault(int(pid), {}).update(values)
+    opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+
+
+def recover_state_dir(run_dir: str | Path) -> Path | None:
+    """Repair a checkpoint swap interrupted by a crash; return `state/` if one exists."""
+    run_dir = Path(run_dir)
+    state, tmp, old = run_dir / STATE, run_dir / TMP, run_dir / OLD
+    if not state.exists():
+        if (tmp / COMPLETE).exists():  # crashed after state -> state.old, before tmp -> state
+            tmp.rename(state)
+        elif (old / COMPLETE).exists():
+            old.rename(state)
+    for leftover in (tmp, old):
+        if leftover.exists():
+            shutil.rmtree(leftover)
+    return state if (state / COMPLETE).exists() else None
+
+
+def save_checkpoint(
+    run_dir: str | Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    trainer_state: dict[str, Any],
+    rng_states: list[dict[str, Any]],
+) -> Path:
+    """Atomically write the resumable `run_dir/state/` (see module docstring); return its path."""
+    run_dir = Path(run_dir)
+    recover_state_dir(run_dir)
+    tmp = run_dir / TMP
+    tmp.mkdir(parents=True)
+    save_model(model, str(tmp / "model.safetensors"))
+    _fsync(tmp / "model.safetensors")
+    opt_tensors, opt_meta = _optimizer_to_files(optimizer)
+    save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
+    _fsync(tmp / "optimizer.safetensors")
+    _write_json(tmp / "optimizer.json", opt_meta)
+    rng_tensors: dict[str, torch.Tensor] = {}
+    rng_meta = []
+    for rank, rng in enumerate(rng_states):
+        tensors, meta = split_rng(rng, prefix=f"rank{rank}.")
+        rng_tensors |= tensors
+        rng_meta.append(meta)
+    save_file(rng_tensors, str(tmp / "rng.safetensors"))
+    _fsync(tmp / "rng.safetensors")
+    _write_json(tmp / "rng.json", rng_meta)
+    _write_json(tmp / "trainer.json", trainer_state)
+    _write_json(tmp / COMPLETE, {"step": trainer_state.get("step")})
+    state = run_dir / STATE
+    if state.exists():
+        state.rename(run_dir / OLD)
+    tmp.rename(state)
+    shutil.rmtree(run_dir / OLD, ignore_errors=True)
+    return state
+
+
+def load_checkpoint(
+    run_dir: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Load `run_dir/state/` into `model` and `optimizer`; return (trainer_state, rng_states)."""
+    state = recover_state_dir(run_dir)
+    if state is None:
+        raise ValueError(f"no complete checkpoint in {Path(run_dir) / STATE}; run without resume")
+    load_weights(model, state / "model.safetensors")
+    _optimizer_from_files(
+        optimizer,
+        load_file(str(state / "optimizer.safetensors")),
+        _read_json(state / "optimizer.json"),
+    )
+    rng_tensors = load_file(str(state / "rng.safetensors"))
+    rng_states = [
+        join_rng(rng_tensors, meta, prefix=f"rank{rank}.")
+        for rank, meta in enumerate(_read_json(state / "rng.json"))
+    ]
+    return _read_json(state / "trainer.json"), rng_states

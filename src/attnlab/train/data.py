@@ -1,0 +1,50 @@
+"""The data contract of the training loop: TrainData, StepOutput, and a shuffling batcher."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@runtime_checkable
+class TrainData(Protocol):
+    """What `Trainer` needs from a dataset: global index batches and a collate function.
+
+    `num_tokens(batch)` is optional; without it tokens/s counts items.
+    """
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        """GLOBAL micro-batches of dataset indices; deterministic given (seed, epoch)."""
+        ...
+
+    def collate(self, indices: list[int]) -> dict[str, torch.Tensor]:
+        """Turn a list of dataset indices into a dict of batched tensors."""
+        ...
+
+
+@dataclass
+class StepOutput:
+    """What a step function returns for one micro-batch.
+
+    `loss` is the MEAN over `weight` units (items, or non-pad target tokens); the engine
+    backpropagates `loss * weight` and divides by the total weight of the optimizer step, so
+    the update equals the mean over the whole global batch. `metrics` are weight-averaged in logs.
+    """
+
+    loss: torch.Tensor
+    weight: float
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def shuffled_batches(
+    n: int, batch_size: int, seed: int, epoch: int, drop_last: bool = False
+) -> list[list[int]]:
+    """Split a permutation of range(n) seeded by (seed, epoch) into batches of `batch_size`."""
+    if n < 1 or batch_size < 1:
+        raise ValueError(f"need n >= 1 and batch_size >= 1, got n={n}, batch_size={batch_size}")
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    order = torch.randperm(n, generator=gen).tolist()
+    stop = n - n % batch_size if drop_last else n
+    return [order[i : i + batch_size] for i in range(0, stop, batch_size)]

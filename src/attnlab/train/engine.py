@@ -1,0 +1,525 @@
+"""The generic training loop shared by every task (classifier, GPT LM, translation, ViT).
+
+Batching contract
+  * `data.batches(epoch)` returns GLOBAL micro-batches of dataset indices (all ranks together).
+  * One optimizer step consumes `cfg.grad_accum` consecutive micro-batches; the last step of an
+    epoch may consume fewer (nothing is dropped). Global batch per step = batch_size * grad_accum.
+  * Under torchrun each micro-batch is sharded as `indices[rank::world_size]`. A rank whose shard
+    is empty runs its first index with weight 0, so DDP's collectives still line up.
+
+Gradient weighting (exact)
+  Each micro-batch's step_fn returns the MEAN loss over `weight` units. The engine backpropagates
+  `loss * weight`, sums the weights over micro-batches and ranks (all-reduce) into W, and scales
+  the gradients by world_size / W (DDP averages over ranks). The update therefore equals one
+  process taking the mean over every unit of the global batch.
+
+Evaluation runs on rank 0 only (on the unwrapped model, in eval mode, under no_grad/autocast);
+its result is broadcast so every rank takes the same early-stopping decision. Metrics,
+checkpoints, best weights, TensorBoard, curves.png and summary.json are written by rank 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from attnlab.configs import save_json, to_dict
+from attnlab.train.checkpoint import (
+    load_checkpoint,
+    recover_state_dir,
+    save_checkpoint,
+    save_weights,
+)
+from attnlab.train.config import TrainConfig
+from attnlab.train.data import StepOutput, TrainData
+from attnlab.train.distributed import (
+    DistEnv,
+    broadcast_object,
+    cleanup,
+    gather_objects,
+    init_distributed,
+    shard,
+    wrap_ddp,
+)
+from attnlab.train.meter import LoopState, WeightedSums
+from attnlab.train.metrics_log import MetricsLog, truncate_metrics
+from attnlab.train.optim import build_optimizer
+from attnlab.train.precision import autocast, choose_precision, make_grad_scaler, precision_name
+from attnlab.train.rng import capture_rng, restore_rng, seed_everything
+from attnlab.train.schedules import lr_factor, resolve_warmup
+
+StepFn = Callable[[nn.Module, dict], StepOutput]
+EvalFn = Callable[[nn.Module], dict[str, float]]
+
+
+def _log(msg: str) -> None:
+    """One status line on stderr."""
+    print(f"[attnlab] {msg}", file=sys.stderr, flush=True)
+
+
+class Trainer:
+    """Runs `step_fn` over `data` with AdamW, a schedule, clipping, eval, checkpoints and DDP.
+
+    `step_fn(model, batch)` receives the (possibly DDP-wrapped) model and a collated batch on
+    `device`; call the model through it (use `attnlab.train.unwrap` for attributes).
+    `evaluate(model)` receives the unwrapped model and returns metrics such as
+    {"val_loss": ..., "val_acc": ...}; `cfg.monitor` must be one of its keys.
+    Outputs in `run_dir`: metrics.jsonl, tensorboard/, state/ (resumable checkpoint),
+    model.safetensors (best weights by `cfg.monitor`, or the last weights without `evaluate`),
+    train_config.json, summary.json and curves.png.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        cfg: TrainConfig,
+        run_dir: str | Path,
+        data: TrainData,
+        step_fn: StepFn,
+        evaluate: EvalFn | None = None,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        """Store the pieces; nothing runs until `fit`."""
+        if not isinstance(cfg, TrainConfig):
+            raise ValueError(f"cfg must be a TrainConfig, got {type(cfg).__name__}")
+        if not all(callable(getattr(data, name, None)) for name in ("batches", "collate")):
+            raise ValueError("data must provide batches(epoch) and collate(indices); see TrainData")
+        self.model = model
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.data = data
+        self.step_fn = step_fn
+        self.evaluate = evaluate
+        self.device = torch.device(device)
+
+    # ---------------------------------------------------------------- public entry point
+
+    def fit(self, resume: bool = False) -> dict[str, Any]:
+        """Train to completion (or early stop) and return a summary dict.
+
+        With `resume=True`, continue from `run_dir/state/` exactly where it stopped (a fresh
+        start if there is none). Without it, `run_dir` must not hold a previous run. On Ctrl-C
+        a single-process run writes a checkpoint of the last completed step, then re-raises.
+        `cfg.num_threads` applies for the duration of the call only.
+        """
+        threads = torch.get_num_threads()
+        if self.cfg.num_threads > 0:
+            torch.set_num_threads(self.cfg.num_threads)
+        env = init_distributed(self.device)
+        try:
+            summary = self._fit(env, resume)
+        except BaseException:
+            cleanup(env, wait=False)  # other ranks may never reach a barrier; torchrun ends them
+            raise
+        finally:
+            torch.set_num_threads(threads)
+        cleanup(env)
+        return summary
+
+    # ---------------------------------------------------------------- setup
+
+    def _fit(self, env: DistEnv, resume: bool) -> dict[str, Any]:
+        """`fit` once the process group (if any) exists."""
+        cfg, run_dir = self.cfg, self.run_dir
+        self.env = env
+        self.model.to(env.device)
+        dtype, reason = broadcast_object(
+            choose_precision(env.device, cfg.precision) if env.is_main else None, env
+        )
+        self.dtype, self.precision, self.precision_reason = dtype, precision_name(dtype), reason
+        if env.is_main:
+            _log(f"precision {self.precision}: {reason}")
+        self.optimizer = build_optimizer(self.model, cfg.lr, cfg.weight_decay, cfg.betas)
+        self.scaler = make_grad_scaler(env.device, dtype)
+        self.total_steps = self._count_total_steps()
+        self.warmup = resolve_warmup(cfg.warmup_steps, cfg.warmup_ratio, self.total_steps)
+        state = self._start_state(resume)
+        if state.stop_reason is not None:
+            if env.is_main:
+                _log(f"run in {run_dir} already finished ({state.stop_reason}); nothing to do")
+            return self._summary(state)
+        self.log: MetricsLog | None = None
+        if env.is_main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            save_json(cfg, run_dir / "train_config.json")
+            truncate_metrics(run_dir / "metrics.jsonl", state.step)
+            self.log = MetricsLog(run_dir, cfg.tensorboard, purge_step=state.step + 1)
+        self.ddp_model = wrap_ddp(self.model, env)
+        try:
+            state = self._loop(state)
+        finally:
+            if self.log is not None:
+                self.log.close()
+        summary = self._summary(state)
+        if env.is_main:
+            (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+            try:
+                from attnlab.viz_curves import plot_curves  # matplotlib is slow to import
+            except ImportError as err:
+                _log(f"matplotlib is unusable ({err}); skipping curves.png")
+            else:
+                plot_curves(run_dir / "metrics.jsonl", run_dir / "curves.png")
+        return summary
+
+    def _count_total_steps(self) -> int:
+        """Optimizer steps in the whole run (for the lr schedule and the progress bar)."""
+        if self.cfg.max_steps > 0:
+            return self.cfg.max_steps
+        total = 0
+        for epoch in range(self.cfg.epochs):
+            n = len(self.data.batches(epoch))
+            if n == 0:
+                raise ValueError(f"data.batches({epoch}) is empty; the dataset has no batches")
+            total += math.ceil(n / self.cfg.grad_accum)
+        return total
+
+    def _start_state(self, resume: bool) -> LoopState:
+        """Fresh, seeded state; or the checkpoint's, with weights, optimizer and RNG restored."""
+        env, run_dir = self.env, self.run_dir
+        found = None
+        if env.is_main:  # rank 0 looks (and repairs) before it creates anything; others follow
+            found = (recover_state_dir(run_dir) is not None, (run_dir / "metrics.jsonl").exists())
+        has_ckpt, has_metrics = broadcast_object(found, env)
+        if not resume:
+            if has_ckpt or has_metrics:
+                raise ValueError(
+                    f"{run_dir} already holds a run; pass resume=True or use a new run_dir"
+                )
+            seed_everything(self.cfg.seed + env.rank)
+            return LoopState()
+        if not has_ckpt:
+            if env.is_main:
+                _log(f"no checkpoint in {run_dir / 'state'}; starting from scratch")
+            seed_everything(self.cfg.seed + env.rank)
+            return LoopState()
+        saved, rng_states = load_checkpoint(run_dir, self.model, self.optimizer)
+        if self.scaler is not None and saved.get("scaler"):
+            self.scaler.load_state_dict(saved["scaler"])
+        if saved["world_size"] != env.world_size:
+            raise ValueError(
+                f"checkpoint was written by {saved['world_size']} processes but this job has "
+                f"{env.world_size}; resume with --nproc_per_node={saved['world_size']}"
+            )
+        restore_rng(rng_states[env.rank])
+        state = LoopState.from_dict(saved["loop"])
+        if env.is_main:
+            _log(f"resuming from step {state.step} (epoch {state.epoch}, batch {state.batch_pos})")
+        return state
+
+    # ---------------------------------------------------------------- the loop
+
+    def _loop(self, state: LoopState) -> LoopState:
+        """Run optimizer steps until the run finishes; checkpoint on Ctrl-C (single process)."""
+        cfg, env = self.cfg, self.env
+        self._t0, self._base_elapsed = time.perf_counter(), state.elapsed_s
+        self._window_t0 = self._t0
+        boundary = (copy.deepcopy(state), capture_rng())  # state after the last finished step
+        updating = False
+        bar = tqdm(
+            total=self.total_steps,
+            initial=state.step,
+            unit="step",
+            file=sys.stderr,
+            dynamic_ncols=True,
+            disable=None if env.is_main else True,
+        )
+        try:
+            while state.stop_reason is None:
+                batches = self.data.batches(state.epoch)
+                if not batches:
+                    raise ValueError(f"data.batches({state.epoch}) is empty")
+                while True:
+                    group = batches[state.batch_pos : state.batch_pos + cfg.grad_accum]
+                    sums = self._accumulate(group)
+                    updating = True
+                    lr, grad_norm = self._update(state.step + 1, sums.weights["loss"])
+                    epoch = state.epoch
+                    state.step += 1
+                    state.batch_pos += len(group)
+                    epoch_done = state.batch_pos >= len(batches)
+                    if epoch_done:
+                        state.epoch, state.batch_pos = state.epoch + 1, 0
+                    self._after_step(state, sums, lr, grad_norm, epoch, epoch_done, bar)
+                    boundary = (copy.deepcopy(state), capture_rng())
+                    updating = False
+                    if epoch_done or state.stop_reason is not None:
+                        break
+        except KeyboardInterrupt:
+            if env.distributed or updating:
+                why = "distributed run" if env.distributed else "interrupted mid-update"
+                _log(f"interrupted ({why}); resume from the last periodic checkpoint")
+            else:
+                saved_state, rng = boundary
+                saved_state.elapsed_s = self._elapsed()
+                save_checkpoint(
+                    self.run_dir,
+                    self.model,
+                    self.optimizer,
+                    self._checkpoint_payload(saved_state),
+                    [rng],
+                )
+                _log(
+                    f"interrupted; checkpoint of step {saved_state.step} written to "
+                    f"{self.run_dir / 'state'}"
+                )
+            raise
+        finally:
+            bar.close()
+        state.elapsed_s = self._elapsed()
+        return state
+
+    def _accumulate(self, group: list[list[int]]) -> WeightedSums:
+        """Forward/backward each micro-batch of one optimizer step; return sums over all ranks."""
+        env, model = self.env, self.ddp_model
+        model.train()
+        sums = WeightedSums()
+        num_tokens = getattr(self.data, "num_tokens", None)
+        for i, global_indices in enumerate(group):
+            indices = shard(global_indices, env)
+            empty = not indices
+            batch = self._to_device(self.data.collate(indices or global_indices[:1]))
+            sync = i == len(group) - 1 or not env.distributed
+            with contextlib.nullcontext() if sync else model.no_sync():
+                with autocast(env.device, self.dtype):
+                    out = self.step_fn(model, batch)
+                weight = _check_output(out)
+                if empty:  # this rank's stand-in item only keeps DDP's collectives in step
+                    weight = 0.0
+                scaled = out.loss * weight  # sum of the unit losses; backward gives summed grads
+                (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+            sums.add("loss", out.loss.item(), weight)
+            for name, value in out.metrics.items():
+                sums.add(name, float(value), weight)
+            if not empty:
+                sums.tokens += num_tokens(batch) if num_tokens else len(indices)
+        sums.all_reduce(env)
+        if not sums.weights["loss"] > 0:
+            raise ValueError(
+                "the total weight of an optimizer step is 0; StepOutput.weight must "
+                "count the units (items or target tokens) the loss is averaged over"
+            )
+        return sums
+
+    def _update(self, step: int, total_weight: float) -> tuple[float, float]:
+        """Set the lr, normalise and clip the gradients, step AdamW; return (lr, grad norm)."""
+        cfg = self.cfg
+        lr = cfg.lr * lr_factor(
+            step,
+            schedule=cfg.schedule,
+            total_steps=self.total_steps,
+            warmup_steps=self.warmup,
+            min_lr_ratio=cfg.min_lr_ratio,
+            noam_d_model=cfg.noam_d_model,
+        )
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        factor = self.env.world_size / total_weight  # DDP already divided by world_size
+        for g in grads:
+            g.mul_(factor)
+        if cfg.clip_norm > 0:
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_norm)
+        else:
+            norm = torch.nn.utils.get_total_norm(grads)
+        grad_norm = float(norm)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        elif not math.isfinite(grad_norm):
+            raise FloatingPointError(
+                f"non-finite gradient norm at step {step}; lower lr or check the loss for nan/inf"
+            )
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return lr, grad_norm
+
+    def _after_step(
+        self,
+        state: LoopState,
+        sums: WeightedSums,
+        lr: float,
+        grad_norm: float,
+        epoch: int,
+        epoch_done: bool,
+        bar: tqdm,
+    ) -> None:
+        """Log, evaluate, early-stop and checkpoint after optimizer step `state.step`."""
+        cfg, env = self.cfg, self.env
+        state.window.merge(sums)
+        if cfg.max_steps > 0:
+            is_last = state.step >= cfg.max_steps
+        else:
+            is_last = epoch_done and epoch == cfg.epochs - 1
+        if state.step % cfg.log_every == 0 or is_last:
+            self._log_train(state, lr, grad_norm, epoch, bar)
+        do_eval = self.evaluate is not None and (
+            is_last or (state.step % cfg.eval_every == 0 if cfg.eval_every else epoch_done)
+        )
+        if do_eval:
+            self._eval_and_track(state, epoch)
+        if state.stop_reason is None and is_last:
+            state.stop_reason = "max_steps" if cfg.max_steps > 0 else "epochs"
+        finished = state.stop_reason is not None
+        if finished and self.evaluate is None and env.is_main:
+            save_weights(self.model, self.run_dir / "model.safetensors")
+        periodic = cfg.checkpoint_every > 0 and state.step % cfg.checkpoint_every == 0
+        if do_eval or periodic or finished:
+            self._checkpoint(state)
+        bar.update(1)
+
+    def _log_train(
+        self, state: LoopState, lr: float, grad_norm: float, epoch: int, bar: tqdm
+    ) -> None:
+        """Write one train event for the window since the last one, and reset the window."""
+        now = time.perf_counter()
+        means = state.window.means()
+        tokens_per_s = state.window.tokens / max(now - self._window_t0, 1e-9)
+        state.last_train_loss = means["loss"]
+        record = {
+            "step": state.step,
+            "epoch": epoch,
+            "split": "train",
+            **means,
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "tokens_per_s": tokens_per_s,
+            "elapsed_s": self._base_elapsed + now - self._t0,
+            "precision": self.precision,
+        }
+        if self.log is not None:
+            self.log.write(record)
+        bar.set_postfix(loss=f"{means['loss']:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:.0f}")
+        state.window = WeightedSums()
+        self._window_t0 = now
+
+    def _eval_and_track(self, state: LoopState, epoch: int) -> None:
+        """Evaluate on rank 0, save the best weights, and update early stopping on all ranks."""
+        cfg, env = self.cfg, self.env
+        metrics = self._run_evaluate() if env.is_main else None
+        metrics = broadcast_object(metrics, env)
+        value = metrics[cfg.monitor]
+        better = state.best_metric is None or (
+            value < state.best_metric if cfg.monitor_mode == "min" else value > state.best_metric
+        )
+        improved = math.isfinite(value) and better
+        if improved:
+            state.best_metric, state.best_step, state.bad_evals = value, state.step, 0
+            if env.is_main:
+                save_weights(self.model, self.run_dir / "model.safetensors")
+        else:
+            state.bad_evals += 1
+        if self.log is not None:
+            self.log.write(
+                {
+                    "step": state.step,
+                    "epoch": epoch,
+                    "split": "val",
+                    **metrics,
+                    "best": improved,
+                    "elapsed_s": self._elapsed(),
+                    "precision": self.precision,
+                }
+            )
+        if cfg.patience > 0 and state.bad_evals >= cfg.patience:
+            state.stop_reason = "early_stop"
+            if env.is_main:
+                _log(
+                    f"early stop at step {state.step}: {cfg.monitor} has not improved for "
+                    f"{state.bad_evals} evals (best {state.best_metric} at {state.best_step})"
+                )
+
+    def _run_evaluate(self) -> dict[str, float]:
+        """Call `evaluate` on the unwrapped model in eval mode; check the monitor key exists."""
+        self.model.eval()
+        with torch.no_grad(), autocast(self.env.device, self.dtype):
+            metrics = {k: float(v) for k, v in self.evaluate(self.model).items()}
+        self.model.train()
+        if self.cfg.monitor not in metrics:
+            raise ValueError(
+                f"monitor '{self.cfg.monitor}' is not among the evaluate() keys "
+                f"{sorted(metrics)}; set TrainConfig.monitor to one of them"
+            )
+        return metrics
+
+    def _checkpoint(self, state: LoopState) -> None:
+        """Write `run_dir/state/` (rank 0), with every rank's RNG state gathered to it."""
+        rng_states = gather_objects(capture_rng(), self.env)
+        if self.env.is_main:
+            snapshot = copy.deepcopy(state)
+            snapshot.elapsed_s = self._elapsed()
+            save_checkpoint(
+                self.run_dir,
+                self.model,
+                self.optimizer,
+                self._checkpoint_payload(snapshot),
+                rng_states,
+            )
+
+    def _checkpoint_payload(self, state: LoopState) -> dict[str, Any]:
+        """trainer.json contents: loop state, grad-scaler state, world size and config."""
+        return {
+            "loop": state.to_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "world_size": self.env.world_size,
+            "config": to_dict(self.cfg),
+        }
+
+    # ---------------------------------------------------------------- helpers
+
+    def _elapsed(self) -> float:
+        """Training wall time including earlier (resumed) processes."""
+        return self._base_elapsed + time.perf_counter() - self._t0
+
+    def _to_device(self, batch: dict) -> dict:
+        """Move every tensor of a collated batch to the training device."""
+        return {
+            k: v.to(self.env.device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+            for k, v in batch.items()
+        }
+
+    def _summary(self, state: LoopState) -> dict[str, Any]:
+        """The dict `fit` returns (also saved as summary.json)."""
+        return {
+            "monitor": self.cfg.monitor if self.evaluate is not None else None,
+            "best_metric": state.best_metric,
+            "best_step": state.best_step,
+            "steps": state.step,
+            "epochs": state.epoch,
+            "final_train_loss": state.last_train_loss,
+            "wall_time_s": state.elapsed_s,
+            "precision": self.precision,
+            "precision_reason": self.precision_reason,
+            "stop_reason": state.stop_reason,
+            "world_size": self.env.world_size,
+            "run_dir": str(self.run_dir),
+        }
+
+
+def _check_output(out: StepOutput) -> float:
+    """Validate a step function's output and return its weight."""
+    if not isinstance(out, StepOutput):
+        raise ValueError(f"step_fn must return a StepOutput, got {type(out).__name__}")
+    if out.loss.ndim != 0 or not out.loss.requires_grad:
+        raise ValueError(
+            "StepOutput.loss must be a scalar tensor that requires grad "
+            f"(got shape {tuple(out.loss.shape)}, requires_grad="
+            f"{out.loss.requires_grad}); return the mean loss of the micro-batch"
+        )
+    weight = float(out.weight)
+    if not (math.isfinite(weight) and weight >= 0):
+        raise ValueError(f"StepOutput.weight must be a finite count >= 0, got {out.weight}")
+    return weight

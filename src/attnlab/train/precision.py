@@ -1,0 +1,125 @@
+"""Pick the training precision for a device by detection, and build its autocast context."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+MIN_BF16_SPEEDUP = 1.25  # bf16 must beat fp32 matmuls by this factor for `auto` to pick it
+_CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_bf16_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> bool | None:
+    """Whether the CPU advertises native bf16 (avx512_bf16/amx_bf16); None if flags are unknown."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return None
+    flags = set()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            flags.update(line.partition(":")[2].split())
+    if not flags:
+        return None
+    return any(f in flags for f in _CPU_BF16_FLAGS)
+
+
+@functools.lru_cache(maxsize=1)
+def bf16_matmul_speedup(size: int = 512, repeats: int = 5) -> float:
+    """Measured fp32 time / bf16 time of a size x size CPU matmul (best of `repeats`; cached)."""
+    best = {torch.float32: float("inf"), torch.bfloat16: float("inf")}
+    gen = torch.Generator().manual_seed(0)  # a private generator: the global RNG is untouched
+    mats = {
+        dt: (
+            torch.randn(size, size, generator=gen).to(dt),
+            torch.randn(size, size, generator=gen).to(dt),
+        )
+        for dt in best
+    }
+    for a, b in mats.values():  # warm-up: first calls pay for kernel selection
+        a @ b
+    for _ in range(repeats):
+        for dt, (a, b) in mats.items():  # interleaved so background load hits both alike
+            start = time.perf_counter()
+            a @ b
+            best[dt] = min(best[dt], time.perf_counter() - start)
+    return best[torch.float32] / best[torch.bfloat16]
+
+
+def _cpu_bf16_is_fast() -> tuple[bool, str]:
+    """Whether bf16 autocast pays off on this CPU, with the evidence as a sentence."""
+    flags = cpu_bf16_flags()
+    if flags is False:
+        return False, "CPU lacks avx512_bf16/amx_bf16, so bf16 matmuls are emulated and slow"
+    speedup = bf16_matmul_speedup()
+    source = "CPU has native bf16 flags" if flags else "CPU flags unknown"
+    fast = speedup >= MIN_BF16_SPEEDUP
+    verdict = "faster" if fast else f"not >= {MIN_BF16_SPEEDUP}x faster"
+    return fast, f"{source}; measured bf16 matmul {speedup:.2f}x vs fp32 ({verdict})"
+
+
+def choose_precision(
+    device: str | torch.device, requested: str = "auto"
+) -> tuple[torch.dtype | None, str]:
+    """Return (autocast dtype, or None for plain fp32; one-line reason) for `device`.
+
+    CUDA: auto -> bf16 if supported, else fp16 (needs a GradScaler, see `make_grad_scaler`).
+    CPU: auto -> bf16 only if the CPU has native bf16 and a timed matmul confirms it is faster;
+    otherwise fp32. An explicit bf16 where it is slow still runs but warns; fp16 on CPU is refused.
+    """
+    if requested not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {requested!r}")
+    kind = torch.device(device).type
+    if requested == "fp32":
+        return None, "fp32 requested"
+    if kind == "cuda":
+        bf16_ok = torch.cuda.is_bf16_supported()
+        if requested == "auto":
+            if bf16_ok:
+                return torch.bfloat16, "CUDA device supports bf16"
+            return torch.float16, "CUDA device lacks bf16; using fp16 with loss scaling"
+        if requested == "bf16" and not bf16_ok:
+            warnings.warn(
+                "bf16 requested on a CUDA device without native bf16; it will be slow", stacklevel=2
+            )
+        dtype = torch.bfloat16 if requested == "bf16" else torch.float16
+        return dtype, f"{requested} requested"
+    if kind == "cpu":
+        if requested == "fp16":
+            raise ValueError("precision='fp16' needs CUDA; on CPU use precision='bf16' or 'fp32'")
+        fast, why = _cpu_bf16_is_fast()
+        if requested == "auto":
+            return (
+                (torch.bfloat16, f"auto -> bf16: {why}") if fast else (None, f"auto -> fp32: {why}")
+            )
+        if not fast:
+            warnings.warn(f"bf16 requested but it is slow here: {why}", stacklevel=2)
+        return torch.bfloat16, f"bf16 requested ({why})"
+    if requested == "auto":
+        return None, f"auto -> fp32: no low-precision path is tested on device type '{kind}'"
+    raise ValueError(f"precision={requested!r} is only supported on cpu/cuda; use 'fp32' on {kind}")
+
+
+def precision_name(dtype: torch.dtype | None) -> str:
+    """'fp32', 'bf16' or 'fp16' for an autocast dtype (None = fp32)."""
+    return {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    """torch.autocast for `dtype` on `device`, or a no-op context for fp32."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def make_grad_scaler(
+    device: torch.device, dtype: torch.dtype | None
+) -> torch.amp.GradScaler | None:
+    """A GradScaler for fp16 (its range needs loss scaling); None for fp32/bf16."""
+    return torch.amp.GradScaler(device.type) if dtype == torch.float16 else None

@@ -1,0 +1,301 @@
+"""Trainer semantics in-process: exact weighting, determinism, early stopping, best weights,
+outputs (metrics.jsonl, TensorBoard, curves, summary), Ctrl-C resume, and input errors."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from _tiny_task import TinyData, TinyTagger, make_evaluate, make_split, step_fn
+from safetensors.torch import load_file
+
+from attnlab.train import StepOutput, TrainConfig, Trainer, seed_everything
+from attnlab.train.metrics_log import read_metrics
+
+TIMING = {"elapsed_s", "tokens_per_s"}
+
+
+def cfg_for(**kw) -> TrainConfig:
+    base = {
+        "epochs": 2,
+        "batch_size": 8,
+        "lr": 3e-2,
+        "warmup_steps": 2,
+        "log_every": 1,
+        "checkpoint_every": 4,
+        "precision": "fp32",
+        "tensorboard": False,
+        "num_threads": 1,
+    }
+    return TrainConfig(**(base | kw))
+
+
+def tiny(dropout: float = 0.0, dtype: torch.dtype = torch.float32) -> TinyTagger:
+    seed_everything(0)
+    return TinyTagger(dropout=dropout).to(dtype)
+
+
+def without_timing(records: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in records]
+
+
+class FixedData(TinyData):
+    """TinyData with a fixed list of global micro-batches every epoch."""
+
+    def __init__(self, batches: list[list[int]]) -> None:
+        super().__init__()
+        self.fixed = batches
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        return self.fixed
+
+
+def test_grad_accum_equals_concatenated_batch_exactly(tmp_path: Path) -> None:
+    """3 steps of grad_accum=2 over unequal micro-batches == 3 steps on the concatenations."""
+    micro = [
+        list(range(0, 3)),
+        list(range(3, 11)),
+        list(range(11, 15)),
+        list(range(15, 17)),
+        list(range(17, 23)),
+        [23],
+    ]
+    merged = [micro[0] + micro[1], micro[2] + micro[3], micro[4] + micro[5]]
+    data = TinyData()
+    weights = [int((data.split["targets"][m] != -100).sum()) for m in micro]
+    assert all(weights[i] != weights[i + 1] for i in (0, 2, 4)), "need unequal token counts"
+
+    runs = {}
+    for name, batches, accum in (("accum", micro, 2), ("merged", merged, 1)):
+        model = tiny(dtype=torch.float64)
+        cfg = cfg_for(grad_accum=accum, clip_norm=0.0, epochs=1)
+        Trainer(model, cfg, tmp_path / name, FixedData(batches), step_fn).fit()
+        runs[name] = (model.state_dict(), read_metrics(tmp_path / name / "metrics.jsonl"))
+
+    (w_acc, m_acc), (w_mrg, m_mrg) = runs["accum"], runs["merged"]
+    for key in w_acc:
+        torch.testing.assert_close(w_acc[key], w_mrg[key], rtol=0, atol=1e-12)
+    for a, b in zip(m_acc, m_mrg):
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-12)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-10)
+
+    # The test is sensitive: averaging the two micro-batch means (the classic bug) gives a
+    # clearly different first gradient than the token-weighted mean the engine computes.
+    model = tiny(dtype=torch.float64)
+    batches = [data.collate(m) for m in micro[:2]]
+    grads = []
+    for batch in batches:
+        model.zero_grad()
+        step_fn(model, batch).loss.backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    naive = (grads[0] + grads[1]) / 2
+    exact = (grads[0] * weights[0] + grads[1] * weights[1]) / (weights[0] + weights[1])
+    assert exact.norm().item() == pytest.approx(m_acc[0]["grad_norm"], rel=1e-10)
+    assert abs(naive.norm().item() - m_acc[0]["grad_norm"]) > 1e-3
+
+
+def test_same_seed_same_run_different_seed_different(tmp_path: Path) -> None:
+    results = []
+    for name, seed in (("a", 3), ("b", 3), ("c", 4)):
+        model = tiny(dropout=0.2)
+        cfg = cfg_for(seed=seed)
+        data = TinyData(seed=seed)
+        Trainer(model, cfg, tmp_path / name, data, step_fn, evaluate=make_evaluate()).fit()
+        results.append(
+            (model.state_dict(), without_timing(read_metrics(tmp_path / name / "metrics.jsonl")))
+        )
+    (wa, ma), (wb, mb), (wc, mc) = results
+    assert ma == mb
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert ma != mc and not all(torch.equal(wa[k], wc[k]) for k in wa)
+
+
+class ScriptedEval:
+    """evaluate() that returns scripted monitor values and remembers the weights it saw."""
+
+    def __init__(self, key: str, values: list[float]) -> None:
+        self.key, self.values, self.seen = key, values, []
+
+    def __call__(self, model: torch.nn.Module) -> dict[str, float]:
+        self.seen.append({k: v.clone() for k, v in model.state_dict().items()})
+        return {self.key: self.values[len(self.seen) - 1], "other": 0.0}
+
+
+@pytest.mark.parametrize(
+    "mode,values,best_idx",
+    [
+        ("min", [1.0, 0.5, 0.7, 0.6, 0.4, 0.3], 1),
+        ("max", [0.1, 0.9, 0.8, 0.85, 0.95, 0.99], 1),
+    ],
+)
+def test_early_stopping_and_best_weights(
+    tmp_path: Path, mode: str, values: list[float], best_idx: int
+) -> None:
+    scripted = ScriptedEval("score", values)
+    cfg = cfg_for(eval_every=1, patience=2, monitor="score", monitor_mode=mode, epochs=5)
+    model = tiny()
+    summary = Trainer(model, cfg, tmp_path, TinyData(), step_fn, evaluate=scripted).fit()
+    assert summary["stop_reason"] == "early_stop"
+    assert summary["steps"] == 4 and len(scripted.seen) == 4  # best at 2, then 2 bad evals
+    assert summary["best_step"] == best_idx + 1 and summary["best_metric"] == values[best_idx]
+    best = load_file(str(tmp_path / "model.safetensors"))
+    for key, value in scripted.seen[best_idx].items():
+        assert torch.equal(best[key], value), f"model.safetensors is not the step-2 weights ({key})"
+    assert not torch.equal(best["out.weight"], model.state_dict()["out.weight"])
+    val = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["split"] == "val"]
+    assert [r["best"] for r in val] == [True, True, False, False]
+
+
+def test_without_evaluate_saves_last_weights(tmp_path: Path) -> None:
+    model = tiny()
+    summary = Trainer(model, cfg_for(max_steps=5), tmp_path, TinyData(), step_fn).fit()
+    assert summary["stop_reason"] == "max_steps" and summary["steps"] == 5
+    assert summary["best_metric"] is None
+    saved = load_file(str(tmp_path / "model.safetensors"))
+    assert all(torch.equal(saved[k], v) for k, v in model.state_dict().items())
+
+
+def test_outputs_metrics_tensorboard_curves(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("matplotlib")
+    cfg = cfg_for(log_every=3, tensorboard=True, warmup_ratio=0.25, warmup_steps=0)
+    summary = Trainer(tiny(), cfg, tmp_path, TinyData(), step_fn, make_evaluate()).fit()
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    train = [r for r in records if r["split"] == "train"]
+    val = [r for r in records if r["split"] == "val"]
+    assert [r["step"] for r in train] == [3, 6, 9, 12, 15, 18, 21, 24]
+    assert [r["step"] for r in val] == [12, 24]  # end of each epoch
+    for r in train:
+        assert {
+            "step",
+            "epoch",
+            "loss",
+            "acc",
+            "lr",
+            "grad_norm",
+            "tokens_per_s",
+            "elapsed_s",
+            "precision",
+        } <= set(r)
+        assert r["precision"] == "fp32" and r["tokens_per_s"] > 0
+    assert train[0]["lr"] == pytest.approx(3e-2 * 3 / 6)  # warmup = round(0.25 * 24) = 6 steps
+    assert {"val_loss", "val_acc"} <= set(val[0])
+    assert summary["steps"] == 24 and summary["epochs"] == 2 and summary["stop_reason"] == "epochs"
+    assert summary["precision"] == "fp32" and summary["best_metric"] == min(
+        r["val_loss"] for r in val
+    )
+    assert json.loads((tmp_path / "summary.json").read_text()) == summary
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "state" / "COMPLETE").exists()
+
+
+def test_tokens_per_s_counts_non_pad_tokens(tmp_path: Path) -> None:
+    """With one step per log event, tokens/s * window time must be the step's token count."""
+    Trainer(tiny(), cfg_for(epochs=1), tmp_path, TinyData(), step_fn).fit()
+    first = read_metrics(tmp_path / "metrics.jsonl")[0]
+    data = TinyData()
+    expected = data.num_tokens(data.collate(data.batches(0)[0]))
+    assert first["tokens_per_s"] * first["elapsed_s"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_explicit_bf16_on_cpu_runs_and_is_recorded(tmp_path: Path) -> None:
+    cfg = cfg_for(precision="bf16", max_steps=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # bf16 warns only on CPUs where it is slow
+        summary = Trainer(tiny(), cfg, tmp_path, TinyData(), step_fn).fit()
+    assert summary["precision"] == "bf16"
+    assert {r["precision"] for r in read_metrics(tmp_path / "metrics.jsonl")} == {"bf16"}
+
+
+class InterruptAt:
+    """step_fn that raises KeyboardInterrupt on its n-th call (simulated Ctrl-C)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.calls = n, 0
+
+    def __call__(self, model: torch.nn.Module, batch: dict) -> StepOutput:
+        self.calls += 1
+        if self.calls == self.n:
+            raise KeyboardInterrupt
+        return step_fn(model, batch)
+
+
+def test_ctrl_c_writes_checkpoint_and_resume_is_exact(tmp_path: Path) -> None:
+    """Ctrl-C three times: in the very first micro-batch (checkpoint of step 0), in the 2nd
+    micro-batch of a step at an epoch start (checkpoint of the previous step, with the RNG as it
+    was then although dropout has consumed some since), and mid-epoch between periodic
+    checkpoints. Each time the run resumes; the end result must match an unbroken run bitwise."""
+    cfg = cfg_for(grad_accum=2, checkpoint_every=100, epochs=2)
+    ref_model = tiny(dropout=0.3)
+    Trainer(ref_model, cfg, tmp_path / "ref", TinyData(), step_fn, make_evaluate()).fit()
+
+    run = tmp_path / "run"
+    # (interrupt at this step_fn call of the process, expected (step, epoch, batch_pos) saved)
+    legs = [(1, (0, 0, 0)), (14, (6, 1, 0)), (5, (8, 1, 4))]  # 6 steps of 2 micro-batches/epoch
+    for leg, (call, expected) in enumerate(legs):
+        trainer = Trainer(
+            tiny(dropout=0.3), cfg, run, TinyData(), InterruptAt(call), make_evaluate()
+        )
+        with pytest.raises(KeyboardInterrupt):
+            trainer.fit(resume=leg > 0)
+        saved = json.loads((run / "state" / "trainer.json").read_text())["loop"]
+        assert (saved["step"], saved["epoch"], saved["batch_pos"]) == expected, leg
+
+    model = tiny(dropout=0.3)  # as in a fresh process: weights come from the checkpoint
+    Trainer(model, cfg, run, TinyData(), step_fn, make_evaluate()).fit(resume=True)
+    assert all(torch.equal(v, ref_model.state_dict()[k]) for k, v in model.state_dict().items())
+    assert without_timing(read_metrics(run / "metrics.jsonl")) == without_timing(
+        read_metrics(tmp_path / "ref" / "metrics.jsonl")
+    )
+
+
+def test_resume_of_finished_run_is_a_no_op(tmp_path: Path) -> None:
+    cfg = cfg_for(max_steps=3)
+    first = Trainer(tiny(), cfg, tmp_path, TinyData(), step_fn).fit()
+    again = Trainer(tiny(), cfg, tmp_path, TinyData(), step_fn).fit(resume=True)
+    assert again["steps"] == first["steps"] == 3 and again["stop_reason"] == "max_steps"
+
+
+def test_bad_inputs_raise_clear_errors(tmp_path: Path) -> None:
+    data = TinyData()
+    with pytest.raises(ValueError, match="TrainConfig"):
+        Trainer(tiny(), {"lr": 1}, tmp_path, data, step_fn)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="batches"):
+        Trainer(tiny(), cfg_for(), tmp_path, object(), step_fn)  # type: ignore[arg-type]
+
+    def vector_loss(model: torch.nn.Module, batch: dict) -> StepOutput:
+        out = step_fn(model, batch)
+        return StepOutput(loss=out.loss.repeat(2), weight=out.weight)
+
+    with pytest.raises(ValueError, match="scalar"):
+        Trainer(tiny(), cfg_for(), tmp_path / "a", data, vector_loss).fit()
+
+    def zero_weight(model: torch.nn.Module, batch: dict) -> StepOutput:
+        return StepOutput(loss=step_fn(model, batch).loss, weight=0)
+
+    with pytest.raises(ValueError, match="total weight"):
+        Trainer(tiny(), cfg_for(), tmp_path / "b", data, zero_weight).fit()
+
+    with pytest.raises(ValueError, match="val_loss.*'other', 'score'"):
+        Trainer(
+            tiny(),
+            cfg_for(),
+            tmp_path / "c",
+            data,
+            step_fn,
+            evaluate=ScriptedEval("score", [1.0] * 10),
+        ).fit()
+
+    Trainer(tiny(), cfg_for(max_steps=1), tmp_path / "d", data, step_fn).fit()
+    with pytest.raises(ValueError, match="resume=True"):
+        Trainer(tiny(), cfg_for(max_steps=1), tmp_path / "d", data, step_fn).fit()
+
+
+def test_split_fixture_has_padding() -> None:
+    """The tiny task must have unequal token counts, or the weighting tests prove nothing."""
+    lengths = (make_split(96, seed=1234)["targets"] != -100).sum(1)
+    assert lengths.min() < lengths.max()
