@@ -245,7 +245,7 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
     ftypes = _field_types(cls)
     for f in dataclasses.fields(cls):
         default = f.default if f.default is not dataclasses.MISSING else None
-        help_text = f.metadata.get("help", "")
+        help_text = f.metadata.get("help", "").replace("%", "%%")  # argparse formats help with %
         flags = [f"--{f.name.replace('_', '-')}"]
         if "_" in f.name:
             flags.append(f"--{f.name}")
