@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 import torch
 
 
-@runtime_checkable
 class TrainData(Protocol):
     """What `Trainer` needs from a dataset: global index batches and a collate function.
 
@@ -30,7 +29,8 @@ class StepOutput:
 
     `loss` is the MEAN over `weight` units (items, or non-pad target tokens); the engine
     backpropagates `loss * weight` and divides by the total weight of the optimizer step, so
-    the update equals the mean over the whole global batch. `metrics` are weight-averaged in logs.
+    the update equals the mean over the whole global batch. `metrics` are weight-averaged in logs
+    and must have the same keys for every micro-batch (ranks sum them key by key).
     """
 
     loss: torch.Tensor

@@ -14,7 +14,8 @@ Gradient weighting (exact)
   process taking the mean over every unit of the global batch.
 
 Evaluation runs on rank 0 only (on the unwrapped model, in eval mode, under no_grad/autocast);
-its result is broadcast so every rank takes the same early-stopping decision. Metrics,
+its result is broadcast so every rank takes the same early-stopping decision. The other ranks
+wait in that broadcast, so one evaluation must finish within the process-group timeout. Metrics,
 checkpoints, best weights, TensorBoard, curves.png and summary.json are written by rank 0.
 """
 
@@ -75,6 +76,8 @@ class Trainer:
     `device`; call the model through it (use `attnlab.train.unwrap` for attributes).
     `evaluate(model)` receives the unwrapped model and returns metrics such as
     {"val_loss": ..., "val_acc": ...}; `cfg.monitor` must be one of its keys.
+    Train events in metrics.jsonl carry the weighted mean loss/metrics since the previous event,
+    the lr and the global gradient norm (before clipping) of the latest step, and tokens/s.
     Outputs in `run_dir`: metrics.jsonl, tensorboard/, state/ (resumable checkpoint),
     model.safetensors (best weights by `cfg.monitor`, or the last weights without `evaluate`),
     train_config.json, summary.json and curves.png.
@@ -147,7 +150,10 @@ class Trainer:
         state = self._start_state(resume)
         if state.stop_reason is not None:
             if env.is_main:
-                _log(f"run in {run_dir} already finished ({state.stop_reason}); nothing to do")
+                _log(
+                    f"run in {run_dir} already finished ({state.stop_reason}); nothing to do "
+                    "(train further in a new run_dir)"
+                )
             return self._summary(state)
         self.log: MetricsLog | None = None
         if env.is_main:
@@ -215,6 +221,15 @@ class Trainer:
         state = LoopState.from_dict(saved["loop"])
         if env.is_main:
             _log(f"resuming from step {state.step} (epoch {state.epoch}, batch {state.batch_pos})")
+            now = to_dict(self.cfg)
+            changed = [
+                f"{k}: {v} -> {now.get(k)}" for k, v in saved["config"].items() if now.get(k) != v
+            ]
+            if changed:
+                _log(
+                    "config differs from the checkpoint's (exact resume not guaranteed): "
+                    + "; ".join(changed)
+                )
         return state
 
     # ---------------------------------------------------------------- the loop
