@@ -170,3 +170,18 @@ def test_parse_key_values() -> None:
 def test_non_dataclass_is_rejected() -> None:
     with pytest.raises(ValueError, match="not a dataclass"):
         apply_overrides({"lr": 1}, {"lr": "2"})
+
+
+@dataclass
+class Percent:
+    holdout: float = field(default=0.1, metadata={"help": "this % of train texts"})
+    tag: str = "50%"
+    sizes: tuple[int, ...] = field(default_factory=lambda: (1, 2))
+
+
+def test_help_survives_percent_signs_and_shows_factory_defaults() -> None:
+    parser = argparse.ArgumentParser()
+    add_dataclass_arguments(parser, Percent)
+    text = parser.format_help()
+    assert "this % of train texts" in text and "(default: 50%)" in text
+    assert "(default: (1, 2))" in text

@@ -244,8 +244,13 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
     _check_dataclass(cls)
     ftypes = _field_types(cls)
     for f in dataclasses.fields(cls):
-        default = f.default if f.default is not dataclasses.MISSING else None
-        help_text = f.metadata.get("help", "").replace("%", "%%")  # argparse formats help with %
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = "required"
+        help_text = f"{f.metadata.get('help', '')} (default: {default})".strip()
         flags = [f"--{f.name.replace('_', '-')}"]
         if "_" in f.name:
             flags.append(f"--{f.name}")
@@ -255,7 +260,7 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
             dest=f.name,
             default=argparse.SUPPRESS,
             metavar=_metavar(ftypes[f.name]),
-            help=f"{help_text} (default: {default})".strip(),
+            help=help_text.replace("%", "%%"),  # argparse %-formats help strings
             **extra,
         )
 
