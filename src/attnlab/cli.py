@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from attnlab.configs import add_dataclass_arguments, collect_overrides, parse_key_values
+from attnlab.tasks import bert_commands
 
 
 def _free_run_dir(base: Path) -> Path:
@@ -42,11 +43,15 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     for cls in classify.SECTIONS.values():
         add_dataclass_arguments(p, cls)
+    bert_commands.add_train_parsers(tasks, p)  # train mlm; train classify --init CHECKPOINT
 
 
 def _run_train(args: argparse.Namespace) -> int:
     from attnlab.tasks import classify
 
+    bert_status = bert_commands.run_train(args)
+    if bert_status is not None:
+        return bert_status
     overrides = parse_key_values(args.overrides)
     for cls in classify.SECTIONS.values():
         overrides.update(collect_overrides(args, cls))
@@ -101,8 +106,11 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_eval(args: argparse.Namespace) -> int:
+    from attnlab.tasks import bert_classify
     from attnlab.tasks.evaluate import evaluate_run
 
+    if bert_classify.is_bert_run(args.run):
+        evaluate_run = bert_classify.evaluate_run
     report = evaluate_run(args.run, args.data, args.split, args.text_col, args.label_col)
     if args.json:
         print(json.dumps(report, ensure_ascii=False, indent=2))
@@ -121,9 +129,11 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_predict(args: argparse.Namespace) -> int:
+    from attnlab.tasks.bert_classify import BertClassifierRun, is_bert_run
     from attnlab.tasks.classify import ClassifierRun
 
-    run = ClassifierRun.load(args.run)
+    load = BertClassifierRun.load if is_bert_run(args.run) else ClassifierRun.load
+    run = load(args.run)
     texts = args.texts or [line.rstrip("\n") for line in sys.stdin if line.strip()]
     if not texts:
         raise ValueError("no text given: pass texts as arguments or pipe lines on stdin")
@@ -211,6 +221,7 @@ COMMANDS = {
     "predict": (_add_predict, _run_predict),
     "attention": (_add_attention, _run_attention),
     "ablate": (_add_ablate, _run_ablate),
+    **bert_commands.COMMANDS,  # embed, similarity, search
 }
 
 

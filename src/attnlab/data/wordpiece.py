@@ -1,0 +1,155 @@
+"""WordPiece tokenisation for BERT, on the Hugging Face ``tokenizers`` library.
+
+A :class:`WordPieceTokenizer` comes from a checkpoint's ``tokenizer.json`` or ``vocab.txt``
+(lower-casing read from ``tokenizer_config.json``), or is trained on texts. Every encoding is
+``[CLS] pieces [SEP]``, truncated to ``max_len`` ids (specials included), never padded:
+attnlab pads batches itself (right padding, with lengths).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors, trainers
+from tokenizers.models import WordPiece
+
+from attnlab.data.errors import DataError
+
+PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
+SPECIALS = (PAD, UNK, CLS, SEP, MASK)
+
+
+class WordPieceTokenizer:
+    """BERT's tokenizer: normalise, split on whitespace/punctuation, WordPiece, add specials."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        missing = [t for t in SPECIALS if tokenizer.token_to_id(t) is None]
+        if missing:
+            raise ValueError(f"the tokenizer's vocabulary lacks the BERT special tokens {missing}")
+        tokenizer.no_padding()
+        tokenizer.no_truncation()
+        self._tok = tokenizer
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
+            tokenizer.token_to_id(t) for t in SPECIALS
+        )
+        self._tok.post_processor = processors.TemplateProcessing(
+            single=f"{CLS} $A {SEP}",
+            pair=f"{CLS} $A {SEP} $B:1 {SEP}:1",
+            special_tokens=[(CLS, self.cls_id), (SEP, self.sep_id)],
+        )
+
+    # -- construction
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> WordPieceTokenizer:
+        """Load ``tokenizer.json``, else ``vocab.txt`` (+ ``tokenizer_config.json``), from a dir."""
+        path = Path(path)
+        if (path / "tokenizer.json").is_file():
+            return cls.load(path / "tokenizer.json")
+        if (path / "vocab.txt").is_file():
+            lowercase = True
+            config = path / "tokenizer_config.json"
+            if config.is_file():
+                lowercase = bool(json.loads(config.read_text()).get("do_lower_case", True))
+            return cls.from_vocab(path / "vocab.txt", lowercase)
+        raise ValueError(
+            f"{path} has neither tokenizer.json nor vocab.txt; a BERT checkpoint directory "
+            "needs one of them"
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> WordPieceTokenizer:
+        """Read a ``tokenizer.json`` (Hugging Face format) with a WordPiece model."""
+        try:
+            tok = Tokenizer.from_file(str(path))
+        except Exception as err:  # the library raises a bare Exception for bad files
+            raise DataError(
+                path, f"not a readable tokenizer.json ({err})", "re-export it"
+            ) from None
+        kind = json.loads(tok.to_str())["model"]["type"]
+        if kind != "WordPiece":
+            raise DataError(path, f"a {kind} tokenizer, not WordPiece", "use a BERT tokenizer")
+        return cls(tok)
+
+    @classmethod
+    def from_vocab(cls, vocab_file: str | Path, lowercase: bool = True) -> WordPieceTokenizer:
+        """BERT's pipeline around a ``vocab.txt`` (one piece per line, the line is its id)."""
+        pieces = Path(vocab_file).read_text(encoding="utf-8").split("\n")
+        vocab = {piece: i for i, piece in enumerate(pieces) if piece}
+        return cls(_bert_pipeline(WordPiece(vocab, unk_token=UNK), lowercase))
+
+    @classmethod
+    def train(
+        cls,
+        texts: Iterable[str],
+        vocab_size: int = 8000,
+        min_frequency: int = 2,
+        lowercase: bool = True,
+    ) -> WordPieceTokenizer:
+        """Learn a WordPiece vocabulary (specials first: [PAD]=0, [UNK], [CLS], [SEP], [MASK]).
+
+        Chinese characters are split apart by the normaliser, so on Chinese text the
+        vocabulary is essentially characters (plus pieces of any Latin words and numbers).
+        """
+        if vocab_size <= len(SPECIALS):
+            raise ValueError(
+                f"vocab_size must exceed the {len(SPECIALS)} specials, got {vocab_size}"
+            )
+        tok = _bert_pipeline(WordPiece(unk_token=UNK), lowercase)
+        trainer = trainers.WordPieceTrainer(
+            vocab_size=vocab_size,
+            min_frequency=min_frequency,
+            special_tokens=list(SPECIALS),
+            show_progress=False,
+        )
+        tok.train_from_iterator(texts, trainer)
+        return cls(tok)
+
+    def save(self, path: str | Path) -> None:
+        """Write ``tokenizer.json`` (readable by ``tokenizers`` and ``transformers``)."""
+        self._tok.save(str(path))
+
+    # -- use
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size()
+
+    @property
+    def special_ids(self) -> tuple[int, ...]:
+        return (self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id)
+
+    def encode(self, text: str, max_len: int) -> list[int]:
+        """[CLS] text [SEP] as ids, the text truncated so the whole fits in ``max_len``."""
+        return self.encode_batch([text], max_len)[0]
+
+    def encode_batch(self, texts: Sequence[str], max_len: int) -> list[list[int]]:
+        """``encode`` for many texts at once (parallel in the library)."""
+        if max_len < 3:
+            raise ValueError(f"max_len must be >= 3 ([CLS] + a piece + [SEP]), got {max_len}")
+        self._tok.enable_truncation(max_length=max_len)
+        try:
+            return [e.ids for e in self._tok.encode_batch(list(texts))]
+        finally:
+            self._tok.no_truncation()
+
+    def tokens(self, text: str, max_len: int) -> list[str]:
+        """The pieces ``encode`` produces, as strings (``##`` marks a word continuation)."""
+        return [self._tok.id_to_token(i) for i in self.encode(text, max_len)]
+
+    def lengths(self, texts: Sequence[str]) -> list[int]:
+        """Untruncated encoded lengths (specials included), to choose a truncation length."""
+        return [len(e.ids) for e in self._tok.encode_batch(list(texts))]
+
+
+def _bert_pipeline(model: WordPiece, lowercase: bool) -> Tokenizer:
+    """A Tokenizer with BERT's normaliser, pre-tokeniser and decoder around ``model``."""
+    tok = Tokenizer(model)
+    tok.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=lowercase
+    )
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    return tok

@@ -1,0 +1,269 @@
+"""BERT (Devlin et al. 2019) built from attnlab's core: embeddings, post-norm blocks, heads.
+
+BertModel = word + learned position + token-type embeddings -> LayerNorm -> dropout -> N
+post-norm EncoderBlocks (exact erf GELU) -> hidden states (B, T, D), plus the pooler
+tanh(W h_[CLS] + b). BertForMaskedLM adds the MLM head (dense -> GELU -> LayerNorm -> decoder
+tied to the word embeddings + bias); BertClassifier adds dropout and a linear layer on a pooled
+vector. Hugging Face checkpoints load through :mod:`attnlab.models.bert_checkpoint`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnlab.attention import padding_mask
+from attnlab.blocks import Activation, Encoder, EncoderBlock
+from attnlab.positions import LearnedPositionalEmbedding
+
+# Hugging Face ``hidden_act`` -> attnlab FeedForward activation.
+HF_ACTIVATIONS: dict[str, Activation] = {
+    "gelu": "gelu",
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "relu": "relu",
+}
+POOLINGS = ("mean", "cls")
+
+
+@dataclass
+class BertConfig:
+    """The architecture of a BERT encoder (field names are attnlab's; see ``from_hf``)."""
+
+    vocab_size: int = 30522
+    d_model: int = 768
+    n_layers: int = 12
+    n_heads: int = 12
+    d_ff: int = 3072
+    max_len: int = 512
+    type_vocab_size: int = 2
+    norm_eps: float = 1e-12
+    dropout: float = 0.1
+    attn_dropout: float = 0.1
+    activation: str = "gelu"
+    pad_id: int = 0
+
+    def validate(self) -> None:
+        """Raise ValueError naming the field to change."""
+        if self.activation not in HF_ACTIVATIONS.values():
+            raise ValueError(f"activation must be gelu, gelu_tanh or relu, got {self.activation!r}")
+        if self.d_model % self.n_heads != 0:
+            raise ValueError(
+                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; change one"
+            )
+        for name in ("vocab_size", "n_layers", "d_ff", "max_len", "type_vocab_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any]) -> BertConfig:
+        """Read a Hugging Face BERT ``config.json`` dict."""
+        kind = hf.get("model_type", "bert")
+        if kind != "bert":
+            raise ValueError(f"config.json describes a {kind!r} model; only BERT checkpoints load")
+        if hf.get("position_embedding_type", "absolute") != "absolute":
+            raise ValueError(
+                f"position_embedding_type {hf['position_embedding_type']!r} is not supported; "
+                "only 'absolute' (learned) positions are implemented"
+            )
+        act = hf.get("hidden_act", "gelu")
+        if act not in HF_ACTIVATIONS:
+            raise ValueError(
+                f"hidden_act {act!r} is not supported; use one of {list(HF_ACTIVATIONS)}"
+            )
+        missing = [k for k in ("vocab_size", "hidden_size", "num_hidden_layers") if k not in hf]
+        if missing:
+            raise ValueError(f"config.json lacks {missing}; is this a BERT config?")
+        return cls(
+            vocab_size=hf["vocab_size"],
+            d_model=hf["hidden_size"],
+            n_layers=hf["num_hidden_layers"],
+            n_heads=hf.get("num_attention_heads", 12),
+            d_ff=hf.get("intermediate_size", 4 * hf["hidden_size"]),
+            max_len=hf.get("max_position_embeddings", 512),
+            type_vocab_size=hf.get("type_vocab_size", 2),
+            norm_eps=hf.get("layer_norm_eps", 1e-12),
+            dropout=hf.get("hidden_dropout_prob", 0.1),
+            attn_dropout=hf.get("attention_probs_dropout_prob", 0.1),
+            activation=HF_ACTIVATIONS[act],
+            pad_id=hf.get("pad_token_id", 0) or 0,
+        )
+
+    def to_hf(self) -> dict[str, Any]:
+        """The Hugging Face ``config.json`` dict of this architecture."""
+        act = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu"}[self.activation]
+        return {
+            "architectures": ["BertForMaskedLM"],
+            "model_type": "bert",
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.d_model,
+            "num_hidden_layers": self.n_layers,
+            "num_attention_heads": self.n_heads,
+            "intermediate_size": self.d_ff,
+            "max_position_embeddings": self.max_len,
+            "type_vocab_size": self.type_vocab_size,
+            "layer_norm_eps": self.norm_eps,
+            "hidden_dropout_prob": self.dropout,
+            "attention_probs_dropout_prob": self.attn_dropout,
+            "hidden_act": act,
+            "pad_token_id": self.pad_id,
+            "position_embedding_type": "absolute",
+            "initializer_range": 0.02,
+        }
+
+
+class BertEmbeddings(nn.Module):
+    """LayerNorm(word(ids) + position(t) + token_type(segment)), then dropout."""
+
+    def __init__(self, cfg: BertConfig) -> None:
+        super().__init__()
+        self.word = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
+        self.position = LearnedPositionalEmbedding(cfg.max_len, cfg.d_model)
+        self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.d_model)
+        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+        """ids (B, T), segments (B, T) or None (all 0) -> (B, T, D)."""
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        x = self.position(self.word(input_ids)) + self.token_type(token_type_ids)  # (B, T, D)
+        return self.dropout(self.norm(x))
+
+
+class BertModel(nn.Module):
+    """The BERT encoder: embeddings, post-norm Transformer blocks and the [CLS] pooler."""
+
+    def __init__(self, cfg: BertConfig) -> None:
+        super().__init__()
+        cfg.validate()
+        self.cfg = cfg
+        self.embeddings = BertEmbeddings(cfg)
+        blocks = [
+            EncoderBlock(
+                cfg.d_model,
+                cfg.n_heads,
+                cfg.d_ff,
+                dropout=cfg.dropout,
+                attn_dropout=cfg.attn_dropout,
+                activation=cfg.activation,  # type: ignore[arg-type]
+                norm_first=False,
+                norm_eps=cfg.norm_eps,
+            )
+            for _ in range(cfg.n_layers)
+        ]
+        self.encoder = Encoder(blocks)
+        self.pooler = nn.Linear(cfg.d_model, cfg.d_model)
+        init_bert_weights(self)
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        lengths: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+    ) -> Tensor:
+        """ids (B, T) right-padded to ``lengths`` (B,) (None = no padding) -> hidden (B, T, D)."""
+        B, T = input_ids.shape
+        if self.cfg.max_len < T:
+            raise ValueError(
+                f"input has {T} tokens but this BERT has {self.cfg.max_len} positions; "
+                f"truncate to max_len={self.cfg.max_len}"
+            )
+        mask = None if lengths is None else padding_mask(lengths, T)  # (B, 1, 1, T)
+        x = self.embeddings(input_ids, token_type_ids)  # (B, T, D)
+        return self.encoder(x, mask)  # type: ignore[return-value]
+
+    def pool(self, hidden: Tensor) -> Tensor:
+        """BERT's pooler: tanh(W h_[CLS] + b), (B, T, D) -> (B, D)."""
+        return torch.tanh(self.pooler(hidden[:, 0]))
+
+
+def mean_pool(hidden: Tensor, lengths: Tensor) -> Tensor:
+    """Mean of the real (non-padding) token vectors: (B, T, D), (B,) -> (B, D)."""
+    keep = padding_mask(lengths, hidden.shape[1])[:, 0, 0, :, None].to(hidden.dtype)  # (B, T, 1)
+    return (hidden * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1)
+
+
+def init_bert_weights(module: nn.Module) -> None:
+    """BERT's initialisation: N(0, 0.02) weights, zero biases, unit LayerNorm, zero pad row."""
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, std=0.02)
+            if m.padding_idx is not None:
+                with torch.no_grad():
+                    m.weight[m.padding_idx].zero_()
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+
+
+class BertMLMHead(nn.Module):
+    """Masked-LM head: LayerNorm(GELU(W h)) · Eᵀ + b, E the (tied) word embeddings."""
+
+    def __init__(self, cfg: BertConfig) -> None:
+        super().__init__()
+        self.activation = cfg.activation
+        self.transform = nn.Linear(cfg.d_model, cfg.d_model)
+        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+        init_bert_weights(self)
+
+    def forward(self, h: Tensor, word_embeddings: Tensor) -> Tensor:
+        """h (..., D), word embeddings (V, D) -> logits (..., V)."""
+        h = self.transform(h)
+        if self.activation == "relu":
+            h = F.relu(h)
+        else:
+            h = F.gelu(h, approximate="tanh" if self.activation == "gelu_tanh" else "none")
+        return F.linear(self.norm(h), word_embeddings, self.bias)  # (..., V)
+
+
+class BertForMaskedLM(nn.Module):
+    """BERT with its masked-language-model head (decoder tied to the word embeddings)."""
+
+    def __init__(self, cfg: BertConfig) -> None:
+        super().__init__()
+        self.bert = BertModel(cfg)
+        self.mlm = BertMLMHead(cfg)
+
+    def forward(
+        self, input_ids: Tensor, lengths: Tensor | None = None, where: Tensor | None = None
+    ) -> Tensor:
+        """ids (B, T), lengths (B,) -> logits (B, T, V), or (N, V) at ``where`` (B, T) only.
+
+        Scoring only the masked positions saves the (B, T, V) projection during pretraining.
+        """
+        hidden = self.bert(input_ids, lengths)  # (B, T, D)
+        if where is not None:
+            hidden = hidden[where]  # (N, D)
+        return self.mlm(hidden, self.bert.embeddings.word.weight)
+
+
+class BertClassifier(nn.Module):
+    """BERT + dropout + linear layer on the pooled sentence vector ([CLS] pooler or mean)."""
+
+    def __init__(self, cfg: BertConfig, n_classes: int, pooling: str = "mean") -> None:
+        super().__init__()
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+        if n_classes < 2:
+            raise ValueError(f"a classifier needs at least 2 classes, got {n_classes}")
+        self.pooling = pooling
+        self.bert = BertModel(cfg)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.head = nn.Linear(cfg.d_model, n_classes)
+        init_bert_weights(self.head)
+
+    def forward(self, input_ids: Tensor, lengths: Tensor) -> Tensor:
+        """ids (B, T), lengths (B,) -> class logits (B, C)."""
+        hidden = self.bert(input_ids, lengths)  # (B, T, D)
+        pooled = self.bert.pool(hidden) if self.pooling == "cls" else mean_pool(hidden, lengths)
+        return self.head(self.dropout(pooled))  # (B, C)

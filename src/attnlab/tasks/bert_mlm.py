@@ -1,0 +1,204 @@
+"""Masked-language-model pretraining of BERT (`attnlab train mlm`) on any text.
+
+Texts come from a ``.txt`` file (one text per line), a labelled CSV/TSV/JSONL file, or a named
+corpus (chinese_reviews, pang_lee, imdb). They are split with the same stratified split as
+fine-tuning (same seed and ratios), and only the **train** part is pretrained on; the val part
+gives the validation MLM loss and the test part is never read, so a classifier fine-tuned from
+this run on the same split is not tested on text the encoder has seen. Without ``init`` a new
+BERT and a WordPiece vocabulary trained on the train split are built; with ``init`` an existing
+checkpoint (and its tokenizer) continues pretraining. The run directory holds the engine's files
+plus ``checkpoint/``, a Hugging Face BERT directory (BertForMaskedLM tensors) that
+`attnlab train classify --init RUN`, `attnlab embed RUN` and ``transformers`` all load.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from attnlab.configs import to_dict
+from attnlab.data import LabeledCorpus, LengthBucketSampler, stratified_split
+from attnlab.data.io import read_utf8, write_json
+from attnlab.data.mlm import MLMData
+from attnlab.data.wordpiece import WordPieceTokenizer
+from attnlab.models.bert import BertConfig, BertForMaskedLM
+from attnlab.models.bert_checkpoint import load_pretrained, resolve_checkpoint, save_pretrained
+from attnlab.tasks.bert_classify import BertClassifyConfig, _help, build_sections, load_corpus
+from attnlab.train import StepOutput, TrainConfig, Trainer, load_weights, seed_everything
+
+TASK = "mlm"
+
+
+@dataclass
+class MLMDataConfig:
+    """Where the text comes from, how it is tokenised and masked."""
+
+    data: str = _help("chinese_reviews", "a .txt file (a text per line), CSV/TSV/JSONL or corpus")
+    text_col: str = "text"
+    label_col: str = "label"
+    init: str = _help("", "checkpoint to continue from; empty = new BERT + new WordPiece")
+    vocab_size: int = _help(8000, "WordPiece vocabulary size (new tokenizer only)")
+    min_frequency: int = 2
+    lowercase: bool = True
+    max_len: int = _help(128, "tokens per text ([CLS] and [SEP] included); the rest is cut")
+    mask_prob: float = _help(0.15, "share of tokens chosen as MLM targets (80/10/10 rule)")
+    split_seed: int = 0
+    val_ratio: float = 0.1
+    test_ratio: float = 0.1
+    max_examples: int = 0
+    eval_batch_size: int = 128
+
+
+@dataclass
+class MLMModelConfig:
+    """The size of a new BERT (ignored with ``init``, which brings its own architecture)."""
+
+    d_model: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    d_ff: int = 1024
+    dropout: float = 0.1
+    attn_dropout: float = 0.1
+
+
+SECTIONS: dict[str, type] = {"data": MLMDataConfig, "model": MLMModelConfig, "train": TrainConfig}
+
+
+def load_texts(dcfg: MLMDataConfig) -> LabeledCorpus:
+    """The corpus to pretrain on; a .txt file becomes a corpus with one dummy label."""
+    if dcfg.data.endswith(".txt"):
+        texts = [line.strip() for line in read_utf8(dcfg.data).splitlines() if line.strip()]
+        if len(texts) < 2:
+            raise ValueError(f"{dcfg.data} needs at least 2 non-empty lines to pretrain on")
+        return LabeledCorpus(texts, ["text"] * len(texts), source=dcfg.data)
+    fields = ("data", "text_col", "label_col", "max_examples", "split_seed")
+    return load_corpus(BertClassifyConfig(**{f: getattr(dcfg, f) for f in fields}))
+
+
+def step(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> StepOutput:
+    """Cross-entropy at the selected positions; accuracy of the top prediction as a metric."""
+    logits = model(batch["input_ids"], batch["lengths"], batch["where"])  # (N, V)
+    loss = F.cross_entropy(logits, batch["targets"])
+    acc = (logits.argmax(-1) == batch["targets"]).float().mean().item()
+    return StepOutput(loss=loss, weight=len(batch["targets"]), metrics={"acc": acc})
+
+
+def evaluator(data: MLMData, device: str):
+    """Validation MLM loss, accuracy and perplexity with masks fixed across evaluations."""
+
+    def evaluate(model: torch.nn.Module) -> dict[str, float]:
+        loss_sum = correct = count = 0.0
+        for number, indices in enumerate(data.batches(0)):
+            batch = data.collate(indices, torch.Generator().manual_seed(number))
+            batch = {k: v.to(device) for k, v in batch.items()}
+            logits = model(batch["input_ids"], batch["lengths"], batch["where"])  # (N, V)
+            loss_sum += F.cross_entropy(logits.float(), batch["targets"], reduction="sum").item()
+            correct += (logits.argmax(-1) == batch["targets"]).sum().item()
+            count += len(batch["targets"])
+        loss = loss_sum / count
+        return {"val_loss": loss, "val_acc": correct / count, "val_ppl": math.exp(min(loss, 50))}
+
+    return evaluate
+
+
+def _data(
+    seqs: list[list[int]], tok: WordPieceTokenizer, dcfg: MLMDataConfig, batch: int, seed: int
+) -> MLMData:
+    """Length-bucketed MLM data whose batches depend only on (seed, epoch)."""
+    sampler = LengthBucketSampler([len(s) for s in seqs], batch, shuffle=True, seed=seed)
+    return MLMData(
+        seqs,
+        sampler,
+        pad_id=tok.pad_id,
+        mask_id=tok.mask_id,
+        special_ids=tok.special_ids,
+        vocab_size=tok.vocab_size,
+        mask_prob=dcfg.mask_prob,
+    )
+
+
+def train(
+    run_dir: str | Path,
+    overrides: dict[str, Any] | None = None,
+    preset: str | Path | None = None,
+    resume: bool = False,
+    device: str = "cpu",
+) -> dict[str, Any]:
+    """Pretrain with masked LM into ``run_dir``; returns the summary and checkpoint path."""
+    run_dir = Path(run_dir)
+    if not resume and (run_dir / "config.json").exists():
+        raise ValueError(f"{run_dir} already holds a run; pass --resume or choose another --out")
+    parts = build_sections(SECTIONS, "bert_mlm", preset, overrides or {})
+    dcfg: MLMDataConfig = parts["data"]
+    mcfg: MLMModelConfig = parts["model"]
+    tcfg: TrainConfig = parts["train"]
+    corpus = load_texts(dcfg)
+    ratios = (1.0 - dcfg.val_ratio - dcfg.test_ratio, dcfg.val_ratio, dcfg.test_ratio)
+    split = stratified_split(corpus.labels, ratios, dcfg.split_seed)
+    if not split["val"]:
+        raise ValueError("the validation split is empty; set val_ratio > 0")
+    texts = {name: [corpus.texts[i] for i in split[name]] for name in ("train", "val")}
+    seed_everything(tcfg.seed)
+    if dcfg.init:
+        encoder, mlm_head, tokenizer, notes = load_pretrained(dcfg.init, with_mlm=True)
+        model = BertForMaskedLM(encoder.cfg)
+        model.bert.load_state_dict(encoder.state_dict())
+        model.mlm.load_state_dict(mlm_head.state_dict())  # type: ignore[union-attr]
+        source = str(resolve_checkpoint(dcfg.init))
+    elif resume and (run_dir / "tokenizer.json").exists():
+        tokenizer, notes, source = WordPieceTokenizer.load(run_dir / "tokenizer.json"), [], "new"
+    else:
+        tokenizer = WordPieceTokenizer.train(
+            texts["train"], dcfg.vocab_size, dcfg.min_frequency, dcfg.lowercase
+        )
+        notes, source = [], "new"
+    if not dcfg.init:
+        cfg = BertConfig(
+            vocab_size=tokenizer.vocab_size,
+            max_len=max(dcfg.max_len, 16),
+            pad_id=tokenizer.pad_id,
+            **to_dict(mcfg),
+        )
+        model = BertForMaskedLM(cfg)
+    cfg = model.bert.cfg
+    if dcfg.max_len > cfg.max_len:
+        raise ValueError(f"max_len={dcfg.max_len} exceeds the model's {cfg.max_len} positions")
+    seqs = {
+        name: [s for s in tokenizer.encode_batch(t, dcfg.max_len) if len(s) > 2]
+        for name, t in texts.items()
+    }
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config = {"task": TASK, **{name: to_dict(part) for name, part in parts.items()}}
+    write_json(run_dir / "config.json", {**config, "bert": to_dict(cfg), "init_from": source})
+    tokenizer.save(run_dir / "tokenizer.json")
+    report = {
+        "source": corpus.source,
+        "texts": {name: len(s) for name, s in seqs.items()},
+        "tokens": {name: sum(map(len, s)) for name, s in seqs.items()},
+        "test_texts_excluded": len(split["test"]),
+        "vocab_size": tokenizer.vocab_size,
+        "notes": notes,
+    }
+    write_json(run_dir / "data_report.json", report)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(
+        f"data: {corpus.source}; {report['texts']} texts, {report['tokens']} tokens "
+        f"(test split of {len(split['test'])} excluded)\nmodel: BERT {cfg.n_layers} layers, "
+        f"d_model {cfg.d_model}, vocab {cfg.vocab_size}, {n_params / 1e6:.1f}M parameters",
+        file=sys.stderr,
+    )
+    train_data = _data(seqs["train"], tokenizer, dcfg, tcfg.batch_size, tcfg.seed)
+    val_data = _data(seqs["val"], tokenizer, dcfg, dcfg.eval_batch_size, 0)
+    trainer = Trainer(model, tcfg, run_dir, train_data, step, evaluator(val_data, device), device)
+    summary = trainer.fit(resume=resume)
+    load_weights(model, run_dir / "model.safetensors")
+    checkpoint = save_pretrained(run_dir / "checkpoint", model.bert, tokenizer, model.mlm)
+    results = {"summary": summary, "n_params": n_params, "checkpoint": str(checkpoint)}
+    write_json(run_dir / "results.json", results)
+    return results
