@@ -299,3 +299,14 @@ def test_split_fixture_has_padding() -> None:
     """The tiny task must have unequal token counts, or the weighting tests prove nothing."""
     lengths = (make_split(96, seed=1234)["targets"] != -100).sum(1)
     assert lengths.min() < lengths.max()
+
+
+def test_time_budget_stops_after_evaluating(tmp_path: Path) -> None:
+    """max_minutes ends the run early, with a final eval and a checkpoint, and says why."""
+    cfg = cfg_for(epochs=50, max_minutes=1e-6, eval_every=1000)
+    summary = Trainer(tiny(), cfg, tmp_path, TinyData(), step_fn, make_evaluate()).fit()
+    assert summary["stop_reason"] == "max_minutes"
+    assert summary["steps"] == 1  # the budget is spent after the first step, not 50 epochs
+    vals = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["split"] == "val"]
+    assert len(vals) == 1 and vals[0]["step"] == summary["steps"]
+    assert (tmp_path / "model.safetensors").exists()

@@ -55,6 +55,9 @@ class TrainConfig:
     log_every: int = _opt(10, "optimizer steps between train-loss log events")
     tensorboard: bool = _opt(True, "write TensorBoard scalars under run_dir/tensorboard")
     num_threads: int = _opt(0, "torch.set_num_threads; 0 = leave the default")
+    max_minutes: float = _opt(
+        0.0, "stop (evaluating first) once training wall time reaches this; 0 = no time limit"
+    )
 
     def __post_init__(self) -> None:
         """Reject values the loop cannot run with, naming the field and the fix."""

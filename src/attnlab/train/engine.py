@@ -239,6 +239,7 @@ class Trainer:
         cfg, env = self.cfg, self.env
         self._t0, self._base_elapsed = time.perf_counter(), state.elapsed_s
         self._window_t0 = self._t0
+        self._last_plain_log = self._t0
         boundary = (copy.deepcopy(state), capture_rng())  # state after the last finished step
         updating = False
         bar = tqdm(
@@ -379,6 +380,10 @@ class Trainer:
             is_last = state.step >= cfg.max_steps
         else:
             is_last = epoch_done and epoch == cfg.epochs - 1
+        out_of_time = False
+        if cfg.max_minutes > 0 and not is_last:  # rank 0's clock decides for every rank
+            out_of_time = broadcast_object(self._elapsed() >= 60 * cfg.max_minutes, env)
+            is_last = out_of_time
         if state.step % cfg.log_every == 0 or is_last:
             self._log_train(state, lr, grad_norm, epoch, bar)
         do_eval = self.evaluate is not None and (
@@ -387,7 +392,10 @@ class Trainer:
         if do_eval:
             self._eval_and_track(state, epoch)
         if state.stop_reason is None and is_last:
-            state.stop_reason = "max_steps" if cfg.max_steps > 0 else "epochs"
+            if out_of_time:
+                state.stop_reason = "max_minutes"
+            else:
+                state.stop_reason = "max_steps" if cfg.max_steps > 0 else "epochs"
         finished = state.stop_reason is not None
         if finished and self.evaluate is None and env.is_main:
             save_weights(self.model, self.run_dir / "model.safetensors")
@@ -418,6 +426,17 @@ class Trainer:
         if self.log is not None:
             self.log.write(record)
         bar.set_postfix(loss=f"{means['loss']:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:.0f}")
+        if bar.disable and self.env.is_main and now - self._last_plain_log >= 30:
+            # No terminal for the bar (a log file, CI): a plain progress line every 30 s.
+            elapsed = record["elapsed_s"]
+            done = max(state.step, 1)
+            eta = elapsed / done * (self.total_steps - state.step) if self.total_steps else 0
+            _log(
+                f"step {state.step}/{self.total_steps} epoch {epoch} loss {means['loss']:.4f} "
+                f"lr {lr:.2e} {tokens_per_s:.0f} tok/s elapsed {elapsed / 60:.1f} min "
+                f"ETA {eta / 60:.1f} min"
+            )
+            self._last_plain_log = now
         state.window = WeightedSums()
         self._window_t0 = now
 
