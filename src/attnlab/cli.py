@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -57,7 +58,9 @@ def _run_train(args: argparse.Namespace) -> int:
         overrides.update(collect_overrides(args, cls))
     if args.out is None:
         out = Path("runs/classify")
-        out = out if args.resume else _free_run_dir(out)
+        # Under torchrun every rank must pick the same directory: no auto-numbering there.
+        distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+        out = out if args.resume or distributed else _free_run_dir(out)
     else:
         out = Path(args.out)
     print(f"run directory: {out}", file=sys.stderr)

@@ -305,7 +305,7 @@ def train(
     run_dir = Path(run_dir)
     cfg = build_config(preset, overrides or {})
     main = int(os.environ.get("RANK", "0")) == 0
-    if not resume and (run_dir / "config.json").exists():
+    if main and not resume and (run_dir / "config.json").exists():  # other ranks: rank 0 writes
         raise ValueError(
             f"{run_dir} already holds a run; pass --resume to continue it or choose another --out"
         )
