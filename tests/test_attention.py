@@ -337,6 +337,23 @@ def test_causal_mask_is_bottom_right_aligned(t_q: int, t_k: int) -> None:
         torch.testing.assert_close(got, want)
 
 
+@pytest.mark.parametrize("h, hkv", [(4, 4), (4, 2), (6, 1)])
+def test_causal_without_mask_uses_the_kernels_causal_flag_correctly(h: int, hkv: int) -> None:
+    """Tq == Tk, no mask, no bias: the fused path hands is_causal to torch's kernel."""
+    q = torch.randn(2, h, 9, 8, dtype=F64, requires_grad=True)
+    k = torch.randn(2, hkv, 9, 8, dtype=F64, requires_grad=True)
+    v = torch.randn(2, hkv, 9, 8, dtype=F64, requires_grad=True)
+    want, _ = scaled_dot_product_attention(q, k, v, causal_mask(9), fused=False)
+    got, _ = scaled_dot_product_attention(q, k, v, is_causal=True, fused=True)
+    torch.testing.assert_close(got, want, **TIGHT)
+    cot = torch.randn_like(want)
+    for a, b in zip(
+        torch.autograd.grad((got * cot).sum(), (q, k, v)),
+        torch.autograd.grad((want * cot).sum(), (q, k, v)),
+    ):
+        torch.testing.assert_close(a, b, **TIGHT)
+
+
 def test_combine_masks() -> None:
     a = torch.rand(2, 1, 1, 5) < 0.5
     b = torch.rand(1, 1, 3, 5) < 0.5

@@ -191,11 +191,19 @@ def scaled_dot_product_attention(
         )
     if mask is not None:
         _check_mask(mask, (B, H, Tq, Tk))
+    scale = 1.0 / math.sqrt(Dk) if scale is None else scale
+    use_fused = (USE_FUSED if fused is None else fused) and not return_weights
+    if use_fused and is_causal and mask is None and bias is None and Tq == Tk:
+        # Bottom-right and top-left alignment agree when Tq == Tk: let the kernel apply the
+        # causal structure itself (it skips the blocks above the diagonal) instead of reading
+        # a materialised (Tq, Tk) mask.
+        out = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale, enable_gqa=Hkv != H
+        )  # (B, H, Tq, Dv)
+        return out, None
     if is_causal:
         mask = combine_masks(mask, causal_mask(Tq, Tk, device=q.device))
-    scale = 1.0 / math.sqrt(Dk) if scale is None else scale
 
-    use_fused = (USE_FUSED if fused is None else fused) and not return_weights
     if use_fused:
         return _fused_attention(q, k, v, mask, bias, dropout_p, scale), None
 
