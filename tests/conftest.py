@@ -6,9 +6,11 @@ section ``attnlab seed`` with the line to replay it::
 
     ATTNLAB_SEED=123456789 python -m pytest tests/test_attention.py::test_name
 
-With ``ATTNLAB_SEED`` set, every test uses that seed. Property-based tests (hypothesis) draw
-their own ``seed`` argument for the tensors they build; hypothesis prints it in the falsifying
-example, and it replays with ``--hypothesis-seed=N`` as well.
+With ``ATTNLAB_SEED`` set, every test uses that seed, and it is also passed on to hypothesis
+as ``--hypothesis-seed`` (unless that is given), so the whole run is deterministic.
+Property-based tests draw their own ``seed`` argument for the tensors they build; on failure
+hypothesis prints the falsifying example (with that ``seed``) and the ``--hypothesis-seed=N``
+that reproduces it.
 """
 
 from __future__ import annotations
@@ -33,6 +35,13 @@ def _draw_seed() -> int:
         except ValueError:
             raise pytest.UsageError(f"{SEED_ENV} must be an integer, got {text!r}") from None
     return secrets.randbits(32)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    text = os.environ.get(SEED_ENV, "").strip()
+    if text and getattr(config.option, "hypothesis_seed", "absent") is None:
+        config.option.hypothesis_seed = text  # read by hypothesis's own pytest_configure
 
 
 def pytest_report_header(config: pytest.Config) -> str:

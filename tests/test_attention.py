@@ -201,6 +201,20 @@ def test_fully_masked_everything_gives_zeros_and_finite_gradients() -> None:
                 assert torch.equal(grad, torch.zeros_like(grad))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_fully_masked_rows_in_low_precision(dtype: torch.dtype) -> None:
+    q = torch.randn(2, 2, 4, 8, dtype=dtype, requires_grad=True)
+    k = torch.randn(2, 2, 5, 8, dtype=dtype, requires_grad=True)
+    v = torch.randn(2, 2, 5, 8, dtype=dtype, requires_grad=True)
+    mask = torch.rand(2, 1, 4, 5) < 0.6
+    mask[:, :, 1] = False
+    for fused in (False, True):
+        out, _ = scaled_dot_product_attention(q, k, v, mask, fused=fused)
+        assert torch.equal(out[:, :, 1], torch.zeros_like(out[:, :, 1]))
+        grads = torch.autograd.grad(out.float().square().sum(), (q, k, v))
+        assert all(torch.isfinite(g).all() for g in grads)
+
+
 def test_explicit_attention_switch_forces_the_explicit_path() -> None:
     q, k, v = (torch.randn(1, 2, 3, 4, dtype=F64) for _ in range(3))
     fused, _ = scaled_dot_product_attention(q, k, v, dropout_p=0.0)
@@ -318,6 +332,12 @@ def test_padding_mask_from_ids() -> None:
     assert mask.shape == (3, 1, 1, 6)
     assert torch.equal(to_key_padding_mask(mask), ids == pad)
     assert torch.equal(padding_mask_from_ids(ids), (ids != 0)[:, None, None, :])
+
+    ours, theirs = _torch_mha(8, 2)
+    x = torch.randn(3, 6, 8, dtype=F64)
+    want, _ = theirs(x, x, x, key_padding_mask=ids == pad, need_weights=False)
+    got, _ = ours(x, mask=mask)
+    torch.testing.assert_close(got, want)
 
 
 @pytest.mark.parametrize("t_q, t_k", [(1, 1), (4, 4), (1, 5), (3, 7), (6, 9)])
