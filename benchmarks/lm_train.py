@@ -1,0 +1,143 @@
+"""Train a bundled language-model preset on the default Shakespeare split and record the result.
+
+    python benchmarks/lm_train.py baby  [--threads 1] [--precision fp32]
+    python benchmarks/lm_train.py small [--threads 1] [--precision auto] [--max-minutes 22]
+
+Runs `attnlab train lm --config PRESET` into runs/bench-lm-PRESET, then measures the best
+checkpoint's loss on the validation split twice: on the run's 200 evenly spaced evaluation
+windows (what training monitored) and on every non-overlapping window of the split (the whole
+validation text). Writes docs/results/lm_PRESET.{json,md} and the loss curve lm_PRESET.png,
+with the machine, the thread count, the precision, the wall time and a 500-character sample.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from attnlab.data.text_lm import eval_starts, open_tokens
+from attnlab.tasks.lm import LMRun, generate_text, mean_loss, train
+
+RESULTS = Path("docs/results")
+
+
+def machine(threads: int) -> dict:
+    """What the run was measured on."""
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    return {
+        "cpu": cpu,
+        "logical_cpus": os.cpu_count(),
+        "torch_threads": threads,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "load_average_start": os.getloadavg(),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("preset", choices=("baby", "small"))
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--precision", default="fp32", choices=("auto", "fp32", "bf16"))
+    parser.add_argument("--max-steps", type=int, default=0, help="0 = the preset's")
+    parser.add_argument("--max-minutes", type=float, default=0.0)
+    args = parser.parse_args()
+    run_dir = Path(f"runs/bench-lm-{args.preset}")
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    info = machine(args.threads)
+    overrides = {"precision": args.precision, "num_threads": args.threads, "sample_tokens": 0}
+    if args.max_steps:
+        overrides["max_steps"] = args.max_steps
+    if args.max_minutes:
+        overrides["max_minutes"] = args.max_minutes
+    start = time.perf_counter()
+    results = train(run_dir, overrides, args.preset)
+    total_s = time.perf_counter() - start
+    torch.set_num_threads(args.threads)
+    run = LMRun.load(run_dir)
+    config = json.loads((run_dir / "config.json").read_text())
+    val = open_tokens(run_dir / "data" / "val.bin", run.tokenizer.vocab_size)
+    context = run.model.cfg.context
+    windows = eval_starts(len(val), context, config["data"]["eval_windows"])
+    every = eval_starts(len(val), context, 0)
+    sample = generate_text(run.model, run.tokenizer, "\n", 500, temperature=0.8, seed=0)
+    info["load_average_end"] = os.getloadavg()
+    summary = results["summary"]
+    out = {
+        "preset": args.preset,
+        "machine": info,
+        "config": config,
+        "steps": summary["steps"],
+        "best_step": summary["best_step"],
+        "stop_reason": summary["stop_reason"],
+        "precision": summary["precision"],
+        "precision_reason": summary["precision_reason"],
+        "train_wall_s": summary["wall_time_s"],
+        "total_wall_s": total_s,
+        "val_loss_eval_windows": mean_loss(run.model, val, windows, 32),
+        "val_windows": len(windows),
+        "val_loss_full_split": mean_loss(run.model, val, every, 32),
+        "val_tokens_full_split": len(every) * context,
+        "final_train_loss": summary["final_train_loss"],
+        "sample": sample.prompt + sample.texts[0],
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    name = f"lm_{args.preset}"
+    (RESULTS / f"{name}.json").write_text(json.dumps(out, indent=2) + "\n")
+    shutil.copyfile(run_dir / "curves.png", RESULTS / f"{name}.png")
+    write_markdown(out, RESULTS / f"{name}.md")
+    print((RESULTS / f"{name}.md").read_text())
+
+
+def write_markdown(r: dict, path: Path) -> None:
+    m, model, t = r["machine"], r["config"]["model"], r["config"]["train"]
+    lines = [
+        f"# Language model, preset `{r['preset']}` (`benchmarks/lm_train.py {r['preset']}`)",
+        "",
+        f"Character-level GPT on the default Shakespeare split (last 10% of each of the 42 "
+        f"works is validation). {model['n_layers']} layers, {model['n_heads']} heads, width "
+        f"{model['d_model']}, context {model['context']}, batch {t['batch_size']}, lr "
+        f"{t['lr']} (cosine to {t['min_lr_ratio']}×, {t['warmup_steps']} warm-up steps), "
+        f"dropout {model['dropout']}, activation {model['activation']}, bias {model['bias']}.",
+        "",
+        f"Machine: {m['cpu']}, {m['logical_cpus']} logical CPUs shared with other jobs (load "
+        f"average {m['load_average_start'][0]:.1f} at the start, {m['load_average_end'][0]:.1f}"
+        f" at the end); torch {m['torch']} with {m['torch_threads']} thread(s); precision "
+        f"{r['precision']} ({r['precision_reason']}).",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| optimizer steps | {r['steps']} ({r['stop_reason']}); best at {r['best_step']} |",
+        f"| training wall time | {r['train_wall_s'] / 60:.1f} min (whole script "
+        f"{r['total_wall_s'] / 60:.1f} min) |",
+        f"| val loss, {r['val_windows']} evaluation windows | {r['val_loss_eval_windows']:.4f} |",
+        f"| val loss, whole validation split ({r['val_tokens_full_split']:,} tokens) | "
+        f"{r['val_loss_full_split']:.4f} |",
+        f"| last train loss (mean of the last log window) | {r['final_train_loss']:.4f} |",
+        "",
+        f"Loss curve: `lm_{r['preset']}.png`. Sample (500 characters, temperature 0.8, seed 0):",
+        "",
+        "```",
+        r["sample"].strip("\n"),
+        "```",
+    ]
+    path.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
