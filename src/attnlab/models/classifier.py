@@ -41,7 +41,9 @@ class ClassifierConfig:
     pooling: str = "mean"  # mean | max | cls
     max_len: int = 256  # longest input the model accepts (learned positions need it)
     bigram_buckets: int = 0  # >0 adds hashed character-bigram embeddings to each position
+    token_dropout: float = 0.0  # training only: replace this share of tokens with <unk>
     pad_id: int = 0
+    unk_id: int = 1
     cls_id: int = 2
     gradient_checkpointing: bool = False
 
@@ -133,6 +135,10 @@ class TextClassifier(nn.Module):
                 "truncate the input (the tokenizer's max_len) or retrain with a larger max_len"
             )
         mask = padding_mask(lengths, T)  # (B, 1, 1, T)
+        if self.training and self.cfg.token_dropout > 0:  # word dropout (Iyyer et al. 2015)
+            drop = torch.rand(B, T, device=input_ids.device) < self.cfg.token_dropout
+            drop &= mask[:, 0, 0, :] & (input_ids != self.cfg.cls_id)
+            input_ids = input_ids.masked_fill(drop, self.cfg.unk_id)  # (B, T)
         x = self.embed(input_ids) * self.embed_scale  # (B, T, D), √D as in Vaswani et al. §3.4
         if self.bigram is not None:
             x = x + self.bigram(self.bigram_ids(input_ids)) * mask[:, 0, 0, :, None]
