@@ -1,0 +1,105 @@
+"""TextClassifier: padding never leaks into attention or pooling, every pooling and position
+option runs, and inspection returns well-formed attention and token shares."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnlab.models.classifier import POOLINGS, POSITIONS, ClassifierConfig, TextClassifier
+
+
+def make(pooling: str = "mean", pos: str = "sinusoidal", **kw) -> TextClassifier:
+    cfg = ClassifierConfig(
+        vocab_size=50,
+        n_classes=3,
+        d_model=32,
+        n_heads=4,
+        n_layers=2,
+        d_ff=64,
+        pooling=pooling,
+        pos=pos,
+        max_len=40,
+        **kw,
+    )
+    return TextClassifier(cfg).eval()
+
+
+def batch(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor([7, 3, 12])
+    ids = torch.randint(4, 50, (3, 12), generator=g)
+    ids[:, 0] = 2  # <cls> first, used by cls pooling
+    ids[torch.arange(12)[None, :] >= lengths[:, None]] = 0
+    return ids, lengths
+
+
+@pytest.mark.parametrize("pooling", POOLINGS)
+@pytest.mark.parametrize("pos", POSITIONS)
+def test_padding_changes_nothing(pooling: str, pos: str, seed: int) -> None:
+    """Whatever sits in padded positions, and however long the padding, logits are the same."""
+    torch.manual_seed(seed)
+    model = make(pooling, pos, bigram_buckets=97 if pos == "sinusoidal" else 0)
+    ids, lengths = batch(seed)
+    logits = model(ids, lengths)
+    garbage = ids.clone()
+    pad = torch.arange(12)[None, :] >= lengths[:, None]
+    garbage[pad] = torch.randint(4, 50, (int(pad.sum()),))
+    longer = torch.cat([ids, torch.zeros(3, 5, dtype=torch.long)], dim=1)
+    torch.testing.assert_close(model(garbage, lengths), logits)
+    torch.testing.assert_close(model(longer, lengths), logits, atol=1e-5, rtol=1e-5)
+    # each row alone, without any padding, gives the same logits as inside the batch
+    for i, n in enumerate(lengths.tolist()):
+        alone = model(ids[i : i + 1, :n], lengths[i : i + 1])
+        torch.testing.assert_close(alone, logits[i : i + 1], atol=1e-5, rtol=1e-5)
+
+
+def test_mean_and_max_pooling_by_hand(seed: int) -> None:
+    torch.manual_seed(seed)
+    ids, lengths = batch(seed)
+    for pooling in ("mean", "max"):
+        model = make(pooling)
+        h, mask, _ = model.encode(ids, lengths)
+        pooled = model.pool(h, mask)
+        for i, n in enumerate(lengths.tolist()):
+            real = h[i, :n]
+            want = real.mean(0) if pooling == "mean" else real.amax(0)
+            torch.testing.assert_close(pooled[i], want)
+
+
+def test_inspect_attention_and_token_share(seed: int) -> None:
+    torch.manual_seed(seed)
+    model = make("cls")
+    ids, lengths = batch(seed)
+    info = model.inspect(ids, lengths)
+    assert info["attention"].shape == (2, 3, 4, 12, 12)
+    rows = info["attention"].sum(-1)  # every query row of a real token sums to one
+    real = (torch.arange(12)[None, :] < lengths[:, None])[None, :, None, :].expand_as(rows)
+    torch.testing.assert_close(rows[real], torch.ones(int(real.sum())))
+    assert torch.all(info["attention"][..., 3:][:, 1] == 0)  # sample 1 has 3 tokens
+    share = info["token_share"]
+    torch.testing.assert_close(share.sum(-1), torch.ones(3))
+    assert torch.all(share[1, 3:] == 0) and torch.all(share >= 0)
+    torch.testing.assert_close(info["logits"], model(ids, lengths))
+
+
+def test_token_dropout_only_in_training(seed: int) -> None:
+    torch.manual_seed(seed)
+    model = make(token_dropout=0.5, dropout=0.0, attn_dropout=0.0, emb_dropout=0.0)
+    ids, lengths = batch(seed)
+    a, b = model(ids, lengths), model(ids, lengths)
+    torch.testing.assert_close(a, b)  # eval: deterministic, nothing dropped
+    model.train()  # no other dropout left: only token dropout can make two calls differ
+    assert not torch.equal(model(ids, lengths), model(ids, lengths))
+
+
+def test_bad_config_errors() -> None:
+    with pytest.raises(ValueError, match="pooling must be one of"):
+        make("attention")
+    with pytest.raises(ValueError, match="not divisible by n_heads"):
+        TextClassifier(ClassifierConfig(vocab_size=10, d_model=30, n_heads=4))
+    with pytest.raises(ValueError, match="vocab_size must be set"):
+        TextClassifier(ClassifierConfig())
+    model = make(pos="learned")
+    with pytest.raises(ValueError, match="max_len=40"):
+        model(torch.ones(1, 41, dtype=torch.long), torch.tensor([41]))
