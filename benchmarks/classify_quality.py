@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import resource
 import sys
 import time
 from pathlib import Path
@@ -48,12 +50,25 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default="runs/quality", help="run directory")
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument(
+        "--render",
+        action="store_true",
+        help="only rewrite the markdown page from the committed JSON",
+    )
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     args = parser.parse_args()
+    baselines_path = RESULTS / "classify_baselines.json"
+    baselines = json.loads(baselines_path.read_text()) if baselines_path.exists() else {}
+    if args.render:
+        record = json.loads((RESULTS / "classify_quality.json").read_text(encoding="utf-8"))
+        (RESULTS / "classify_quality.md").write_text(render(record, baselines), encoding="utf-8")
+        return 0
     overrides = parse_key_values(args.overrides)
     started = time.perf_counter()
     results = classify.train(Path(args.out), overrides, resume=args.resume)
     wall = time.perf_counter() - started
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    cpu_seconds = usage.ru_utime + usage.ru_stime
     run = ClassifierRun.load(args.out)
     examples = [
         {"text": text, "expected": want, "predicted": p["label"], "prob": p["probs"][p["label"]]}
@@ -61,8 +76,6 @@ def main() -> int:
             TUTORIAL_EXAMPLES, run.predict([t for t, _ in TUTORIAL_EXAMPLES])
         )
     ]
-    baselines_path = RESULTS / "classify_baselines.json"
-    baselines = json.loads(baselines_path.read_text()) if baselines_path.exists() else {}
     record = {
         "overrides": overrides,
         "config": json.loads((Path(args.out) / "config.json").read_text()),
@@ -71,6 +84,8 @@ def main() -> int:
         "n_params": results["n_params"],
         "train_wall_time_s": results["summary"]["wall_time_s"],
         "total_wall_time_s": wall,
+        "process_cpu_time_s": cpu_seconds,
+        "load_average_at_end": os.getloadavg(),
         "steps": results["summary"]["steps"],
         "stop_reason": results["summary"]["stop_reason"],
         "precision": results["summary"]["precision"],
@@ -127,7 +142,9 @@ def render(record: dict, baselines: dict) -> str:
         "",
         f"Machine: {info['cpu']}, {info['logical_cpus']} threads, Python {info['python']}, "
         f"torch {info['torch']}. Total script wall time {record['total_wall_time_s'] / 60:.1f} "
-        "min.",
+        f"min; the process used {record['process_cpu_time_s'] / 60:.1f} CPU-minutes; 5-minute "
+        f"load average at the end {record['load_average_at_end'][1]:.1f} on 2 cores (above 2 "
+        "means other jobs shared the machine and stretched the wall time).",
     ]
     return "\n".join(lines) + "\n"
 
