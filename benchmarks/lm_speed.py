@@ -3,7 +3,8 @@
 Training step (forward, cross-entropy, backward, AdamW step, zero_grad; float32, no autocast), in
 one process, interleaved round by round so that background load hits every model alike:
   attnlab GPT (GPT-2 layout, GELU tanh) | Hugging Face GPT2LMHeadModel (gelu_new, sdpa) |
-  a nanoGPT-style model (karpathy/nanoGPT model.py: exact GELU, fused causal sdpa)
+  a nanoGPT-style model (karpathy/nanoGPT model.py's structure: exact GELU, fused causal
+  sdpa, tied embeddings; its dropout layers, all p = 0 here, left out)
 with the same sizes, batch, vocabulary (84, the Shakespeare characters) and AdamW groups.
 MFU = (6N + 12·L·d·T) FLOPs per token (PaLM appendix B, N without the position table) × tokens
 per step / step time / peak, where the peak is the best float32 matmul rate measured in the same
