@@ -62,6 +62,20 @@ def seed(request: pytest.FixtureRequest) -> int:
     return value
 
 
+@pytest.fixture(scope="module")
+def single_thread():
+    """One intra-op thread for a module of small-tensor tests, restored afterwards.
+
+    On a shared 2-core machine the OpenMP workers of tiny ops wait on each other whenever a
+    core is taken by another job: the attention/blocks/parity suites ran ~10x slower with two
+    threads under load than with one. Use with ``pytestmark = pytest.mark.usefixtures(...)``.
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report = yield

@@ -31,6 +31,7 @@ from attnlab.positions import (
 )
 
 F64 = torch.float64
+pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
 
 
 # --------------------------------------------------------------------------- sinusoidal
