@@ -62,13 +62,13 @@ def seed(request: pytest.FixtureRequest) -> int:
     return value
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session", autouse=True)
 def single_thread():
-    """One intra-op thread for a module of small-tensor tests, restored afterwards.
+    """One intra-op thread for the whole suite (small tensors everywhere), restored afterwards.
 
     On a shared 2-core machine the OpenMP workers of tiny ops wait on each other whenever a
     core is taken by another job: the attention/blocks/parity suites ran ~10x slower with two
-    threads under load than with one. Use with ``pytestmark = pytest.mark.usefixtures(...)``.
+    threads under load than with one.
     """
     before = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -42,7 +42,6 @@ from attnlab.attention import (
 from attnlab.positions import RotaryEmbedding
 
 F64 = torch.float64
-pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
 TIGHT = dict(rtol=1e-9, atol=1e-11)  # float64, same maths in a different order
 SETTINGS = settings(max_examples=60, deadline=None)
 

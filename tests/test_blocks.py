@@ -42,7 +42,6 @@ from attnlab.blocks import (
 from attnlab.positions import RotaryEmbedding
 
 F64 = torch.float64
-pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
 TIGHT = dict(rtol=1e-9, atol=1e-11)
 
 

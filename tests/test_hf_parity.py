@@ -27,7 +27,6 @@ transformers = pytest.importorskip("transformers")
 from transformers.models.t5.modeling_t5 import T5Attention  # noqa: E402
 
 F64 = torch.float64
-pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
 
 
 # --------------------------------------------------------------------------- LLaMA

@@ -31,7 +31,6 @@ from attnlab.positions import (
 )
 
 F64 = torch.float64
-pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
 
 
 # --------------------------------------------------------------------------- sinusoidal
