@@ -92,6 +92,9 @@ def test_finetune_from_the_mlm_run_then_predict_and_eval(mlm_run, tmp_path, caps
     report = json.loads(capsys.readouterr().out)
     assert report["accuracy"] == pytest.approx(results["test"]["accuracy"])
     assert report["n"] == 24
+    assert main(["eval", str(out), "--data", str(csv_file), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["n"] == 240 and report["source"] == str(csv_file)
 
 
 def test_from_scratch_keeps_the_architecture_but_not_the_weights(mlm_run, tmp_path):
@@ -112,7 +115,7 @@ def test_init_rejects_options_of_the_char_level_classifier(mlm_run, tmp_path, ca
     run, csv_file = mlm_run
     args = ["train", "classify", "--init", str(run), "--data", str(csv_file), "--d-model", "64"]
     assert main(args + ["--out", str(tmp_path / "x")]) == 2
-    assert "--d-model do not apply to BERT" in capsys.readouterr().err
+    assert "--d-model do not apply with --init" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- MiniLM commands

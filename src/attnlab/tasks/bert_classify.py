@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -173,7 +174,7 @@ def train(
         "init": "random (from_scratch)" if dcfg.from_scratch else "pretrained",
         "notes": notes,
         "split_sizes": {name: len(idx) for name, idx in split.items()},
-        "label_counts": {name: dict(sorted(_count(v).items())) for name, v in labels_str.items()},
+        "label_counts": {name: dict(sorted(Counter(v).items())) for name, v in labels_str.items()},
         "vocab_size": tokenizer.vocab_size,
         "max_len": max_len,
         "truncation": str(truncation_report(train_lengths, max_len)),
@@ -231,13 +232,6 @@ def train(
     return results
 
 
-def _count(items: list[str]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for item in items:
-        counts[item] = counts.get(item, 0) + 1
-    return counts
-
-
 # ---------------------------------------------------------------------------- a trained run
 
 
@@ -279,7 +273,8 @@ class BertClassifierRun:
     def dataset(self, texts: list[str], labels: list[str]) -> ClassificationData:
         """Evaluation data for texts with known labels."""
         encoded = self.labels.encode(labels)
-        return _dataset(texts, encoded, self.tokenizer, self.max_len, 128, False, 0)
+        batch = self.data.eval_batch_size
+        return _dataset(texts, encoded, self.tokenizer, self.max_len, batch, False, 0)
 
     @torch.no_grad()
     def predict(self, texts: list[str]) -> list[dict[str, Any]]:
@@ -320,7 +315,9 @@ def evaluate_run(
         labels = [corpus.labels[i] for i in indices]
         source = f"{corpus.source} ({split} split)"
     else:
-        corpus = load_labeled_file(data, text_col or run.data.text_col, label_col or "label")
+        corpus = load_labeled_file(
+            data, text_col or run.data.text_col, label_col or run.data.label_col
+        )
         check_labels(run.labels.labels, corpus.labels, data, corpus.origins)
         texts, labels, source = corpus.texts, corpus.labels, str(data)
     y_true, y_pred, loss = predict_dataset(run.model, run.dataset(texts, labels))  # type: ignore[arg-type]

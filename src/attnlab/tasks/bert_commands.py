@@ -143,7 +143,10 @@ def run_train(args: argparse.Namespace) -> int | None:
     unused = sorted(given - known - {"command", "task", "device"})
     if unused:
         flags = ", ".join("--" + name.replace("_", "-") for name in unused)
-        raise ValueError(f"{flags} do not apply to BERT (the checkpoint fixes the architecture)")
+        raise ValueError(
+            f"{flags} do not apply with --init: BERT fine-tuning takes its architecture and "
+            "tokenizer from the checkpoint (see the --init options in --help)"
+        )
     for cls in module.SECTIONS.values():
         overrides.update(collect_overrides(args, cls))
     out = Path(args.out or "runs/bert-classify")  # `train mlm` defaults to runs/mlm
