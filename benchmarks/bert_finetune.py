@@ -98,8 +98,10 @@ def write(name: str, results: dict) -> None:
     lines = [
         f"# BERT fine-tuning: pretrained vs from scratch ({name})",
         "",
-        f"Produced by `benchmarks/bert_finetune.py --name {name}`; raw numbers in "
-        f"`bert_finetune_{name}.json`.",
+        f"Produced by `python benchmarks/bert_finetune.py --name {name} --init {s['init']} "
+        f"--data {s['data']} --epochs {s['epochs']} --batch-size {s['batch_size']} --lr {s['lr']} "
+        f"--max-len {s['max_truncate_len']} --max-examples {s['max_examples']}`; raw numbers in "
+        f"`bert_finetune_{name}.json`. One run per arm (one seed).",
         "",
         f"- data: {s['source']}; split {s['split_sizes']} (stratified, seed 0)",
         f"- architecture and tokenizer of `--init {s['init']}`; max_len {s['max_len']} "
