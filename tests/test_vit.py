@@ -1,0 +1,194 @@
+"""ViT: parity with Hugging Face ViTModel / ViTForImageClassification, positions, rollout."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnlab.models.vit import ViT, ViTConfig, attention_rollout, rollout_map, sincos_2d_table
+
+transformers = pytest.importorskip("transformers")
+
+
+def _tiny(**kw) -> ViTConfig:
+    base = dict(
+        image_size=12,
+        in_channels=3,
+        patch_size=4,
+        d_model=32,
+        n_layers=2,
+        n_heads=4,
+        d_ff=64,
+        dropout=0.0,
+        norm_eps=1e-12,
+        n_classes=5,
+    )
+    return ViTConfig(**(base | kw))
+
+
+def _hf_pair(cfg: ViTConfig):
+    hf_cfg = transformers.ViTConfig(
+        hidden_size=cfg.d_model,
+        num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads,
+        intermediate_size=cfg.d_ff,
+        hidden_act="gelu",
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        image_size=cfg.image_size,
+        patch_size=cfg.patch_size,
+        num_channels=cfg.in_channels,
+        layer_norm_eps=cfg.norm_eps,
+        qkv_bias=True,
+        num_labels=cfg.n_classes,
+        attn_implementation="eager",  # returns attention weights
+    )
+    hf = transformers.ViTForImageClassification(hf_cfg).eval()
+    # HF initialises cls/position embeddings with zeros-ish tensors: randomise everything.
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.normal_(0, 0.3)
+    return hf
+
+
+def _copy_from_hf(model: ViT, hf) -> None:
+    """Map the (transformers 5) ViTForImageClassification state dict onto attnlab's names."""
+    src = {k.removeprefix("vit."): v for k, v in hf.state_dict().items()}
+    sd = {
+        "cls_token": src["embeddings.cls_token"],
+        "pos_embed": src["embeddings.position_embeddings"],
+        "patch_embed.proj.weight": src["embeddings.patch_embeddings.projection.weight"],
+        "patch_embed.proj.bias": src["embeddings.patch_embeddings.projection.bias"],
+        "encoder.norm.weight": src["layernorm.weight"],
+        "encoder.norm.bias": src["layernorm.bias"],
+        "head.weight": src["classifier.weight"],
+        "head.bias": src["classifier.bias"],
+    }
+    names = {
+        "self_attn.out_proj": "attention.o_proj",
+        "ff.w_in": "mlp.fc1",
+        "ff.w_out": "mlp.fc2",
+        "norm1": "layernorm_before",
+        "norm2": "layernorm_after",
+    }
+    for i in range(model.cfg.n_layers):
+        ours, theirs = f"encoder.blocks.{i}.", f"layers.{i}."
+        for kind in ("weight", "bias"):
+            sd[ours + f"self_attn.qkv.{kind}"] = torch.cat(
+                [src[theirs + f"attention.{x}_proj.{kind}"] for x in "qkv"]
+            )
+            for a, b in names.items():
+                sd[ours + f"{a}.{kind}"] = src[theirs + f"{b}.{kind}"]
+    missing, unexpected = model.load_state_dict(sd)
+    assert not missing and not unexpected
+
+
+def test_matches_hugging_face_vit_hidden_states_attention_and_logits() -> None:
+    cfg = _tiny()
+    hf = _hf_pair(cfg)
+    model = ViT(cfg).eval()
+    _copy_from_hf(model, hf)
+    images = torch.randn(3, 3, 12, 12)
+    with torch.no_grad():
+        ref = hf.vit(images, output_hidden_states=True, output_attentions=True)
+        ref_logits = hf(images).logits
+        ours = model.inspect(images)
+        logits = model(images)
+    assert len(ours["hidden_states"]) == len(ref.hidden_states) == cfg.n_layers + 1
+    for a, b in zip(ours["hidden_states"], ref.hidden_states):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours["last_hidden_state"], ref.last_hidden_state, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ours["attention"], torch.stack(ref.attentions), atol=1e-5, rtol=0)
+    torch.testing.assert_close(logits, ref_logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours["logits"], ref_logits, atol=1e-5, rtol=1e-5)
+
+
+def test_patch_embedding_is_flattened_patches_times_a_matrix() -> None:
+    cfg = _tiny(in_channels=2)
+    model = ViT(cfg)
+    images = torch.randn(2, 2, 12, 12)
+    p, g = cfg.patch_size, cfg.grid
+    # (B, C, G, p, G, p) -> (B, G, G, C, p, p) -> (B, N, C·p·p), rows in row-major patch order
+    patches = images.view(2, 2, g, p, g, p).permute(0, 2, 4, 1, 3, 5).reshape(2, g * g, -1)
+    w = model.patch_embed.proj.weight.reshape(cfg.d_model, -1)  # (D, C·p·p)
+    expected = patches @ w.T + model.patch_embed.proj.bias
+    torch.testing.assert_close(model.patch_embed(images), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_sincos_2d_table_encodes_row_then_column() -> None:
+    table = sincos_2d_table(3, 8).view(3, 3, 8)
+    # Left half depends on the row only, right half on the column only.
+    assert torch.equal(table[1, 0, :4], table[1, 2, :4])
+    assert torch.equal(table[0, 2, 4:], table[2, 2, 4:])
+    assert not torch.equal(table[0, 0, :4], table[1, 0, :4])
+    assert torch.allclose(table[0, 0], torch.tensor([0.0, 1, 0, 1, 0, 1, 0, 1]))
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+@pytest.mark.parametrize("pos", ["learned", "sincos2d"])
+def test_shapes_and_gradients(pooling: str, pos: str) -> None:
+    cfg = _tiny(pooling=pooling, pos=pos, in_channels=1)
+    model = ViT(cfg)
+    assert model.pos_embed.requires_grad == (pos == "learned")
+    x = torch.randn(2, 1, 12, 12)
+    logits = model(x)
+    assert logits.shape == (2, 5)
+    logits.sum().backward()
+    assert model.patch_embed.proj.weight.grad.abs().sum() > 0
+    info = model.inspect(x)
+    assert info["attention"].shape == (2, 2, 4, cfg.n_tokens, cfg.n_tokens)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients() -> None:
+    cfg = _tiny()
+    a, b = ViT(cfg), ViT(ViTConfig(**(cfg.__dict__ | {"gradient_checkpointing": True})))
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(2, 3, 12, 12)
+    a(x).square().sum().backward()
+    b(x).square().sum().backward()
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
+        torch.testing.assert_close(pa.grad, pb.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_rollout_matches_a_step_by_step_product() -> None:
+    att = torch.softmax(torch.randn(3, 2, 4, 5, 5), dim=-1)  # (L, B, H, T, T)
+    expected = []
+    for b in range(2):
+        r = torch.eye(5)
+        for layer in range(3):
+            a = 0.5 * att[layer, b].mean(0) + 0.5 * torch.eye(5)
+            a = a / a.sum(-1, keepdim=True)
+            r = a @ r
+        expected.append(r)
+    out = attention_rollout(att)
+    torch.testing.assert_close(out, torch.stack(expected))
+    torch.testing.assert_close(out.sum(-1), torch.ones(2, 5))  # still row-stochastic
+
+
+def test_rollout_map_finds_the_only_patch_attended_to() -> None:
+    cfg = _tiny(n_layers=1)
+    model = ViT(cfg).eval()
+    attn = model.encoder.blocks[0].self_attn
+    target = 1 + 4  # the token of patch (1, 1), after the class token
+    marked = torch.arange(cfg.n_heads) * (cfg.d_model // cfg.n_heads)  # one dim in each head
+    with torch.no_grad():
+        # Zero images and zero positions give zero tokens (so zero keys) everywhere except the
+        # target, whose key is large along `marked`; every query is a constant along `marked`.
+        model.cls_token.zero_()
+        model.pos_embed.zero_()
+        model.pos_embed[0, target, marked] = 50.0
+        attn.qkv.weight.zero_()
+        attn.qkv.bias.zero_()
+        attn.qkv.bias[marked] = 20.0  # q = const
+        attn.qkv.weight[cfg.d_model : 2 * cfg.d_model] = torch.eye(cfg.d_model)  # k = LN(x)
+    m = rollout_map(model, torch.zeros(1, 3, 12, 12), residual=0.0)
+    assert m.shape == (1, 3, 3)
+    assert m[0].argmax().item() == 4 and m[0, 1, 1] > 0.99
+    torch.testing.assert_close(m.sum(), torch.tensor(1.0))
+
+
+def test_bad_shapes_are_value_errors() -> None:
+    with pytest.raises(ValueError, match="patch_size"):
+        ViTConfig(image_size=28, patch_size=5)
+    with pytest.raises(ValueError, match="resize"):
+        ViT(_tiny())(torch.randn(1, 3, 16, 16))
