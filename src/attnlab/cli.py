@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from attnlab.configs import add_dataclass_arguments, collect_overrides, parse_key_values
-from attnlab.tasks import bert_commands, lm_cli
+from attnlab.tasks import bert_commands, lm_cli, vision_cli
 
 
 def _free_run_dir(base: Path) -> Path:
@@ -46,6 +46,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         add_dataclass_arguments(p, cls)
     lm_cli.add_train_parser(tasks)  # train lm
     bert_commands.add_train_parsers(tasks, p)  # train mlm; train classify --init CHECKPOINT
+    vision_cli.add_train_parsers(tasks)  # train vit; train cnn
 
 
 def _run_train(args: argparse.Namespace) -> int:
@@ -53,6 +54,8 @@ def _run_train(args: argparse.Namespace) -> int:
 
     if args.task == "lm":
         return lm_cli.run_train(args)
+    if args.task in ("vit", "cnn"):
+        return vision_cli.run_train(args)
     bert_status = bert_commands.run_train(args)
     if bert_status is not None:
         return bert_status
@@ -115,6 +118,8 @@ def _run_eval(args: argparse.Namespace) -> int:
     from attnlab.tasks import bert_classify
     from attnlab.tasks.evaluate import evaluate_run
 
+    if vision_cli.is_vision_run(args.run):
+        return vision_cli.run_eval(args)
     if bert_classify.is_bert_run(args.run):
         evaluate_run = bert_classify.evaluate_run
     report = evaluate_run(args.run, args.data, args.split, args.text_col, args.label_col)
@@ -138,6 +143,8 @@ def _run_predict(args: argparse.Namespace) -> int:
     from attnlab.tasks.bert_classify import BertClassifierRun, is_bert_run
     from attnlab.tasks.classify import ClassifierRun
 
+    if vision_cli.is_vision_run(args.run):
+        return vision_cli.run_predict(args)
     load = BertClassifierRun.load if is_bert_run(args.run) else ClassifierRun.load
     run = load(args.run)
     texts = args.texts or [line.rstrip("\n") for line in sys.stdin if line.strip()]
@@ -164,6 +171,8 @@ def _run_attention(args: argparse.Namespace) -> int:
     from attnlab.tasks.classify import ClassifierRun
     from attnlab.viz import plot_attention_grid
 
+    if vision_cli.is_vision_run(args.run):
+        return vision_cli.run_attention(args)
     run = ClassifierRun.load(args.run)
     info = run.inspect(args.text)
     out = Path(args.out) if args.out else Path(args.run) / "attention.png"

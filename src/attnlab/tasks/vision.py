@@ -1,0 +1,401 @@
+"""Image classification end to end with a ViT or a ResNet-style CNN (+ SE/ECA/CBAM/CA).
+
+A run directory holds config.json ({"task": "vision", "arch": "vit"|"cnn", data, model,
+train}), data_report.json (classes, image shape, normalisation, split sizes),
+model.safetensors, metrics.jsonl, curves.png, state/, results.json and test_report.txt.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnlab.configs import apply_overrides, from_dict, load_toml, to_dict
+from attnlab.data.images import (
+    ImageData,
+    ImageSet,
+    channel_stats,
+    load_fashion_mnist,
+    load_idx_pair,
+    load_image,
+    load_image_folder,
+    load_mnist,
+    normalize,
+)
+from attnlab.data.io import write_json
+from attnlab.data.splits import stratified_split
+from attnlab.metrics import classification_report, format_report
+from attnlab.models.cnn import CNNConfig, ResNetCNN
+from attnlab.models.vit import ViT, ViTConfig
+from attnlab.train import StepOutput, TrainConfig, Trainer, load_weights, seed_everything
+
+PRESETS = Path(__file__).resolve().parent.parent / "presets"
+TASK = "vision"
+Arch = Literal["vit", "cnn"]
+MODEL_CONFIGS: dict[str, type] = {"vit": ViTConfig, "cnn": CNNConfig}
+
+
+@dataclass
+class VisionConfig:
+    """Which images, how they are split and augmented, and the loss options."""
+
+    dataset: Literal["fashion-mnist", "mnist", "folder", "idx"] = field(
+        default="fashion-mnist", metadata={"help": "fashion-mnist, mnist, folder or idx"}
+    )
+    data: str = field(default="", metadata={"help": "folder: ROOT/<class>/*.png; idx: images"})
+    labels: str = field(default="", metadata={"help": "idx: the labels file of --data"})
+    test_data: str = field(default="", metadata={"help": "idx images / folder for testing"})
+    test_labels: str = field(default="", metadata={"help": "idx: labels of --test-data"})
+    channels: int = field(default=0, metadata={"help": "folder: 1 grey, 3 RGB; 0 = 3"})
+    resize: int = field(default=0, metadata={"help": "folder: resize images to N × N; 0 = keep"})
+    val_ratio: float = field(default=0.1, metadata={"help": "validation share of the train set"})
+    test_ratio: float = field(default=0.1, metadata={"help": "test share when no test set given"})
+    split_seed: int = 0
+    max_train: int = field(default=0, metadata={"help": "use at most N training images; 0 = all"})
+    crop_padding: int = field(default=2, metadata={"help": "random crop after zero padding by N"})
+    hflip: bool = field(default=True, metadata={"help": "random horizontal flips"})
+    label_smoothing: float = 0.1
+    eval_batch_size: int = 500
+
+
+@dataclass
+class RunConfig:
+    """A vision run's configs, as saved in config.json."""
+
+    arch: Arch
+    data: VisionConfig
+    model: ViTConfig | CNNConfig
+    train: TrainConfig
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "task": TASK,
+            "arch": self.arch,
+            **{n: to_dict(getattr(self, n)) for n in ("data", "model", "train")},
+        }
+
+
+def sections(arch: Arch) -> dict[str, type]:
+    """Config sections of ``arch``: data, model and train."""
+    if arch not in MODEL_CONFIGS:
+        raise ValueError(f"arch must be vit or cnn, got {arch!r}")
+    return {"data": VisionConfig, "model": MODEL_CONFIGS[arch], "train": TrainConfig}
+
+
+def build_config(arch: Arch, preset: str | Path | None, overrides: dict[str, Any]) -> RunConfig:
+    """Defaults <- presets/<arch>.toml <- a user TOML (sections or flat keys) <- command line."""
+    parts = sections(arch)
+    owner = {name: sec for sec, cls in parts.items() for name in cls.__dataclass_fields__}
+    values: dict[str, dict[str, Any]] = {name: {} for name in parts}
+    if preset and not Path(preset).exists() and (PRESETS / f"{preset}.toml").exists():
+        preset = PRESETS / f"{preset}.toml"  # a bundled preset by name: vit_mnist, ...
+    for source in [PRESETS / f"{arch}.toml"] + ([Path(preset)] if preset else []):
+        for key, value in load_toml(source).items():
+            if key in parts and isinstance(value, dict):
+                values[key].update(value)
+            elif key in owner:
+                values[owner[key]][key] = value
+            else:
+                raise ValueError(f"unknown setting {key!r} in {source} (see --help)")
+    for key, value in overrides.items():
+        if key not in owner:
+            raise ValueError(f"unknown setting {key!r} (see `attnlab train {arch} --help`)")
+        values[owner[key]][key] = value
+    built = {name: apply_overrides(cls(), values[name]) for name, cls in parts.items()}
+    return RunConfig(arch, **built)
+
+
+# ---------------------------------------------------------------------------- data
+
+
+def load_splits(dcfg: VisionConfig) -> tuple[dict[str, ImageSet], str]:
+    """train/val/test ImageSets and a description; val (and test if none given) are carved
+    out of the training images by a stratified split seeded by ``split_seed``."""
+    test: ImageSet | None = None
+    if dcfg.dataset == "fashion-mnist":
+        full, test = load_fashion_mnist("train"), load_fashion_mnist("test")
+    elif dcfg.dataset == "mnist":
+        full, test = load_mnist("train"), load_mnist("test")
+    elif dcfg.dataset == "idx":
+        if not (dcfg.data and dcfg.labels):
+            raise ValueError("dataset=idx needs --data IMAGES.idx and --labels LABELS.idx")
+        full = load_idx_pair(dcfg.data, dcfg.labels)
+        if dcfg.test_data:
+            if not dcfg.test_labels:
+                raise ValueError("--test-data with dataset=idx needs --test-labels as well")
+            test = load_idx_pair(dcfg.test_data, dcfg.test_labels, full.classes)
+    elif dcfg.dataset == "folder":
+        if not dcfg.data:
+            raise ValueError("dataset=folder needs --data ROOT (one sub-folder per class)")
+        channels = dcfg.channels or 3
+        full = load_image_folder(dcfg.data, channels, dcfg.resize)
+        if dcfg.test_data:
+            test = load_image_folder(dcfg.test_data, channels, dcfg.resize or full.images.shape[-1])
+            if test.classes != full.classes:
+                raise ValueError(
+                    f"test classes {test.classes} differ from train classes {full.classes}"
+                )
+    else:
+        raise ValueError(
+            f"dataset must be fashion-mnist, mnist, folder or idx; got {dcfg.dataset!r}"
+        )
+    labels = [str(int(y)) for y in full.labels]
+    test_ratio = 0.0 if test is not None else dcfg.test_ratio
+    split = stratified_split(
+        labels, (1 - dcfg.val_ratio - test_ratio, dcfg.val_ratio, test_ratio), dcfg.split_seed
+    )
+    train_idx = split["train"]
+    if dcfg.max_train:
+        g = torch.Generator().manual_seed(dcfg.split_seed)
+        keep = torch.randperm(len(train_idx), generator=g)[: dcfg.max_train].sort().values
+        train_idx = [train_idx[i] for i in keep.tolist()]
+    out = {"train": full.subset(train_idx), "val": full.subset(split["val"])}
+    out["test"] = test if test is not None else full.subset(split["test"])
+    if not len(out["val"]):
+        raise ValueError("the validation split is empty; set val_ratio > 0")
+    return out, full.source
+
+
+def step_fn(label_smoothing: float):
+    """Cross-entropy with label smoothing; accuracy as a metric."""
+
+    def step(model: nn.Module, batch: dict[str, Tensor]) -> StepOutput:
+        logits = model(batch["images"])  # (B, n_classes)
+        loss = F.cross_entropy(logits, batch["labels"], label_smoothing=label_smoothing)
+        acc = (logits.argmax(-1) == batch["labels"]).float().mean().item()
+        return StepOutput(loss=loss, weight=len(batch["labels"]), metrics={"acc": acc})
+
+    return step
+
+
+@torch.no_grad()
+def predict_dataset(
+    model: nn.Module, data: ImageData, device: str = "cpu"
+) -> tuple[list[int], list[int], float]:
+    """(true labels, predictions, mean cross-entropy) over ``data`` in order."""
+    was_training = model.training
+    model.eval()
+    y_true: list[int] = []
+    y_pred: list[int] = []
+    loss = 0.0
+    for indices in data.batches(0):
+        batch = data.collate(indices)
+        logits = model(batch["images"].to(device))
+        loss += F.cross_entropy(logits, batch["labels"].to(device), reduction="sum").item()
+        y_true += batch["labels"].tolist()
+        y_pred += logits.argmax(-1).tolist()
+    model.train(was_training)
+    return y_true, y_pred, loss / max(len(data), 1)
+
+
+def build_model(cfg: RunConfig) -> nn.Module:
+    """The ViT or CNN of a run config."""
+    return ViT(cfg.model) if cfg.arch == "vit" else ResNetCNN(cfg.model)  # type: ignore[arg-type]
+
+
+def train(
+    arch: Arch,
+    run_dir: str | Path,
+    overrides: dict[str, Any] | None = None,
+    preset: str | Path | None = None,
+    resume: bool = False,
+    device: str = "cpu",
+) -> dict[str, Any]:
+    """Train a ViT or CNN into ``run_dir``; returns results with test metrics."""
+    run_dir = Path(run_dir)
+    cfg = build_config(arch, preset, overrides or {})
+    if not resume and (run_dir / "config.json").exists():
+        raise ValueError(f"{run_dir} already holds a run; pass --resume or choose another --out")
+    splits, source = load_splits(cfg.data)
+    train_set = splits["train"]
+    c, h, w = train_set.images.shape[1:]
+    if h != w:
+        raise ValueError(f"images are {h} × {w}; square images are needed (use --resize N)")
+    cfg.model.in_channels = c
+    cfg.model.n_classes = len(train_set.classes)
+    if isinstance(cfg.model, ViTConfig):
+        cfg.model.image_size = h
+        cfg.model = ViTConfig(**to_dict(cfg.model))  # re-validate patch size against the data
+    mean, std = channel_stats(train_set.images)
+    report = {
+        "source": source,
+        "classes": train_set.classes,
+        "image_shape": [c, h, w],
+        "mean": mean,
+        "std": std,
+        "split_sizes": {k: len(v) for k, v in splits.items()},
+    }
+    print(f"data: {source}; {report['split_sizes']}; images {c}×{h}×{w}", file=sys.stderr)
+    dcfg = cfg.data
+    train_data = ImageData(
+        train_set, mean, std, cfg.train.batch_size, True, cfg.train.seed,
+        dcfg.crop_padding, dcfg.hflip,
+    )  # fmt: skip
+    val_data = ImageData(splits["val"], mean, std, dcfg.eval_batch_size)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not (run_dir / "config.json").exists():
+        write_json(run_dir / "config.json", cfg.to_json())
+        write_json(run_dir / "data_report.json", report)
+    seed_everything(cfg.train.seed)
+    model = build_model(cfg)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"model: {arch}, {n_params / 1e6:.3f}M parameters", file=sys.stderr)
+
+    def evaluate(m: nn.Module) -> dict[str, float]:
+        y_true, y_pred, loss = predict_dataset(m, val_data, device)
+        acc = sum(int(a == b) for a, b in zip(y_true, y_pred)) / len(y_true)
+        return {"val_loss": loss, "val_acc": acc}
+
+    trainer = Trainer(
+        model, cfg.train, run_dir, train_data, step_fn(dcfg.label_smoothing), evaluate, device
+    )
+    summary = trainer.fit(resume=resume)
+    load_weights(model, run_dir / "model.safetensors")
+    model.to(device)
+    test = evaluate_set(model, splits["test"], mean, std, dcfg.eval_batch_size, device)
+    results = {
+        "summary": summary,
+        "test": test,
+        "n_params": n_params,
+        "images_per_s": inference_speed(model, splits["test"], mean, std, device),
+    }
+    (run_dir / "test_report.txt").write_text(format_report(test) + "\n", encoding="utf-8")
+    write_json(run_dir / "results.json", results)
+    return results
+
+
+def evaluate_set(
+    model: nn.Module, data: ImageSet, mean: list[float], std: list[float], batch: int, device: str
+) -> dict[str, Any]:
+    """Accuracy, macro-F1, per-class report and confusion matrix, plus the mean loss."""
+    y_true, y_pred, loss = predict_dataset(model, ImageData(data, mean, std, batch), device)
+    report = classification_report(y_true, y_pred, data.classes)
+    report["loss"] = loss
+    return report
+
+
+@torch.no_grad()
+def inference_speed(
+    model: nn.Module, data: ImageSet, mean: list[float], std: list[float], device: str = "cpu"
+) -> float:
+    """Images per second of eval-mode forward passes in batches of 256 (at most 2048 images)."""
+    model.eval()
+    images = normalize(data.images[:2048], mean, std).to(device)
+    model(images[:8])  # warm-up
+    start = time.perf_counter()
+    for i in range(0, len(images), 256):
+        model(images[i : i + 256])
+    return len(images) / (time.perf_counter() - start)
+
+
+# ---------------------------------------------------------------------------- a trained run
+
+
+def is_vision_run(run_dir: str | Path) -> bool:
+    """Whether ``run_dir/config.json`` says task = vision."""
+    path = Path(run_dir) / "config.json"
+    return path.exists() and json.loads(path.read_text(encoding="utf-8")).get("task") == TASK
+
+
+@dataclass
+class VisionRun:
+    """A trained vision run loaded for inference."""
+
+    run_dir: Path
+    config: RunConfig
+    model: nn.Module
+    report: dict[str, Any]
+
+    @classmethod
+    def load(cls, run_dir: str | Path, device: str = "cpu") -> VisionRun:
+        run_dir = Path(run_dir)
+        if not is_vision_run(run_dir):
+            raise ValueError(f"{run_dir} is not a vision run (train one with `attnlab train vit`)")
+        if not (run_dir / "model.safetensors").exists():
+            raise ValueError(f"{run_dir} has no model.safetensors yet; resume it with --resume")
+        raw = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
+        parts = sections(raw["arch"])
+        config = RunConfig(raw["arch"], **{n: from_dict(c, raw[n]) for n, c in parts.items()})
+        model = build_model(config)
+        load_weights(model, run_dir / "model.safetensors")
+        model.to(device).eval()
+        report = json.loads((run_dir / "data_report.json").read_text(encoding="utf-8"))
+        return cls(run_dir, config, model, report)
+
+    @property
+    def classes(self) -> list[str]:
+        return self.report["classes"]
+
+    def load_images(self, paths: list[str]) -> Tensor:
+        """Image files -> uint8 (B, C, H, W) in the run's channels and size."""
+        c, h, _ = self.report["image_shape"]
+        return torch.stack([load_image(p, c, h) for p in paths])
+
+    @torch.no_grad()
+    def predict(self, paths: list[str]) -> list[dict[str, Any]]:
+        """Label and per-class probabilities for each image file."""
+        x = normalize(self.load_images(paths), self.report["mean"], self.report["std"])
+        probs = torch.softmax(self.model(x), dim=-1)  # (B, C)
+        out = []
+        for path, p in zip(paths, probs):
+            k = int(p.argmax())
+            probs_by_class = {name: float(p[i]) for i, name in enumerate(self.classes)}
+            out.append({"image": path, "label": self.classes[k], "probs": probs_by_class})
+        return out
+
+    def evaluate(self, split: str = "test", data: str | None = None) -> dict[str, Any]:
+        """Report on the run's own split, or on an image folder with the same classes."""
+        if data:
+            c, h, _ = self.report["image_shape"]
+            images = load_image_folder(data, c, h)
+            if images.classes != self.classes:
+                raise ValueError(f"{data}: classes {images.classes} differ from {self.classes}")
+        else:
+            images = load_splits(self.config.data)[0][split]
+        mean, std = self.report["mean"], self.report["std"]
+        return evaluate_set(self.model, images, mean, std, self.config.data.eval_batch_size, "cpu")
+
+    def rollout(self, path: str) -> tuple[Tensor, Tensor, dict[str, Any]]:
+        """The image (C, H, W) uint8, its attention-rollout map (G, G) and the prediction."""
+        from attnlab.models.vit import rollout_map
+
+        if not isinstance(self.model, ViT):
+            raise ValueError("attention rollout needs a ViT run; this run is a CNN")
+        image = self.load_images([path])  # (1, C, H, W)
+        x = normalize(image, self.report["mean"], self.report["std"])
+        return image[0], rollout_map(self.model, x)[0], self.predict([path])[0]
+
+
+def plot_rollout(image: Tensor, rollout: Tensor, out: str | Path, title: str) -> Path:
+    """The image and the image overlaid with its rollout map (upsampled to the image size)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    h, w = image.shape[1:]
+    heat = F.interpolate(rollout[None, None], size=(h, w), mode="bilinear")[0, 0]
+    shown = image[0] if image.shape[0] == 1 else image.permute(1, 2, 0)
+    cmap = "gray" if image.shape[0] == 1 else None
+    fig, axes = plt.subplots(1, 2, figsize=(6, 3.3))
+    axes[0].imshow(shown.numpy(), cmap=cmap)
+    axes[0].set_title("image")
+    axes[1].imshow(shown.numpy(), cmap=cmap)
+    axes[1].imshow(heat.numpy(), cmap="jet", alpha=0.5)
+    axes[1].set_title("attention rollout")
+    for ax in axes:
+        ax.axis("off")
+    fig.suptitle(title)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return out
