@@ -52,8 +52,21 @@ def _hf_pair(cfg: ViTConfig):
 
 
 def _copy_from_hf(model: ViT, hf) -> None:
-    """Map the (transformers 5) ViTForImageClassification state dict onto attnlab's names."""
-    src = {k.removeprefix("vit."): v for k, v in hf.state_dict().items()}
+    """Map ViTForImageClassification's state dict (transformers 5 names) onto attnlab's."""
+    v4_names = [  # transformers 4 spelled the same tensors differently
+        ("encoder.layer.", "layers."),
+        ("attention.attention.query", "attention.q_proj"),
+        ("attention.attention.key", "attention.k_proj"),
+        ("attention.attention.value", "attention.v_proj"),
+        ("attention.output.dense", "attention.o_proj"),
+        ("intermediate.dense", "mlp.fc1"),
+        ("output.dense", "mlp.fc2"),
+    ]
+    src = {}
+    for k, v in hf.state_dict().items():
+        for old, new in v4_names:
+            k = k.replace(old, new)
+        src[k.removeprefix("vit.")] = v
     sd = {
         "cls_token": src["embeddings.cls_token"],
         "pos_embed": src["embeddings.position_embeddings"],
