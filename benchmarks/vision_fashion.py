@@ -6,6 +6,7 @@ wall-time cap given here, on one intra-op thread; the best checkpoint by validat
 written after every variant, so an interrupted sweep still leaves its finished rows.
 
 Run: python benchmarks/vision_fashion.py [--epochs 1] [--minutes 15] [--only vit,cnn,...]
+[--dataset mnist --name vision_mnist]
 (writes docs/results/vision_fashion.{md,json})
 """
 
@@ -35,11 +36,13 @@ VARIANTS = {
 OUT = Path(__file__).resolve().parent.parent / "docs" / "results"
 
 
-def run_variant(name: str, epochs: int, minutes: float, run_root: Path) -> dict:
+def run_variant(name: str, epochs: int, minutes: float, dataset: str, run_root: Path) -> dict:
     """Train one variant into run_root/name; return its row."""
     arch, overrides = VARIANTS[name]
     overrides = {
         **overrides,
+        "dataset": dataset,
+        "hflip": dataset != "mnist",  # digits are not mirror-symmetric
         "epochs": epochs,
         "max_minutes": minutes,
         "num_threads": 1,
@@ -67,7 +70,7 @@ def run_variant(name: str, epochs: int, minutes: float, run_root: Path) -> dict:
 def render(meta: dict, rows: list[dict]) -> str:
     """The Markdown page."""
     lines = [
-        "# Fashion-MNIST: ViT vs ResNet + channel/spatial attention",
+        f"# {meta['dataset']}: ViT vs ResNet + channel/spatial attention",
         "",
         f"Produced by `benchmarks/vision_fashion.py` on {meta['date']} ({meta['machine']}); "
         f"torch {meta['torch']}, one intra-op thread, load average at start "
@@ -94,6 +97,7 @@ def main() -> None:
     p.add_argument("--minutes", type=float, default=15.0, help="training wall-time cap each")
     p.add_argument("--only", default=",".join(VARIANTS), help="comma-separated variants")
     p.add_argument("--name", default="vision_fashion", help="output file stem")
+    p.add_argument("--dataset", default="fashion-mnist", choices=("fashion-mnist", "mnist"))
     p.add_argument("--note", default="", help="a sentence for the page (e.g. machine load)")
     args = p.parse_args()
     torch.set_num_threads(1)
@@ -104,12 +108,13 @@ def main() -> None:
         "load_start": round(os.getloadavg()[0], 1),
         "epochs": args.epochs,
         "minutes": args.minutes,
+        "dataset": args.dataset,
         "note": args.note,
     }
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.only.split(","):
-            rows.append(run_variant(name, args.epochs, args.minutes, Path(tmp)))
+            rows.append(run_variant(name, args.epochs, args.minutes, args.dataset, Path(tmp)))
             write_json(OUT / f"{args.name}.json", {"meta": meta, "rows": rows})
             atomic_write_text(OUT / f"{args.name}.md", render(meta, rows))
             print(rows[-1], flush=True)
