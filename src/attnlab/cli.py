@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from attnlab.configs import add_dataclass_arguments, collect_overrides, parse_key_values
-from attnlab.tasks import bert_commands, lm_cli, vision_cli
+from attnlab.tasks import bert_commands, lm_cli, translate_cli, vision_cli
 
 
 def _free_run_dir(base: Path) -> Path:
@@ -47,6 +47,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     lm_cli.add_train_parser(tasks)  # train lm
     bert_commands.add_train_parsers(tasks, p)  # train mlm; train classify --init CHECKPOINT
     vision_cli.add_train_parsers(tasks)  # train vit; train cnn
+    translate_cli.add_train_parser(tasks)  # train translate
 
 
 def _run_train(args: argparse.Namespace) -> int:
@@ -56,6 +57,8 @@ def _run_train(args: argparse.Namespace) -> int:
         return lm_cli.run_train(args)
     if args.task in ("vit", "cnn"):
         return vision_cli.run_train(args)
+    if args.task == "translate":
+        return translate_cli.run_train(args)
     bert_status = bert_commands.run_train(args)
     if bert_status is not None:
         return bert_status
@@ -120,6 +123,8 @@ def _run_eval(args: argparse.Namespace) -> int:
 
     if vision_cli.is_vision_run(args.run):
         return vision_cli.run_eval(args)
+    if translate_cli.is_translate_run(args.run):
+        return translate_cli.run_eval(args)
     if bert_classify.is_bert_run(args.run):
         evaluate_run = bert_classify.evaluate_run
     report = evaluate_run(args.run, args.data, args.split, args.text_col, args.label_col)
@@ -237,6 +242,7 @@ COMMANDS = {
     "attention": (_add_attention, _run_attention),
     "ablate": (_add_ablate, _run_ablate),
     "generate": (lm_cli.add_generate_parser, lm_cli.run_generate),
+    "translate": (translate_cli.add_translate_parser, translate_cli.run_translate),
     **bert_commands.COMMANDS,  # embed, similarity, search
 }
 

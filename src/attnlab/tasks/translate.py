@@ -1,0 +1,427 @@
+"""Translation end to end: pairs, tokenizers, encoder-decoder training, decoding, BLEU/chrF.
+
+A run directory holds: config.json (task "translate"), src_tokenizer.json and
+tgt_tokenizer.json (one file, tokenizer.json, when the vocabulary is shared),
+data_report.json, model.safetensors (best by validation loss), metrics.jsonl, state/ (exact
+resume), results.json and test.hyp.txt (the test split's translations, one a line).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from attnlab.configs import apply_overrides, from_dict, load_toml, to_dict
+from attnlab.data.io import write_json
+from attnlab.data.parallel import (
+    Pair,
+    ParallelData,
+    TextTokenizer,
+    read_pairs,
+    split_pairs,
+    synthetic_pairs,
+)
+from attnlab.models.beam import DecodeSettings, beam_search, greedy_decode
+from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
+from attnlab.train import StepOutput, TrainConfig, Trainer, load_weights, seed_everything
+
+PRESETS = Path(__file__).resolve().parent.parent / "presets"
+BUNDLED = Path(__file__).resolve().parent.parent / "data" / "bible.tsv.gz"
+TASK = "translate"
+LANGS = ("en", "de", "zh")
+
+
+@dataclass
+class TranslateDataConfig:
+    """Corpus, tokenizer, batching and decoding options of the translation task."""
+
+    data: str = field(
+        default="", metadata={"help": "TSV (src<TAB>tgt[<TAB>group]) or JSONL pairs; empty = Bible"}
+    )
+    pair: str = field(default="en-de", metadata={"help": "bundled Bible: en-de, de-en, en-zh, ..."})
+    synthetic: str = field(default="", metadata={"help": "copy | reverse: random letter strings"})
+    synthetic_size: int = field(default=6000, metadata={"help": "pairs of the synthetic task"})
+    tokenizer: str = field(default="bpe", metadata={"help": "bpe | unigram | char (source side)"})
+    tgt_tokenizer: str = field(default="", metadata={"help": "target side; empty = tokenizer"})
+    vocab_size: int = field(default=8000, metadata={"help": "subword vocabulary per tokenizer"})
+    max_sentence_tokens: int = field(
+        default=100, metadata={"help": "longer training pairs are dropped"}
+    )
+    max_tokens: int = field(default=4096, metadata={"help": "padded tokens per batch (budget)"})
+    dev_percent: float = field(default=2.0, metadata={"help": "share of groups in dev"})
+    test_percent: float = field(default=2.0, metadata={"help": "share of groups in test"})
+    label_smoothing: float = 0.1
+    beam_size: int = field(default=4, metadata={"help": "1 = greedy"})
+    length_penalty: float = field(default=0.6, metadata={"help": "GNMT alpha"})
+    max_len_a: float = field(default=1.5, metadata={"help": "max output = a·|src| + b tokens"})
+    max_len_b: int = 10
+    eval_batch_sentences: int = 64
+
+    def validate(self) -> None:
+        """Raise ValueError naming the field and what is allowed."""
+        if self.synthetic not in ("", "copy", "reverse"):
+            raise ValueError(f"synthetic must be copy or reverse, got {self.synthetic!r}")
+        src, _, tgt = self.pair.partition("-")
+        if src not in LANGS or tgt not in LANGS or src == tgt:
+            raise ValueError(f"pair must be two of {', '.join(LANGS)} like en-de, got {self.pair}")
+        for name in ("tokenizer", "tgt_tokenizer"):
+            if getattr(self, name) not in ("bpe", "unigram", "char", ""):
+                raise ValueError(f"{name} must be bpe, unigram or char, got {getattr(self, name)}")
+        positive = ("synthetic_size", "vocab_size", "max_sentence_tokens", "max_tokens")
+        for name in (*positive, "beam_size", "eval_batch_sentences"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        if self.max_tokens < self.max_sentence_tokens + 1:
+            raise ValueError("max_tokens must exceed max_sentence_tokens (a batch holds a pair)")
+
+
+SECTIONS: dict[str, type] = {
+    "data": TranslateDataConfig,
+    "model": Seq2SeqConfig,
+    "train": TrainConfig,
+}
+
+
+@dataclass
+class RunConfig:
+    """The three configs of a translation run, as saved in config.json."""
+
+    data: TranslateDataConfig
+    model: Seq2SeqConfig
+    train: TrainConfig
+
+    def to_json(self) -> dict[str, Any]:
+        return {"task": TASK, **{name: to_dict(getattr(self, name)) for name in SECTIONS}}
+
+
+def _owner() -> dict[str, str]:
+    return {n: s for s, cls in SECTIONS.items() for n in cls.__dataclass_fields__}
+
+
+def preset_path(preset: str | Path) -> Path:
+    """A preset file, or a bundled name (``copy`` -> presets/translate_copy.toml)."""
+    path = Path(preset)
+    if path.is_file():
+        return path
+    name = path.name.removesuffix(".toml")
+    for candidate in (PRESETS / f"{name}.toml", PRESETS / f"translate_{name}.toml"):
+        if candidate.is_file():
+            return candidate
+    bundled = sorted(p.stem for p in PRESETS.glob("translate*.toml"))
+    raise ValueError(f"--config {preset}: no such file or bundled preset; bundled: {bundled}")
+
+
+def build_config(preset: str | Path | None, overrides: dict[str, Any]) -> RunConfig:
+    """Defaults <- presets/translate.toml <- a preset <- command-line fields."""
+    owner = _owner()
+    values: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+    for source in [PRESETS / f"{TASK}.toml"] + ([preset_path(preset)] if preset else []):
+        for section, items in load_toml(source).items():
+            if section not in SECTIONS or not isinstance(items, dict):
+                raise ValueError(f"{source}: unknown section [{section}]; use data, model, train")
+            for name, value in items.items():
+                if owner.get(name) != section:
+                    raise ValueError(f"{source}: unknown setting {name!r} in [{section}]")
+                values[section][name] = value
+    for key, value in overrides.items():
+        if key not in owner:
+            raise ValueError(f"unknown setting {key!r} (see `attnlab train translate --help`)")
+        values[owner[key]][key] = value
+    cfg = RunConfig(**{n: apply_overrides(cls(), values[n]) for n, cls in SECTIONS.items()})
+    cfg.data.validate()
+    return cfg
+
+
+# ---------------------------------------------------------------------------- data
+
+
+def load_pairs(dcfg: TranslateDataConfig, seed: int) -> list[Pair]:
+    """The run's sentence pairs: synthetic, a user file, or the bundled verse-aligned Bible."""
+    if dcfg.synthetic:
+        return synthetic_pairs(dcfg.synthetic, dcfg.synthetic_size, seed)
+    if dcfg.data:
+        return read_pairs(dcfg.data)
+    import csv
+    import gzip
+
+    src, tgt = dcfg.pair.split("-")
+    with gzip.open(BUNDLED, "rt", encoding="utf-8") as f:
+        rows = csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+        # group = book and chapter ("Gen 1:3" -> "Gen 1"): whole chapters share a split
+        return [Pair(r[src], r[tgt], r["ref"].rsplit(":", 1)[0]) for r in rows]
+
+
+@dataclass
+class Prepared:
+    """Tokenizers and the split pairs of a run."""
+
+    src_tok: TextTokenizer
+    tgt_tok: TextTokenizer
+    splits: dict[str, list[Pair]]
+    report: dict[str, Any]
+
+
+def tokenizer_paths(run_dir: Path, shared: bool) -> tuple[Path, Path]:
+    if shared:
+        return run_dir / "tokenizer.json", run_dir / "tokenizer.json"
+    return run_dir / "src_tokenizer.json", run_dir / "tgt_tokenizer.json"
+
+
+def prepare(cfg: RunConfig, run_dir: Path, resume: bool) -> Prepared:
+    """Split the pairs and train (or, on resume, reload) the tokenizers on the training side."""
+    d, shared = cfg.data, cfg.model.shared_embeddings
+    splits = split_pairs(load_pairs(d, cfg.train.seed), d.dev_percent, d.test_percent)
+    src_path, tgt_path = tokenizer_paths(run_dir, shared)
+    tgt_kind = d.tgt_tokenizer or d.tokenizer
+    if shared and tgt_kind != d.tokenizer:
+        raise ValueError("a shared vocabulary needs one tokenizer: set shared_embeddings=false")
+    if resume and src_path.exists() and tgt_path.exists():
+        src_tok, tgt_tok = TextTokenizer.load(src_path), TextTokenizer.load(tgt_path)
+    else:
+        train = splits["train"]
+        if shared:
+            texts = [p.src for p in train] + [p.tgt for p in train]
+            src_tok = tgt_tok = TextTokenizer.train(texts, d.tokenizer, d.vocab_size)
+        else:
+            src_tok = TextTokenizer.train([p.src for p in train], d.tokenizer, d.vocab_size)
+            tgt_tok = TextTokenizer.train([p.tgt for p in train], tgt_kind, d.vocab_size)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        src_tok.save(src_path)
+        tgt_tok.save(tgt_path)
+    report = {
+        "source": d.synthetic or d.data or f"bundled Bible {d.pair} ({BUNDLED.name})",
+        "pairs": {name: len(part) for name, part in splits.items()},
+        "vocab": {"src": src_tok.vocab_size, "tgt": tgt_tok.vocab_size, "shared": shared},
+        "split": f"by group (book and chapter), dev {d.dev_percent}%, test {d.test_percent}%",
+    }
+    return Prepared(src_tok, tgt_tok, splits, report)
+
+
+def encode_split(
+    pairs: list[Pair], prep: Prepared, max_len: int | None
+) -> tuple[list[list[int]], list[list[int]]]:
+    """Token ids of a split; pairs longer than ``max_len`` (either side) are dropped."""
+    src, tgt = [], []
+    for p in pairs:
+        s, t = prep.src_tok.encode(p.src), prep.tgt_tok.encode(p.tgt)
+        if s and t and (max_len is None or (len(s) <= max_len and len(t) + 1 <= max_len)):
+            src.append(s)
+            tgt.append(t)
+    return src, tgt
+
+
+# ---------------------------------------------------------------------------- train
+
+
+def step_fn(label_smoothing: float):
+    """Cross-entropy of the shifted targets (teacher forcing), label-smoothed (§5.4)."""
+
+    def step(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> StepOutput:
+        logits = model(batch["src"], batch["tgt_in"])  # (B, T, V)
+        target = batch["tgt_out"]  # (B, T), 0 = pad
+        loss = F.cross_entropy(
+            logits.flatten(0, 1).float(),
+            target.flatten(),
+            ignore_index=0,
+            label_smoothing=label_smoothing,
+        )
+        return StepOutput(loss=loss, weight=int((target != 0).sum()))
+
+    return step
+
+
+@torch.no_grad()
+def mean_nll(model: Seq2SeqTransformer, data: ParallelData, device: str) -> float:
+    """Mean target-token negative log-likelihood (nats) over a split, no smoothing."""
+    was = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for idx in data.batches(0):
+        b = {k: v.to(device) for k, v in data.collate(idx).items()}
+        logits = model(b["src"], b["tgt_in"]).float()
+        total += F.cross_entropy(
+            logits.flatten(0, 1), b["tgt_out"].flatten(), ignore_index=0, reduction="sum"
+        ).item()
+        count += int((b["tgt_out"] != 0).sum())
+    model.train(was)
+    return total / count
+
+
+def train(
+    run_dir: str | Path,
+    overrides: dict[str, Any] | None = None,
+    preset: str | Path | None = None,
+    resume: bool = False,
+    device: str = "cpu",
+) -> dict[str, Any]:
+    """Train an encoder-decoder into ``run_dir``, then evaluate it on the test split."""
+    run_dir = Path(run_dir)
+    if not resume and (run_dir / "config.json").exists():
+        raise ValueError(f"{run_dir} already holds a run; pass --resume or choose another --out")
+    cfg = build_config(preset, overrides or {})
+    if resume and (run_dir / "config.json").exists():
+        saved = json.loads((run_dir / "config.json").read_text())
+        owner = _owner()
+        cfg = RunConfig(
+            **{
+                n: apply_overrides(
+                    from_dict(cls, saved[n]),
+                    {k: v for k, v in (overrides or {}).items() if owner.get(k) == n},
+                )
+                for n, cls in SECTIONS.items()
+            }
+        )
+    main = int(os.environ.get("RANK", "0")) == 0
+    prep = prepare(cfg, run_dir, resume)
+    cfg.model.src_vocab_size = prep.src_tok.vocab_size
+    cfg.model.tgt_vocab_size = prep.tgt_tok.vocab_size
+    d = cfg.data
+    train_ids = encode_split(prep.splits["train"], prep, d.max_sentence_tokens)
+    dev_ids = encode_split(prep.splits["dev"], prep, None)
+    prep.report["train_pairs_used"] = len(train_ids[0])
+    train_data = ParallelData(*train_ids, d.max_tokens, cfg.train.seed)
+    longest = max(max(len(s), len(t) + 1) for s, t in zip(*dev_ids))
+    dev_data = ParallelData(*dev_ids, max(d.max_tokens, longest), shuffle=False)
+    if main:
+        write_json(run_dir / "config.json", cfg.to_json())
+        write_json(run_dir / "data_report.json", prep.report)
+        _say(f"data: {json.dumps(prep.report, ensure_ascii=False)}")
+    seed_everything(cfg.train.seed)
+    model = Seq2SeqTransformer(cfg.model)
+    if main:
+        m = cfg.model
+        _say(
+            f"model: {model.num_params() / 1e6:.2f}M parameters; {m.n_encoder_layers}+"
+            f"{m.n_decoder_layers} layers, {m.n_heads} heads, d_model {m.d_model}, d_ff {m.d_ff}"
+        )
+
+    def evaluate(net: torch.nn.Module) -> dict[str, float]:
+        return {"val_loss": mean_nll(net, dev_data, device)}  # type: ignore[arg-type]
+
+    trainer = Trainer(
+        model,
+        cfg.train,
+        run_dir,
+        train_data,
+        step_fn(d.label_smoothing),
+        evaluate=evaluate,
+        device=device,
+    )
+    summary = trainer.fit(resume=resume)
+    if not main:
+        return summary
+    run = TranslatorRun.load(run_dir, device)
+    results = {"summary": summary, "n_params": model.num_params(), "data": prep.report}
+    results["test"] = run.evaluate("test", prep.splits["test"])
+    write_json(run_dir / "results.json", results)
+    return results
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------- use a run
+
+
+class TranslatorRun:
+    """A trained run: its config, tokenizers and model, ready to translate and evaluate."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        cfg: RunConfig,
+        src_tok: TextTokenizer,
+        tgt_tok: TextTokenizer,
+        model: Seq2SeqTransformer,
+        device: str,
+    ) -> None:
+        self.run_dir, self.cfg, self.device = run_dir, cfg, device
+        self.src_tok, self.tgt_tok, self.model = src_tok, tgt_tok, model
+
+    @classmethod
+    def load(cls, run_dir: str | Path, device: str = "cpu") -> TranslatorRun:
+        run_dir = Path(run_dir)
+        cfg_path = run_dir / "config.json"
+        if not cfg_path.exists():
+            raise ValueError(f"{run_dir} holds no run (no config.json); train one first")
+        saved = json.loads(cfg_path.read_text())
+        if saved.get("task") != TASK:
+            raise ValueError(f"{run_dir} is a {saved.get('task')!r} run, not a translation run")
+        cfg = RunConfig(**{n: from_dict(c, saved[n]) for n, c in SECTIONS.items()})
+        src_path, tgt_path = tokenizer_paths(run_dir, cfg.model.shared_embeddings)
+        model = Seq2SeqTransformer(cfg.model)
+        load_weights(model, run_dir / "model.safetensors")
+        model.to(device).eval()
+        src_tok, tgt_tok = TextTokenizer.load(src_path), TextTokenizer.load(tgt_path)
+        return cls(run_dir, cfg, src_tok, tgt_tok, model, device)
+
+    def translate(self, texts: list[str], beam_size: int | None = None) -> list[str]:
+        """Translate sentences (beam search, or greedy with beam_size 1), in batches."""
+        d = self.cfg.data
+        beam = d.beam_size if beam_size is None else beam_size
+        settings = DecodeSettings(1, 2, d.max_len_a, d.max_len_b)
+        limit = self.cfg.model.max_len if self.cfg.model.pos == "learned" else 10_000
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))  # similar lengths
+        hyps: dict[int, str] = {}
+        for start in range(0, len(order), d.eval_batch_sentences):
+            chunk = order[start : start + d.eval_batch_sentences]
+            ids = [self.src_tok.encode(texts[i])[:limit] or [3] for i in chunk]
+            src = torch.zeros(len(ids), max(map(len, ids)), dtype=torch.long)
+            for row, seq in enumerate(ids):
+                src[row, : len(seq)] = torch.tensor(seq)
+            src = src.to(self.device)
+            if beam == 1:
+                decoded = greedy_decode(self.model, src, settings)
+            else:
+                decoded = beam_search(self.model, src, settings, beam, d.length_penalty)
+            for i, seq in zip(chunk, decoded):
+                hyps[i] = self.tgt_tok.decode(seq)
+        return [hyps[i] for i in range(len(texts))]
+
+    def evaluate(
+        self, split: str = "test", pairs: list[Pair] | None = None, beam_size: int | None = None
+    ) -> dict[str, Any]:
+        """sacreBLEU and chrF (and exact match) on a split; writes ``{split}.hyp.txt``."""
+        import sacrebleu
+
+        if pairs is None:
+            splits = split_pairs(
+                load_pairs(self.cfg.data, self.cfg.train.seed),
+                self.cfg.data.dev_percent,
+                self.cfg.data.test_percent,
+            )
+            pairs = splits[split]
+        start = time.perf_counter()
+        hyps = self.translate([p.src for p in pairs], beam_size)
+        seconds = time.perf_counter() - start
+        refs = [p.tgt for p in pairs]
+        tokenize = "zh" if self.cfg.data.pair.endswith("-zh") and not self.cfg.data.data else "13a"
+        bleu_metric, chrf_metric = sacrebleu.BLEU(tokenize=tokenize), sacrebleu.CHRF()
+        bleu = bleu_metric.corpus_score(hyps, [refs])
+        chrf = chrf_metric.corpus_score(hyps, [refs])
+        (self.run_dir / f"{split}.hyp.txt").write_text("".join(h + "\n" for h in hyps))
+        return {
+            "split": split,
+            "n": len(pairs),
+            "bleu": round(bleu.score, 2),
+            "chrf": round(chrf.score, 2),
+            "exact_match": sum(h == r for h, r in zip(hyps, refs)) / len(refs),
+            "beam_size": self.cfg.data.beam_size if beam_size is None else beam_size,
+            "signatures": [str(bleu_metric.get_signature()), str(chrf_metric.get_signature())],
+            "decode_seconds": round(seconds, 2),
+            "hypotheses": f"{split}.hyp.txt",
+            "examples": [
+                {"src": p.src, "ref": p.tgt, "hyp": h} for p, h in list(zip(pairs, hyps))[:3]
+            ],
+        }
