@@ -325,7 +325,7 @@ def test_trained_wordpiece_puts_specials_first_and_splits_chinese_characters():
 
 
 def test_mask_tokens_follows_the_80_10_10_rule(seed):
-    B, T, V = 64, 256, 1000
+    B, T, V = 256, 256, 1000  # ~34k candidates, ~5k selected: tolerances >= 5 std errors
     specials = (0, 1, 2, 3, 4)
     lengths = torch.randint(10, T + 1, (B,))
     ids = torch.randint(5, V, (B, T))
@@ -342,9 +342,9 @@ def test_mask_tokens_follows_the_80_10_10_rule(seed):
     masked = (corrupted[selected] == 4).float().mean()
     kept = (corrupted[selected] == ids[selected]).float().mean()
     swapped = corrupted[selected][(corrupted[selected] != 4) & (corrupted[selected] != targets)]
-    assert abs(masked - 0.8) < 0.02
-    assert abs(kept - 0.1) < 0.015  # (a random swap to the same id is rare: 1 in 995)
-    assert abs(len(swapped) / n - 0.1) < 0.015
+    assert abs(masked - 0.8) < 0.03
+    assert abs(kept - 0.1) < 0.025  # (a random swap to the same id is rare: 1 in 995)
+    assert abs(len(swapped) / n - 0.1) < 0.025
     assert (swapped > 4).all()  # random replacements are never special tokens
 
 

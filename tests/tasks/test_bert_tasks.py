@@ -72,6 +72,17 @@ def test_mlm_loss_falls_and_the_run_is_a_checkpoint(mlm_run):
     assert encoder.cfg.d_model == 32 and tokenizer.vocab_size == vocab
 
 
+def test_mlm_continues_from_a_checkpoint_with_its_tokenizer(mlm_run, tmp_path):
+    run, csv_file = mlm_run
+    out = tmp_path / "more"
+    args = ["train", "mlm", "--init", str(run), "--data", str(csv_file), "--out", str(out)]
+    assert main(args + ["--max-steps", "2", "--max-len", "24"] + TRAIN) == 0
+    before = (run / "tokenizer.json").read_text()
+    assert (out / "checkpoint" / "tokenizer.json").read_text() == before
+    config = json.loads((out / "config.json").read_text())
+    assert config["init_from"] == str(run / "checkpoint") and config["bert"]["d_model"] == 32
+
+
 def test_finetune_from_the_mlm_run_then_predict_and_eval(mlm_run, tmp_path, capsys):
     run, csv_file = mlm_run
     out = tmp_path / "ft"

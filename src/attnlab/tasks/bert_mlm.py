@@ -123,6 +123,34 @@ def _data(
     )
 
 
+def build_model(
+    dcfg: MLMDataConfig, mcfg: MLMModelConfig, train_texts: list[str], saved: Path | None
+) -> tuple[BertForMaskedLM, WordPieceTokenizer, list[str], str]:
+    """(model, tokenizer, notes, source): the ``init`` checkpoint, or a new BERT + WordPiece.
+
+    A new WordPiece vocabulary is trained on ``train_texts`` unless a resumed run ``saved`` one.
+    """
+    if dcfg.init:
+        encoder, head, tokenizer, notes = load_pretrained(dcfg.init, with_mlm=True)
+        model = BertForMaskedLM(encoder.cfg)
+        model.bert.load_state_dict(encoder.state_dict())
+        model.mlm.load_state_dict(head.state_dict())  # type: ignore[union-attr]
+        return model, tokenizer, notes, str(resolve_checkpoint(dcfg.init))
+    if saved is not None and saved.exists():
+        tokenizer = WordPieceTokenizer.load(saved)
+    else:
+        tokenizer = WordPieceTokenizer.train(
+            train_texts, dcfg.vocab_size, dcfg.min_frequency, dcfg.lowercase
+        )
+    cfg = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        max_len=dcfg.max_len,
+        pad_id=tokenizer.pad_id,
+        **to_dict(mcfg),
+    )
+    return BertForMaskedLM(cfg), tokenizer, [], "new"
+
+
 def train(
     run_dir: str | Path,
     overrides: dict[str, Any] | None = None,
@@ -145,27 +173,8 @@ def train(
         raise ValueError("the validation split is empty; set val_ratio > 0")
     texts = {name: [corpus.texts[i] for i in split[name]] for name in ("train", "val")}
     seed_everything(tcfg.seed)
-    if dcfg.init:
-        encoder, mlm_head, tokenizer, notes = load_pretrained(dcfg.init, with_mlm=True)
-        model = BertForMaskedLM(encoder.cfg)
-        model.bert.load_state_dict(encoder.state_dict())
-        model.mlm.load_state_dict(mlm_head.state_dict())  # type: ignore[union-attr]
-        source = str(resolve_checkpoint(dcfg.init))
-    elif resume and (run_dir / "tokenizer.json").exists():
-        tokenizer, notes, source = WordPieceTokenizer.load(run_dir / "tokenizer.json"), [], "new"
-    else:
-        tokenizer = WordPieceTokenizer.train(
-            texts["train"], dcfg.vocab_size, dcfg.min_frequency, dcfg.lowercase
-        )
-        notes, source = [], "new"
-    if not dcfg.init:
-        cfg = BertConfig(
-            vocab_size=tokenizer.vocab_size,
-            max_len=max(dcfg.max_len, 16),
-            pad_id=tokenizer.pad_id,
-            **to_dict(mcfg),
-        )
-        model = BertForMaskedLM(cfg)
+    saved = run_dir / "tokenizer.json" if resume else None
+    model, tokenizer, notes, source = build_model(dcfg, mcfg, texts["train"], saved)
     cfg = model.bert.cfg
     if dcfg.max_len > cfg.max_len:
         raise ValueError(f"max_len={dcfg.max_len} exceeds the model's {cfg.max_len} positions")
