@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib.util
 import mmap
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -149,7 +150,7 @@ def write_tokens(
     """Encode ``chunks`` into the binary file ``path`` (appending chunk by chunk); return count."""
     dtype = token_dtype(tokenizer.vocab_size)
     count = 0
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # torchrun ranks write side by side
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(tmp, "wb") as out:
         for chunk in chunks:

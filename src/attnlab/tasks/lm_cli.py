@@ -103,8 +103,9 @@ def run_generate(args: argparse.Namespace) -> int:
             f"of {context}; only its last {context} tokens are used",
             file=sys.stderr,
         )
+    shown = args.prompt or ""  # the default prompt (a newline, <|endoftext|>) is not echoed
     if streaming:
-        sys.stdout.write(prompt)
+        sys.stdout.write(shown)
     out = generate_text(
         run.model,
         run.tokenizer,
@@ -124,5 +125,5 @@ def run_generate(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         for i, text in enumerate(out.texts):
-            print(f"--- sample {i + 1} ---\n{prompt}{text}")
+            print(f"--- sample {i + 1} ---\n{shown}{text}")
     return 0
