@@ -4,10 +4,11 @@
     python benchmarks/lm_train.py small [--threads 1] [--precision auto] [--max-minutes 22]
 
 Runs `attnlab train lm --config PRESET` into runs/bench-lm-PRESET, then measures the best
-checkpoint's loss on the validation split twice: on the run's 200 evenly spaced evaluation
-windows (what training monitored) and on every non-overlapping window of the split (the whole
-validation text). Writes docs/results/lm_PRESET.{json,md} and the loss curve lm_PRESET.png,
-with the machine, the thread count, the precision, the wall time and a 500-character sample.
+checkpoint's loss on the validation split, in the run's precision, twice: on the run's 200
+evenly spaced evaluation windows (what training monitored) and on every non-overlapping window
+of the split (the whole validation text). Writes docs/results/lm_PRESET.{json,md} and the
+loss curve lm_PRESET.png, with the machine, the thread count, the precision, the wall time and
+a 500-character sample.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ import torch
 
 from attnlab.data.text_lm import eval_starts, open_tokens
 from attnlab.tasks.lm import LMRun, generate_text, mean_loss, train
+from attnlab.train.precision import autocast
 
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
 RESULTS = Path("docs/results")
 
 
@@ -55,6 +58,7 @@ def main() -> None:
     parser.add_argument("--precision", default="fp32", choices=("auto", "fp32", "bf16"))
     parser.add_argument("--max-steps", type=int, default=0, help="0 = the preset's")
     parser.add_argument("--max-minutes", type=float, default=0.0)
+    parser.add_argument("--eval-every", type=int, default=0, help="0 = the preset's")
     args = parser.parse_args()
     run_dir = Path(f"runs/bench-lm-{args.preset}")
     if run_dir.exists():
@@ -65,19 +69,24 @@ def main() -> None:
         overrides["max_steps"] = args.max_steps
     if args.max_minutes:
         overrides["max_minutes"] = args.max_minutes
+    if args.eval_every:
+        overrides["eval_every"] = args.eval_every
     start = time.perf_counter()
     results = train(run_dir, overrides, args.preset)
     total_s = time.perf_counter() - start
     torch.set_num_threads(args.threads)
+    summary = results["summary"]
     run = LMRun.load(run_dir)
     config = json.loads((run_dir / "config.json").read_text())
     val = open_tokens(run_dir / "data" / "val.bin", run.tokenizer.vocab_size)
     context = run.model.cfg.context
     windows = eval_starts(len(val), context, config["data"]["eval_windows"])
     every = eval_starts(len(val), context, 0)
+    with autocast(torch.device("cpu"), PRECISIONS[summary["precision"]]):  # as training did
+        loss_windows = mean_loss(run.model, val, windows, 32)
+        loss_full = mean_loss(run.model, val, every, 32)
     sample = generate_text(run.model, run.tokenizer, "\n", 500, temperature=0.8, seed=0)
     info["load_average_end"] = os.getloadavg()
-    summary = results["summary"]
     out = {
         "preset": args.preset,
         "machine": info,
@@ -89,9 +98,9 @@ def main() -> None:
         "precision_reason": summary["precision_reason"],
         "train_wall_s": summary["wall_time_s"],
         "total_wall_s": total_s,
-        "val_loss_eval_windows": mean_loss(run.model, val, windows, 32),
+        "val_loss_eval_windows": loss_windows,
         "val_windows": len(windows),
-        "val_loss_full_split": mean_loss(run.model, val, every, 32),
+        "val_loss_full_split": loss_full,
         "val_tokens_full_split": len(every) * context,
         "final_train_loss": summary["final_train_loss"],
         "sample": sample.prompt + sample.texts[0],
@@ -123,7 +132,7 @@ def write_markdown(r: dict, path: Path) -> None:
         "| | |",
         "|---|---|",
         f"| optimizer steps | {r['steps']} ({r['stop_reason']}); best at {r['best_step']} |",
-        f"| training wall time | {r['train_wall_s'] / 60:.1f} min (whole script "
+        f"| training wall time | {r['train_wall_s'] / 60:.1f} min (with data preparation "
         f"{r['total_wall_s'] / 60:.1f} min) |",
         f"| val loss, {r['val_windows']} evaluation windows | {r['val_loss_eval_windows']:.4f} |",
         f"| val loss, whole validation split ({r['val_tokens_full_split']:,} tokens) | "
