@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from attnlab.configs import apply_overrides, from_dict, load_toml, to_dict
+from attnlab.configs import from_dict, to_dict
 from attnlab.data import (
     CharTokenizer,
     ClassificationData,
@@ -38,9 +38,10 @@ from attnlab.data import (
 from attnlab.data.io import write_json
 from attnlab.metrics import classification_report, format_report
 from attnlab.models.classifier import ClassifierConfig, TextClassifier
+from attnlab.tasks import sections
+from attnlab.tasks.sections import PRESETS
 from attnlab.train import StepOutput, TrainConfig, Trainer, load_weights, seed_everything
 
-PRESETS = Path(__file__).resolve().parent.parent / "presets"
 TASK = "classify"
 
 # The tutorial's own examples and the label each must get.
@@ -93,43 +94,16 @@ class RunConfig:
 
 
 def field_owner() -> dict[str, str]:
-    """Which section each command-line field belongs to (names are unique across sections)."""
-    owner: dict[str, str] = {}
-    for section, cls in SECTIONS.items():
-        for name in cls.__dataclass_fields__:
-            if name in owner:
-                raise RuntimeError(f"field {name!r} is in both {owner[name]} and {section}")
-            owner[name] = section
-    return owner
+    """Which section each command-line field belongs to."""
+    return sections.field_owner(SECTIONS)
 
 
 def build_config(preset: str | Path | None, overrides: dict[str, Any]) -> RunConfig:
-    """Defaults <- the task preset <- a user TOML (sections or flat keys) <- command-line fields."""
-    values: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
-    owner = field_owner()
-    sources = [PRESETS / f"{TASK}.toml"] + ([Path(preset)] if preset else [])
-    for source in sources:
-        for key, value in load_toml(source).items():
-            if key in SECTIONS and isinstance(value, dict):
-                values[key].update(value)
-            elif key in owner:
-                values[owner[key]][key] = value
-            else:
-                raise ValueError(_unknown(key, owner, source))
-    for key, value in overrides.items():
-        if key not in owner:
-            raise ValueError(_unknown(key, owner, "the command line"))
-        values[owner[key]][key] = value
-    parts = {name: apply_overrides(cls(), values[name]) for name, cls in SECTIONS.items()}
-    return RunConfig(**parts)
-
-
-def _unknown(key: str, owner: dict[str, str], where: object) -> str:
-    import difflib
-
-    close = difflib.get_close_matches(key, owner, n=3)
-    hint = f"; did you mean {', '.join(close)}?" if close else ""
-    return f"unknown setting {key!r} in {where}{hint} (see `attnlab train classify --help`)"
+    """Defaults <- presets/classify.toml <- a user preset (file or bundled name) <- fields."""
+    sources = [PRESETS / f"{TASK}.toml"]
+    if preset:
+        sources.append(sections.preset_file(preset, TASK))
+    return RunConfig(**sections.build_sections(SECTIONS, sources, overrides))
 
 
 # ---------------------------------------------------------------------------- data
