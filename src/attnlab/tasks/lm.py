@@ -8,7 +8,6 @@ summary.json, results.json and sample.txt.
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import sys
@@ -21,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from attnlab.configs import apply_overrides, from_dict, load_toml, to_dict
+from attnlab.configs import from_dict, to_dict
 from attnlab.data.bpe import BPETokenizer
 from attnlab.data.io import read_json, write_json
 from attnlab.data.lm_tokenizer import (
@@ -42,9 +41,10 @@ from attnlab.data.text_lm import (
 from attnlab.models.generation import Generation, check_sampling, sample_next
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.models.gpt_hf import load_hf_gpt2
+from attnlab.tasks import sections
+from attnlab.tasks.sections import PRESETS
 from attnlab.train import StepOutput, TrainConfig, Trainer, load_weights, seed_everything
 
-PRESETS = Path(__file__).resolve().parent.parent / "presets"
 TASK = "lm"
 
 
@@ -97,75 +97,19 @@ class RunConfig:
         return {"task": TASK, **{name: to_dict(getattr(self, name)) for name in SECTIONS}}
 
 
-def field_owner() -> dict[str, str]:
-    """Which section each command-line field belongs to (names are unique across sections)."""
-    owner: dict[str, str] = {}
-    for section, cls in SECTIONS.items():
-        for name in cls.__dataclass_fields__:
-            if name in owner:
-                raise RuntimeError(f"field {name!r} is in both {owner[name]} and {section}")
-            owner[name] = section
-    return owner
-
-
-def preset_path(preset: str | Path) -> Path:
-    """A preset file: a path, or a bundled name (``baby``, ``lm_baby`` or ``lm_baby.toml``)."""
-    path = Path(preset)
-    if path.is_file():
-        return path
-    name = path.name.removesuffix(".toml")
-    for candidate in (PRESETS / f"{name}.toml", PRESETS / f"lm_{name}.toml"):
-        if candidate.is_file():
-            return candidate
-    bundled = sorted(p.stem for p in PRESETS.glob("lm_*.toml"))
-    raise ValueError(f"--config {preset}: no such file or bundled preset; bundled: {bundled}")
-
-
 def build_config(preset: str | Path | None, overrides: dict[str, Any]) -> RunConfig:
     """Defaults <- presets/lm.toml <- a preset (file or bundled name) <- command-line fields."""
-    values: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
-    owner = field_owner()
-    sources = [PRESETS / f"{TASK}.toml"] + ([preset_path(preset)] if preset else [])
-    for source in sources:
-        for key, value in load_toml(source).items():
-            if key in SECTIONS and isinstance(value, dict):
-                for name, item in value.items():
-                    if owner.get(name) != key:
-                        raise ValueError(_unknown(name, owner, f"[{key}] of {source}"))
-                    values[key][name] = item
-            elif key in owner:
-                values[owner[key]][key] = value
-            else:
-                raise ValueError(_unknown(key, owner, source))
-    for key, value in overrides.items():
-        if key not in owner:
-            raise ValueError(_unknown(key, owner, "the command line"))
-        values[owner[key]][key] = value
-    parts = {name: apply_overrides(cls(), values[name]) for name, cls in SECTIONS.items()}
-    cfg = RunConfig(**parts)
+    sources = [PRESETS / f"{TASK}.toml"]
+    if preset:
+        sources.append(sections.preset_file(preset, TASK))
+    cfg = RunConfig(**sections.build_sections(SECTIONS, sources, overrides))
     cfg.data.validate()
     return cfg
 
 
 def resumed_config(saved: dict[str, Any], overrides: dict[str, Any]) -> RunConfig:
     """A run's saved config with command-line fields (e.g. a larger max_steps) applied."""
-    owner = field_owner()
-    for key in overrides:
-        if key not in owner:
-            raise ValueError(_unknown(key, owner, "the command line"))
-    parts = {
-        name: apply_overrides(
-            from_dict(cls, saved[name]), {k: v for k, v in overrides.items() if owner[k] == name}
-        )
-        for name, cls in SECTIONS.items()
-    }
-    return RunConfig(**parts)
-
-
-def _unknown(key: str, owner: dict[str, str], where: object) -> str:
-    close = difflib.get_close_matches(key, owner, n=3)
-    hint = f"; did you mean {', '.join(close)}?" if close else ""
-    return f"unknown setting {key!r} in {where}{hint} (see `attnlab train lm --help`)"
+    return RunConfig(**sections.saved_sections(SECTIONS, saved, overrides))
 
 
 # ---------------------------------------------------------------------------- data
@@ -404,6 +348,17 @@ class _StopText:
         return new
 
 
+def check_request(
+    max_new_tokens: int, num_samples: int, temperature: float, top_k: int, top_p: float
+) -> None:
+    """Reject generation settings that mean nothing, before anything is printed."""
+    check_sampling(temperature, top_k, top_p)
+    if max_new_tokens < 1 or num_samples < 1:
+        raise ValueError(
+            f"--max-new-tokens and --num-samples must be >= 1, got {max_new_tokens}, {num_samples}"
+        )
+
+
 def generate_text(
     model: GPT,
     tokenizer: LMTokenizer,
@@ -424,11 +379,7 @@ def generate_text(
 
     A sample ends after ``max_new_tokens`` tokens or just before its first stop string.
     """
-    check_sampling(temperature, top_k, top_p)
-    if max_new_tokens < 1 or num_samples < 1:
-        raise ValueError(
-            f"--max-new-tokens and --num-samples must be >= 1, got {max_new_tokens}, {num_samples}"
-        )
+    check_request(max_new_tokens, num_samples, temperature, top_k, top_p)
     stops = [s for s in (stops or []) if s]
     ids, dropped = encode_prompt(tokenizer, prompt, model.cfg.context)
     batch = torch.tensor([ids] * num_samples, dtype=torch.long, device=device)  # (N, T)

@@ -85,8 +85,9 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> None:
 
 def run_generate(args: argparse.Namespace) -> int:
     """Stream one sample as it is produced; several are printed one after another."""
-    from attnlab.tasks.lm import LMRun, default_prompt, generate_text
+    from attnlab.tasks.lm import LMRun, check_request, default_prompt, generate_text
 
+    check_request(args.max_new_tokens, args.num_samples, args.temperature, args.top_k, args.top_p)
     run = LMRun.load(args.run, args.device)
     prompt = default_prompt(run.tokenizer) if args.prompt is None else args.prompt
     streaming = args.num_samples == 1
