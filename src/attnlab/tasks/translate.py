@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from attnlab.configs import apply_overrides, from_dict, load_toml, to_dict
+from attnlab.configs import from_dict, to_dict
 from attnlab.data.io import write_json
 from attnlab.data.parallel import (
     Pair,
@@ -31,9 +31,10 @@ from attnlab.data.parallel import (
 )
 from attnlab.models.beam import DecodeSettings, beam_search, greedy_decode
 from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
+from attnlab.tasks import sections
+from attnlab.tasks.sections import PRESETS
 from attnlab.train import StepOutput, TrainConfig, Trainer, load_weights, seed_everything
 
-PRESETS = Path(__file__).resolve().parent.parent / "presets"
 BUNDLED = Path(__file__).resolve().parent.parent / "data" / "bible.tsv.gz"
 TASK = "translate"
 LANGS = ("en", "de", "zh")
@@ -104,40 +105,12 @@ class RunConfig:
         return {"task": TASK, **{name: to_dict(getattr(self, name)) for name in SECTIONS}}
 
 
-def _owner() -> dict[str, str]:
-    return {n: s for s, cls in SECTIONS.items() for n in cls.__dataclass_fields__}
-
-
-def preset_path(preset: str | Path) -> Path:
-    """A preset file, or a bundled name (``copy`` -> presets/translate_copy.toml)."""
-    path = Path(preset)
-    if path.is_file():
-        return path
-    name = path.name.removesuffix(".toml")
-    for candidate in (PRESETS / f"{name}.toml", PRESETS / f"translate_{name}.toml"):
-        if candidate.is_file():
-            return candidate
-    bundled = sorted(p.stem for p in PRESETS.glob("translate*.toml"))
-    raise ValueError(f"--config {preset}: no such file or bundled preset; bundled: {bundled}")
-
-
 def build_config(preset: str | Path | None, overrides: dict[str, Any]) -> RunConfig:
-    """Defaults <- presets/translate.toml <- a preset <- command-line fields."""
-    owner = _owner()
-    values: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
-    for source in [PRESETS / f"{TASK}.toml"] + ([preset_path(preset)] if preset else []):
-        for section, items in load_toml(source).items():
-            if section not in SECTIONS or not isinstance(items, dict):
-                raise ValueError(f"{source}: unknown section [{section}]; use data, model, train")
-            for name, value in items.items():
-                if owner.get(name) != section:
-                    raise ValueError(f"{source}: unknown setting {name!r} in [{section}]")
-                values[section][name] = value
-    for key, value in overrides.items():
-        if key not in owner:
-            raise ValueError(f"unknown setting {key!r} (see `attnlab train translate --help`)")
-        values[owner[key]][key] = value
-    cfg = RunConfig(**{n: apply_overrides(cls(), values[n]) for n, cls in SECTIONS.items()})
+    """Defaults <- presets/translate.toml <- a preset (file or bundled name) <- fields."""
+    sources = [PRESETS / f"{TASK}.toml"]
+    if preset:
+        sources.append(sections.preset_file(preset, TASK))
+    cfg = RunConfig(**sections.build_sections(SECTIONS, sources, overrides))
     cfg.data.validate()
     return cfg
 
@@ -271,16 +244,7 @@ def train(
     cfg = build_config(preset, overrides or {})
     if resume and (run_dir / "config.json").exists():
         saved = json.loads((run_dir / "config.json").read_text())
-        owner = _owner()
-        cfg = RunConfig(
-            **{
-                n: apply_overrides(
-                    from_dict(cls, saved[n]),
-                    {k: v for k, v in (overrides or {}).items() if owner.get(k) == n},
-                )
-                for n, cls in SECTIONS.items()
-            }
-        )
+        cfg = RunConfig(**sections.saved_sections(SECTIONS, saved, overrides or {}))
     main = int(os.environ.get("RANK", "0")) == 0
     prep = prepare(cfg, run_dir, resume)
     cfg.model.src_vocab_size = prep.src_tok.vocab_size
