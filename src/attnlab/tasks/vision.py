@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.configs import apply_overrides, from_dict, load_toml, to_dict
+from attnlab.configs import from_dict, to_dict
 from attnlab.data.images import (
     ImageData,
     ImageSet,
@@ -35,9 +35,10 @@ from attnlab.data.splits import stratified_split
 from attnlab.metrics import classification_report, format_report
 from attnlab.models.cnn import CNNConfig, ResNetCNN
 from attnlab.models.vit import ViT, ViTConfig
+from attnlab.tasks import sections as config_sections
+from attnlab.tasks.sections import PRESETS
 from attnlab.train import StepOutput, TrainConfig, Trainer, load_weights, seed_everything
 
-PRESETS = Path(__file__).resolve().parent.parent / "presets"
 TASK = "vision"
 Arch = Literal["vit", "cnn"]
 MODEL_CONFIGS: dict[str, type] = {"vit": ViTConfig, "cnn": CNNConfig}
@@ -92,25 +93,10 @@ def sections(arch: Arch) -> dict[str, type]:
 
 def build_config(arch: Arch, preset: str | Path | None, overrides: dict[str, Any]) -> RunConfig:
     """Defaults <- presets/<arch>.toml <- a user TOML (sections or flat keys) <- command line."""
-    parts = sections(arch)
-    owner = {name: sec for sec, cls in parts.items() for name in cls.__dataclass_fields__}
-    values: dict[str, dict[str, Any]] = {name: {} for name in parts}
-    if preset and not Path(preset).exists() and (PRESETS / f"{preset}.toml").exists():
-        preset = PRESETS / f"{preset}.toml"  # a bundled preset by name: vit_mnist, ...
-    for source in [PRESETS / f"{arch}.toml"] + ([Path(preset)] if preset else []):
-        for key, value in load_toml(source).items():
-            if key in parts and isinstance(value, dict):
-                values[key].update(value)
-            elif key in owner:
-                values[owner[key]][key] = value
-            else:
-                raise ValueError(f"unknown setting {key!r} in {source} (see --help)")
-    for key, value in overrides.items():
-        if key not in owner:
-            raise ValueError(f"unknown setting {key!r} (see `attnlab train {arch} --help`)")
-        values[owner[key]][key] = value
-    built = {name: apply_overrides(cls(), values[name]) for name, cls in parts.items()}
-    return RunConfig(arch, **built)
+    sources = [PRESETS / f"{arch}.toml"]
+    if preset:
+        sources.append(config_sections.preset_file(preset, arch))
+    return RunConfig(arch, **config_sections.build_sections(sections(arch), sources, overrides))
 
 
 # ---------------------------------------------------------------------------- data
