@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from attnlab.configs import apply_overrides, from_dict, load_toml, to_dict
+from attnlab.configs import from_dict, to_dict
 from attnlab.data import (
     ClassificationData,
     LabeledCorpus,
@@ -41,11 +41,12 @@ from attnlab.data.wordpiece import WordPieceTokenizer
 from attnlab.metrics import classification_report, format_report
 from attnlab.models.bert import BertClassifier, BertConfig
 from attnlab.models.bert_checkpoint import load_pretrained, resolve_checkpoint
+from attnlab.tasks import sections as config_sections
 from attnlab.tasks.classify import evaluator, predict_dataset, step_fn
+from attnlab.tasks.sections import PRESETS
 from attnlab.train import TrainConfig, Trainer, load_weights, seed_everything
 
 TASK = "bert_classify"
-PRESETS = Path(__file__).resolve().parent.parent / "presets"
 
 
 def _help(default: Any, text: str) -> Any:
@@ -81,22 +82,10 @@ def build_sections(
     sections: dict[str, type], preset: str, user_preset: str | Path | None, overrides: dict
 ) -> dict[str, Any]:
     """Defaults <- attnlab's preset <- a user TOML <- command-line fields, per section."""
-    owner = {name: s for s, cls in sections.items() for name in cls.__dataclass_fields__}
-    values: dict[str, dict[str, Any]] = {name: {} for name in sections}
-    sources = [PRESETS / f"{preset}.toml"] + ([Path(user_preset)] if user_preset else [])
-    for source in sources:
-        for key, value in load_toml(source).items():
-            if key in sections and isinstance(value, dict):
-                values[key].update(value)
-            elif key in owner:
-                values[owner[key]][key] = value
-            else:
-                raise ValueError(f"unknown setting {key!r} in {source}")
-    for key, value in overrides.items():
-        if key not in owner:
-            raise ValueError(f"unknown setting {key!r}; valid: {', '.join(sorted(owner))}")
-        values[owner[key]][key] = value
-    return {name: apply_overrides(cls(), values[name]) for name, cls in sections.items()}
+    sources = [PRESETS / f"{preset}.toml"]
+    if user_preset:
+        sources.append(config_sections.preset_file(user_preset, preset))
+    return config_sections.build_sections(sections, sources, overrides)
 
 
 def load_corpus(dcfg: BertClassifyConfig) -> LabeledCorpus:
