@@ -127,8 +127,7 @@ def train(
 ) -> dict[str, Any]:
     """Fine-tune (or, with from_scratch, train) a BERT classifier; returns test metrics."""
     run_dir = Path(run_dir)
-    if not resume and (run_dir / "config.json").exists():
-        raise ValueError(f"{run_dir} already holds a run; pass --resume or choose another --out")
+    config_sections.refuse_existing_run(run_dir, resume)
     parts = build_sections(SECTIONS, "bert_classify", preset, overrides or {})
     dcfg: BertClassifyConfig = parts["data"]
     tcfg: TrainConfig = parts["train"]

@@ -29,6 +29,7 @@ from attnlab.data.mlm import MLMData
 from attnlab.data.wordpiece import WordPieceTokenizer
 from attnlab.models.bert import BertConfig, BertForMaskedLM
 from attnlab.models.bert_checkpoint import load_pretrained, resolve_checkpoint, save_pretrained
+from attnlab.tasks import sections as config_sections
 from attnlab.tasks.bert_classify import BertClassifyConfig, _help, build_sections, load_corpus
 from attnlab.train import StepOutput, TrainConfig, Trainer, load_weights, seed_everything
 
@@ -160,8 +161,7 @@ def train(
 ) -> dict[str, Any]:
     """Pretrain with masked LM into ``run_dir``; returns the summary and checkpoint path."""
     run_dir = Path(run_dir)
-    if not resume and (run_dir / "config.json").exists():
-        raise ValueError(f"{run_dir} already holds a run; pass --resume or choose another --out")
+    config_sections.refuse_existing_run(run_dir, resume)
     parts = build_sections(SECTIONS, "bert_mlm", preset, overrides or {})
     dcfg: MLMDataConfig = parts["data"]
     mcfg: MLMModelConfig = parts["model"]

@@ -279,10 +279,7 @@ def train(
     run_dir = Path(run_dir)
     cfg = build_config(preset, overrides or {})
     main = int(os.environ.get("RANK", "0")) == 0
-    if main and not resume and (run_dir / "config.json").exists():  # other ranks: rank 0 writes
-        raise ValueError(
-            f"{run_dir} already holds a run; pass --resume to continue it or choose another --out"
-        )
+    sections.refuse_existing_run(run_dir, resume)
     prep = prepare(cfg, run_dir, resume)
     add_cls = cfg.model.pooling == "cls"
     cfg.model.vocab_size = prep.tokenizer.vocab_size

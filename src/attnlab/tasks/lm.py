@@ -222,10 +222,7 @@ def train(
     run_dir = Path(run_dir)
     cfg = build_config(preset, overrides or {})
     main = int(os.environ.get("RANK", "0")) == 0
-    if not resume and (run_dir / "config.json").exists():
-        raise ValueError(
-            f"{run_dir} already holds a run; pass --resume to continue it or choose another --out"
-        )
+    sections.refuse_existing_run(run_dir, resume)
     if resume and (run_dir / "config.json").exists():  # the run's settings, plus any changes
         cfg = resumed_config(json.loads((run_dir / "config.json").read_text()), overrides or {})
     prep = prepare(cfg.data, run_dir, resume)

@@ -10,6 +10,7 @@ command line.
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -90,3 +91,13 @@ def saved_sections(
         )
         for name, cls in sections.items()
     }
+
+
+def refuse_existing_run(run_dir: Path, resume: bool) -> None:
+    """Stop before a new run overwrites an old one (checked by rank 0 only under torchrun,
+    since rank 0 writes config.json and the other ranks could see it appear)."""
+    is_main = int(os.environ.get("RANK", "0")) == 0
+    if is_main and not resume and (run_dir / "config.json").exists():
+        raise ValueError(
+            f"{run_dir} already holds a run; pass --resume to continue it or choose another --out"
+        )

@@ -239,8 +239,7 @@ def train(
 ) -> dict[str, Any]:
     """Train an encoder-decoder into ``run_dir``, then evaluate it on the test split."""
     run_dir = Path(run_dir)
-    if not resume and (run_dir / "config.json").exists():
-        raise ValueError(f"{run_dir} already holds a run; pass --resume or choose another --out")
+    sections.refuse_existing_run(run_dir, resume)
     cfg = build_config(preset, overrides or {})
     if resume and (run_dir / "config.json").exists():
         saved = json.loads((run_dir / "config.json").read_text())

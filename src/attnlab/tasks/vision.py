@@ -198,8 +198,7 @@ def train(
     """Train a ViT or CNN into ``run_dir``; returns results with test metrics."""
     run_dir = Path(run_dir)
     cfg = build_config(arch, preset, overrides or {})
-    if not resume and (run_dir / "config.json").exists():
-        raise ValueError(f"{run_dir} already holds a run; pass --resume or choose another --out")
+    config_sections.refuse_existing_run(run_dir, resume)
     splits, source = load_splits(cfg.data)
     train_set = splits["train"]
     c, h, w = train_set.images.shape[1:]
