@@ -4,6 +4,7 @@ outputs (metrics.jsonl, TensorBoard, curves, summary), Ctrl-C resume, and input 
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from pathlib import Path
 
@@ -310,3 +311,30 @@ def test_time_budget_stops_after_evaluating(tmp_path: Path) -> None:
     vals = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["split"] == "val"]
     assert len(vals) == 1 and vals[0]["step"] == summary["steps"]
     assert (tmp_path / "model.safetensors").exists()
+
+
+def test_schedule_by_time_decays_within_the_budget(tmp_path: Path, monkeypatch) -> None:
+    """With schedule_by_time the lr follows the clock: half the budget spent = half the decay,
+    and the run the clock stops ends at the floor instead of mid-schedule."""
+    clock = {"t": 0.0}
+    monkeypatch.setattr(Trainer, "_elapsed", lambda self: clock["t"])
+    cfg = cfg_for(epochs=50, max_minutes=1.0, warmup_steps=0, schedule="linear",
+                  schedule_by_time=True, log_every=1)
+    trainer = Trainer(tiny(), cfg, tmp_path, TinyData(), step_fn, make_evaluate())
+    orig = Trainer._update
+    lrs: list[float] = []
+
+    def update(self, step, total_weight):
+        clock["t"] += 12.0  # every optimizer step "takes" a fifth of the 60 s budget
+        lr, norm = orig(self, step, total_weight)
+        lrs.append(lr)
+        return lr, norm
+
+    monkeypatch.setattr(Trainer, "_update", update)
+    summary = trainer.fit()
+    assert summary["stop_reason"] == "max_minutes" and summary["steps"] == 5
+    total = trainer.total_steps  # 50 epochs' worth of steps, of which 5 fit the budget
+    expected = [cfg.lr * (1 - min(total, math.ceil(k / 5 * total)) / total) for k in range(1, 6)]
+    assert lrs == pytest.approx(expected)
+    assert lrs[-1] == 0.0
+

@@ -58,6 +58,11 @@ class TrainConfig:
     max_minutes: float = _opt(
         0.0, "stop (evaluating first) once training wall time reaches this; 0 = no time limit"
     )
+    schedule_by_time: bool = _opt(
+        False,
+        "with max_minutes > 0 (else ignored): advance the lr schedule by max(step, time) progress so a run the "
+        "clock stops still ends its warmup+decay (timing-dependent, so not bitwise reproducible)",
+    )
 
     def __post_init__(self) -> None:
         """Reject values the loop cannot run with, naming the field and the fix."""

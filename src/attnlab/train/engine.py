@@ -331,7 +331,7 @@ class Trainer:
         """Set the lr, normalise and clip the gradients, step AdamW; return (lr, grad norm)."""
         cfg = self.cfg
         lr = cfg.lr * lr_factor(
-            step,
+            self._schedule_step(step),
             schedule=cfg.schedule,
             total_steps=self.total_steps,
             warmup_steps=self.warmup,
@@ -362,6 +362,19 @@ class Trainer:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return lr, grad_norm
+
+    def _schedule_step(self, step: int) -> int:
+        """The step the lr schedule sees: `step`, or further on when the clock is ahead of it.
+
+        With `schedule_by_time`, a run planned for `total_steps` but capped at `max_minutes`
+        maps its fraction of the time budget onto the step axis, so warmup and decay fit the
+        budget whichever comes first. Rank 0's clock decides for every rank.
+        """
+        cfg = self.cfg
+        if not (cfg.schedule_by_time and cfg.max_minutes > 0):
+            return step
+        time_frac = broadcast_object(self._elapsed() / (60 * cfg.max_minutes), self.env)
+        return max(step, min(self.total_steps, math.ceil(time_frac * self.total_steps)))
 
     def _after_step(
         self,
