@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -319,6 +320,31 @@ def _grow(buffer: Tensor, capacity: int, used: int) -> Tensor:
 RotaryHook = Callable[[Tensor, Tensor, int], tuple[Tensor, Tensor]]
 
 
+class AttentionKernel(Protocol):
+    """Self-attention other than full softmax attention (``attnlab.efficient`` builds them).
+
+    Called with per-head q (B, H, Tq, D), k, v (B, Hkv, Tk, D) instead of
+    :func:`scaled_dot_product_attention`; it owns its decoding cache (``new_cache``), which it
+    updates itself when one is passed. Holds no parameters.
+    """
+
+    def __call__(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        mask: Tensor | None,
+        is_causal: bool,
+        bias: Tensor | None,
+        dropout_p: float,
+        need_weights: bool,
+        cache: Any,
+    ) -> tuple[Tensor, Tensor | None]: ...
+
+    def new_cache(self) -> Any: ...
+
+
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O  (Vaswani et al. 2017, §3.2.2).
 
@@ -329,6 +355,8 @@ class MultiHeadAttention(nn.Module):
     matrix ``qkv`` (rows: queries, then keys, then values), as in ``nn.MultiheadAttention``.
     ``rotary`` is an optional hook ``(q, k, offset) -> (q, k)`` applied to the per-head queries
     and keys (RoPE); an additive ``bias`` passed to :meth:`forward` carries relative positions.
+    ``kernel`` replaces full attention in self-attention (local or linear attention, from
+    :func:`attnlab.efficient.make_kernel`); the parameters, and so checkpoints, stay the same.
     """
 
     def __init__(
@@ -344,6 +372,7 @@ class MultiHeadAttention(nn.Module):
         dropout: float = 0.0,
         rotary: RotaryHook | None = None,
         fused: bool = True,
+        kernel: AttentionKernel | None = None,
     ) -> None:
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
@@ -374,6 +403,7 @@ class MultiHeadAttention(nn.Module):
         self.dropout = dropout
         self.rotary = rotary
         self.fused = fused
+        self.kernel = kernel
         q_width = n_heads * self.head_dim
         kv_width = n_kv_heads * self.head_dim
         self._split = (q_width, kv_width, kv_width)
@@ -441,6 +471,10 @@ class MultiHeadAttention(nn.Module):
         (B, Tq, Tk) averaged over heads with ``average_weights``.
         """
         self._check_input(x, self.d_model, "x")
+        if self.kernel is not None and context is not None:
+            raise ValueError(
+                f"{self.kernel!r} is self-attention only; build cross-attention with kernel=None"
+            )
         B, Tq, _ = x.shape
         offset = cache.length if cache is not None and context is None else 0
         if context is not None and cache is not None and cache.static:
@@ -455,29 +489,47 @@ class MultiHeadAttention(nn.Module):
             v = self._heads(v, self.n_kv_heads)  # (B, Hkv, Tk_new, Dh)
             if self.rotary is not None and context is None:
                 q, k = self.rotary(q, k, offset)
-            if cache is not None:
+            if cache is not None and self.kernel is None:  # a kernel updates its own cache
                 if context is None:
                     k, v = cache.append(k, v)  # (B, Hkv, past + Tq, Dh)
                 else:
                     cache.set_static(k, v)
-        # One new query against a cache sees every key: no causal mask needed.
-        causal = is_causal and not (cache is not None and Tq == 1)
-        out, weights = scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            mask=mask,
-            is_causal=causal,
-            dropout_p=self.dropout if self.training else 0.0,
-            return_weights=need_weights,
-            bias=bias,
-            fused=None if self.fused else False,
-        )  # (B, H, Tq, Dh)
+        dropout_p = self.dropout if self.training else 0.0
+        if self.kernel is not None:
+            out, weights = self.kernel(
+                q,
+                k,
+                v,
+                mask=mask,
+                is_causal=is_causal,
+                bias=bias,
+                dropout_p=dropout_p,
+                need_weights=need_weights,
+                cache=cache,
+            )  # (B, H, Tq, Dh)
+        else:
+            # One new query against a cache sees every key: no causal mask needed.
+            causal = is_causal and not (cache is not None and Tq == 1)
+            out, weights = scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                mask=mask,
+                is_causal=causal,
+                dropout_p=dropout_p,
+                return_weights=need_weights,
+                bias=bias,
+                fused=None if self.fused else False,
+            )  # (B, H, Tq, Dh)
         out = out.transpose(1, 2).reshape(B, Tq, self.n_heads * self.head_dim)  # (B, Tq, H*Dh)
         out = self.out_proj(out)  # (B, Tq, d_model)
         if weights is not None and average_weights:
             weights = weights.mean(dim=1)  # (B, Tq, Tk)
         return out, weights
+
+    def new_cache(self) -> Any:
+        """An empty decoding cache for this layer's self-attention (KVCache for full attention)."""
+        return KVCache() if self.kernel is None else self.kernel.new_cache()
 
     @staticmethod
     def _check_input(t: Tensor, width: int, name: str) -> None:

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from attnlab.attention import KVCache, MultiHeadAttention, RotaryHook
+from attnlab.efficient import make_kernel
 
 NormKind = Literal["layer", "rms"]
 Activation = Literal["relu", "gelu", "gelu_tanh", "swiglu"]
@@ -89,6 +90,8 @@ class EncoderBlock(nn.Module):
     """Self-attention then feed-forward, each wrapped in a residual and a norm.
 
     With ``causal=True`` and no cross-attention this is also the GPT/LLaMA decoder block.
+    ``attention`` chooses full, local (sliding ``window``, ``n_global`` global tokens) or
+    linear self-attention (:mod:`attnlab.efficient`); the parameters are the same for all three.
     """
 
     def __init__(
@@ -107,6 +110,9 @@ class EncoderBlock(nn.Module):
         n_kv_heads: int | None = None,
         rotary: RotaryHook | None = None,
         fused: bool = True,
+        attention: str = "full",
+        window: int = 0,
+        n_global: int = 0,
     ) -> None:
         super().__init__()
         self.norm_first = norm_first
@@ -119,6 +125,7 @@ class EncoderBlock(nn.Module):
             dropout=attn_dropout,
             rotary=rotary,
             fused=fused,
+            kernel=make_kernel(attention, window, n_global),
         )
         self.ff = FeedForward(d_model, d_ff, activation, dropout, bias)
         self.norm1 = make_norm(norm, d_model, norm_eps, bias)

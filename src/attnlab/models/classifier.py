@@ -9,6 +9,7 @@ from torch import Tensor, nn
 
 from attnlab.attention import padding_mask
 from attnlab.blocks import Encoder, EncoderBlock, make_norm
+from attnlab.efficient import check_attention_config
 from attnlab.positions import (
     ALiBi,
     LearnedPositionalEmbedding,
@@ -46,11 +47,20 @@ class ClassifierConfig:
     unk_id: int = 1
     cls_id: int = 2
     gradient_checkpointing: bool = False
+    attention: str = "full"  # full | local (sliding window) | linear (elu+1 feature map)
+    window: int = 0  # attention="local": keys within this distance each side, itself included
+    n_global: int = 0  # attention="local": leading tokens (e.g. <cls>) that see and are seen by all
 
     def validate(self) -> None:
         """Raise ValueError naming the field and the valid choices."""
         if self.vocab_size <= 0:
             raise ValueError("vocab_size must be set (build the tokenizer first)")
+        check_attention_config(self.attention, self.window, self.n_global)
+        if self.attention == "linear" and self.pos in ("t5", "alibi"):
+            raise ValueError(
+                f"pos={self.pos!r} adds a bias to attention scores, which linear attention does "
+                "not form; use pos='sinusoidal', 'learned' or 'rope' with attention='linear'"
+            )
         if self.pos not in POSITIONS:
             raise ValueError(f"pos must be one of {POSITIONS}, got {self.pos!r}")
         if self.pooling not in POOLINGS:
@@ -111,6 +121,9 @@ class TextClassifier(nn.Module):
                 norm_first=pre,
                 norm=cfg.norm_type,  # type: ignore[arg-type]
                 rotary=rotary,
+                attention=cfg.attention,
+                window=cfg.window,
+                n_global=cfg.n_global,
             )
             for _ in range(cfg.n_layers)
         ]

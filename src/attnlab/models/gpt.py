@@ -4,18 +4,22 @@ tokens -> embedding (+ learned positions) -> N pre-norm causal blocks -> final n
 Positions are learned absolute vectors (GPT-2), rotary (RoPE, LLaMA) or linear attention biases
 (ALiBi); norms LayerNorm or RMSNorm; the feed-forward GELU or SwiGLU; ``n_kv_heads`` < ``n_heads``
 gives grouped-query attention. With ``tie_weights`` the output projection is the token
-embedding matrix (Press & Wolf 2017). Attention runs through PyTorch's fused causal kernel.
+embedding matrix (Press & Wolf 2017). Attention runs through PyTorch's fused causal kernel,
+or, with ``attention = "local"`` or ``"linear"``, through :mod:`attnlab.efficient` (sliding
+window of ``window`` keys and ``n_global`` global tokens, or elu+1 linear attention); each
+kind decodes with its own cache (:meth:`GPT.new_caches`).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from torch import Tensor, nn
 
-from attnlab.attention import KVCache
 from attnlab.blocks import Encoder, EncoderBlock, make_norm
+from attnlab.efficient import check_attention_config
 from attnlab.positions import ALiBi, LearnedPositionalEmbedding, RotaryEmbedding
 
 POSITIONS = ("learned", "rope", "alibi")
@@ -43,11 +47,20 @@ class GPTConfig:
     norm_eps: float = 1e-5
     rope_base: float = 10000.0
     gradient_checkpointing: bool = False
+    attention: str = "full"  # full | local (sliding window) | linear (elu+1 feature map)
+    window: int = 0  # attention="local": keys each query sees, itself included
+    n_global: int = 0  # attention="local": leading positions every query sees
 
     def validate(self) -> None:
         """Raise ValueError naming the field and what to change."""
         if self.vocab_size <= 0:
             raise ValueError("vocab_size must be set (build the tokenizer first)")
+        check_attention_config(self.attention, self.window, self.n_global)
+        if self.attention == "linear" and self.pos == "alibi":
+            raise ValueError(
+                "pos='alibi' adds a bias to attention scores, which linear attention does not "
+                "form; use pos='learned' or 'rope' with attention='linear'"
+            )
         for name, value, choices in (
             ("pos", self.pos, POSITIONS),
             ("norm", self.norm, NORMS),
@@ -111,6 +124,9 @@ class GPT(nn.Module):
                 bias=cfg.bias,
                 n_kv_heads=cfg.kv_heads,
                 rotary=rotary,
+                attention=cfg.attention,
+                window=cfg.window,
+                n_global=cfg.n_global,
             )
             for _ in range(cfg.n_layers)
         ]
@@ -133,12 +149,13 @@ class GPT(nn.Module):
             for proj in (block.self_attn.out_proj, block.ff.w_out):
                 nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * self.cfg.n_layers))
 
-    def new_caches(self) -> list[KVCache]:
-        """One empty KV cache per layer, for `forward(..., caches=...)`."""
-        return [KVCache() for _ in range(self.cfg.n_layers)]
+    def new_caches(self) -> list[Any]:
+        """One empty decoding cache per layer, for `forward(..., caches=...)`: a KVCache for
+        full attention, a SlidingWindowCache (local) or a LinearAttentionState (linear)."""
+        return [block.self_attn.new_cache() for block in self.stack.blocks]
 
     def forward(
-        self, ids: Tensor, caches: list[KVCache] | None = None, last_only: bool = False
+        self, ids: Tensor, caches: list[Any] | None = None, last_only: bool = False
     ) -> Tensor:
         """ids (B, T) -> logits (B, T, V), or (B, 1, V) with ``last_only``.
 
