@@ -46,6 +46,7 @@ class BertConfig:
     attn_dropout: float = 0.1
     activation: str = "gelu"
     pad_id: int = 0
+    gradient_checkpointing: bool = False  # recompute block activations in backward (less memory)
 
     def validate(self) -> None:
         """Raise ValueError naming the field to change."""
@@ -157,6 +158,7 @@ class BertModel(nn.Module):
             for _ in range(cfg.n_layers)
         ]
         self.encoder = Encoder(blocks)
+        self.encoder.gradient_checkpointing = cfg.gradient_checkpointing
         self.pooler = nn.Linear(cfg.d_model, cfg.d_model)
         init_bert_weights(self)
 

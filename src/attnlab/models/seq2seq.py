@@ -39,6 +39,7 @@ class Seq2SeqConfig:
     max_len: int = 512
     tie_output: bool = True
     pad_id: int = 0
+    gradient_checkpointing: bool = False  # recompute block activations in backward (less memory)
 
     def validate(self) -> None:
         """Raise ValueError naming the field to change."""
@@ -94,6 +95,8 @@ class Seq2SeqTransformer(nn.Module):
             [DecoderBlock(d, cfg.n_heads, cfg.d_ff, **kw) for _ in range(cfg.n_decoder_layers)],
             make_norm("layer", d),
         )
+        self.encoder.gradient_checkpointing = cfg.gradient_checkpointing
+        self.decoder.gradient_checkpointing = cfg.gradient_checkpointing
         self.out_proj = nn.Linear(d, cfg.tgt_vocab_size, bias=False)
         if cfg.tie_output:
             self.out_proj.weight = self.tgt_embed.weight
