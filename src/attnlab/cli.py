@@ -235,6 +235,36 @@ def _run_ablate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    from attnlab.bench.run import DEFAULT_OUT, SECTIONS
+
+    p = sub.add_parser(
+        "bench",
+        help="speed and memory vs PyTorch / Hugging Face; writes one markdown report",
+        description="Attention kernels (explicit, fused, local, linear), MHA vs "
+        "nn.MultiheadAttention, encoder layer vs nn.TransformerEncoderLayer, GPT training step "
+        "vs GPT2LMHeadModel (with gradient checkpointing memory), generation with and without "
+        "cache, and long-sequence scaling.",
+    )
+    p.add_argument("--quick", action="store_true", help="small shapes, few rounds (~1 minute)")
+    p.add_argument("--out", default=DEFAULT_OUT, help=f"report path (default: {DEFAULT_OUT})")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (CUDA events time the GPU)")
+    p.add_argument("--num-threads", type=int, default=1, help="torch threads; 0 = default")
+    p.add_argument(
+        "--only", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}"
+    )
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from attnlab.bench.run import run_bench
+
+    sections = tuple(s for s in args.only.split(",") if s)
+    out = run_bench(args.out, args.quick, args.device, args.num_threads, sections)
+    print(out.read_text())
+    print(f"report written to {out} (data in {out.with_suffix('.json')})")
+    return 0
+
+
 COMMANDS = {
     "train": (_add_train, _run_train),
     "eval": (_add_eval, _run_eval),
@@ -243,6 +273,7 @@ COMMANDS = {
     "ablate": (_add_ablate, _run_ablate),
     "generate": (lm_cli.add_generate_parser, lm_cli.run_generate),
     "translate": (translate_cli.add_translate_parser, translate_cli.run_translate),
+    "bench": (_add_bench, _run_bench),
     **bert_commands.COMMANDS,  # embed, similarity, search
 }
 

@@ -1,0 +1,90 @@
+"""Steps measured in a fresh process (:mod:`attnlab.bench.memory`): a block, a GPT."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from attnlab.blocks import EncoderBlock
+from attnlab.models.gpt import GPT, GPTConfig
+
+Step = Callable[[], None]
+
+# attention kinds of the scaling benchmark: (attention switch, fused kernel for full attention)
+BLOCK_KINDS = {
+    "explicit": ("full", False),
+    "fused": ("full", True),
+    "local": ("local", True),
+    "linear": ("linear", True),
+}
+
+
+def block(kind: str, d_model: int, n_heads: int, window: int) -> EncoderBlock:
+    """A pre-norm causal GPT block, d_ff = 4·d_model, no dropout, with ``kind`` attention."""
+    attention, fused = BLOCK_KINDS[kind]
+    return EncoderBlock(
+        d_model,
+        n_heads,
+        4 * d_model,
+        dropout=0.0,
+        activation="gelu",
+        norm_first=True,
+        fused=fused,
+        attention=attention,
+        window=window if attention == "local" else 0,
+    )
+
+
+def _block_steps(spec: dict, device: torch.device) -> tuple[Step, Step]:
+    torch.manual_seed(0)
+    d = spec["d_model"]
+    model = block(spec["kind"], d, spec["n_heads"], spec["window"]).to(device)
+
+    def make(T: int) -> Step:
+        x = torch.randn(spec["batch"], T, d, device=device, requires_grad=True)
+        cot = torch.randn(spec["batch"], T, d, device=device)
+
+        def step() -> None:
+            out, _ = model(x, is_causal=True)  # (B, T, D)
+            out.backward(cot)
+            x.grad = None
+            model.zero_grad(set_to_none=True)
+
+        return step
+
+    return make(min(spec["T"], 256)), make(spec["T"])
+
+
+def _gpt_steps(spec: dict, device: torch.device) -> tuple[Step, Step]:
+    torch.manual_seed(0)
+    cfg = GPTConfig(
+        vocab_size=spec["vocab"],
+        context=spec["context"],
+        n_layers=spec["n_layers"],
+        n_heads=spec["n_heads"],
+        d_model=spec["d_model"],
+        gradient_checkpointing=spec["checkpointing"],
+    )
+    model = GPT(cfg).to(device).train()
+
+    def make(batch: int) -> Step:
+        ids = torch.randint(0, cfg.vocab_size, (batch, cfg.context), device=device)
+
+        def step() -> None:
+            logits = model(ids)  # (B, T, V)
+            F.cross_entropy(logits.flatten(0, 1), ids.flatten()).backward()
+            model.zero_grad(set_to_none=True)
+
+        return step
+
+    return make(1), make(spec["batch"])
+
+
+def build_case(spec: dict, device: torch.device) -> tuple[Step, Step]:
+    """(warm-up step, measured step) for ``spec["case"]`` in {"block", "gpt"}."""
+    builders = {"block": _block_steps, "gpt": _gpt_steps}
+    if spec["case"] not in builders:
+        raise ValueError(f"unknown case {spec['case']!r}; one of {', '.join(builders)}")
+    return builders[spec["case"]](spec, device)
