@@ -60,8 +60,9 @@ class TrainConfig:
     )
     schedule_by_time: bool = _opt(
         False,
-        "with max_minutes > 0 (else ignored): advance the lr schedule by max(step, time) progress so a run the "
-        "clock stops still ends its warmup+decay (timing-dependent, so not bitwise reproducible)",
+        "with max_minutes > 0 (else ignored): advance the lr schedule by max(step, time) "
+        "progress so a run the clock stops still ends its warmup+decay (timing-dependent, so "
+        "not bitwise reproducible)",
     )
 
     def __post_init__(self) -> None:
