@@ -39,7 +39,10 @@ def batch(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 def test_padding_changes_nothing(pooling: str, pos: str, seed: int) -> None:
     """Whatever sits in padded positions, and however long the padding, logits are the same."""
     torch.manual_seed(seed)
-    model = make(pooling, pos, bigram_buckets=97 if pos == "sinusoidal" else 0)
+    extra = {"bigram_buckets": 97} if pos == "sinusoidal" else {}
+    if pos in ("learned", "rope"):
+        extra["ngram_buckets"] = 101
+    model = make(pooling, pos, **extra)
     ids, lengths = batch(seed)
     logits = model(ids, lengths)
     garbage = ids.clone()
@@ -103,3 +106,37 @@ def test_bad_config_errors() -> None:
     model = make(pos="learned")
     with pytest.raises(ValueError, match="max_len=40"):
         model(torch.ones(1, 41, dtype=torch.long), torch.tensor([41]))
+
+
+@pytest.mark.parametrize("pooling", POOLINGS)
+def test_ngram_bag_is_the_mean_over_exactly_the_texts_ngrams(pooling: str, seed: int) -> None:
+    """The bag holds every 1..3-gram of the real text once (none touching padding or <cls>), and
+    its feature is the mean of their bucket embeddings, computed here from the text by hand."""
+    torch.manual_seed(seed)
+    model = make(pooling, ngram_buckets=1009, ngram_max=3)
+    ids, lengths = batch(seed)
+    hashed, valid = model.ngram_ids(ids, lengths)
+    start = int(pooling == "cls")
+    feats = model.ngram_features(ids, lengths)
+    for i, n in enumerate(lengths.tolist()):
+        text = ids[i, start:n].tolist()
+        grams = [tuple(text[p : p + k]) for k in (1, 2, 3) for p in range(len(text) - k + 1)]
+        assert int(valid[i].sum()) == len(grams)
+        buckets = hashed[i][valid[i]]
+        expected = model.ngram_bag.weight[buckets].mean(0)
+        torch.testing.assert_close(feats[i], expected)
+    logits = model(ids, lengths)
+    assert logits.shape == (3, 3)
+    logits.sum().backward()
+    assert model.ngram_bag.weight.grad.abs().sum() > 0
+
+
+def test_ngram_hash_is_position_free() -> None:
+    """An n-gram hashes to the same bucket wherever it sits in whichever text."""
+    model = make(ngram_buckets=4099, ngram_max=2)
+    ids = torch.tensor([[5, 6, 7, 0], [9, 5, 6, 8]])
+    hashed, valid = model.ngram_ids(ids, torch.tensor([3, 4]))
+    # layout: unigrams at 0..3, bigrams at 4..6; bigram (5, 6) starts at 0 in row 0, 1 in row 1
+    assert hashed[0, 4] == hashed[1, 5] and hashed[0, 0] == hashed[1, 1]
+    assert hashed[0, 0] != hashed[0, 4]  # a unigram and a bigram starting alike differ
+    assert valid.tolist() == [[1, 1, 1, 0, 1, 1, 0], [1, 1, 1, 1, 1, 1, 1]]

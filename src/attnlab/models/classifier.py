@@ -42,6 +42,8 @@ class ClassifierConfig:
     pooling: str = "mean"  # mean | max | cls
     max_len: int = 256  # longest input the model accepts (learned positions need it)
     bigram_buckets: int = 0  # >0 adds hashed character-bigram embeddings to each position
+    ngram_buckets: int = 0  # >0 adds a bag of hashed 1..ngram_max-grams beside the pooled state
+    ngram_max: int = 3  # longest character n-gram in that bag
     token_dropout: float = 0.0  # training only: replace this share of tokens with <unk>
     pad_id: int = 0
     unk_id: int = 1
@@ -67,6 +69,11 @@ class ClassifierConfig:
             raise ValueError(f"pooling must be one of {POOLINGS}, got {self.pooling!r}")
         if self.norm not in ("pre", "post"):
             raise ValueError(f"norm must be 'pre' or 'post', got {self.norm!r}")
+        if self.ngram_buckets < 0 or self.ngram_max < 1:
+            raise ValueError(
+                f"ngram_buckets must be >= 0 and ngram_max >= 1, got {self.ngram_buckets} and "
+                f"{self.ngram_max}"
+            )
         if self.d_model % self.n_heads != 0:
             raise ValueError(
                 f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
@@ -129,13 +136,54 @@ class TextClassifier(nn.Module):
         ]
         self.encoder = Encoder(blocks, make_norm(cfg.norm_type, D) if pre else None)  # type: ignore[arg-type]
         self.encoder.gradient_checkpointing = cfg.gradient_checkpointing
+        self.ngram_bag = None
+        if cfg.ngram_buckets > 0:
+            self.ngram_bag = nn.Embedding(cfg.ngram_buckets, D)
+            nn.init.normal_(self.ngram_bag.weight, std=0.02)
         self.head_dropout = nn.Dropout(cfg.dropout)
-        self.head = nn.Linear(D, cfg.n_classes)
+        self.head = nn.Linear(2 * D if self.ngram_bag is not None else D, cfg.n_classes)
 
     def bigram_ids(self, input_ids: Tensor) -> Tensor:
         """Hash each (previous, current) id pair into ``bigram_buckets`` ids: (B, T) -> (B, T)."""
         prev = torch.nn.functional.pad(input_ids[:, :-1], (1, 0), value=self.cfg.pad_id)
         return (prev * 1_000_003 + input_ids) % self.cfg.bigram_buckets
+
+    def ngram_ids(self, input_ids: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+        """Hashed ids of every 1..ngram_max-gram that lies inside the real tokens.
+
+        ids (B, T), lengths (B,) -> (ids (B, G), valid (B, G)) with G = sum_k (T - k + 1); n-grams
+        that touch padding (or the <cls> token) are marked invalid. The hash folds the k ids
+        with a large prime and adds k, so a k-gram and a (k+1)-gram rarely share a bucket.
+        """
+        B, T = input_ids.shape
+        ids, valid = [], []
+        start = 1 if self.cfg.pooling == "cls" else 0  # <cls> is not text
+        for k in range(1, self.cfg.ngram_max + 1):
+            if T - start < k:
+                break
+            n = T - k + 1
+            h = torch.zeros(B, n, dtype=torch.long, device=input_ids.device)
+            for j in range(k):
+                h = (h * 1_000_003 + input_ids[:, j : j + n]) % (1 << 40)  # (B, n)
+            pos = torch.arange(n, device=input_ids.device)  # first position of each k-gram
+            ids.append((h * 31 + k) % self.cfg.ngram_buckets)
+            valid.append((pos[None] >= start) & (pos[None] + k <= lengths[:, None]))  # (B, n)
+        return torch.cat(ids, dim=1), torch.cat(valid, dim=1)
+
+    def ngram_features(self, input_ids: Tensor, lengths: Tensor) -> Tensor:
+        """Mean embedding of the text's hashed n-grams (fastText, Joulin et al. 2017): (B, D)."""
+        assert self.ngram_bag is not None
+        ids, valid = self.ngram_ids(input_ids, lengths)  # (B, G), (B, G)
+        keep = valid[..., None].to(self.ngram_bag.weight.dtype)  # (B, G, 1)
+        summed = (self.ngram_bag(ids) * keep).sum(dim=1)  # (B, D)
+        return summed / keep.sum(dim=1).clamp(min=1)
+
+    def features(self, h: Tensor, mask: Tensor, input_ids: Tensor, lengths: Tensor) -> Tensor:
+        """What the head reads: the pooled states (B, D), with the n-gram bag beside them."""
+        pooled = self.pool(h, mask)  # (B, D)
+        if self.ngram_bag is None:
+            return pooled
+        return torch.cat([pooled, self.ngram_features(input_ids, lengths)], dim=-1)  # (B, 2D)
 
     def encode(
         self, input_ids: Tensor, lengths: Tensor, return_weights: bool = False
@@ -178,7 +226,7 @@ class TextClassifier(nn.Module):
     def forward(self, input_ids: Tensor, lengths: Tensor) -> Tensor:
         """ids (B, T), lengths (B,) -> class logits (B, C)."""
         h, mask, _ = self.encode(input_ids, lengths)
-        return self.head(self.head_dropout(self.pool(h, mask)))  # (B, C)
+        return self.head(self.head_dropout(self.features(h, mask, input_ids, lengths)))  # (B, C)
 
     @torch.no_grad()
     def inspect(self, input_ids: Tensor, lengths: Tensor) -> dict[str, Tensor]:
@@ -189,7 +237,7 @@ class TextClassifier(nn.Module):
         uses (the ``<cls>`` row, or the mean over real tokens for mean/max pooling).
         """
         h, mask, weights = self.encode(input_ids, lengths, return_weights=True)
-        logits = self.head(self.pool(h, mask))  # (B, C)
+        logits = self.head(self.features(h, mask, input_ids, lengths))  # (B, C)
         attn = torch.stack(weights)  # (L, B, H, T, T)
         T = input_ids.shape[1]
         eye = torch.eye(T, dtype=attn.dtype)
