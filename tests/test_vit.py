@@ -205,3 +205,23 @@ def test_bad_shapes_are_value_errors() -> None:
         ViTConfig(image_size=28, patch_size=5)
     with pytest.raises(ValueError, match="resize"):
         ViT(_tiny())(torch.randn(1, 3, 16, 16))
+
+
+def test_conv_stem_keeps_the_token_grid_and_each_token_sees_its_own_patch_region() -> None:
+    """stem=conv gives the same (B, N, D) tokens as a patch embedding; token (r, c) depends on
+    pixels around its own 4x4 patch only (the receptive field of two 3x3 stride-2 convs)."""
+    cfg = _tiny(in_channels=1, patch_size=4, stem="conv", stem_channels=8)
+    model = ViT(cfg).eval()
+    images = torch.randn(2, 1, 12, 12, requires_grad=True)
+    tokens = model.patch_embed(images)
+    assert tokens.shape == (2, cfg.grid**2, cfg.d_model)
+    tokens[0, 0].sum().backward()  # token of the top-left patch
+    touched = images.grad[0, 0].abs() > 0  # (12, 12)
+    assert touched[:4, :4].any() and not touched[8:, :].any() and not touched[:, 8:].any()
+    assert images.grad[1].abs().sum() == 0  # no mixing across the batch (BatchNorm in eval)
+    assert model(images).shape == (2, cfg.n_classes)
+
+
+def test_conv_stem_needs_a_power_of_two_patch() -> None:
+    with pytest.raises(ValueError, match="power of two"):
+        _tiny(patch_size=3, image_size=12, stem="conv")

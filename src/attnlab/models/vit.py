@@ -35,6 +35,8 @@ class ViTConfig:
     norm_eps: float = 1e-6
     pooling: Literal["cls", "mean"] = "cls"
     pos: Literal["learned", "sincos2d"] = "learned"
+    stem: Literal["patch", "conv"] = "patch"
+    stem_channels: int = 32
     n_classes: int = 10
     gradient_checkpointing: bool = False
 
@@ -47,6 +49,13 @@ class ViTConfig:
             )
         if self.pooling not in ("cls", "mean"):
             raise ValueError(f"pooling must be cls or mean, got {self.pooling!r}")
+        if self.stem not in ("patch", "conv"):
+            raise ValueError(f"stem must be patch or conv, got {self.stem!r}")
+        if self.stem == "conv" and (self.patch_size & (self.patch_size - 1) or self.patch_size < 2):
+            raise ValueError(
+                f"stem=conv halves the image per 3x3 stride-2 conv, so patch_size must be a power "
+                f"of two >= 2, got {self.patch_size}; use stem=patch for other patch sizes"
+            )
         if self.pos not in ("learned", "sincos2d"):
             raise ValueError(f"pos must be learned or sincos2d, got {self.pos!r}")
         if self.pos == "sincos2d" and self.d_model % 4 != 0:
@@ -82,13 +91,42 @@ class PatchEmbedding(nn.Module):
         return self.proj(images).flatten(2).transpose(1, 2)  # (B, N, D)
 
 
+class ConvStem(nn.Module):
+    """(B, C, H, W) -> (B, N, D): log2(patch) 3x3 stride-2 conv + BatchNorm + ReLU layers, then a
+    1x1 conv to d_model; the same token grid as a patch embedding, but the early convolutions make
+    optimisation faster and steadier (Xiao et al. 2021, "Early Convolutions Help Transformers See
+    Better", §3)."""
+
+    def __init__(self, in_channels: int, patch_size: int, d_model: int, channels: int) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        c_in, c_out = in_channels, channels
+        for _ in range(patch_size.bit_length() - 1):  # each layer halves H and W
+            layers += [
+                nn.Conv2d(c_in, c_out, 3, stride=2, padding=1, bias=False),
+                nn.BatchNorm2d(c_out),
+                nn.ReLU(inplace=True),
+            ]
+            c_in, c_out = c_out, 2 * c_out
+        layers.append(nn.Conv2d(c_in, d_model, kernel_size=1))
+        self.proj = nn.Sequential(*layers)
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.proj(images).flatten(2).transpose(1, 2)  # (B, N, D)
+
+
 class ViT(nn.Module):
     """Vision Transformer classifier; ``inspect`` returns hidden states and attention maps."""
 
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.patch_embed = PatchEmbedding(cfg.in_channels, cfg.patch_size, cfg.d_model)
+        if cfg.stem == "conv":
+            self.patch_embed: nn.Module = ConvStem(
+                cfg.in_channels, cfg.patch_size, cfg.d_model, cfg.stem_channels
+            )
+        else:
+            self.patch_embed = PatchEmbedding(cfg.in_channels, cfg.patch_size, cfg.d_model)
         cls = cfg.pooling == "cls"
         self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.d_model)) if cls else None
         if cfg.pos == "learned":
