@@ -141,9 +141,9 @@ def test_tied_and_scaled_embeddings() -> None:
         Seq2SeqTransformer(_config(tgt_vocab_size=19))
 
 
-def _trained_like() -> Seq2SeqTransformer:
+def _trained_like(**kw) -> Seq2SeqTransformer:
     """A random model whose EOS logit is boosted so hypotheses end at varied lengths."""
-    model = Seq2SeqTransformer(_config(n_decoder_layers=2)).eval()
+    model = Seq2SeqTransformer(_config(n_decoder_layers=2, **kw)).eval()
     with torch.no_grad():
         model.tgt_embed.weight[EOS] *= 3.0
     return model
@@ -208,3 +208,32 @@ def test_length_penalty_and_bad_beam() -> None:
     assert length_penalty(7, 1.0) == pytest.approx(2.0)
     with pytest.raises(ValueError, match="beam_size"):
         beam_search(_trained_like(), _padded([3], 23), DecodeSettings(BOS, EOS), beam_size=0)
+
+
+EFFICIENT = [dict(attention="local", window=3), dict(attention="linear")]
+
+
+@pytest.mark.parametrize("kind", EFFICIENT, ids=["local", "linear"])
+def test_efficient_self_attention_decodes_the_same_cached_and_uncached(kind: dict) -> None:
+    """Local and linear self-attention: each kernel's own decoding cache (sliding window,
+    running sums) gives the same greedy and beam output as recomputing the prefix."""
+    model = _trained_like(**kind)
+    src = _padded([7, 3, 5], 23)
+    settings = DecodeSettings(BOS, EOS, max_len_a=1.0, max_len_b=4)
+    uncached = DecodeSettings(BOS, EOS, 1.0, 4, use_cache=False)
+    assert greedy_decode(model, src, settings) == greedy_decode(model, src, uncached)
+    beams = beam_search(model, src, settings, beam_size=3, alpha=0.0, early_stopping=False)
+    assert beams == beam_search(model, src, uncached, 3, 0.0, False)
+
+
+def test_local_attention_wider_than_the_text_is_full_attention() -> None:
+    full = _trained_like()
+    local = _trained_like(attention="local", window=64)
+    local.load_state_dict(full.state_dict())
+    src, tgt = _padded([7, 3, 5], 23), _padded([6, 6, 2], 23)
+    torch.testing.assert_close(local(src, tgt), full(src, tgt), atol=1e-5, rtol=1e-5)
+
+
+def test_bad_attention_kind_is_named() -> None:
+    with pytest.raises(ValueError, match="attention"):
+        Seq2SeqTransformer(_config(attention="sparse"))

@@ -225,3 +225,14 @@ def test_conv_stem_keeps_the_token_grid_and_each_token_sees_its_own_patch_region
 def test_conv_stem_needs_a_power_of_two_patch() -> None:
     with pytest.raises(ValueError, match="power of two"):
         _tiny(patch_size=3, image_size=12, stem="conv")
+
+
+def test_local_attention_wider_than_the_tokens_is_full_attention() -> None:
+    full = ViT(_tiny()).eval()
+    local = ViT(_tiny(attention="local", window=64)).eval()
+    local.load_state_dict(full.state_dict())
+    images = torch.randn(2, 3, 12, 12)
+    torch.testing.assert_close(local(images), full(images), atol=1e-5, rtol=1e-5)
+    narrow = ViT(_tiny(attention="local", window=2, n_global=1)).eval()
+    narrow.load_state_dict(full.state_dict())
+    assert not torch.allclose(narrow(images), full(images), atol=1e-4)

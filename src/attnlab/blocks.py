@@ -168,7 +168,11 @@ class EncoderBlock(nn.Module):
 
 
 class DecoderBlock(nn.Module):
-    """Causal self-attention, cross-attention over the encoder output, feed-forward."""
+    """Causal self-attention, cross-attention over the encoder output, feed-forward.
+
+    ``attention``/``window``/``n_global`` choose the self-attention kernel as in EncoderBlock;
+    cross-attention is always full (every target position may read the whole source).
+    """
 
     def __init__(
         self,
@@ -187,6 +191,9 @@ class DecoderBlock(nn.Module):
         d_memory: int | None = None,
         rotary: RotaryHook | None = None,
         fused: bool = True,
+        attention: str = "full",
+        window: int = 0,
+        n_global: int = 0,
     ) -> None:
         super().__init__()
         self.norm_first = norm_first
@@ -199,6 +206,7 @@ class DecoderBlock(nn.Module):
             dropout=attn_dropout,
             rotary=rotary,
             fused=fused,
+            kernel=make_kernel(attention, window, n_global),
         )
         self.cross_attn = MultiHeadAttention(
             d_model,

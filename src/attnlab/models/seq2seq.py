@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
 from attnlab.attention import KVCache, padding_mask_from_ids
 from attnlab.blocks import Decoder, DecoderBlock, Encoder, EncoderBlock, make_norm
+from attnlab.efficient import check_attention_config
 from attnlab.positions import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 
 
@@ -40,6 +41,9 @@ class Seq2SeqConfig:
     tie_output: bool = True
     pad_id: int = 0
     gradient_checkpointing: bool = False  # recompute block activations in backward (less memory)
+    attention: str = "full"  # self-attention: full | local (sliding window) | linear (elu+1)
+    window: int = 0  # attention="local": keys within this distance, itself included
+    n_global: int = 0  # attention="local": leading tokens that see and are seen by all
 
     def validate(self) -> None:
         """Raise ValueError naming the field to change."""
@@ -60,6 +64,7 @@ class Seq2SeqConfig:
             raise ValueError(f"pos must be sinusoidal or learned, got {self.pos!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        check_attention_config(self.attention, self.window, self.n_global)
 
 
 class Seq2SeqTransformer(nn.Module):
@@ -86,7 +91,14 @@ class Seq2SeqTransformer(nn.Module):
             else LearnedPositionalEmbedding(cfg.max_len, d)
         )
         self.dropout = nn.Dropout(cfg.dropout)
-        kw = dict(dropout=cfg.dropout, activation=cfg.activation, norm_first=cfg.norm_first)
+        kw = dict(
+            dropout=cfg.dropout,
+            activation=cfg.activation,
+            norm_first=cfg.norm_first,
+            attention=cfg.attention,
+            window=cfg.window,
+            n_global=cfg.n_global,
+        )
         self.encoder = Encoder(
             [EncoderBlock(d, cfg.n_heads, cfg.d_ff, **kw) for _ in range(cfg.n_encoder_layers)],
             make_norm("layer", d),
@@ -122,7 +134,7 @@ class Seq2SeqTransformer(nn.Module):
         src_mask: Tensor,
         *,
         offset: int = 0,
-        caches: list[KVCache] | None = None,
+        caches: list[Any] | None = None,
         cross_caches: list[KVCache] | None = None,
     ) -> Tensor:
         """Target ids (B, T) at positions offset.. -> logits (B, T, V_tgt).
@@ -150,7 +162,8 @@ class Seq2SeqTransformer(nn.Module):
         memory, src_mask = self.encode(src)
         return self.decode(tgt_in, memory, src_mask)
 
-    def new_caches(self) -> tuple[list[KVCache], list[KVCache]]:
-        """Empty self-attention caches and cross-attention caches, one per decoder layer."""
-        n = self.cfg.n_decoder_layers
-        return [KVCache() for _ in range(n)], [KVCache() for _ in range(n)]
+    def new_caches(self) -> tuple[list[Any], list[KVCache]]:
+        """Empty self-attention caches (each kernel's own kind: KVCache, sliding window or
+        linear state) and cross-attention caches, one per decoder layer."""
+        blocks = self.decoder.blocks
+        return [b.self_attn.new_cache() for b in blocks], [KVCache() for _ in blocks]

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.blocks import Activation, Encoder, EncoderBlock, make_norm
+from attnlab.efficient import check_attention_config
 from attnlab.positions import sinusoid_table
 
 
@@ -36,6 +37,9 @@ class ViTConfig:
     pooling: Literal["cls", "mean"] = "cls"
     pos: Literal["learned", "sincos2d"] = "learned"
     stem: Literal["patch", "conv"] = "patch"
+    attention: str = "full"  # full | local (sliding window over row-major patches) | linear
+    window: int = 0  # attention="local": keys within this distance, itself included
+    n_global: int = 0  # attention="local": leading tokens (the class token) seen by and seeing all
     stem_channels: int = 32
     n_classes: int = 10
     gradient_checkpointing: bool = False
@@ -49,6 +53,7 @@ class ViTConfig:
             )
         if self.pooling not in ("cls", "mean"):
             raise ValueError(f"pooling must be cls or mean, got {self.pooling!r}")
+        check_attention_config(self.attention, self.window, self.n_global)
         if self.stem not in ("patch", "conv"):
             raise ValueError(f"stem must be patch or conv, got {self.stem!r}")
         if self.stem == "conv" and (self.patch_size & (self.patch_size - 1) or self.patch_size < 2):
@@ -147,6 +152,9 @@ class ViT(nn.Module):
                 activation=cfg.activation,
                 norm_first=True,
                 norm_eps=cfg.norm_eps,
+                attention=cfg.attention,
+                window=cfg.window,
+                n_global=cfg.n_global,
             )
             for _ in range(cfg.n_layers)
         ]
