@@ -87,3 +87,65 @@ def test_probe_leaves_global_rng_alone() -> None:
     before = torch.get_rng_state()
     prec.bf16_matmul_speedup(size=32, repeats=1)
     assert torch.equal(before, torch.get_rng_state())
+
+
+def test_step_timing_decides_auto() -> None:
+    """A model whose step is slower under bf16 autocast trains in fp32, whatever matmuls say."""
+    dtype, reason = prec.choose_by_step_time({"fp32": 0.076, "bf16": 0.142}, "matmul 2.0x")
+    assert dtype is None and "auto -> fp32" in reason and "76 ms" in reason and "0.54x" in reason
+    dtype, reason = prec.choose_by_step_time({"fp32": 0.48, "bf16": 0.22}, "matmul 2.0x")
+    assert dtype is torch.bfloat16 and "2.18x" in reason
+
+
+class _NormTagger(torch.nn.Module):
+    """TinyTagger-like, with BatchNorm (running statistics) and dropout (random draws)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(11, 16)
+        self.norm = torch.nn.BatchNorm1d(16)
+        self.drop = torch.nn.Dropout(0.3)
+        self.out = torch.nn.Linear(16, 5)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.norm(self.embed(tokens).transpose(1, 2)).transpose(1, 2)  # (B, T, 16)
+        return self.out(self.drop(h))
+
+
+def test_auto_times_the_real_step_leaves_the_model_untouched_and_resume_keeps_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from _tiny_task import TinyData, step_fn
+
+    from attnlab.train import TrainConfig, Trainer
+    from attnlab.train import engine as eng
+
+    fake_cpu(monkeypatch, flags=True, speedup=2.0)
+    seen: list[dict] = []
+
+    def timed(run_step, repeats: int = 3) -> dict[str, float]:
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        out = prec.time_step_precisions(run_step, repeats=1)
+        after = model.state_dict()
+        assert all(torch.equal(before[k], after[k]) for k in before)  # weights and BN stats
+        assert all(p.grad is None for p in model.parameters())
+        seen.append(out)
+        return {"fp32": 1.0, "bf16": 0.5}  # pretend bf16 halves this step
+
+    monkeypatch.setattr(eng, "time_step_precisions", timed)
+    torch.manual_seed(0)
+    model = _NormTagger()
+    cfg = TrainConfig(
+        max_steps=2, batch_size=8, precision="auto", tensorboard=False, checkpoint_every=1
+    )
+    summary = Trainer(model, cfg, tmp_path, TinyData(), step_fn).fit()
+    assert len(seen) == 1 and set(seen[0]) == {"fp32", "bf16"} and summary["precision"] == "bf16"
+    assert "training step" in summary["precision_reason"]
+
+    def no_timing(*args, **kwargs):
+        raise AssertionError("a resumed run must keep its first precision, not time again")
+
+    monkeypatch.setattr(eng, "time_step_precisions", no_timing)
+    more = TrainConfig(**(cfg.__dict__ | {"max_steps": 3}))
+    resumed = Trainer(model, more, tmp_path, TinyData(), step_fn).fit(resume=True)
+    assert resumed["precision"] == "bf16" and "first start" in resumed["precision_reason"]

@@ -56,7 +56,15 @@ from attnlab.train.distributed import (
 from attnlab.train.meter import LoopState, WeightedSums
 from attnlab.train.metrics_log import MetricsLog, truncate_metrics
 from attnlab.train.optim import build_optimizer
-from attnlab.train.precision import autocast, choose_precision, make_grad_scaler, precision_name
+from attnlab.train.precision import (
+    PRECISION_DTYPES,
+    autocast,
+    choose_by_step_time,
+    choose_precision,
+    make_grad_scaler,
+    precision_name,
+    time_step_precisions,
+)
 from attnlab.train.rng import capture_rng, restore_rng, seed_everything
 from attnlab.train.schedules import lr_factor, resolve_warmup
 
@@ -138,7 +146,7 @@ class Trainer:
         self.env = env
         self.model.to(env.device)
         dtype, reason = broadcast_object(
-            choose_precision(env.device, cfg.precision) if env.is_main else None, env
+            self._decide_precision(resume) if env.is_main else None, env
         )
         self.dtype, self.precision, self.precision_reason = dtype, precision_name(dtype), reason
         if env.is_main:
@@ -177,6 +185,38 @@ class Trainer:
             else:
                 plot_curves(run_dir / "metrics.jsonl", run_dir / "curves.png")
         return summary
+
+    def _decide_precision(self, resume: bool) -> tuple[torch.dtype | None, str]:
+        """The autocast dtype and why. `auto` on a CPU whose matmuls run faster in bf16 also
+        times this model's own step both ways (a resumed run keeps its first choice)."""
+        cfg, device = self.cfg, self.env.device
+        dtype, reason = choose_precision(device, cfg.precision)
+        if cfg.precision != "auto" or dtype is None or device.type != "cpu":
+            return dtype, reason
+        state = recover_state_dir(self.run_dir) if resume else None
+        saved = json.loads((state / "trainer.json").read_text()).get("precision") if state else None
+        if saved is not None:
+            return PRECISION_DTYPES[saved], f"auto -> {saved}: kept from the run's first start"
+        _log("precision auto: timing one training step in fp32 and in bf16")
+        return choose_by_step_time(time_step_precisions(self._probe_step()), reason)
+
+    def _probe_step(self) -> Callable[[torch.dtype | None], None]:
+        """fwd+bwd of the first micro-batch under a given autocast dtype, leaving the model as
+        it was: gradients cleared, buffers (e.g. BatchNorm statistics) restored."""
+        batch = self._to_device(self.data.collate(self.data.batches(0)[0]))
+        buffers = [(b, b.detach().clone()) for b in self.model.buffers()]
+
+        def run(dtype: torch.dtype | None) -> None:
+            self.model.train()
+            with autocast(self.env.device, dtype):
+                out = self.step_fn(self.model, batch)
+            out.loss.backward()
+            self.model.zero_grad(set_to_none=True)
+            with torch.no_grad():
+                for buf, saved in buffers:
+                    buf.copy_(saved)
+
+        return run
 
     def _count_total_steps(self) -> int:
         """Optimizer steps in the whole run (for the lr schedule and the progress bar)."""
@@ -522,6 +562,7 @@ class Trainer:
             "loop": state.to_dict(),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "world_size": self.env.world_size,
+            "precision": self.precision,
             "config": to_dict(self.cfg),
         }
 

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+PRECISION_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 MIN_BF16_SPEEDUP = 1.25  # bf16 must beat fp32 matmuls by this factor for `auto` to pick it
+MIN_STEP_SPEEDUP = 1.1  # ... and then the model's own training step by this factor
 _CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
@@ -123,3 +127,39 @@ def make_grad_scaler(
 ) -> torch.amp.GradScaler | None:
     """A GradScaler for fp16 (its range needs loss scaling); None for fp32/bf16."""
     return torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
+
+
+def time_step_precisions(
+    run_step: Callable[[torch.dtype | None], None], repeats: int = 3
+) -> dict[str, float]:
+    """Best-of-`repeats` seconds of `run_step(dtype)` for fp32 (None) and bf16, interleaved,
+    after one untimed warm-up of each (allocator and kernel caches)."""
+    dtypes = {"fp32": None, "bf16": torch.bfloat16}
+    for dtype in dtypes.values():
+        run_step(dtype)
+    best = {name: math.inf for name in dtypes}
+    for _ in range(repeats):
+        for name, dtype in dtypes.items():
+            t0 = time.perf_counter()
+            run_step(dtype)
+            best[name] = min(best[name], time.perf_counter() - t0)
+    return best
+
+
+def choose_by_step_time(
+    seconds: dict[str, float], matmul_why: str
+) -> tuple[torch.dtype | None, str]:
+    """auto on a bf16-capable CPU: bf16 only if it also makes this model's step faster.
+
+    A big matmul can run 2x faster in bf16 while a small model's step runs slower (the casts
+    and the many small ops under autocast cost more than the matmuls save), so the decision is
+    made on the step itself.
+    """
+    speedup = seconds["fp32"] / seconds["bf16"]
+    timing = (
+        f"one training step took {seconds['fp32'] * 1e3:.0f} ms in fp32 and "
+        f"{seconds['bf16'] * 1e3:.0f} ms under bf16 autocast ({speedup:.2f}x)"
+    )
+    if speedup >= MIN_STEP_SPEEDUP:
+        return torch.bfloat16, f"auto -> bf16: {matmul_why}; {timing}"
+    return None, f"auto -> fp32: {matmul_why}, but {timing}, not >= {MIN_STEP_SPEEDUP}x"
