@@ -32,6 +32,7 @@ import torch.nn.functional as F
 import transformers
 from torch import nn
 
+from attnlab.bench import suites
 from attnlab.models.generation import Generation, sample_next
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.train.optim import build_optimizer
@@ -100,21 +101,8 @@ def attnlab_gpt(layers: int, heads: int, d: int, context: int, activation: str) 
 
 
 def hf_gpt2(layers: int, heads: int, d: int, context: int) -> nn.Module:
-    config = transformers.GPT2Config(
-        vocab_size=VOCAB,
-        n_positions=context,
-        n_embd=d,
-        n_layer=layers,
-        n_head=heads,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        bos_token_id=0,
-        eos_token_id=0,
-        pad_token_id=0,
-    )
-    config._attn_implementation = "sdpa"
-    return transformers.GPT2LMHeadModel(config)
+    """The same Hugging Face model `attnlab bench` times."""
+    return suites.hf_gpt2(transformers, layers, heads, d, context)
 
 
 class HFLogits(nn.Module):

@@ -134,7 +134,8 @@ def _gpt(layers, heads, d, context, **kw) -> GPT:
     return GPT(cfg)
 
 
-def _hf_gpt2(transformers, layers, heads, d, context) -> nn.Module:
+def hf_gpt2(transformers, layers, heads, d, context) -> nn.Module:
+    """A random-init Hugging Face GPT2LMHeadModel of that shape (no dropout, SDPA attention)."""
     config = transformers.GPT2Config(
         vocab_size=VOCAB,
         n_positions=context,
@@ -180,7 +181,7 @@ def bench_gpt_step(device, rounds: int, shape: tuple[int, int, int, int, int]) -
         steps[f"attnlab_{auto_name}"] = step_of(amp_model, lambda m, i: m(i), dtype)
     transformers = _hf()
     if transformers is not None:
-        hf = _hf_gpt2(transformers, layers, heads, d, context).to(device)
+        hf = hf_gpt2(transformers, layers, heads, d, context).to(device)
         steps["hf_gpt2"] = step_of(hf, lambda m, i: m(i).logits)
     samples = interleaved(steps, rounds, device)
     out = {
@@ -236,7 +237,7 @@ def bench_generation(device, rounds: int, new_tokens: int) -> dict:
         runs[f"{name}_no_cache"] = decode(model, False)
     transformers = _hf()
     if transformers is not None:
-        hf = _hf_gpt2(transformers, 4, 4, 128, 1024).to(device).eval()
+        hf = hf_gpt2(transformers, 4, 4, 128, 1024).to(device).eval()
         for use in (True, False):
             runs[f"hf_{'cache' if use else 'no_cache'}"] = lambda u=use: hf.generate(
                 prompt,
