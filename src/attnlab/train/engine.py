@@ -198,7 +198,8 @@ class Trainer:
         if saved is not None:
             return PRECISION_DTYPES[saved], f"auto -> {saved}: kept from the run's first start"
         _log("precision auto: timing one training step in fp32 and in bf16")
-        return choose_by_step_time(time_step_precisions(self._probe_step()), reason)
+        matmul_why = reason.removeprefix("auto -> bf16: ")
+        return choose_by_step_time(time_step_precisions(self._probe_step()), matmul_why)
 
     def _probe_step(self) -> Callable[[torch.dtype | None], None]:
         """fwd+bwd of the first micro-batch under a given autocast dtype, leaving the model as
