@@ -117,6 +117,11 @@ def render(record: dict, baselines: dict) -> str:
         f"| attnlab TextClassifier ({m['n_layers']} layers, d_model {m['d_model']}, "
         f"{m['n_heads']} heads, {m['pos']} positions, {m['pooling']} pooling"
         + (f", {m['bigram_buckets']} bigram buckets" if m.get("bigram_buckets") else "")
+        + (
+            f", bag of hashed 1-{m.get('ngram_max', 3)}-grams in {m['ngram_buckets']} buckets"
+            if m.get("ngram_buckets")
+            else ""
+        )
         + f"; {record['n_params'] / 1e6:.2f}M params) | {record['test']['accuracy']:.4f} | "
         f"{record['test']['macro_f1']:.4f} | {record['train_wall_time_s'] / 60:.1f} min |",
     ]
