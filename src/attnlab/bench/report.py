@@ -31,8 +31,10 @@ def render(results: dict) -> str:
         f"- torch {m['torch']}, {m['torch_threads']} thread(s), Python {m['python']}, device "
         f"{m['device']}; timing by {results['timer']}",
         f"- measured float32 matmul peak: {results['matmul_peak_gflops']:.0f} GFLOP/s",
-        f"- precision: every comparison runs in float32; `precision=auto` picks **{p['auto']}** "
-        f"here ({p['reason']}); the GPT step is also timed at that precision",
+        f"- precision: every comparison runs in float32; the device check of `precision=auto` "
+        f"says **{p['auto']}** here ({p['reason']}); on a bf16-capable CPU training then times "
+        "each model's own step both ways before using bf16, and the GPT step below is also "
+        "timed under bf16 autocast",
         "- load average at start: "
         + ", ".join(f"{x:.1f}" for x in load)
         + " (other jobs share the machine: absolute times drift, the ratios are the result)",
