@@ -422,3 +422,23 @@ def test_real_pang_lee_corpus():
     corpus = load_pang_lee()
     assert len(corpus) == 4000
     assert corpus.label_counts() == {"negative": 2000, "positive": 2000}
+
+
+def test_attention_switch_keeps_weights_and_a_wide_window_is_full_attention():
+    """attention=local|linear builds the same parameters (so pretrained weights load); a window
+    wider than the input reproduces full attention, a narrow one with a global [CLS] does not."""
+    cfg = BertConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=16)
+    cfg.dropout = cfg.attn_dropout = 0.0
+    full = BertModel(cfg).eval()
+    ids, lengths = torch.randint(1, 50, (2, 12)), torch.tensor([12, 7])
+    ref = full(ids, lengths)
+    for kind, expect_equal in [
+        (dict(attention="local", window=16), True),
+        (dict(attention="local", window=2, n_global=1), False),
+        (dict(attention="linear"), False),
+    ]:
+        other = BertModel(BertConfig(**(cfg.__dict__ | kind))).eval()
+        other.load_state_dict(full.state_dict())  # same keys and shapes
+        out = other(ids, lengths)
+        assert torch.allclose(out[0], ref[0], atol=1e-5) == expect_equal, kind
+        assert torch.allclose(out[1, :7], ref[1, :7], atol=1e-5) == expect_equal, kind

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from attnlab.attention import padding_mask
 from attnlab.blocks import Activation, Encoder, EncoderBlock
+from attnlab.efficient import check_attention_config
 from attnlab.positions import LearnedPositionalEmbedding
 
 # Hugging Face ``hidden_act`` -> attnlab FeedForward activation.
@@ -47,9 +48,13 @@ class BertConfig:
     activation: str = "gelu"
     pad_id: int = 0
     gradient_checkpointing: bool = False  # recompute block activations in backward (less memory)
+    attention: str = "full"  # full | local (sliding window) | linear; pretrained weights: full
+    window: int = 0  # attention="local": keys within this distance, itself included
+    n_global: int = 0  # attention="local": leading tokens ([CLS]) that see and are seen by all
 
     def validate(self) -> None:
         """Raise ValueError naming the field to change."""
+        check_attention_config(self.attention, self.window, self.n_global)
         if self.activation not in HF_ACTIVATIONS.values():
             raise ValueError(f"activation must be gelu, gelu_tanh or relu, got {self.activation!r}")
         if self.d_model % self.n_heads != 0:
@@ -154,6 +159,9 @@ class BertModel(nn.Module):
                 activation=cfg.activation,  # type: ignore[arg-type]
                 norm_first=False,
                 norm_eps=cfg.norm_eps,
+                attention=cfg.attention,
+                window=cfg.window,
+                n_global=cfg.n_global,
             )
             for _ in range(cfg.n_layers)
         ]
