@@ -485,6 +485,8 @@ class Trainer:
             elapsed = record["elapsed_s"]
             done = max(state.step, 1)
             eta = elapsed / done * (self.total_steps - state.step) if self.total_steps else 0
+            if self.cfg.max_minutes > 0:  # the time budget ends the run first
+                eta = min(eta, max(0.0, 60 * self.cfg.max_minutes - elapsed))
             _log(
                 f"step {state.step}/{self.total_steps} epoch {epoch} loss {means['loss']:.4f} "
                 f"lr {lr:.2e} {tokens_per_s:.0f} tok/s elapsed {elapsed / 60:.1f} min "
