@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import time
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -355,7 +356,9 @@ class TranslatorRun:
     def evaluate(
         self, split: str = "test", pairs: list[Pair] | None = None, beam_size: int | None = None
     ) -> dict[str, Any]:
-        """sacreBLEU and chrF (and exact match) on a split; writes ``{split}.hyp.txt``."""
+        """sacreBLEU and chrF (and exact match) on a split; writes ``{split}.hyp.txt``.
+
+        Both sides are scored after the tokenizers' NFKC normalisation (see below)."""
         import sacrebleu
 
         if pairs is None:
@@ -368,7 +371,10 @@ class TranslatorRun:
         start = time.perf_counter()
         hyps = self.translate([p.src for p in pairs], beam_size)
         seconds = time.perf_counter() - start
-        refs = [p.tgt for p in pairs]
+        # The tokenizers NFKC-normalise text (full-width ，； become ,;), so a model can only
+        # ever write the normalised form: score hypotheses and references in that form.
+        hyps = [unicodedata.normalize("NFKC", h) for h in hyps]
+        refs = [unicodedata.normalize("NFKC", p.tgt) for p in pairs]
         tokenize = "zh" if self.cfg.data.pair.endswith("-zh") and not self.cfg.data.data else "13a"
         bleu_metric, chrf_metric = sacrebleu.BLEU(tokenize=tokenize), sacrebleu.CHRF()
         bleu = bleu_metric.corpus_score(hyps, [refs])
