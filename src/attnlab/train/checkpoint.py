@@ -163,6 +163,12 @@ def save_checkpoint(
     return state
 
 
+def read_trainer_state(run_dir: str | Path) -> dict[str, Any] | None:
+    """The saved trainer.json of `run_dir`'s last complete checkpoint, without loading weights."""
+    state = recover_state_dir(run_dir)
+    return None if state is None else _read_json(state / "trainer.json")
+
+
 def load_checkpoint(
     run_dir: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -181,4 +187,4 @@ def load_checkpoint(
         join_rng(rng_tensors, meta, prefix=f"rank{rank}.")
         for rank, meta in enumerate(_read_json(state / "rng.json"))
     ]
-    return _read_json(state / "trainer.json"), rng_states
+    return read_trainer_state(run_dir), rng_states

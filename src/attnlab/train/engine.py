@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 from attnlab.configs import save_json, to_dict
 from attnlab.train.checkpoint import (
     load_checkpoint,
+    read_trainer_state,
     recover_state_dir,
     save_checkpoint,
     save_weights,
@@ -193,8 +194,8 @@ class Trainer:
         dtype, reason = choose_precision(device, cfg.precision)
         if cfg.precision != "auto" or dtype is None or device.type != "cpu":
             return dtype, reason
-        state = recover_state_dir(self.run_dir) if resume else None
-        saved = json.loads((state / "trainer.json").read_text()).get("precision") if state else None
+        trainer_state = read_trainer_state(self.run_dir) if resume else None
+        saved = trainer_state.get("precision") if trainer_state else None
         if saved is not None:
             return PRECISION_DTYPES[saved], f"auto -> {saved}: kept from the run's first start"
         _log("precision auto: timing one training step in fp32 and in bf16")
