@@ -1,25 +1,19 @@
-"""The en->de benchmark again with torch.nn.Transformer's encoder/decoder in place of attnlab's.
+"""torch.nn.Transformer's encoder and decoder stacks behind attnlab's Seq2SeqTransformer.
 
-Same data, tokenizer, embeddings, tied projection, loss, schedule, seed and step budget as
-``translate_train.py``; only the stacks differ. nn.TransformerDecoder has no KV cache, so this
-model decodes without one (the same search, slower).
+Same embeddings, positions, tied projection and call signature as attnlab's model; only the
+stacks differ. nn.TransformerDecoder has no KV cache, so this model decodes without one (the same
+search, slower). Trained by ``translate_train.py --stacks torch`` (same data, tokenizer, loss,
+schedule, seed and budget as attnlab's stacks):
 
-    python benchmarks/translate_torch_baseline.py --steps 600 --minutes 14
+    python benchmarks/translate_train.py --stacks torch --out docs/results/translate_ende_torch
 """
 
 from __future__ import annotations
-
-import argparse
-import json
-import shutil
-import time
-from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
 from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
-from attnlab.tasks import translate
 
 
 class TorchEncoder(nn.Module):
@@ -71,36 +65,3 @@ class TorchSeq2Seq(Seq2SeqTransformer):
 
     def new_caches(self):  # type: ignore[override]
         return None  # decoding feeds the whole prefix every step
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--config", default="small")
-    parser.add_argument("--steps", type=int, default=600)
-    parser.add_argument("--minutes", type=float, default=14.0)
-    parser.add_argument("--run", type=Path, default=Path("runs/bench-translate-torch"))
-    parser.add_argument("--out", type=Path, default=Path("docs/results/translate_ende_torch"))
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    translate.Seq2SeqTransformer = TorchSeq2Seq  # type: ignore[misc]  # train and load it
-    shutil.rmtree(args.run, ignore_errors=True)
-    start = time.perf_counter()
-    overrides = {"max_steps": str(args.steps), "max_minutes": str(args.minutes)}
-    results = translate.train(args.run, overrides, args.config)
-    summary, beam = results["summary"], results["test"]
-    report = {
-        "model": "torch.nn.Transformer stacks, attnlab embeddings/projection",
-        "n_params": results["n_params"],
-        "train_wall_s": round(summary["wall_time_s"], 1),
-        "steps": summary["steps"],
-        "best_val_loss": round(summary["best_metric"], 4),
-        "total_wall_s_with_eval": round(time.perf_counter() - start, 1),
-        "test_beam": beam,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(report, indent=2, ensure_ascii=False))
-    print(json.dumps(report, indent=2, ensure_ascii=False))
-
-
-if __name__ == "__main__":
-    main()

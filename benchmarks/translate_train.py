@@ -1,12 +1,16 @@
 """Train a translation preset on the bundled Bible for a time budget; BLEU/chrF, greedy vs beam.
 
-python benchmarks/translate_train.py --steps 600 --minutes 14 \
-    --out docs/results/translate_ende_small
-python benchmarks/translate_train.py --config default --pair en-zh --minutes 20 --by-time \
-    --out docs/results/translate_enzh_default tgt_tokenizer=char shared_embeddings=false
+python benchmarks/translate_train.py --pair en-de --out docs/results/translate_ende
+python benchmarks/translate_train.py --stacks torch --out docs/results/translate_ende_torch
+python benchmarks/translate_train.py --pair en-zh --out docs/results/translate_enzh_char \
+    tgt_tokenizer=char shared_embeddings=false max_sentence_tokens=128
 
-`--config default` is `attnlab train translate` with no preset; `--by-time` runs the lr
-schedule on the clock (`schedule_by_time`), so a run the budget stops still ends its decay.
+With no options it is `attnlab train translate` with its default preset (20 minutes, the lr
+schedule on the clock), run on one thread; `--minutes`/`--steps` override the budget.
+`--stacks torch` puts torch.nn.Transformer's encoder and decoder stacks in place of attnlab's
+(same data, tokenizer, embeddings, tied projection, loss, schedule and seed; see
+translate_torch_baseline.py): run the two side by side, one per core, for an equal-budget
+comparison.
 """
 
 from __future__ import annotations
@@ -15,50 +19,61 @@ import argparse
 import json
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-from attnlab.tasks.translate import TranslatorRun, train
+from attnlab.tasks import translate
+from attnlab.tasks.translate import TranslatorRun
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--config", default="small", help="bundled preset name, or default")
+    parser.add_argument("--config", default="default", help="bundled preset name, or default")
     parser.add_argument("--pair", default="en-de", help="bundled Bible pair: en-de, en-zh, ...")
-    parser.add_argument("--by-time", action="store_true", help="lr schedule on the clock")
+    parser.add_argument("--stacks", choices=("attnlab", "torch"), default="attnlab")
     parser.add_argument(
         "--eval-only", action="store_true", help="only rescore the finished run in --run"
     )
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="more config fields")
-    parser.add_argument("--steps", type=int, default=600, help="optimizer steps (cosine length)")
-    parser.add_argument("--minutes", type=float, default=14.0, help="training wall-time budget")
-    parser.add_argument("--run", type=Path, default=Path("runs/bench-translate-small"))
-    parser.add_argument("--out", type=Path, default=Path("docs/results/translate_ende_small"))
+    parser.add_argument("--steps", type=int, help="max optimizer steps (default: the preset's)")
+    parser.add_argument("--minutes", type=float, help="training budget (default: the preset's)")
+    parser.add_argument("--run", type=Path, default=None, help="default runs/bench-translate-*")
+    parser.add_argument("--out", type=Path, default=Path("docs/results/translate_ende"))
     args = parser.parse_args()
+    run = args.run or Path(f"runs/bench-translate-{args.out.name}")
     torch.set_num_threads(1)
-    if args.eval_only:  # rescore the finished run in --run (e.g. after a scoring fix)
-        results = json.loads((args.run / "results.json").read_text())
-        results["test"] = TranslatorRun.load(args.run).evaluate("test")
+    if args.stacks == "torch":  # train and load the nn.Transformer stacks instead of ours
+        from translate_torch_baseline import TorchSeq2Seq
+
+        translate.Seq2SeqTransformer = TorchSeq2Seq  # type: ignore[misc]
+    if args.eval_only:  # rescore the finished run (e.g. after a scoring fix)
+        results = json.loads((run / "results.json").read_text())
+        results["test"] = TranslatorRun.load(run).evaluate("test")
         total = json.loads(args.out.with_suffix(".json").read_text())["total_wall_s_with_eval"]
     else:
-        shutil.rmtree(args.run, ignore_errors=True)
+        shutil.rmtree(run, ignore_errors=True)
         start = time.perf_counter()
-        overrides = {"max_steps": str(args.steps), "max_minutes": str(args.minutes)}
-        overrides |= {"pair": args.pair, "num_threads": "1", "tensorboard": "false"}
-        if args.by_time:
-            overrides["schedule_by_time"] = "true"
+        overrides = {"pair": args.pair, "num_threads": "1", "tensorboard": "false"}
+        if args.steps is not None:
+            overrides["max_steps"] = str(args.steps)
+        if args.minutes is not None:
+            overrides["max_minutes"] = str(args.minutes)
         overrides |= dict(kv.split("=", 1) for kv in args.overrides)
-        results = train(args.run, overrides, None if args.config == "default" else args.config)
+        results = translate.train(run, overrides, None if args.config == "default" else args.config)
         total = time.perf_counter() - start
     beam = results["test"]
-    greedy = TranslatorRun.load(args.run).evaluate("test", beam_size=1)
+    greedy = TranslatorRun.load(run).evaluate("test", beam_size=1)
     summary = results["summary"]
+    saved = json.loads((run / "config.json").read_text())
     report = {
         "config": args.config,
         "pair": args.pair,
-        "schedule_by_time": args.by_time,
+        "stacks": args.stacks,
+        "schedule_by_time": saved["train"]["schedule_by_time"],
+        "max_minutes": saved["train"]["max_minutes"],
         "overrides": args.overrides,
         "data": results["data"],
         "n_params": results["n_params"],
@@ -81,13 +96,12 @@ def main() -> None:
     md = [
         f"# {args.pair} on the bundled Bible, preset `{args.config}`",
         "",
-        f"Produced by `python benchmarks/translate_train.py --config {args.config} --pair "
-        f"{args.pair} --steps {args.steps} --minutes {args.minutes}"
-        f"{' --by-time' if args.by_time else ''}{''.join(' ' + kv for kv in args.overrides)}`"
-        f"{' (test scores recomputed with --eval-only)' if args.eval_only else ''}: "
+        f"Produced by `python benchmarks/translate_train.py {' '.join(sys.argv[1:])}`: "
+        f"{args.stacks} encoder/decoder stacks, "
         f"{results['n_params'] / 1e6:.2f}M parameters, {summary['steps']} optimizer steps in "
-        f"{summary['wall_time_s'] / 60:.1f} min on one CPU thread of a shared, busy 2-core "
-        f"machine (stop: {summary['stop_reason']}); best dev loss {summary['best_metric']:.3f} "
+        f"{summary['wall_time_s'] / 60:.1f} min on one CPU thread (2-core machine, load average "
+        f"{report['load_average_1min_at_end']:.1f} at the end; stop: {summary['stop_reason']}); "
+        f"best dev loss {summary['best_metric']:.3f} "
         f"nats/token. Test split: {beam['n']} verses (whole chapters held out).",
         "",
         "| decoding | beam | BLEU | chrF | decode time (s) |",

@@ -114,6 +114,18 @@ def test_config_errors_name_the_field() -> None:
     assert cfg.data.synthetic == "copy" and cfg.train.lr == 0.002
 
 
+def test_default_preset_fits_a_cpu_budget_and_base_is_the_bigger_model() -> None:
+    """The default trains for 20 minutes with the schedule on the clock; `base` lifts both."""
+    cfg = build_config(None, {})
+    assert (cfg.model.d_model, cfg.model.n_encoder_layers, cfg.data.vocab_size) == (128, 2, 4000)
+    assert cfg.train.max_minutes == 20.0 and cfg.train.schedule_by_time
+    base = build_config("base", {})
+    assert (base.model.d_model, base.model.n_encoder_layers, base.data.vocab_size) == (256, 3, 8000)
+    assert base.train.max_minutes == 0.0 and not base.train.schedule_by_time
+    copy = build_config("copy", {})  # the CI task stays step-bound, so it is deterministic
+    assert copy.train.max_minutes == 0.0 and not copy.train.schedule_by_time
+
+
 def test_copy_task_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The bundled copy preset trains to >= 99% exact match; translate and eval use the run."""
     run = tmp_path / "copy"
@@ -134,3 +146,18 @@ def test_copy_task_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     args = ["translate", str(run), "--input", str(tmp_path / "in.txt"), "--output", str(out)]
     assert main(args) == 0
     assert out.read_text().splitlines() == ["abc", "", "dcba"]
+
+
+def test_separate_vocabularies_take_their_own_sizes(tmp_path: Path) -> None:
+    """tgt_tokenizer_size sizes the target tokenizer alone; a shared vocabulary refuses it."""
+    from attnlab.tasks.translate import prepare
+
+    cfg = build_config("copy", {"shared_embeddings": "false", "vocab_size": "12"})
+    cfg.data.tgt_tokenizer_size = 20
+    prep = prepare(cfg, tmp_path / "a", resume=False)
+    assert (prep.src_tok.vocab_size, prep.tgt_tok.vocab_size) == (12, 20)
+    shared = build_config("copy", {"tgt_tokenizer_size": "20"})
+    with pytest.raises(ValueError, match="a shared vocabulary has one size"):
+        prepare(shared, tmp_path / "b", resume=False)
+    with pytest.raises(ValueError, match="tgt_tokenizer_size must be >= 0"):
+        build_config(None, {"tgt_tokenizer_size": "-1"})

@@ -54,6 +54,9 @@ class TranslateDataConfig:
     tokenizer: str = field(default="bpe", metadata={"help": "bpe | unigram | char (source side)"})
     tgt_tokenizer: str = field(default="", metadata={"help": "target side; empty = tokenizer"})
     vocab_size: int = field(default=8000, metadata={"help": "subword vocabulary per tokenizer"})
+    tgt_tokenizer_size: int = field(
+        default=0, metadata={"help": "target vocabulary when not shared; 0 = vocab_size"}
+    )
     max_sentence_tokens: int = field(
         default=100, metadata={"help": "longer training pairs are dropped"}
     )
@@ -83,6 +86,10 @@ class TranslateDataConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        if self.tgt_tokenizer_size < 0:
+            raise ValueError(
+                f"tgt_tokenizer_size must be >= 0 (0 = vocab_size), got {self.tgt_tokenizer_size}"
+            )
         if self.max_tokens < self.max_sentence_tokens + 1:
             raise ValueError("max_tokens must exceed max_sentence_tokens (a batch holds a pair)")
 
@@ -159,6 +166,10 @@ def prepare(cfg: RunConfig, run_dir: Path, resume: bool) -> Prepared:
     tgt_kind = d.tgt_tokenizer or d.tokenizer
     if shared and tgt_kind != d.tokenizer:
         raise ValueError("a shared vocabulary needs one tokenizer: set shared_embeddings=false")
+    if shared and d.tgt_tokenizer_size not in (0, d.vocab_size):
+        raise ValueError(
+            "a shared vocabulary has one size (vocab_size): set shared_embeddings=false"
+        )
     if resume and src_path.exists() and tgt_path.exists():
         src_tok, tgt_tok = TextTokenizer.load(src_path), TextTokenizer.load(tgt_path)
     else:
@@ -168,7 +179,8 @@ def prepare(cfg: RunConfig, run_dir: Path, resume: bool) -> Prepared:
             src_tok = tgt_tok = TextTokenizer.train(texts, d.tokenizer, d.vocab_size)
         else:
             src_tok = TextTokenizer.train([p.src for p in train], d.tokenizer, d.vocab_size)
-            tgt_tok = TextTokenizer.train([p.tgt for p in train], tgt_kind, d.vocab_size)
+            tgt_size = d.tgt_tokenizer_size or d.vocab_size
+            tgt_tok = TextTokenizer.train([p.tgt for p in train], tgt_kind, tgt_size)
         run_dir.mkdir(parents=True, exist_ok=True)
         src_tok.save(src_path)
         tgt_tok.save(tgt_path)
