@@ -55,13 +55,17 @@ def main() -> int:
         action="store_true",
         help="only rewrite the markdown page from the committed JSON",
     )
+    parser.add_argument(
+        "--name", default="classify_quality", help="results file stem in docs/results/"
+    )
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     args = parser.parse_args()
+    json_path, md_path = RESULTS / f"{args.name}.json", RESULTS / f"{args.name}.md"
     baselines_path = RESULTS / "classify_baselines.json"
     baselines = json.loads(baselines_path.read_text()) if baselines_path.exists() else {}
     if args.render:
-        record = json.loads((RESULTS / "classify_quality.json").read_text(encoding="utf-8"))
-        (RESULTS / "classify_quality.md").write_text(render(record, baselines), encoding="utf-8")
+        record = json.loads(json_path.read_text(encoding="utf-8"))
+        md_path.write_text(render(record, baselines), encoding="utf-8")
         return 0
     overrides = parse_key_values(args.overrides)
     started = time.perf_counter()
@@ -93,10 +97,8 @@ def main() -> int:
         "machine": machine_info(),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "classify_quality.json").write_text(
-        json.dumps(record, ensure_ascii=False, indent=2) + "\n", encoding="utf-8"
-    )
-    (RESULTS / "classify_quality.md").write_text(render(record, baselines), encoding="utf-8")
+    json_path.write_text(json.dumps(record, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+    md_path.write_text(render(record, baselines), encoding="utf-8")
     print(render(record, baselines))
     return 0
 
@@ -122,6 +124,7 @@ def render(record: dict, baselines: dict) -> str:
             if m.get("ngram_buckets")
             else ""
         )
+        + (f"; an ensemble of {m['members']} such models" if m.get("members", 1) > 1 else "")
         + f"; {record['n_params'] / 1e6:.2f}M params) | {record['test']['accuracy']:.4f} | "
         f"{record['test']['macro_f1']:.4f} | {record['train_wall_time_s'] / 60:.1f} min |",
     ]

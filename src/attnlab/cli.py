@@ -170,6 +170,9 @@ def _add_attention(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run", help="run directory")
     p.add_argument("text", help="the text to look inside")
     p.add_argument("--out", default=None, help="image path (default: RUN/attention.png)")
+    p.add_argument(
+        "--member", type=int, default=1, help="for an ensemble run: whose attention to draw (1..M)"
+    )
 
 
 def _run_attention(args: argparse.Namespace) -> int:
@@ -179,9 +182,16 @@ def _run_attention(args: argparse.Namespace) -> int:
     if vision_cli.is_vision_run(args.run):
         return vision_cli.run_attention(args)
     run = ClassifierRun.load(args.run)
-    info = run.inspect(args.text)
+    if not 1 <= args.member <= run.config.model.members:
+        raise ValueError(
+            f"--member {args.member}: this run has {run.config.model.members} member(s), "
+            f"give 1..{run.config.model.members}"
+        )
+    info = run.inspect(args.text, member=args.member - 1)
     out = Path(args.out) if args.out else Path(args.run) / "attention.png"
     title = f"{args.text}  →  {info['label']} ({info['prob']:.2f})"
+    if run.config.model.members > 1:
+        title += f"  [attention of member {args.member} of {run.config.model.members}]"
     plot_attention_grid(
         info["attention"], info["tokens"], out, token_share=info["token_share"], title=title
     )

@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnlab.models.classifier import POOLINGS, POSITIONS, ClassifierConfig, TextClassifier
+from attnlab.models.classifier import (
+    POOLINGS,
+    POSITIONS,
+    ClassifierConfig,
+    TextClassifier,
+    TextClassifierEnsemble,
+    build_classifier,
+)
 
 
 def make(pooling: str = "mean", pos: str = "sinusoidal", **kw) -> TextClassifier:
@@ -140,3 +147,51 @@ def test_ngram_hash_is_position_free() -> None:
     assert hashed[0, 4] == hashed[1, 5] and hashed[0, 0] == hashed[1, 1]
     assert hashed[0, 0] != hashed[0, 4]  # a unigram and a bigram starting alike differ
     assert valid.tolist() == [[1, 1, 1, 0, 1, 1, 0], [1, 1, 1, 1, 1, 1, 1]]
+
+
+def test_ensemble_predicts_the_mean_of_its_members_probabilities(seed: int) -> None:
+    """The oracle is each member run alone: the ensemble's log-output is log(mean softmax)."""
+    torch.manual_seed(seed)
+    ensemble = build_classifier(
+        ClassifierConfig(vocab_size=50, n_classes=3, d_model=32, n_heads=4, d_ff=64, members=3)
+    ).eval()
+    assert isinstance(ensemble, TextClassifierEnsemble) and len(ensemble.members) == 3
+    ids, lengths = batch(seed)
+    probs = torch.stack([torch.softmax(m(ids, lengths), -1) for m in ensemble.members])  # (M,B,C)
+    torch.testing.assert_close(ensemble(ids, lengths).exp(), probs.mean(0))
+    torch.testing.assert_close(
+        ensemble(ids, lengths, per_member=True),
+        torch.stack([m(ids, lengths) for m in ensemble.members]),
+    )
+    first, second = ensemble.members[0].embed.weight, ensemble.members[1].embed.weight
+    assert not torch.equal(first, second)  # members start from different initialisations
+    info = ensemble.inspect(ids, lengths, member=2)
+    torch.testing.assert_close(info["logits"], ensemble(ids, lengths))
+    torch.testing.assert_close(
+        info["attention"], ensemble.members[2].inspect(ids, lengths)["attention"]
+    )
+    with pytest.raises(ValueError, match="member must be in 0..2"):
+        ensemble.inspect(ids, lengths, member=3)
+    with pytest.raises(ValueError, match="members must be >= 1"):
+        build_classifier(ClassifierConfig(vocab_size=50, members=0))
+    assert isinstance(build_classifier(ClassifierConfig(vocab_size=50)), TextClassifier)
+
+
+def test_ensemble_members_learn_from_their_own_loss_only(seed: int) -> None:
+    """The training step's gradient for each member is that member's own loss / M."""
+    from attnlab.tasks.classify import step_fn
+
+    torch.manual_seed(seed)
+    cfg = ClassifierConfig(vocab_size=50, n_classes=3, d_model=32, n_heads=4, d_ff=64, members=2)
+    cfg.dropout = cfg.attn_dropout = cfg.emb_dropout = 0.0
+    ensemble = build_classifier(cfg).double()
+    ids, lengths = batch(seed)
+    labels = torch.tensor([0, 2, 1])
+    out = step_fn(0.1)(ensemble, {"input_ids": ids, "lengths": lengths, "labels": labels})
+    out.loss.backward()
+    for member in ensemble.members:
+        alone = torch.nn.functional.cross_entropy(member(ids, lengths), labels, label_smoothing=0.1)
+        grads = torch.autograd.grad(alone / 2, list(member.parameters()), allow_unused=True)
+        for p, g in zip(member.parameters(), grads):
+            if g is not None:
+                torch.testing.assert_close(p.grad, g)

@@ -148,3 +148,18 @@ def test_separate_train_and_test_files_carve_validation_from_train(tmp_path):
     sizes = json.loads((tmp_path / "run" / "data_report.json").read_text())["split_sizes"]
     assert sizes == {"train": 108, "val": 12, "test": 30}
     assert results["test"]["n"] == 30
+
+
+def test_an_ensemble_run_trains_predicts_and_draws_one_members_attention(tmp_path, capsys):
+    data = write_corpus(tmp_path / "d.csv")
+    run = tmp_path / "ens"
+    results = classify.train(run, {"data": str(data), **TINY, "epochs": "4", "members": "2"})
+    assert results["test"]["accuracy"] >= 0.9, results["test"]
+    loaded = ClassifierRun.load(run)
+    assert len(loaded.model.members) == 2
+    assert [p["label"] for p in loaded.predict(["的的怒的的", "是是喜是"])] == ["angry", "happy"]
+    out = tmp_path / "heat.png"
+    assert main(["attention", str(run), "有人怒了", "--member", "2", "--out", str(out)]) == 0
+    assert "member" not in capsys.readouterr().err
+    assert main(["attention", str(run), "有人怒了", "--member", "3"]) == 2
+    assert "this run has 2 member(s), give 1..2" in capsys.readouterr().err

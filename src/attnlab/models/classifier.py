@@ -1,7 +1,10 @@
-"""TextClassifier: token embeddings, positions, a Transformer encoder, masked pooling, a head."""
+"""TextClassifier: token embeddings, positions, a Transformer encoder, masked pooling, a head;
+and TextClassifierEnsemble, several of them trained side by side whose probabilities are averaged.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -52,12 +55,15 @@ class ClassifierConfig:
     attention: str = "full"  # full | local (sliding window) | linear (elu+1 feature map)
     window: int = 0  # attention="local": keys within this distance each side, itself included
     n_global: int = 0  # attention="local": leading tokens (e.g. <cls>) that see and are seen by all
+    members: int = 1  # >1: an ensemble of this many classifiers, probabilities averaged
 
     def validate(self) -> None:
         """Raise ValueError naming the field and the valid choices."""
         if self.vocab_size <= 0:
             raise ValueError("vocab_size must be set (build the tokenizer first)")
         check_attention_config(self.attention, self.window, self.n_global)
+        if self.members < 1:
+            raise ValueError(f"members must be >= 1 (1 = a single model), got {self.members}")
         if self.attention == "linear" and self.pos in ("t5", "alibi"):
             raise ValueError(
                 f"pos={self.pos!r} adds a bias to attention scores, which linear attention does "
@@ -254,3 +260,41 @@ class TextClassifier(nn.Module):
         share = share * keep
         share = share / share.sum(dim=-1, keepdim=True)
         return {"logits": logits, "attention": attn, "token_share": share}
+
+
+class TextClassifierEnsemble(nn.Module):
+    """``members`` TextClassifiers with their own initialisation and dropout, trained side by side.
+
+    Each member is trained on its own loss (independent members, as in Lakshminarayanan et al.
+    2017, "deep ensembles"; the task's step averages the members' losses), and the ensemble
+    predicts the mean of the members' probabilities. ``forward`` returns the log of that mean,
+    so softmax, argmax and cross-entropy read it like any classifier's logits.
+    """
+
+    def __init__(self, cfg: ClassifierConfig) -> None:
+        super().__init__()
+        cfg.validate()
+        self.cfg = cfg
+        self.members = nn.ModuleList(TextClassifier(cfg) for _ in range(cfg.members))
+
+    def forward(self, input_ids: Tensor, lengths: Tensor, per_member: bool = False) -> Tensor:
+        """ids (B, T), lengths (B,) -> log mean probability (B, C), or member logits (M, B, C)."""
+        logits = torch.stack([m(input_ids, lengths) for m in self.members])  # (M, B, C)
+        if per_member:
+            return logits
+        return logits.log_softmax(-1).logsumexp(0) - math.log(len(self.members))  # (B, C)
+
+    @torch.no_grad()
+    def inspect(self, input_ids: Tensor, lengths: Tensor, member: int = 0) -> dict[str, Tensor]:
+        """One member's attention and token shares (heads of different members are unrelated,
+        so they are never averaged), with the ensemble's logits."""
+        if not 0 <= member < len(self.members):
+            raise ValueError(f"member must be in 0..{len(self.members) - 1}, got {member}")
+        info = self.members[member].inspect(input_ids, lengths)
+        info["logits"] = self(input_ids, lengths)  # (B, C)
+        return info
+
+
+def build_classifier(cfg: ClassifierConfig) -> TextClassifier | TextClassifierEnsemble:
+    """A TextClassifier, or an ensemble of them when ``cfg.members > 1``."""
+    return TextClassifierEnsemble(cfg) if cfg.members > 1 else TextClassifier(cfg)

@@ -37,7 +37,12 @@ from attnlab.data import (
 )
 from attnlab.data.io import write_json
 from attnlab.metrics import classification_report, format_report
-from attnlab.models.classifier import ClassifierConfig, TextClassifier
+from attnlab.models.classifier import (
+    ClassifierConfig,
+    TextClassifier,
+    TextClassifierEnsemble,
+    build_classifier,
+)
 from attnlab.tasks import sections
 from attnlab.tasks.sections import PRESETS
 from attnlab.train import StepOutput, TrainConfig, Trainer, load_weights, seed_everything
@@ -227,8 +232,19 @@ def step_fn(label_smoothing: float):
     """The loss of one micro-batch: cross-entropy with label smoothing; accuracy as a metric."""
 
     def step(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> StepOutput:
-        logits = model(batch["input_ids"], batch["lengths"])  # (B, C)
-        loss = F.cross_entropy(logits, batch["labels"], label_smoothing=label_smoothing)
+        if isinstance(getattr(model, "module", model), TextClassifierEnsemble):  # DDP or not
+            # each member learns from its own loss; the metric is the ensemble's
+            member_logits = model(batch["input_ids"], batch["lengths"], per_member=True)
+            M, B, C = member_logits.shape
+            loss = F.cross_entropy(
+                member_logits.reshape(M * B, C),
+                batch["labels"].repeat(M),
+                label_smoothing=label_smoothing,
+            )  # the mean of the members' losses
+            logits = member_logits.detach().log_softmax(-1).logsumexp(0)  # (B, C)
+        else:
+            logits = model(batch["input_ids"], batch["lengths"])  # (B, C)
+            loss = F.cross_entropy(logits, batch["labels"], label_smoothing=label_smoothing)
         acc = (logits.argmax(-1) == batch["labels"]).float().mean().item()
         return StepOutput(loss=loss, weight=len(batch["labels"]), metrics={"acc": acc})
 
@@ -237,7 +253,7 @@ def step_fn(label_smoothing: float):
 
 @torch.no_grad()
 def predict_dataset(
-    model: TextClassifier, data: ClassificationData, device: torch.device | str = "cpu"
+    model: torch.nn.Module, data: ClassificationData, device: torch.device | str = "cpu"
 ) -> tuple[list[int], list[int], float]:
     """(true labels, predicted labels, mean cross-entropy) over a dataset, in dataset order."""
     was_training = model.training
@@ -299,13 +315,14 @@ def train(
             write_json(run_dir / "data_report.json", prep.report)
         _print_data_report(prep.report)
     seed_everything(cfg.train.seed)
-    model = TextClassifier(cfg.model)
+    model = build_classifier(cfg.model)
     if main:
         n_params = sum(p.numel() for p in model.parameters())
         print(
             f"model: {n_params / 1e6:.2f}M parameters, {cfg.model.n_layers} layers, "
             f"d_model {cfg.model.d_model}, {cfg.model.n_heads} heads, pos {cfg.model.pos}, "
-            f"pooling {cfg.model.pooling}, {cfg.model.norm}-norm",
+            f"pooling {cfg.model.pooling}, {cfg.model.norm}-norm"
+            + (f"; {cfg.model.members} such models, an ensemble" if cfg.model.members > 1 else ""),
             file=sys.stderr,
         )
     trainer = Trainer(
@@ -337,7 +354,7 @@ def train(
 
 
 def evaluate_split(
-    model: TextClassifier, prep: Prepared, name: str, add_cls: bool, batch_size: int, device: str
+    model: torch.nn.Module, prep: Prepared, name: str, add_cls: bool, batch_size: int, device: str
 ) -> dict | None:
     """Classification report of one split (None when the split is empty)."""
     if not prep.split[name]:
@@ -370,7 +387,7 @@ class ClassifierRun:
 
     run_dir: Path
     config: RunConfig
-    model: TextClassifier
+    model: TextClassifier | TextClassifierEnsemble
     tokenizer: CharTokenizer
     labels: LabelVocab
     max_len: int
@@ -393,7 +410,7 @@ class ClassifierRun:
                 "finished its first evaluation (resume it with --resume)"
             )
         config = RunConfig(**{name: from_dict(c, raw[name]) for name, c in SECTIONS.items()})
-        model = TextClassifier(config.model)
+        model = build_classifier(config.model)
         load_weights(model, run_dir / "model.safetensors")
         model.to(device).eval()
         max_len = json.loads((run_dir / "data_report.json").read_text())["max_len"]
@@ -437,10 +454,20 @@ class ClassifierRun:
             )
         return out
 
-    def inspect(self, text: str) -> dict[str, Any]:
-        """Tokens, attention (L, H, T, T), token shares and the prediction for one text."""
+    def inspect(self, text: str, member: int = 0) -> dict[str, Any]:
+        """Tokens, attention (L, H, T, T), token shares and the prediction for one text.
+
+        For an ensemble, attention and shares are those of member ``member``; the prediction is
+        the ensemble's."""
         ids, lengths = self.encode([text])
-        info = self.model.inspect(ids, lengths)
+        if isinstance(self.model, TextClassifierEnsemble):
+            info = self.model.inspect(ids, lengths, member)
+        elif member != 0:
+            raise ValueError(
+                f"{self.run_dir} holds a single model, not an ensemble: there is only member 1"
+            )
+        else:
+            info = self.model.inspect(ids, lengths)
         probs = torch.softmax(info["logits"][0], -1)
         k = int(probs.argmax())
         return {
