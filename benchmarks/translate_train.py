@@ -49,10 +49,12 @@ def main() -> None:
         from translate_torch_baseline import TorchSeq2Seq
 
         translate.Seq2SeqTransformer = TorchSeq2Seq  # type: ignore[misc]
+    command = " ".join(a for a in sys.argv[1:] if a != "--eval-only")
     if args.eval_only:  # rescore the finished run (e.g. after a scoring fix)
         results = json.loads((run / "results.json").read_text())
         results["test"] = TranslatorRun.load(run).evaluate("test")
-        total = json.loads(args.out.with_suffix(".json").read_text())["total_wall_s_with_eval"]
+        before = json.loads(args.out.with_suffix(".json").read_text())
+        total, load_average = before["total_wall_s_with_eval"], before["load_average_1min_at_end"]
     else:
         shutil.rmtree(run, ignore_errors=True)
         start = time.perf_counter()
@@ -64,13 +66,19 @@ def main() -> None:
         overrides |= dict(kv.split("=", 1) for kv in args.overrides)
         results = translate.train(run, overrides, None if args.config == "default" else args.config)
         total = time.perf_counter() - start
+        load_average = os.getloadavg()[0]  # 1-minute load as training ends
     beam = results["test"]
+    shutil.copy(run / "test.hyp.txt", run / "test.beam.txt")  # kept for translate_compare.py
     greedy = TranslatorRun.load(run).evaluate("test", beam_size=1)
+    shutil.copy(run / "test.hyp.txt", run / "test.greedy.txt")
     summary = results["summary"]
     saved = json.loads((run / "config.json").read_text())
     report = {
         "config": args.config,
         "pair": args.pair,
+        "command": command,
+        "run": str(run),
+        "rescored": args.eval_only,
         "stacks": args.stacks,
         "schedule_by_time": saved["train"]["schedule_by_time"],
         "max_minutes": saved["train"]["max_minutes"],
@@ -82,7 +90,7 @@ def main() -> None:
         "stop_reason": summary["stop_reason"],
         "best_val_loss": round(summary["best_metric"], 4),
         "total_wall_s_with_eval": round(total, 1),
-        "load_average_1min_at_end": os.getloadavg()[0],
+        "load_average_1min_at_end": load_average,
         "test_beam": beam,
         "test_greedy": greedy,
     }
@@ -96,7 +104,8 @@ def main() -> None:
     md = [
         f"# {args.pair} on the bundled Bible, preset `{args.config}`",
         "",
-        f"Produced by `python benchmarks/translate_train.py {' '.join(sys.argv[1:])}`: "
+        f"Produced by `python benchmarks/translate_train.py {command}`"
+        f"{' (test rescored with --eval-only)' if args.eval_only else ''}: "
         f"{args.stacks} encoder/decoder stacks, "
         f"{results['n_params'] / 1e6:.2f}M parameters, {summary['steps']} optimizer steps in "
         f"{summary['wall_time_s'] / 60:.1f} min on one CPU thread (2-core machine, load average "

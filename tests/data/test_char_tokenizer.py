@@ -39,6 +39,20 @@ def test_encode_truncates_keeping_the_head_with_cls_counted() -> None:
         tok.encode("a", 0)
 
 
+def test_head_and_tail_truncation_keeps_the_ending() -> None:
+    tok = CharTokenizer.build(["abcdefghij"])
+    dec = tok.decode
+    assert dec(tok.encode("abcdefghij", 6, tail_share=0.5)) == "abchij"
+    assert dec(tok.encode("abcdefghij", 6, tail_share=1.0)) == "efghij"
+    assert dec(tok.encode("abcdefghij", 6, tail_share=0.0)) == "abcdef"
+    assert tok.encode("abcdefghij", 7, add_cls=True, tail_share=0.5)[0] == CLS_ID
+    assert dec(tok.encode("abcdefghij", 7, add_cls=True, tail_share=0.5)) == "abchij"
+    assert dec(tok.encode("abc", 6, tail_share=0.5)) == "abc"  # short texts are untouched
+    assert tok.tokens("abcdefghij", 4, tail_share=0.5) == ["a", "b", "i", "j"]
+    with pytest.raises(ValueError, match="tail_share"):
+        tok.encode("abc", 2, tail_share=1.5)
+
+
 def test_full_and_half_width_forms_stay_distinct() -> None:
     tok = CharTokenizer.build(["，,"])
     assert tok.encode("，", 5) != tok.encode(",", 5)

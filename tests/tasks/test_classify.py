@@ -163,3 +163,17 @@ def test_an_ensemble_run_trains_predicts_and_draws_one_members_attention(tmp_pat
     assert "member" not in capsys.readouterr().err
     assert main(["attention", str(run), "有人怒了", "--member", "3"]) == 2
     assert "this run has 2 member(s), give 1..2" in capsys.readouterr().err
+
+
+def test_tail_share_reaches_training_and_prediction(tmp_path):
+    """A run trained with head+tail truncation reads texts the same way when it predicts."""
+    with pytest.raises(ValueError, match=r"tail_share must be in \[0, 1\]"):
+        classify.build_config(None, {"tail_share": "1.5"})
+    data = write_corpus(tmp_path / "d.csv", n=90)
+    run = tmp_path / "tail"
+    settings = {**TINY, "epochs": "1", "truncate_len": "8", "tail_share": "0.5"}
+    classify.train(run, {"data": str(data), **settings})
+    loaded = ClassifierRun.load(run)
+    assert loaded.config.data.tail_share == 0.5
+    text = "的一是在不了有和人这中大"
+    assert loaded.tokenizer.decode(loaded.encode_text(text)) == "的一是在人这中大"

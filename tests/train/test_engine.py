@@ -318,8 +318,14 @@ def test_schedule_by_time_decays_within_the_budget(tmp_path: Path, monkeypatch) 
     and the run the clock stops ends at the floor instead of mid-schedule."""
     clock = {"t": 0.0}
     monkeypatch.setattr(Trainer, "_elapsed", lambda self: clock["t"])
-    cfg = cfg_for(epochs=50, max_minutes=1.0, warmup_steps=0, schedule="linear",
-                  schedule_by_time=True, log_every=1)
+    cfg = cfg_for(
+        epochs=50,
+        max_minutes=1.0,
+        warmup_steps=0,
+        schedule="linear",
+        schedule_by_time=True,
+        log_every=1,
+    )
     trainer = Trainer(tiny(), cfg, tmp_path, TinyData(), step_fn, make_evaluate())
     orig = Trainer._update
     lrs: list[float] = []
@@ -337,4 +343,3 @@ def test_schedule_by_time_decays_within_the_budget(tmp_path: Path, monkeypatch) 
     expected = [cfg.lr * (1 - min(total, math.ceil(k / 5 * total)) / total) for k in range(1, 6)]
     assert lrs == pytest.approx(expected)
     assert lrs[-1] == 0.0
-

@@ -65,20 +65,35 @@ class CharTokenizer:
         """Number of ids, specials included (the embedding table size)."""
         return len(self.id_to_token)
 
-    def encode(self, text: str, max_len: int, add_cls: bool = False) -> list[int]:
-        """Ids of `text`, optionally after a leading `<cls>`, truncated to the first `max_len`."""
+    def encode(
+        self, text: str, max_len: int, add_cls: bool = False, tail_share: float = 0.0
+    ) -> list[int]:
+        """Ids of `text`, optionally after a leading `<cls>`, at most `max_len` of them.
+
+        A longer text keeps its head, or with `tail_share` > 0 its head and its last
+        round(tail_share * room) characters (head+tail truncation, Sun et al. 2019: reviews often
+        end with the verdict).
+        """
         if max_len < 1:
             raise ValueError(f"max_len must be >= 1, got {max_len}")
+        if not 0.0 <= tail_share <= 1.0:
+            raise ValueError(f"tail_share must be in [0, 1], got {tail_share}")
         ids = [CLS_ID] if add_cls else []
-        ids.extend(self.token_to_id.get(c, UNK_ID) for c in text[: max_len - len(ids)])
+        room = max_len - len(ids)
+        if len(text) > room:
+            tail = round(tail_share * room)
+            text = text[: room - tail] + (text[len(text) - tail :] if tail else "")
+        ids.extend(self.token_to_id.get(c, UNK_ID) for c in text)
         return ids
 
-    def tokens(self, text: str, max_len: int, add_cls: bool = False) -> list[str]:
-        """Per-position strings the model sees for `encode(text, max_len, add_cls)` (heatmap axes).
+    def tokens(
+        self, text: str, max_len: int, add_cls: bool = False, tail_share: float = 0.0
+    ) -> list[str]:
+        """Per-position strings the model sees for the same `encode` call (heatmap axes).
 
         Unknown characters appear as "<unk>", because that is what the model read there.
         """
-        return [self.id_to_token[i] for i in self.encode(text, max_len, add_cls)]
+        return [self.id_to_token[i] for i in self.encode(text, max_len, add_cls, tail_share)]
 
     def decode(self, ids: Iterable[int], skip_specials: bool = True) -> str:
         """Text of `ids`; drops `<pad>`, `<cls>` and `<mask>` unless told not to, keeps `<unk>`."""

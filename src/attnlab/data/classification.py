@@ -48,9 +48,10 @@ class ClassificationData:
         batch_size: int,
         shuffle: bool,
         seed: int = 0,
+        tail_share: float = 0.0,
     ) -> ClassificationData:
-        """Encode texts (head kept on truncation) and labels, and bucket them by length."""
-        sequences = [tokenizer.encode(text, max_len, add_cls=add_cls) for text in texts]
+        """Encode texts (head, or head and tail, kept on truncation) and labels; bucket them."""
+        sequences = [tokenizer.encode(t, max_len, add_cls, tail_share) for t in texts]
         sampler = LengthBucketSampler(
             [len(s) for s in sequences], batch_size, shuffle=shuffle, seed=seed
         )

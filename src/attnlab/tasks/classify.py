@@ -75,8 +75,17 @@ class ClassifyConfig:
     )
     truncate_len: int = field(default=0, metadata={"help": "fixed truncation length; 0 = auto"})
     max_truncate_len: int = 512
+    tail_share: float = field(
+        default=0.0, metadata={"help": "share of a truncated text's room kept from its end"}
+    )
     label_smoothing: float = 0.1
     eval_batch_size: int = 256
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.tail_share <= 1.0:
+            raise ValueError(
+                f"tail_share must be in [0, 1] (0 = keep the head), got {self.tail_share}"
+            )
 
 
 SECTIONS: dict[str, type] = {
@@ -138,6 +147,7 @@ class Prepared:
     labels: LabelVocab
     max_len: int
     report: dict[str, Any]
+    tail_share: float = 0.0  # share of a truncated text's room kept from its end
 
 
 def prepare(cfg: RunConfig, run_dir: Path, resume: bool) -> Prepared:
@@ -197,7 +207,7 @@ def prepare(cfg: RunConfig, run_dir: Path, resume: bool) -> Prepared:
         "truncation": str(trunc),
         "truncated_fraction": trunc.fraction_truncated,
     }
-    return Prepared(corpus, split, tokenizer, labels, max_len, report)
+    return Prepared(corpus, split, tokenizer, labels, max_len, report, dcfg.tail_share)
 
 
 def _count(items: list[str]) -> dict[str, int]:
@@ -222,6 +232,7 @@ def make_dataset(
         batch_size=batch_size,
         shuffle=shuffle,
         seed=seed,
+        tail_share=prep.tail_share,
     )
 
 
@@ -427,6 +438,10 @@ class ClassifierRun:
     def add_cls(self) -> bool:
         return self.config.model.pooling == "cls"
 
+    def encode_text(self, text: str) -> list[int]:
+        """The ids the model reads for one text, truncated as in training."""
+        return self.tokenizer.encode(text, self.max_len, self.add_cls, self.config.data.tail_share)
+
     def encode(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Texts -> padded ids (B, T) and lengths (B,); an empty text is an error."""
         from attnlab.data import pad_batch
@@ -434,7 +449,7 @@ class ClassifierRun:
         for i, text in enumerate(texts):
             if not text.strip():
                 raise ValueError(f"text {i + 1} is empty; give some characters to classify")
-        seqs = [self.tokenizer.encode(t, self.max_len, add_cls=self.add_cls) for t in texts]
+        seqs = [self.encode_text(t) for t in texts]
         return pad_batch(seqs)
 
     @torch.no_grad()
@@ -471,7 +486,9 @@ class ClassifierRun:
         probs = torch.softmax(info["logits"][0], -1)
         k = int(probs.argmax())
         return {
-            "tokens": self.tokenizer.tokens(text, self.max_len, add_cls=self.add_cls),
+            "tokens": self.tokenizer.tokens(
+                text, self.max_len, self.add_cls, self.config.data.tail_share
+            ),
             "attention": info["attention"][:, 0],
             "token_share": info["token_share"][0],
             "label": self.labels.labels[k],

@@ -31,7 +31,7 @@ def evaluate_run(
     else:
         corpus = load_labeled_file(data, text_col or dcfg.text_col, label_col or dcfg.label_col)
         check_labels(run.labels.labels, corpus.labels, f"{data}", corpus.origins)
-        seqs = [run.tokenizer.encode(t, run.max_len, add_cls=run.add_cls) for t in corpus.texts]
+        seqs = [run.encode_text(t) for t in corpus.texts]
         sampler = LengthBucketSampler([len(s) for s in seqs], batch_size, shuffle=False)
         dataset = ClassificationData(seqs, run.labels.encode(corpus.labels), sampler)
         source = str(data)

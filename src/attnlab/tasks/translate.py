@@ -310,6 +310,11 @@ def _say(msg: str) -> None:
 # ---------------------------------------------------------------------------- use a run
 
 
+def bleu_tokenize(d: TranslateDataConfig) -> str:
+    """sacreBLEU's tokenizer for a run's target side: `zh` for the bundled Chinese, else 13a."""
+    return "zh" if d.pair.endswith("-zh") and not d.data and not d.synthetic else "13a"
+
+
 class TranslatorRun:
     """A trained run: its config, tokenizers and model, ready to translate and evaluate."""
 
@@ -387,8 +392,10 @@ class TranslatorRun:
         # ever write the normalised form: score hypotheses and references in that form.
         hyps = [unicodedata.normalize("NFKC", h) for h in hyps]
         refs = [unicodedata.normalize("NFKC", p.tgt) for p in pairs]
-        tokenize = "zh" if self.cfg.data.pair.endswith("-zh") and not self.cfg.data.data else "13a"
-        bleu_metric, chrf_metric = sacrebleu.BLEU(tokenize=tokenize), sacrebleu.CHRF()
+        bleu_metric, chrf_metric = (
+            sacrebleu.BLEU(tokenize=bleu_tokenize(self.cfg.data)),
+            sacrebleu.CHRF(),
+        )
         bleu = bleu_metric.corpus_score(hyps, [refs])
         chrf = chrf_metric.corpus_score(hyps, [refs])
         (self.run_dir / f"{split}.hyp.txt").write_text("".join(h + "\n" for h in hyps))
