@@ -21,17 +21,14 @@ from pathlib import Path
 import sacrebleu
 from sacrebleu.significance import PairedTest
 
-from attnlab.configs import from_dict
-from attnlab.tasks.translate import SECTIONS, RunConfig, bleu_tokenize, load_pairs, split_pairs
+from attnlab.tasks.translate import bleu_tokenize, read_run_config, run_pairs
 
 
 def test_references(run: Path) -> tuple[list[str], str]:
-    """The NFKC-normalised test references of a run and its BLEU tokenizer, from config.json."""
-    saved = json.loads((run / "config.json").read_text())
-    cfg = RunConfig(**{n: from_dict(c, saved[n]) for n, c in SECTIONS.items()})
-    pairs = load_pairs(cfg.data, cfg.train.seed)
-    test = split_pairs(pairs, cfg.data.dev_percent, cfg.data.test_percent)["test"]
-    return [unicodedata.normalize("NFKC", p.tgt) for p in test], bleu_tokenize(cfg.data)
+    """The NFKC-normalised test references of a run and its BLEU tokenizer."""
+    cfg = read_run_config(run)
+    refs = [unicodedata.normalize("NFKC", p.tgt) for p in run_pairs(cfg, "test")]
+    return refs, bleu_tokenize(cfg.data)
 
 
 def main() -> None:
@@ -65,9 +62,17 @@ def main() -> None:
                 continue
             first, second = scores[metric]  # keyed by the metrics' own names: BLEU, chrF2
             result[metric] = {
-                names[0]: {"score": first.score, "mean": first.mean, "ci95": first.ci},
-                names[1]: {"score": second.score, "mean": second.mean, "ci95": second.ci},
-                "p_value": second.p_value,
+                names[0]: {
+                    "score": first.score,
+                    "mean": float(first.mean),
+                    "ci95": float(first.ci),
+                },
+                names[1]: {
+                    "score": second.score,
+                    "mean": float(second.mean),
+                    "ci95": float(second.ci),
+                },
+                "p_value": float(second.p_value),
             }
             rows.append(
                 f"| {decoding} | {metric} | {first.score:.2f} ({first.mean:.2f} ± {first.ci:.2f}) "

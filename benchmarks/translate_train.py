@@ -29,6 +29,18 @@ from attnlab.tasks import translate
 from attnlab.tasks.translate import TranslatorRun
 
 
+def spread_examples(run: Path, k: int = 6) -> list[dict[str, str]]:
+    """The first test verse of k chapters spread over the test split, with the beam output."""
+    test = translate.run_pairs(translate.read_run_config(run), "test")
+    hyps = (run / "test.beam.txt").read_text().splitlines()
+    firsts = [i for i, p in enumerate(test) if i == 0 or test[i - 1].group != p.group]
+    chosen = firsts[:: max(1, len(firsts) // k)][:k]
+    return [
+        {"group": test[i].group, "src": test[i].src, "ref": test[i].tgt, "hyp": hyps[i]}
+        for i in chosen
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", default="default", help="bundled preset name, or default")
@@ -50,11 +62,13 @@ def main() -> None:
 
         translate.Seq2SeqTransformer = TorchSeq2Seq  # type: ignore[misc]
     command = " ".join(a for a in sys.argv[1:] if a != "--eval-only")
+    overrides_given = args.overrides
     if args.eval_only:  # rescore the finished run (e.g. after a scoring fix)
         results = json.loads((run / "results.json").read_text())
         results["test"] = TranslatorRun.load(run).evaluate("test")
         before = json.loads(args.out.with_suffix(".json").read_text())
         total, load_average = before["total_wall_s_with_eval"], before["load_average_1min_at_end"]
+        command, overrides_given = before["command"], before["overrides"]
     else:
         shutil.rmtree(run, ignore_errors=True)
         start = time.perf_counter()
@@ -72,17 +86,17 @@ def main() -> None:
     greedy = TranslatorRun.load(run).evaluate("test", beam_size=1)
     shutil.copy(run / "test.hyp.txt", run / "test.greedy.txt")
     summary = results["summary"]
-    saved = json.loads((run / "config.json").read_text())
+    saved = translate.read_run_config(run).train
     report = {
         "config": args.config,
-        "pair": args.pair,
+        "pair": translate.read_run_config(run).data.pair,
         "command": command,
         "run": str(run),
         "rescored": args.eval_only,
         "stacks": args.stacks,
-        "schedule_by_time": saved["train"]["schedule_by_time"],
-        "max_minutes": saved["train"]["max_minutes"],
-        "overrides": args.overrides,
+        "schedule_by_time": saved.schedule_by_time,
+        "max_minutes": saved.max_minutes,
+        "overrides": overrides_given,
         "data": results["data"],
         "n_params": results["n_params"],
         "train_wall_s": round(summary["wall_time_s"], 1),
@@ -93,6 +107,7 @@ def main() -> None:
         "load_average_1min_at_end": load_average,
         "test_beam": beam,
         "test_greedy": greedy,
+        "examples_across_test": spread_examples(run),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(report, indent=2, ensure_ascii=False))
@@ -102,7 +117,7 @@ def main() -> None:
         for name, r in (("greedy", greedy), ("beam", beam))
     ]
     md = [
-        f"# {args.pair} on the bundled Bible, preset `{args.config}`",
+        f"# {report['pair']} on the bundled Bible, preset `{args.config}`",
         "",
         f"Produced by `python benchmarks/translate_train.py {command}`"
         f"{' (test rescored with --eval-only)' if args.eval_only else ''}: "
@@ -119,9 +134,12 @@ def main() -> None:
         "",
         f"sacreBLEU signatures: `{beam['signatures'][0]}`, `{beam['signatures'][1]}`.",
         "",
-        "Examples (beam):",
+        "Examples (beam), the first verse of chapters spread over the test split:",
         "",
-        *[f"- src: {e['src']}\n  - ref: {e['ref']}\n  - hyp: {e['hyp']}" for e in beam["examples"]],
+        *[
+            f"- {e['group']}: {e['src']}\n  - ref: {e['ref']}\n  - hyp: {e['hyp']}"
+            for e in report["examples_across_test"]
+        ],
     ]
     args.out.with_suffix(".md").write_text("\n".join(md) + "\n")
     print(json.dumps(report, indent=2, ensure_ascii=False))

@@ -310,6 +310,23 @@ def _say(msg: str) -> None:
 # ---------------------------------------------------------------------------- use a run
 
 
+def read_run_config(run_dir: Path) -> RunConfig:
+    """The config a translation run was trained with (its config.json)."""
+    cfg_path = run_dir / "config.json"
+    if not cfg_path.exists():
+        raise ValueError(f"{run_dir} holds no run (no config.json); train one first")
+    saved = json.loads(cfg_path.read_text())
+    if saved.get("task") != TASK:
+        raise ValueError(f"{run_dir} is a {saved.get('task')!r} run, not a translation run")
+    return RunConfig(**{n: from_dict(c, saved[n]) for n, c in SECTIONS.items()})
+
+
+def run_pairs(cfg: RunConfig, split: str) -> list[Pair]:
+    """The pairs of one split of a run, rebuilt from its config (the split is deterministic)."""
+    d = cfg.data
+    return split_pairs(load_pairs(d, cfg.train.seed), d.dev_percent, d.test_percent)[split]
+
+
 def bleu_tokenize(d: TranslateDataConfig) -> str:
     """sacreBLEU's tokenizer for a run's target side: `zh` for the bundled Chinese, else 13a."""
     return "zh" if d.pair.endswith("-zh") and not d.data and not d.synthetic else "13a"
@@ -333,13 +350,7 @@ class TranslatorRun:
     @classmethod
     def load(cls, run_dir: str | Path, device: str = "cpu") -> TranslatorRun:
         run_dir = Path(run_dir)
-        cfg_path = run_dir / "config.json"
-        if not cfg_path.exists():
-            raise ValueError(f"{run_dir} holds no run (no config.json); train one first")
-        saved = json.loads(cfg_path.read_text())
-        if saved.get("task") != TASK:
-            raise ValueError(f"{run_dir} is a {saved.get('task')!r} run, not a translation run")
-        cfg = RunConfig(**{n: from_dict(c, saved[n]) for n, c in SECTIONS.items()})
+        cfg = read_run_config(run_dir)
         src_path, tgt_path = tokenizer_paths(run_dir, cfg.model.shared_embeddings)
         model = Seq2SeqTransformer(cfg.model)
         load_weights(model, run_dir / "model.safetensors")
@@ -379,12 +390,7 @@ class TranslatorRun:
         import sacrebleu
 
         if pairs is None:
-            splits = split_pairs(
-                load_pairs(self.cfg.data, self.cfg.train.seed),
-                self.cfg.data.dev_percent,
-                self.cfg.data.test_percent,
-            )
-            pairs = splits[split]
+            pairs = run_pairs(self.cfg, split)
         start = time.perf_counter()
         hyps = self.translate([p.src for p in pairs], beam_size)
         seconds = time.perf_counter() - start
