@@ -122,6 +122,13 @@ def test_default_preset_fits_a_cpu_budget_and_base_is_the_bigger_model() -> None
     base = build_config("base", {})
     assert (base.model.d_model, base.model.n_encoder_layers, base.data.vocab_size) == (256, 3, 8000)
     assert base.train.max_minutes == 0.0 and not base.train.schedule_by_time
+    enzh = build_config("enzh", {})  # the settings of the committed en->zh character run
+    overrides = {
+        "tgt_tokenizer": "char",
+        "shared_embeddings": "false",
+        "max_sentence_tokens": "128",
+    }
+    assert enzh == build_config(None, {"pair": "en-zh", **overrides})
     copy = build_config("copy", {})  # the CI task stays step-bound, so it is deterministic
     assert copy.train.max_minutes == 0.0 and not copy.train.schedule_by_time
 
