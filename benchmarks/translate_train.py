@@ -69,6 +69,7 @@ def main() -> None:
         before = json.loads(args.out.with_suffix(".json").read_text())
         total, load_average = before["total_wall_s_with_eval"], before["load_average_1min_at_end"]
         command, overrides_given = before["command"], before["overrides"]
+        args.config = before["config"]
     else:
         shutil.rmtree(run, ignore_errors=True)
         start = time.perf_counter()
@@ -86,16 +87,16 @@ def main() -> None:
     greedy = TranslatorRun.load(run).evaluate("test", beam_size=1)
     shutil.copy(run / "test.hyp.txt", run / "test.greedy.txt")
     summary = results["summary"]
-    saved = translate.read_run_config(run).train
+    saved = translate.read_run_config(run)
     report = {
         "config": args.config,
-        "pair": translate.read_run_config(run).data.pair,
+        "pair": saved.data.pair,
         "command": command,
         "run": str(run),
         "rescored": args.eval_only,
         "stacks": args.stacks,
-        "schedule_by_time": saved.schedule_by_time,
-        "max_minutes": saved.max_minutes,
+        "schedule_by_time": saved.train.schedule_by_time,
+        "max_minutes": saved.train.max_minutes,
         "overrides": overrides_given,
         "data": results["data"],
         "n_params": results["n_params"],

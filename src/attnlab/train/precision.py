@@ -134,7 +134,7 @@ def time_step_precisions(
 ) -> dict[str, float]:
     """Best-of-`repeats` seconds of `run_step(dtype)` for fp32 (None) and bf16, interleaved,
     after one untimed warm-up of each (allocator and kernel caches)."""
-    dtypes = {"fp32": None, "bf16": torch.bfloat16}
+    dtypes = {name: PRECISION_DTYPES[name] for name in ("fp32", "bf16")}
     for dtype in dtypes.values():
         run_step(dtype)
     best = {name: math.inf for name in dtypes}
