@@ -56,7 +56,7 @@ from attnlab.train.distributed import (
 )
 from attnlab.train.meter import LoopState, WeightedSums
 from attnlab.train.metrics_log import MetricsLog, truncate_metrics
-from attnlab.train.optim import build_optimizer
+from attnlab.train.optim import describe_groups, make_optimizer
 from attnlab.train.precision import (
     PRECISION_DTYPES,
     autocast,
@@ -79,7 +79,8 @@ def _log(msg: str) -> None:
 
 
 class Trainer:
-    """Runs `step_fn` over `data` with AdamW, a schedule, clipping, eval, checkpoints and DDP.
+    """Runs `step_fn` over `data` with AdamW or Muon+AdamW, a schedule, clipping, eval,
+    checkpoints and DDP.
 
     `step_fn(model, batch)` receives the (possibly DDP-wrapped) model and a collated batch on
     `device`; call the model through it (use `attnlab.train.unwrap` for attributes).
@@ -107,6 +108,8 @@ class Trainer:
             raise ValueError(f"cfg must be a TrainConfig, got {type(cfg).__name__}")
         if not all(callable(getattr(data, name, None)) for name in ("batches", "collate")):
             raise ValueError("data must provide batches(epoch) and collate(indices); see TrainData")
+        if cfg.target_loss > 0 and evaluate is None:
+            raise ValueError("target_loss needs an evaluate function; pass evaluate= or set it 0")
         self.model = model
         self.cfg = cfg
         self.run_dir = Path(run_dir)
@@ -152,7 +155,9 @@ class Trainer:
         self.dtype, self.precision, self.precision_reason = dtype, precision_name(dtype), reason
         if env.is_main:
             _log(f"precision {self.precision}: {reason}")
-        self.optimizer = build_optimizer(self.model, cfg.lr, cfg.weight_decay, cfg.betas)
+        self.optimizer = make_optimizer(self.model, cfg)
+        if env.is_main and cfg.optimizer == "muon":
+            _log(describe_groups(self.optimizer))
         self.scaler = make_grad_scaler(env.device, dtype)
         self.total_steps = self._count_total_steps()
         self.warmup = resolve_warmup(cfg.warmup_steps, cfg.warmup_ratio, self.total_steps)
@@ -370,18 +375,22 @@ class Trainer:
         return sums
 
     def _update(self, step: int, total_weight: float) -> tuple[float, float]:
-        """Set the lr, normalise and clip the gradients, step AdamW; return (lr, grad norm)."""
+        """Set the lrs, normalise and clip the gradients, step the optimizer; return (lr, grad
+        norm), lr being the AdamW groups' (`cfg.lr` times the schedule factor). The schedule
+        scales every group alike: Muon groups run at `cfg.muon_lr` times the same factor."""
         cfg = self.cfg
-        lr = cfg.lr * lr_factor(
+        factor = lr_factor(
             self._schedule_step(step),
             schedule=cfg.schedule,
             total_steps=self.total_steps,
             warmup_steps=self.warmup,
             min_lr_ratio=cfg.min_lr_ratio,
             noam_d_model=cfg.noam_d_model,
+            decay_ratio=cfg.decay_ratio,
         )
+        lr = cfg.lr * factor
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = cfg.muon_lr * factor if group.get("use_muon") else lr
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
@@ -500,8 +509,10 @@ class Trainer:
     def _eval_and_track(self, state: LoopState, epoch: int) -> None:
         """Evaluate on rank 0, save the best weights, and update early stopping on all ranks."""
         cfg, env = self.cfg, self.env
+        eval_start = time.perf_counter()
         metrics = self._run_evaluate() if env.is_main else None
         metrics = broadcast_object(metrics, env)
+        state.eval_s += time.perf_counter() - eval_start
         value = metrics[cfg.monitor]
         better = state.best_metric is None or (
             value < state.best_metric if cfg.monitor_mode == "min" else value > state.best_metric
@@ -525,13 +536,29 @@ class Trainer:
                     "precision": self.precision,
                 }
             )
-        if cfg.patience > 0 and state.bad_evals >= cfg.patience:
+        if self._target_reached(value) and state.target_step is None:
+            state.target_step = state.step
+            state.target_time_s = self._elapsed() - state.eval_s
+            state.stop_reason = "target_loss"
+            if env.is_main:
+                _log(
+                    f"target reached at step {state.step}: {cfg.monitor} {value:.4f} (target "
+                    f"{cfg.target_loss}) after {state.target_time_s:.1f} s of training"
+                )
+        elif cfg.patience > 0 and state.bad_evals >= cfg.patience:
             state.stop_reason = "early_stop"
             if env.is_main:
                 _log(
                     f"early stop at step {state.step}: {cfg.monitor} has not improved for "
                     f"{state.bad_evals} evals (best {state.best_metric} at {state.best_step})"
                 )
+
+    def _target_reached(self, value: float) -> bool:
+        """Whether a monitor value reaches `cfg.target_loss` (0 = off) in `monitor_mode`."""
+        target = self.cfg.target_loss
+        if target <= 0 or not math.isfinite(value):
+            return False
+        return value <= target if self.cfg.monitor_mode == "min" else value >= target
 
     def _run_evaluate(self) -> dict[str, float]:
         """Call `evaluate` on the unwrapped model in eval mode; check the monitor key exists."""
@@ -593,6 +620,11 @@ class Trainer:
             "epochs": state.epoch,
             "final_train_loss": state.last_train_loss,
             "wall_time_s": state.elapsed_s,
+            "eval_time_s": state.eval_s,
+            "target_loss": self.cfg.target_loss or None,
+            "target_reached": state.target_step is not None,
+            "target_step": state.target_step,
+            "target_time_s": state.target_time_s,
             "precision": self.precision,
             "precision_reason": self.precision_reason,
             "stop_reason": state.stop_reason,
