@@ -375,6 +375,8 @@ def test_target_loss_stops_at_the_first_eval_that_reaches_it(
     # target_time_s is training time: the evaluations' sleeps are left out
     assert summary["eval_time_s"] >= 0.3
     assert 0 < summary["target_time_s"] <= summary["wall_time_s"] - summary["eval_time_s"] + 1e-9
+    assert 0 < summary["target_cpu_s"] <= summary["cpu_time_s"] - summary["eval_cpu_s"] + 1e-9
+    assert summary["eval_cpu_s"] < summary["eval_time_s"]  # sleeping takes no CPU time
     saved = json.loads((tmp_path / "summary.json").read_text())
     assert saved["target_step"] == 3 and saved["target_time_s"] == summary["target_time_s"]
 

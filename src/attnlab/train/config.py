@@ -76,7 +76,8 @@ class TrainConfig:
     target_loss: float = _opt(
         0.0,
         "stop as soon as an evaluation's monitor value reaches this (<= for monitor_mode=min, "
-        ">= for max); 0 = off. The summary records target_reached, target_step, target_time_s",
+        ">= for max); 0 = off. The summary records target_reached, target_step, and the training "
+        "time until then without evaluations: target_time_s (wall), target_cpu_s (process CPU)",
     )
     max_minutes: float = _opt(
         0.0, "stop (evaluating first) once training wall time reaches this; 0 = no time limit"

@@ -285,6 +285,7 @@ class Trainer:
         """Run optimizer steps until the run finishes; checkpoint on Ctrl-C (single process)."""
         cfg, env = self.cfg, self.env
         self._t0, self._base_elapsed = time.perf_counter(), state.elapsed_s
+        self._c0, self._base_cpu = time.process_time(), state.cpu_s
         self._window_t0 = self._t0
         self._last_plain_log = self._t0
         boundary = (copy.deepcopy(state), capture_rng())  # state after the last finished step
@@ -324,7 +325,7 @@ class Trainer:
                 _log(f"interrupted ({why}); resume from the last periodic checkpoint")
             else:
                 saved_state, rng = boundary
-                saved_state.elapsed_s = self._elapsed()
+                saved_state.elapsed_s, saved_state.cpu_s = self._elapsed(), self._cpu()
                 save_checkpoint(
                     self.run_dir,
                     self.model,
@@ -339,7 +340,7 @@ class Trainer:
             raise
         finally:
             bar.close()
-        state.elapsed_s = self._elapsed()
+        state.elapsed_s, state.cpu_s = self._elapsed(), self._cpu()
         return state
 
     def _accumulate(self, group: list[list[int]]) -> WeightedSums:
@@ -509,10 +510,11 @@ class Trainer:
     def _eval_and_track(self, state: LoopState, epoch: int) -> None:
         """Evaluate on rank 0, save the best weights, and update early stopping on all ranks."""
         cfg, env = self.cfg, self.env
-        eval_start = time.perf_counter()
+        eval_start, eval_cpu_start = time.perf_counter(), time.process_time()
         metrics = self._run_evaluate() if env.is_main else None
         metrics = broadcast_object(metrics, env)
         state.eval_s += time.perf_counter() - eval_start
+        state.eval_cpu_s += time.process_time() - eval_cpu_start
         value = metrics[cfg.monitor]
         better = state.best_metric is None or (
             value < state.best_metric if cfg.monitor_mode == "min" else value > state.best_metric
@@ -539,6 +541,7 @@ class Trainer:
         if self._target_reached(value) and state.target_step is None:
             state.target_step = state.step
             state.target_time_s = self._elapsed() - state.eval_s
+            state.target_cpu_s = self._cpu() - state.eval_cpu_s
             state.stop_reason = "target_loss"
             if env.is_main:
                 _log(
@@ -578,7 +581,7 @@ class Trainer:
         rng_states = gather_objects(capture_rng(), self.env)
         if self.env.is_main:
             snapshot = copy.deepcopy(state)
-            snapshot.elapsed_s = self._elapsed()
+            snapshot.elapsed_s, snapshot.cpu_s = self._elapsed(), self._cpu()
             save_checkpoint(
                 self.run_dir,
                 self.model,
@@ -598,6 +601,10 @@ class Trainer:
         }
 
     # ---------------------------------------------------------------- helpers
+
+    def _cpu(self) -> float:
+        """This process's CPU time in training (rank 0's view), including resumed processes."""
+        return self._base_cpu + time.process_time() - self._c0
 
     def _elapsed(self) -> float:
         """Training wall time including earlier (resumed) processes."""
@@ -621,10 +628,13 @@ class Trainer:
             "final_train_loss": state.last_train_loss,
             "wall_time_s": state.elapsed_s,
             "eval_time_s": state.eval_s,
+            "cpu_time_s": state.cpu_s,
+            "eval_cpu_s": state.eval_cpu_s,
             "target_loss": self.cfg.target_loss or None,
             "target_reached": state.target_step is not None,
             "target_step": state.target_step,
             "target_time_s": state.target_time_s,
+            "target_cpu_s": state.target_cpu_s,
             "precision": self.precision,
             "precision_reason": self.precision_reason,
             "stop_reason": state.stop_reason,
