@@ -1,0 +1,352 @@
+"""The language-model speedrun on this CPU: time to a validation loss, baby preset vs speedrun.
+
+    python benchmarks/lm_speedrun.py race   [--seeds 0 1 2]
+    python benchmarks/lm_speedrun.py budget [--seeds 0] [--minutes 10]
+    python benchmarks/lm_speedrun.py ablate [--seed 0] [--tricks muon qk_norm ...]
+    python benchmarks/lm_speedrun.py report
+
+Every run is the CLI, `python -m attnlab train lm --config PRESET --num-threads 1 --precision
+fp32 --eval-windows W --seed S ...`, in runs/speedrun/PHASE/NAME, `--workers` (2: one per core)
+at a time, each next run starting when one ends, so that the runs share the machine:
+
+race    baby and speedrun runs per seed, each stopped by --target-loss (1.88) at the first
+        evaluation at or below it. Recorded: the step, the training wall time and the process CPU
+        time until then, evaluations left out (the engine's target_step, target_time_s,
+        target_cpu_s), and the ratios speedrun / baby per seed. Order: baby seed 0 beside every
+        speedrun run, then the other baby runs beside each other.
+budget  baby and speedrun for a fixed wall-clock budget, the lr schedule driven by the clock
+        (--max-minutes M --schedule-by-time, warmup 5% of it): the best validation loss.
+ablate  the speedrun preset with one trick removed per run (ABLATIONS), each stopped at the
+        target or at the end of its schedule: steps and times to the target, best loss.
+report  rewrites the markdown from the JSON.
+
+Validation: the same W = 1000 evenly spaced 64-token windows of the validation split for every
+run (--eval-windows 1000; the split has 7,888, a full pass costs ~8x as much per evaluation).
+Each phase merges its results into docs/results/lm_speedrun.json and rewrites
+docs/results/lm_speedrun.md; the machine, thread count and load averages go with them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from attnlab.bench.machine import machine_info
+
+RESULTS = Path("docs/results")
+OUT_JSON, OUT_MD = RESULTS / "lm_speedrun.json", RESULTS / "lm_speedrun.md"
+RUNS = Path("runs/speedrun")
+TARGET = 1.88
+PRESETS = ("baby", "speedrun")
+EVAL_WINDOWS = 1000
+EVAL_EVERY = {"baby": 100, "speedrun": 0}  # 0 = the preset's own (lm_speedrun.toml)
+# One trick removed per run: the overrides that turn it off (back to the baby GPT's choice).
+ABLATIONS: dict[str, list[str]] = {
+    "muon": ["--optimizer", "adamw"],  # AdamW for every tensor, at the preset's lr
+    "rope": ["--pos", "learned"],
+    "rmsnorm": ["--norm", "layer"],
+    "untied": ["--tie-weights", "true"],
+    "wsd": ["--schedule", "cosine"],  # same warmup, cosine to min_lr_ratio
+    "batch24": ["--batch-size", "12", "--max-steps", "600"],  # the baby's batch, same tokens
+}
+
+
+def cli(preset: str, out: Path, seed: int, extra: list[str]) -> list[str]:
+    """The `attnlab train lm` command line of one run."""
+    args = [sys.executable, "-m", "attnlab", "train", "lm", "--config", preset]
+    args += ["--out", str(out), "--seed", str(seed), "--num-threads", "1", "--precision", "fp32"]
+    args += ["--eval-windows", str(EVAL_WINDOWS), "--sample-tokens", "0", "--tensorboard", "false"]
+    if EVAL_EVERY.get(preset):
+        args += ["--eval-every", str(EVAL_EVERY[preset])]
+    return args + extra
+
+
+def start(job: tuple[str, str, Path, int, list[str]]) -> dict[str, Any]:
+    """Launch one (name, preset, run_dir, seed, extra args) run; return its handle."""
+    name, preset, out, seed, extra = job
+    if out.exists():
+        shutil.rmtree(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cmd = cli(preset, out, seed, extra)
+    log = open(out.parent / f"{out.name}.log", "w")  # noqa: SIM115 - closed by finish()
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    print(f"[speedrun] start {name}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    return {"job": job, "cmd": cmd, "proc": proc, "log": log, "load": os.getloadavg()}
+
+
+def finish(handle: dict[str, Any]) -> dict[str, Any]:
+    """Wait for a run; return its record (summary, val curve, speeds, load averages)."""
+    name, preset, out, seed, extra = handle["job"]
+    code = handle["proc"].wait()
+    handle["log"].close()
+    if code != 0:
+        tail = (out.parent / f"{out.name}.log").read_text()[-2000:]
+        raise RuntimeError(f"run {name} failed with exit code {code}:\n{tail}")
+    summary = json.loads((out / "summary.json").read_text())
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train_steps = summary["steps"]
+    record = {
+        "name": name,
+        "preset": preset,
+        "seed": seed,
+        "overrides": extra,
+        "command": "python -m attnlab " + " ".join(handle["cmd"][3:]),
+        "summary": {k: v for k, v in summary.items() if k != "run_dir"},
+        "val_curve": [[m["step"], round(m["val_loss"], 4)] for m in metrics if m["split"] == "val"],
+        "ms_per_step_wall": 1000 * (summary["wall_time_s"] - summary["eval_time_s"]) / train_steps,
+        "ms_per_step_cpu": 1000 * (summary["cpu_time_s"] - summary["eval_cpu_s"]) / train_steps,
+        "load_average_start": list(handle["load"]),
+        "load_average_end": list(os.getloadavg()),
+    }
+    print(f"[speedrun] done {name}: {brief(record)}", file=sys.stderr, flush=True)
+    return record
+
+
+def run_jobs(jobs: list[tuple[str, str, Path, int, list[str]]], workers: int) -> list[dict]:
+    """Run the jobs `workers` at a time (each next job starts when a run ends), in job order of
+    the returned records."""
+    pending, running, done = list(jobs), [], {}
+    while pending or running:
+        while pending and len(running) < workers:
+            running.append(start(pending.pop(0)))
+        time.sleep(2)
+        for handle in [h for h in running if h["proc"].poll() is not None]:
+            running.remove(handle)
+            done[handle["job"][0]] = finish(handle)
+    return [done[job[0]] for job in jobs]
+
+
+def brief(r: dict[str, Any]) -> str:
+    s = r["summary"]
+    if s["target_reached"]:
+        return (
+            f"target at step {s['target_step']}, {s['target_time_s']:.1f} s wall, "
+            f"{s['target_cpu_s']:.1f} s CPU; best {s['best_metric']:.4f}"
+        )
+    return f"target not reached in {s['steps']} steps; best {s['best_metric']:.4f}"
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """Median, min, max (and mean) of a list of ratios or times."""
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "mean": statistics.fmean(values),
+        "n": len(values),
+    }
+
+
+def race(seeds: list[int], workers: int) -> dict[str, Any]:
+    """Baby and speedrun runs per seed, both stopped at the target. Job order: the first baby
+    run, every speedrun run, the other baby runs, so that with two workers the short speedrun
+    runs share the machine with a baby run and the remaining baby runs with each other."""
+    target = ["--target-loss", str(TARGET)]
+    jobs = {(p, s): (f"{p}-s{s}", p, RUNS / "race" / f"{p}-s{s}", s, target)
+            for p in PRESETS for s in seeds}  # fmt: skip
+    order = [("baby", seeds[0])] + [("speedrun", s) for s in seeds]
+    order += [("baby", s) for s in seeds[1:]]
+    runs = run_jobs([jobs[k] for k in order], workers)
+    by = {(r["preset"], r["seed"]): r["summary"] for r in runs}
+    ratios: dict[str, Any] = {}
+    for key in ("target_time_s", "target_cpu_s", "target_step"):
+        fast = [by[("speedrun", s)][key] for s in seeds]
+        slow = [by[("baby", s)][key] for s in seeds]
+        if None in fast or None in slow:
+            ratios[key] = None  # a run missed the target; see the runs
+            continue
+        per_seed = [a / b for a, b in zip(fast, slow)]
+        ratios[key] = {
+            "per_seed": per_seed,
+            **spread(per_seed),
+            "ratio_of_medians": statistics.median(fast) / statistics.median(slow),
+            "speedrun": spread(fast),
+            "baby": spread(slow),
+        }
+    return {"seeds": seeds, "runs": runs, "ratios_speedrun_over_baby": ratios}
+
+
+def budget(seeds: list[int], minutes: float, workers: int) -> dict[str, Any]:
+    """Best validation loss in a fixed wall-clock budget, schedule following the clock."""
+    extra = [
+        "--max-minutes", str(minutes), "--schedule-by-time", "true", "--max-steps", "100000",
+        "--warmup-steps", "0", "--warmup-ratio", "0.05", "--eval-every", "250",
+    ]  # fmt: skip
+    jobs = [
+        (f"{p}-s{s}", p, RUNS / "budget" / f"{p}-s{s}", s, extra) for s in seeds for p in PRESETS
+    ]
+    return {"minutes": minutes, "seeds": seeds, "overrides": extra, "runs": run_jobs(jobs, workers)}
+
+
+def ablate(seed: int, tricks: list[str], workers: int) -> dict[str, Any]:
+    """The speedrun preset with each trick removed in turn (plus the full preset)."""
+    jobs = [("full", "speedrun", RUNS / "ablate" / "full", seed, [])]
+    jobs += [
+        (f"no-{t}", "speedrun", RUNS / "ablate" / f"no-{t}", seed, ABLATIONS[t]) for t in tricks
+    ]
+    jobs = [(n, p, o, s, x + ["--target-loss", str(TARGET)]) for n, p, o, s, x in jobs]
+    return {"seed": seed, "tricks": tricks, "runs": run_jobs(jobs, workers)}
+
+
+def sample_best(race_result: dict[str, Any]) -> dict[str, Any]:
+    """500 characters (temperature 0.8, seed 0) from the race run with the lowest val loss."""
+    import torch
+
+    from attnlab.tasks.lm import LMRun, generate_text
+
+    best = min(race_result["runs"], key=lambda r: r["summary"]["best_metric"])
+    torch.set_num_threads(1)
+    run = LMRun.load(RUNS / "race" / best["name"])
+    text = generate_text(run.model, run.tokenizer, "\n", 500, temperature=0.8, seed=0)
+    return {"run": best["name"], "val_loss": best["summary"]["best_metric"], "text": text.texts[0]}
+
+
+# ---------------------------------------------------------------------------- report
+
+
+def fmt(x: float | None, spec: str = ".1f") -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def write_markdown(res: dict[str, Any]) -> None:
+    m = res["machine"]
+    lines = [
+        "# LM speedrun: time to validation loss 1.88 (`benchmarks/lm_speedrun.py`)",
+        "",
+        "Character-level Shakespeare, default split; validation loss over the same "
+        f"{EVAL_WINDOWS} evenly spaced 64-character windows of the validation split for every "
+        "run. Presets: `baby` (nanoGPT's CPU baby GPT, `presets/lm_baby.toml`) and `speedrun` "
+        "(`presets/lm_speedrun.toml`). Every run is the CLI with one torch thread, fp32; two runs "
+        "at a time, side by side.",
+        "",
+        f"Machine: {m['cpu']}, {m['logical_cores']} logical CPUs shared with other agents' jobs; "
+        f"torch {m['torch']}, 1 thread per run, 2 runs at once. Load averages per run are in "
+        "the JSON. Times leave evaluations out; *CPU* is the process CPU time "
+        "(`time.process_time`), which the other jobs' load disturbs far less than wall time.",
+        "",
+    ]
+    if "race" in res:
+        r = res["race"]
+        lines += [
+            f"## Race to {TARGET} (seeds {', '.join(map(str, r['seeds']))}; each seed's pair "
+            "side by side)",
+            "",
+            "| run | target step | wall s | CPU s | ms/step (wall) | ms/step (CPU) | best val "
+            "| load start→end |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for run in r["runs"]:
+            s = run["summary"]
+            lines.append(
+                f"| {run['name']} | {s['target_step'] or 'not reached'} | "
+                f"{fmt(s['target_time_s'])} | {fmt(s['target_cpu_s'])} | "
+                f"{run['ms_per_step_wall']:.0f} | {run['ms_per_step_cpu']:.0f} | "
+                f"{s['best_metric']:.4f} | {run['load_average_start'][0]:.1f}→"
+                f"{run['load_average_end'][0]:.1f} |"
+            )
+        lines += ["", "Ratios speedrun / baby (per seed; median, min–max):", ""]
+        for key, label in (
+            ("target_time_s", "wall time to target"),
+            ("target_cpu_s", "CPU time to target"),
+            ("target_step", "steps to target"),
+        ):
+            q = r["ratios_speedrun_over_baby"][key]
+            if q is None:
+                lines.append(f"- {label}: a run missed the target")
+            else:
+                per = ", ".join(f"{v:.3f}" for v in q["per_seed"])
+                lines.append(
+                    f"- {label}: **{q['median']:.3f}** (min {q['min']:.3f}, max {q['max']:.3f};"
+                    f" per seed {per})"
+                )
+        lines.append("")
+    if "budget" in res:
+        b = res["budget"]
+        lines += [
+            f"## Best validation loss in {b['minutes']:g} minutes (seeds "
+            f"{', '.join(map(str, b['seeds']))})",
+            "",
+            "Overrides for both: `" + " ".join(b["overrides"]) + "`.",
+            "",
+            "| run | steps | best val | best step | load start→end |",
+            "|---|---|---|---|---|",
+        ]
+        for run in b["runs"]:
+            s = run["summary"]
+            lines.append(
+                f"| {run['name']} | {s['steps']} | {s['best_metric']:.4f} | {s['best_step']} | "
+                f"{run['load_average_start'][0]:.1f}→{run['load_average_end'][0]:.1f} |"
+            )
+        lines.append("")
+    if "ablate" in res:
+        a = res["ablate"]
+        lines += [
+            f"## Ablation (seed {a['seed']}; one trick removed per run, two runs at a time)",
+            "",
+            "| run | overrides | target step | wall s | CPU s | ms/step (CPU) | best val |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for run in a["runs"]:
+            s = run["summary"]
+            over = " ".join(x for x in run["overrides"] if x not in ("--target-loss", str(TARGET)))
+            lines.append(
+                f"| {run['name']} | `{over or '(preset)'}` | "
+                f"{s['target_step'] or 'not reached in ' + str(s['steps'])} | "
+                f"{fmt(s['target_time_s'])} | {fmt(s['target_cpu_s'])} | "
+                f"{run['ms_per_step_cpu']:.0f} | {s['best_metric']:.4f} |"
+            )
+        lines.append("")
+    if "sample" in res:
+        smp = res["sample"]
+        lines += [
+            f"## Sample from the best run ({smp['run']}, val {smp['val_loss']:.4f}; 500 "
+            "characters, temperature 0.8, seed 0)",
+            "",
+            "```",
+            smp["text"].strip("\n"),
+            "```",
+            "",
+        ]
+    OUT_MD.write_text("\n".join(lines))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("phase", choices=("race", "budget", "ablate", "report"))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--seed", type=int, default=0, help="ablate: the seed")
+    parser.add_argument("--minutes", type=float, default=10.0, help="budget: minutes per run")
+    parser.add_argument("--tricks", nargs="+", default=list(ABLATIONS), choices=list(ABLATIONS))
+    parser.add_argument("--workers", type=int, default=2, help="runs at once (one thread each)")
+    args = parser.parse_args()
+    res = json.loads(OUT_JSON.read_text()) if OUT_JSON.exists() else {}
+    res.setdefault("machine", machine_info())
+    start = time.perf_counter()
+    if args.phase == "race":
+        res["race"] = race(args.seeds, args.workers)
+        res["sample"] = sample_best(res["race"])
+    elif args.phase == "budget":
+        res["budget"] = budget(args.seeds, args.minutes, args.workers)
+    elif args.phase == "ablate":
+        res["ablate"] = ablate(args.seed, args.tricks, args.workers)
+    if args.phase != "report":
+        res[args.phase]["phase_wall_s"] = time.perf_counter() - start
+        res[args.phase]["threads_per_run"] = 1
+        res[args.phase]["runs_at_once"] = args.workers
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    OUT_JSON.write_text(json.dumps(res, indent=2) + "\n")
+    write_markdown(res)
+    print(OUT_MD.read_text())
+
+
+if __name__ == "__main__":
+    main()
