@@ -104,6 +104,7 @@ def finish(handle: dict[str, Any]) -> dict[str, Any]:
         "overrides": extra,
         "command": "python -m attnlab " + " ".join(handle["cmd"][3:]),
         "summary": {k: v for k, v in summary.items() if k != "run_dir"},
+        "tokens_per_step": tokens_per_step(out),
         "val_curve": [[m["step"], round(m["val_loss"], 4)] for m in metrics if m["split"] == "val"],
         "ms_per_step_wall": 1000 * (summary["wall_time_s"] - summary["eval_time_s"]) / train_steps,
         "ms_per_step_cpu": 1000 * (summary["cpu_time_s"] - summary["eval_cpu_s"]) / train_steps,
@@ -220,6 +221,12 @@ def sample_best(race_result: dict[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- report
 
 
+def tokens_per_step(run_dir: Path) -> int:
+    """Training tokens per optimizer step of a finished run (batch x context)."""
+    config = json.loads((run_dir / "config.json").read_text())
+    return config["train"]["batch_size"] * config["model"]["context"]
+
+
 def fmt(x: float | None, spec: str = ".1f") -> str:
     return "—" if x is None else format(x, spec)
 
@@ -232,49 +239,59 @@ def write_markdown(res: dict[str, Any]) -> None:
         "Character-level Shakespeare, default split; validation loss over the same "
         f"{EVAL_WINDOWS} evenly spaced 64-character windows of the validation split for every "
         "run. Presets: `baby` (nanoGPT's CPU baby GPT, `presets/lm_baby.toml`) and `speedrun` "
-        "(`presets/lm_speedrun.toml`). Every run is the CLI with one torch thread, fp32; two runs "
-        "at a time, side by side.",
+        "(`presets/lm_speedrun.toml`). Every run is the CLI with one torch thread, fp32, several "
+        "runs at a time on the shared machine.",
         "",
         f"Machine: {m['cpu']}, {m['logical_cores']} logical CPUs shared with other agents' jobs; "
-        f"torch {m['torch']}, 1 thread per run, 2 runs at once. Load averages per run are in "
-        "the JSON. Times leave evaluations out; *CPU* is the process CPU time "
+        f"torch {m['torch']}, 1 thread per run. Load averages (1 min) at each run's start and "
+        "end are below, more in the JSON. Times leave evaluations out; *CPU* is the process CPU "
+        "time "
         "(`time.process_time`), which the other jobs' load disturbs far less than wall time.",
         "",
     ]
     if "race" in res:
         r = res["race"]
         lines += [
-            f"## Race to {TARGET} (seeds {', '.join(map(str, r['seeds']))}; each seed's pair "
-            "side by side)",
+            f"## Race to {TARGET}",
             "",
-            "| run | target step | wall s | CPU s | ms/step (wall) | ms/step (CPU) | best val "
-            "| load start→end |",
-            "|---|---|---|---|---|---|---|---|",
+            f"Speedrun seeds {', '.join(map(str, r['seeds']))}, baby seeds "
+            f"{', '.join(map(str, r['baby_seeds']))}; {r['runs_at_once']} runs at once (the baby "
+            "runs beside each other, the speedrun runs one after another beside them). "
+            "Evaluations: baby every 100 steps from step 1000, speedrun every 15 from step 150 "
+            "(about 5% of each schedule); each run stops at the first evaluation at or below "
+            f"{TARGET}.",
+            "",
+            "| run | target step | tokens | wall s | CPU s | ms/step (wall) | ms/step (CPU) | "
+            "best val | load start→end |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for run in r["runs"]:
             s = run["summary"]
+            per_step = run.get("tokens_per_step") or tokens_per_step(RUNS / "race" / run["name"])
+            tokens = s["target_step"] * per_step if s["target_step"] else None
             lines.append(
                 f"| {run['name']} | {s['target_step'] or 'not reached'} | "
-                f"{fmt(s['target_time_s'])} | {fmt(s['target_cpu_s'])} | "
+                f"{fmt(tokens, ',')} | {fmt(s['target_time_s'])} | {fmt(s['target_cpu_s'])} | "
                 f"{run['ms_per_step_wall']:.0f} | {run['ms_per_step_cpu']:.0f} | "
                 f"{s['best_metric']:.4f} | {run['load_average_start'][0]:.1f}→"
                 f"{run['load_average_end'][0]:.1f} |"
             )
-        lines += ["", "Ratios speedrun / baby (per seed; median, min–max):", ""]
+        lines += ["", "Ratios speedrun / baby:", ""]
         for key, label in (
             ("target_time_s", "wall time to target"),
             ("target_cpu_s", "CPU time to target"),
-            ("target_step", "steps to target"),
         ):
             q = r["ratios_speedrun_over_baby"][key]
             if q is None:
                 lines.append(f"- {label}: a run missed the target")
-            else:
-                per = ", ".join(f"{v:.3f}" for v in q["per_seed"])
-                lines.append(
-                    f"- {label}: **{q['median']:.3f}** (min {q['min']:.3f}, max {q['max']:.3f};"
-                    f" per seed {per})"
-                )
+                continue
+            per = ", ".join(f"{v:.3f}" for v in q["per_seed"])
+            lines.append(
+                f"- {label}: ratio of the medians **{q['ratio_of_medians']:.3f}** (speedrun "
+                f"median {q['speedrun']['median']:.1f} s, range {q['speedrun']['min']:.1f}–"
+                f"{q['speedrun']['max']:.1f}; baby median {q['baby']['median']:.1f} s, range "
+                f"{q['baby']['min']:.1f}–{q['baby']['max']:.1f}); per seed run by both: {per}"
+            )
         lines.append("")
     if "budget" in res:
         b = res["budget"]
@@ -296,20 +313,22 @@ def write_markdown(res: dict[str, Any]) -> None:
         lines.append("")
     if "ablate" in res:
         a = res["ablate"]
+        full = next(r for r in a["runs"] if r["name"] == "full")["summary"]["best_metric"]
         lines += [
-            f"## Ablation (seed {a['seed']}; one trick removed per run, two runs at a time)",
+            f"## Ablation (seed {a['seed']}; one trick removed per run; every run its whole "
+            "schedule, evaluated at the end)",
             "",
-            "| run | overrides | target step | wall s | CPU s | ms/step (CPU) | best val |",
+            "| run | overrides | steps | val loss at the end | vs full | training CPU s | "
+            "ms/step (CPU) |",
             "|---|---|---|---|---|---|---|",
         ]
         for run in a["runs"]:
             s = run["summary"]
-            over = " ".join(x for x in run["overrides"] if x not in ("--target-loss", str(TARGET)))
+            over = " ".join(x for x in run["overrides"] if x not in ("--eval-start", "100000"))
             lines.append(
-                f"| {run['name']} | `{over or '(preset)'}` | "
-                f"{s['target_step'] or 'not reached in ' + str(s['steps'])} | "
-                f"{fmt(s['target_time_s'])} | {fmt(s['target_cpu_s'])} | "
-                f"{run['ms_per_step_cpu']:.0f} | {s['best_metric']:.4f} |"
+                f"| {run['name']} | `{over or '(preset)'}` | {s['steps']} | "
+                f"{s['best_metric']:.4f} | {s['best_metric'] - full:+.4f} | "
+                f"{s['cpu_time_s'] - s['eval_cpu_s']:.0f} | {run['ms_per_step_cpu']:.0f} |"
             )
         lines.append("")
     if "sample" in res:
