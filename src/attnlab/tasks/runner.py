@@ -162,6 +162,7 @@ def train(
             if not resume:
                 for name, write in setup.files.items():
                     write(folder / name)
+            _say(f"run directory: {out}")
             for line in setup.messages:
                 _say(line)
             if staging is not None:
