@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from attnlab.cli import main
 from attnlab.tasks import load_run, rundir
@@ -31,7 +30,8 @@ TINY = [
 
 def write_corpus(path: Path, n: int = 120) -> Path:
     rows = ["text,label"] + [
-        ("的一是喜在不了有" if i % 2 else "和人这怒中大为上")[i % 5 :] + f"{i},"
+        ("的一是喜在不了有" if i % 2 else "和人这怒中大为上")[i % 5 :]
+        + f"{i},"
         + ("happy" if i % 2 else "angry")
         for i in range(n)
     ]
@@ -96,7 +96,9 @@ def test_config_json_has_one_layout_with_task_and_format(finished) -> None:
         run.require("generate")
 
 
-@pytest.mark.parametrize("task", ["classify", "lm", "translate", "vit", "cnn", "mlm", "bert_classify"])
+@pytest.mark.parametrize(
+    "task", ["classify", "lm", "translate", "vit", "cnn", "mlm", "bert_classify"]
+)
 def test_run_directories_of_format_1_still_load_and_work(task: str, tmp_path: Path) -> None:
     """Folders written before the task layer (tests/fixtures/runs_v1, made by the code of
     commit 63edc76) load through load_run and answer their verbs."""
@@ -284,8 +286,8 @@ def test_help_shows_the_values_the_command_will_use(capsys) -> None:
 @pytest.mark.parametrize("argv", [["--help"], ["train", "--help"]])
 def test_top_level_help_does_not_import_torch(argv: list[str]) -> None:
     code = (
-        "import sys\nfrom attnlab.cli import main\ntry:\n    main(%r)\nexcept SystemExit:\n"
-        "    pass\nprint('torch' in sys.modules)" % argv
+        f"import sys\nfrom attnlab.cli import main\ntry:\n    main({argv!r})\n"
+        "except SystemExit:\n    pass\nprint('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().endswith("False"), out.stdout[-300:]
