@@ -97,9 +97,7 @@ def read_tensors(path: str | Path, what: str = "weights") -> dict[str, Tensor]:
             tensors = {name: f.get_tensor(name) for name in names}
     except (SafetensorError, OSError, ValueError) as err:
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise ValueError(
-            f"{path}: truncated or not a safetensors file ({reason}); {fix}"
-        ) from None
+        raise ValueError(f"{path}: truncated or not a safetensors file ({reason}); {fix}") from None
     expected = metadata.get(CHECKSUM_KEY)
     if expected is not None and tensors_sha256(tensors) != expected:
         raise ValueError(
