@@ -6,7 +6,7 @@ from attnlab.data.classification import ClassificationData
 from attnlab.data.corpora import load_chinese_reviews
 from attnlab.data.corpus import LabeledCorpus
 from attnlab.data.errors import DataError
-from attnlab.data.labels import LabelVocab
+from attnlab.data.labels import MIN_CLASS_EXAMPLES, LabelVocab, check_label_counts
 from attnlab.data.lengths import TruncationReport, choose_max_len, truncation_report
 from attnlab.data.splits import (
     check_labels,
@@ -18,6 +18,7 @@ from attnlab.data.splits import (
 from attnlab.data.tabular import load_labeled_file
 
 __all__ = [
+    "MIN_CLASS_EXAMPLES",
     "CharTokenizer",
     "ClassificationData",
     "DataError",
@@ -25,6 +26,7 @@ __all__ = [
     "LabeledCorpus",
     "LengthBucketSampler",
     "TruncationReport",
+    "check_label_counts",
     "check_labels",
     "choose_max_len",
     "load_chinese_reviews",
