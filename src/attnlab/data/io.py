@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import uuid
@@ -45,6 +46,18 @@ def read_json(path: str | os.PathLike[str], what: str) -> Any:
             f"regenerate the {what} file instead of editing it by hand",
             line=err.lineno,
         ) from None
+
+
+CSV_FIELD_LIMIT = 2**31 - 1  # the largest limit a C long takes on every platform
+
+
+def allow_long_csv_fields() -> None:
+    """Lift the csv module's default 131,072-character field limit (a long text is valid CSV).
+
+    The limit is per process; call this before any `csv.reader` over user files.
+    """
+    if csv.field_size_limit() < CSV_FIELD_LIMIT:
+        csv.field_size_limit(CSV_FIELD_LIMIT)
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
