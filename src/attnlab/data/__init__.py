@@ -1,6 +1,11 @@
 """Text-classification data: corpora, user files, splits, character tokenizer, batching."""
 
-from attnlab.data.buckets import LengthBucketSampler, pad_batch, padding_fraction
+from attnlab.data.buckets import (
+    LengthBucketSampler,
+    pad_batch,
+    padding_fraction,
+    shuffled_batches,
+)
 from attnlab.data.char_tokenizer import CharTokenizer
 from attnlab.data.classification import ClassificationData
 from attnlab.data.corpora import load_chinese_reviews
@@ -36,6 +41,7 @@ __all__ = [
     "pad_batch",
     "padding_fraction",
     "save_split",
+    "shuffled_batches",
     "stratified_split",
     "truncation_report",
 ]
