@@ -159,7 +159,7 @@ def test_cli_trains_with_presets_and_field_options(tmp_path, capsys) -> None:
     args = ["train", "lm", "--config", "quick", "--data", str(corpus), "--max-steps", "6"]
     assert main([*args, "--eval-every", "3", "--out", str(tmp_path / "r"), "n_layers=1"]) == 0
     out = capsys.readouterr()
-    assert "best val loss" in out.out and "model: " in out.err
+    assert "best val_loss" in out.out and "model: " in out.err
     saved = json.loads((tmp_path / "r" / "config.json").read_text())
     assert saved["model"]["n_layers"] == 1 and saved["train"]["max_steps"] == 6
 

@@ -303,3 +303,18 @@ def test_weights_are_checked_on_load(tmp_path, finished, capsys) -> None:
     probe(capsys, ["predict", str(run), "好"], "model.safetensors")
     path.write_bytes(bytes(data[: len(data) // 2]))
     probe(capsys, ["predict", str(run), "好"], "model.safetensors")
+
+
+def test_one_class_and_junk_labels_are_refused_before_any_file(tmp_path, corpus, capsys):
+    one = tmp_path / "one.csv"
+    one.write_text("text,label\n" + "".join(f"好{i},positive\n" for i in range(40)))
+    out = tmp_path / "runs" / "x"
+    probe(capsys, ["train", "classify", "--data", str(one), "--out", str(out)], "two classes")
+    junk = tmp_path / "junk.csv"
+    junk.write_text(corpus.read_text() + "坏,?\n差,N/A\n")
+    argv = ["train", "classify", "--data", str(junk), "--out", str(out), *TINY]
+    probe(capsys, argv, "'?'", "'N/A'", "--allow-rare-labels")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["junk.csv", "one.csv"]
+    capsys.readouterr()
+    ok = [*argv, "--allow-rare-labels", "--max-steps", "2", "--eval-every", "2", "--test-ratio", "0"]
+    assert main(ok) == 0

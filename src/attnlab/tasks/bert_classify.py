@@ -25,6 +25,7 @@ from attnlab.data import (
     LabeledCorpus,
     LabelVocab,
     LengthBucketSampler,
+    check_label_counts,
     check_labels,
     choose_max_len,
     load_chinese_reviews,
@@ -69,6 +70,9 @@ class BertClassifyConfig:
     dropout: float = 0.1
     label_smoothing: float = 0.0
     eval_batch_size: int = 128
+    allow_rare_labels: bool = _help(
+        False, "train even with classes of fewer than 5 training examples"
+    )
 
 
 SECTIONS: dict[str, type] = {"data": BertClassifyConfig, "train": TrainConfig}
@@ -148,6 +152,7 @@ class BertClassifyTask(Task):
         labels_str = {name: [corpus.labels[i] for i in idx] for name, idx in split.items()}
         for name in ("val", "test"):
             check_labels(labels_str["train"], labels_str[name], name)
+        check_label_counts(labels_str["train"], dcfg.allow_rare_labels)
         labels = LabelVocab.build(labels_str["train"])
         train_lengths = tokenizer.lengths(texts["train"])
         cap = min(dcfg.max_truncate_len, encoder.cfg.max_len)

@@ -22,6 +22,7 @@ from attnlab.data import (
     LabeledCorpus,
     LabelVocab,
     LengthBucketSampler,
+    check_label_counts,
     check_labels,
     choose_max_len,
     load_chinese_reviews,
@@ -76,6 +77,10 @@ class ClassifyConfig:
     )
     label_smoothing: float = 0.1
     eval_batch_size: int = 256
+    allow_rare_labels: bool = field(
+        default=False,
+        metadata={"help": "train even with classes of fewer than 5 training examples"},
+    )
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.tail_share <= 1.0:
@@ -151,6 +156,7 @@ def prepare(cfg: RunConfig, run_dir: Path, resume: bool) -> Prepared:
         )
     train_texts = [corpus.texts[i] for i in split["train"]]
     train_labels = [corpus.labels[i] for i in split["train"]]
+    rare = check_label_counts(train_labels, dcfg.allow_rare_labels)
     for name in ("val", "test"):
         check_labels(train_labels, [corpus.labels[i] for i in split[name]], name)
     if not split["val"]:
@@ -182,6 +188,7 @@ def prepare(cfg: RunConfig, run_dir: Path, resume: bool) -> Prepared:
         "len_percentile": dcfg.len_percentile,
         "truncation": str(trunc),
         "truncated_fraction": trunc.fraction_truncated,
+        "rare_labels": rare,
     }
     return Prepared(corpus, split, tokenizer, labels, max_len, report, dcfg.tail_share)
 
@@ -380,7 +387,8 @@ def data_report_lines(report: dict[str, Any]) -> list[str]:
     sizes = ", ".join(f"{k} {v}" for k, v in report["split_sizes"].items())
     return [
         f"data: {report['source']}; {sizes}",
-        f"labels: {report['label_counts']['train']} (train)",
+        f"labels: {report['label_counts']['train']} (train)"
+        + (f"; rare classes allowed: {report['rare_labels']}" if report.get("rare_labels") else ""),
         f"vocab {report['vocab_size']} characters; max_len {report['max_len']} "
         f"({report['len_percentile']}th percentile): {report['truncation']}; "
         f"padding {report['padding_fraction_bucketed']:.1%} with length buckets",

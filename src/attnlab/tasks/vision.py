@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.configs import to_dict
+from attnlab.data import check_label_counts
 from attnlab.data.images import (
     ImageData,
     ImageSet,
@@ -63,6 +64,10 @@ class VisionConfig:
     hflip: bool = field(default=True, metadata={"help": "random horizontal flips"})
     label_smoothing: float = 0.1
     eval_batch_size: int = 500
+    allow_rare_labels: bool = field(
+        default=False,
+        metadata={"help": "train even with classes of fewer than 5 training examples"},
+    )
 
 
 def sections(arch: Arch) -> dict[str, type]:
@@ -117,6 +122,7 @@ def load_splits(dcfg: VisionConfig) -> tuple[dict[str, ImageSet], str]:
         labels, (1 - dcfg.val_ratio - test_ratio, dcfg.val_ratio, test_ratio), dcfg.split_seed
     )
     train_idx = split["train"]
+    check_label_counts([labels[i] for i in train_idx], dcfg.allow_rare_labels)
     if dcfg.max_train:
         g = torch.Generator().manual_seed(dcfg.split_seed)
         keep = torch.randperm(len(train_idx), generator=g)[: dcfg.max_train].sort().values
