@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from torch.nn.attention.bias import causal_lower_right
 
 from _copy_weights import assert_grads_match, copy_links, mha_links
+from _device import DEVICE, rng_state, set_rng_state
 from attnlab.attention import (
     KVCache,
     MultiHeadAttention,
@@ -41,6 +42,8 @@ from attnlab.attention import (
 )
 from attnlab.efficient import LinearAttention, LocalAttention
 from attnlab.positions import RotaryEmbedding
+
+pytestmark = pytest.mark.usefixtures("on_test_device")  # tests/_device.py: ATTNLAB_TEST_DEVICE
 
 F64 = torch.float64
 TIGHT = dict(rtol=1e-9, atol=1e-11)  # float64, same maths in a different order
@@ -142,7 +145,7 @@ def reference_attention(
 @SETTINGS
 @given(cases())
 def test_sdpa_matches_torch_forward_and_gradients(c: Case) -> None:
-    g = torch.Generator().manual_seed(c.seed)
+    g = torch.Generator(DEVICE).manual_seed(c.seed)
     q = randn(g, c.B, c.H, c.Tq, c.Dk)
     k = randn(g, c.B, c.Hkv, c.Tk, c.Dk)
     v = randn(g, c.B, c.Hkv, c.Tk, c.Dv)
@@ -238,12 +241,12 @@ def test_fused_dropout_equals_torch_under_the_same_seed() -> None:
     q = torch.randn(2, 4, 5, 8, dtype=F64)
     k, v = torch.randn(2, 4, 7, 8, dtype=F64), torch.randn(2, 4, 7, 8, dtype=F64)
     mask = torch.rand(2, 1, 5, 7) < 0.8
-    state = torch.get_rng_state()
+    state = rng_state()
     ours, _ = scaled_dot_product_attention(q, k, v, mask, dropout_p=0.3, fused=True)
-    torch.set_rng_state(state)
+    set_rng_state(state)
     theirs = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.3)
     torch.testing.assert_close(ours, theirs, **TIGHT)
-    torch.set_rng_state(state)
+    set_rng_state(state)
     no_drop, _ = scaled_dot_product_attention(q, k, v, mask, fused=True)
     assert not torch.allclose(ours, no_drop)
 
