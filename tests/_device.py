@@ -6,8 +6,8 @@
 A device-aware module opts in with ``pytestmark = pytest.mark.usefixtures("on_test_device")``
 (tests/conftest.py): each of its tests then runs with that device as torch's default device,
 so every tensor and module it builds lands there without naming it. A test that needs the
-device explicitly takes the ``device`` fixture. On CPU nothing changes at all. Tests that
-cannot run on CUDA carry ``cpu_only(reason)``; tests of CUDA kernels carry ``cuda_only``.
+device explicitly takes the ``device`` fixture. On CPU nothing changes at all. A test
+whose kernel does not exist on a device skips with the reason (tests/test_fused_backends.py).
 """
 
 from __future__ import annotations
@@ -61,16 +61,6 @@ def tol(dtype: torch.dtype) -> dict[str, float]:
             f"no tolerance stated for {dtype}; add it to TOLERANCES in tests/_device.py"
         )
     return TOLERANCES[dtype]
-
-
-cuda_only = pytest.mark.skipif(
-    not ON_CUDA, reason=f"CUDA kernels: run with {DEVICE_ENV}=cuda on a machine with a GPU"
-)
-
-
-def cpu_only(reason: str) -> pytest.MarkDecorator:
-    """Skip on CUDA, saying why the test is about the CPU (or about no device at all)."""
-    return pytest.mark.skipif(ON_CUDA, reason=f"CPU only: {reason}")
 
 
 def rng_state() -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -133,3 +133,108 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
     assert recover_state_dir(tmp_path) is None
     with pytest.raises(ValueError, match="no complete checkpoint"):
         load_checkpoint(tmp_path, model, opt)
+
+
+# --------------------------------------------------------------------------- devices
+
+
+def _state_tensors(opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    return {
+        f"{pid}.{key}": value
+        for pid, pstate in opt.state_dict()["state"].items()
+        for key, value in pstate.items()
+        if isinstance(value, torch.Tensor)
+    }
+
+
+def _trained_on(device: torch.device, steps: int = 3) -> tuple[TiedLM, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = TiedLM().to(device)
+    opt = build_optimizer(model, lr=1e-2, weight_decay=0.1, betas=(0.8, 0.9))
+    for _ in range(steps):
+        model(torch.randint(0, 7, (2, 3), device=device)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    return model, opt
+
+
+def _fresh_on(device: torch.device) -> tuple[TiedLM, torch.optim.Optimizer]:
+    model = TiedLM().to(device)
+    return model, build_optimizer(model, lr=1.0, weight_decay=0.0, betas=(0.5, 0.5))
+
+
+def test_checkpoint_moves_between_devices_bitwise(tmp_path: Path, device: torch.device) -> None:
+    """Written on the device under test (a GPU with ATTNLAB_TEST_DEVICE=cuda), loaded on the
+    CPU, written again there and loaded back on the device: every weight and optimizer tensor
+    is bitwise the original, each on the device it belongs on, and training goes on exactly."""
+    model, opt = _trained_on(device)
+    save_checkpoint(tmp_path / "dev", model, opt, {"step": 3}, [capture_rng()])
+
+    cpu_model, cpu_opt = _fresh_on(torch.device("cpu"))
+    load_checkpoint(tmp_path / "dev", cpu_model, cpu_opt)
+    for name, value in model.state_dict().items():
+        assert cpu_model.state_dict()[name].device.type == "cpu"
+        assert torch.equal(cpu_model.state_dict()[name], value.cpu()), name
+    want = _state_tensors(opt)
+    got = _state_tensors(cpu_opt)
+    assert set(got) == set(want)
+    for name, value in got.items():
+        assert value.device.type == "cpu" and torch.equal(value, want[name].cpu()), name
+
+    save_checkpoint(tmp_path / "cpu", cpu_model, cpu_opt, {"step": 3}, [capture_rng()])
+    back, back_opt = _fresh_on(device)
+    load_checkpoint(tmp_path / "cpu", back, back_opt)
+    assert back.head.weight is back.embed.weight  # tying survives both moves
+    for name, value in model.state_dict().items():
+        assert torch.equal(back.state_dict()[name], value), name
+    for name, value in _state_tensors(back_opt).items():
+        key = name.partition(".")[2]
+        assert value.device == (torch.device("cpu") if key == "step" else want[name].device), name
+        assert torch.equal(value, want[name]), name
+
+    ids = torch.randint(0, 7, (2, 3), device=device)
+    for m, o in ((model, opt), (back, back_opt)):  # one more step each: the same numbers
+        m(ids).square().mean().backward()
+        o.step()
+    for name, value in model.state_dict().items():
+        assert torch.equal(back.state_dict()[name], value), name
+
+
+def test_loading_maps_every_tensor_to_its_device_explicitly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The safetensors readers are told the device (no implicit default), and a state tensor
+    goes where torch keeps it: with its parameter, `step` on the CPU unless capturable/fused."""
+    from attnlab.train import checkpoint as ckpt
+
+    model, opt = trained()
+    save_checkpoint(tmp_path, model, opt, {"step": 3}, [capture_rng()])
+    seen: list[tuple[str, object]] = []
+    real_model, real_file = ckpt.load_model, ckpt.load_file
+
+    def spy_model(m, filename, strict=True, device="unset"):
+        seen.append((Path(filename).name, device))
+        return real_model(m, filename, strict=strict, device=device)
+
+    def spy_file(filename, device="unset"):
+        seen.append((Path(filename).name, device))
+        return real_file(filename, device=device)
+
+    monkeypatch.setattr(ckpt, "load_model", spy_model)
+    monkeypatch.setattr(ckpt, "load_file", spy_file)
+    fresh, fresh_opt = _fresh_on(torch.device("cpu"))
+    load_checkpoint(tmp_path, fresh, fresh_opt)
+    assert seen == [
+        ("model.safetensors", "cpu"),
+        ("optimizer.safetensors", "cpu"),
+        ("rng.safetensors", "cpu"),
+    ]
+    meta = torch.device("meta")  # stands for "another device" in the placement rule alone
+    group = fresh_opt.param_groups[0]
+    group["params"] = [p.to(meta) for p in group["params"]]
+    assert ckpt._state_device(fresh_opt, 0, "exp_avg") == meta
+    assert ckpt._state_device(fresh_opt, 0, "step") == torch.device("cpu")
+    group["capturable"] = True
+    assert ckpt._state_device(fresh_opt, 0, "step") == meta
+    with pytest.raises(ValueError, match="names parameter 99"):
+        ckpt._state_device(fresh_opt, 99, "step")
