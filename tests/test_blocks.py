@@ -41,6 +41,8 @@ from attnlab.blocks import (
 )
 from attnlab.positions import RotaryEmbedding
 
+pytestmark = pytest.mark.usefixtures("on_test_device")  # tests/_device.py: ATTNLAB_TEST_DEVICE
+
 F64 = torch.float64
 TIGHT = dict(rtol=1e-9, atol=1e-11)
 

@@ -26,6 +26,8 @@ from attnlab.positions import RotaryEmbedding, T5RelativePositionBias, t5_relati
 transformers = pytest.importorskip("transformers")
 from transformers.models.t5.modeling_t5 import T5Attention  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("on_test_device")  # tests/_device.py: ATTNLAB_TEST_DEVICE
+
 F64 = torch.float64
 
 

@@ -316,5 +316,6 @@ def test_one_class_and_junk_labels_are_refused_before_any_file(tmp_path, corpus,
     probe(capsys, argv, "'?'", "'N/A'", "--allow-rare-labels")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["junk.csv", "one.csv"]
     capsys.readouterr()
-    ok = [*argv, "--allow-rare-labels", "--max-steps", "2", "--eval-every", "2", "--test-ratio", "0"]
+    ok = [*argv, "--allow-rare-labels", "--max-steps", "2", "--eval-every", "2"]
+    ok += ["--test-ratio", "0"]
     assert main(ok) == 0

@@ -255,3 +255,100 @@ def test_checksum_covers_names_dtypes_and_shapes() -> None:
     assert tensors_sha256({"a": x.view(2, 3)}) != base
     assert tensors_sha256({"a": x.view(torch.int32)}) != base
     assert tensors_sha256({"a": x.clone()}) == base
+
+
+# --------------------------------------------------------------------------- devices
+
+
+def _state_tensors(opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    return {
+        f"{pid}.{key}": value
+        for pid, pstate in opt.state_dict()["state"].items()
+        for key, value in pstate.items()
+        if isinstance(value, torch.Tensor)
+    }
+
+
+def _trained_on(device: torch.device, steps: int = 3) -> tuple[TiedLM, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = TiedLM().to(device)
+    opt = build_optimizer(model, lr=1e-2, weight_decay=0.1, betas=(0.8, 0.9))
+    for _ in range(steps):
+        model(torch.randint(0, 7, (2, 3), device=device)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    return model, opt
+
+
+def _fresh_on(device: torch.device) -> tuple[TiedLM, torch.optim.Optimizer]:
+    model = TiedLM().to(device)
+    return model, build_optimizer(model, lr=1.0, weight_decay=0.0, betas=(0.5, 0.5))
+
+
+def test_checkpoint_moves_between_devices_bitwise(tmp_path: Path, device: torch.device) -> None:
+    """Written on the device under test (a GPU with ATTNLAB_TEST_DEVICE=cuda), loaded on the
+    CPU, written again there and loaded back on the device: every weight and optimizer tensor
+    is bitwise the original, each on the device it belongs on, and training goes on exactly."""
+    model, opt = _trained_on(device)
+    save_checkpoint(tmp_path / "dev", model, opt, {"step": 3}, [capture_rng()])
+
+    cpu_model, cpu_opt = _fresh_on(torch.device("cpu"))
+    load_checkpoint(tmp_path / "dev", cpu_model, cpu_opt)
+    for name, value in model.state_dict().items():
+        assert cpu_model.state_dict()[name].device.type == "cpu"
+        assert torch.equal(cpu_model.state_dict()[name], value.cpu()), name
+    want = _state_tensors(opt)
+    got = _state_tensors(cpu_opt)
+    assert set(got) == set(want)
+    for name, value in got.items():
+        assert value.device.type == "cpu" and torch.equal(value, want[name].cpu()), name
+
+    save_checkpoint(tmp_path / "cpu", cpu_model, cpu_opt, {"step": 3}, [capture_rng()])
+    back, back_opt = _fresh_on(device)
+    load_checkpoint(tmp_path / "cpu", back, back_opt)
+    assert back.head.weight is back.embed.weight  # tying survives both moves
+    for name, value in model.state_dict().items():
+        assert torch.equal(back.state_dict()[name], value), name
+    for name, value in _state_tensors(back_opt).items():
+        key = name.partition(".")[2]
+        assert value.device == (torch.device("cpu") if key == "step" else want[name].device), name
+        assert torch.equal(value, want[name]), name
+
+    ids = torch.randint(0, 7, (2, 3), device=device)
+    for m, o in ((model, opt), (back, back_opt)):  # one more step each: the same numbers
+        m(ids).square().mean().backward()
+        o.step()
+    for name, value in model.state_dict().items():
+        assert torch.equal(back.state_dict()[name], value), name
+
+
+def test_loading_maps_every_tensor_to_its_device_explicitly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every tensor file goes through the checked reader, which opens it on the CPU explicitly
+    (safe_open(device="cpu")); a state tensor then goes where torch keeps it: with its
+    parameter, `step` on the CPU unless capturable/fused."""
+    from attnlab.train import checkpoint as ckpt
+
+    model, opt = trained()
+    save_checkpoint(tmp_path, model, opt, {"step": 3}, [capture_rng()])
+    seen: list[str] = []
+    real_read = ckpt.read_tensors
+
+    def spy(path, what="weights"):
+        seen.append(Path(path).name)
+        return real_read(path, what)
+
+    monkeypatch.setattr(ckpt, "read_tensors", spy)
+    fresh, fresh_opt = _fresh_on(torch.device("cpu"))
+    load_checkpoint(tmp_path, fresh, fresh_opt)
+    assert seen == ["model.safetensors", "optimizer.safetensors", "rng.safetensors"]
+    meta = torch.device("meta")  # stands for "another device" in the placement rule alone
+    group = fresh_opt.param_groups[0]
+    group["params"] = [p.to(meta) for p in group["params"]]
+    assert ckpt._state_device(fresh_opt, 0, "exp_avg") == meta
+    assert ckpt._state_device(fresh_opt, 0, "step") == torch.device("cpu")
+    group["capturable"] = True
+    assert ckpt._state_device(fresh_opt, 0, "step") == meta
+    with pytest.raises(ValueError, match="names parameter 99"):
+        ckpt._state_device(fresh_opt, 99, "step")

@@ -10,6 +10,12 @@
   COMPLETE                                 written last; marks the directory as whole
 It is written as `state.tmp/`, then swapped in with renames (state -> state.old,
 state.tmp -> state, delete state.old). `recover_state_dir` repairs a crash at any point of that.
+
+Files hold CPU tensors, whatever device wrote them, and loading maps every tensor explicitly
+to where it belongs (the `map_location` of `torch.load`, for safetensors): weights to the
+device of the model they are loaded into, optimizer state to the device of its parameter
+(the `step` counters to the CPU, as a fresh non-capturable optimizer keeps them). A run
+written on a GPU so loads on a CPU and back, bitwise.
 """
 
 from __future__ import annotations
@@ -105,14 +111,29 @@ def _optimizer_to_files(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Ten
     return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
 
 
+def _state_device(opt: torch.optim.Optimizer, pid: int, key: str) -> torch.device:
+    """Where a state tensor of parameter number `pid` lives: its parameter's device, except
+    `step`, which stays on the CPU unless the group is capturable or fused (torch's rule)."""
+    index = 0
+    for group in opt.param_groups:
+        for param in group["params"]:
+            if index == pid:
+                if key == "step" and not (group.get("capturable") or group.get("fused")):
+                    return torch.device("cpu")
+                return param.device
+            index += 1
+    raise ValueError(f"optimizer state names parameter {pid}, but the optimizer has {index}")
+
+
 def _optimizer_from_files(
     opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict
 ) -> None:
-    """Load the state split by `_optimizer_to_files` into `opt`."""
+    """Load the state split by `_optimizer_to_files` into `opt`, each tensor moved to the
+    device it belongs on (`_state_device`)."""
     state: dict[int, dict[str, Any]] = {}
     for name, value in tensors.items():
         pid, _, key = name.partition(".")
-        state.setdefault(int(pid), {})[key] = value
+        state.setdefault(int(pid), {})[key] = value.to(_state_device(opt, int(pid), key))
     for pid, values in meta["scalars"].items():
         state.setdefault(int(pid), {}).update(values)
     opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
