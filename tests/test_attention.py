@@ -24,7 +24,6 @@ from hypothesis import strategies as st
 from torch import Tensor, nn
 from torch.nn.attention.bias import causal_lower_right
 
-from _copy_weights import assert_grads_match, copy_links, mha_links
 from attnlab.attention import (
     KVCache,
     MultiHeadAttention,
@@ -40,6 +39,7 @@ from attnlab.attention import (
     to_key_padding_mask,
 )
 from attnlab.positions import RotaryEmbedding
+from attnlab.verify.copy_weights import assert_grads_match, copy_links, mha_links
 
 F64 = torch.float64
 TIGHT = dict(rtol=1e-9, atol=1e-11)  # float64, same maths in a different order

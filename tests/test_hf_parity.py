@@ -18,10 +18,10 @@ import pytest
 import torch
 from torch import nn
 
-from _copy_weights import Link, assert_grads_match, copy_links, llama_model_links
 from attnlab.attention import MultiHeadAttention
 from attnlab.blocks import Encoder, EncoderBlock, RMSNorm
 from attnlab.positions import RotaryEmbedding, T5RelativePositionBias, t5_relative_bucket
+from attnlab.verify.copy_weights import Link, assert_grads_match, copy_links, llama_model_links
 
 transformers = pytest.importorskip("transformers")
 from transformers.models.t5.modeling_t5 import T5Attention  # noqa: E402
