@@ -200,11 +200,11 @@ def test_mamba_lm_greedy_and_cached_decoding_match_hugging_face():
     prompt = torch.randint(0, HF_MAMBA["vocab_size"], (2, 6))
     steps = 24
     with torch.no_grad():
+        hf.generation_config.eos_token_id = None  # no early stop (nor EOS suppression)
         want = hf.generate(
             prompt,
             attention_mask=torch.ones_like(prompt),
             max_new_tokens=steps,
-            min_new_tokens=steps,
             do_sample=False,
             pad_token_id=0,
         )

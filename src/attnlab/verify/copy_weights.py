@@ -11,6 +11,7 @@ Used by the tests and by ``attnlab verify`` (one definition of each mapping).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -19,7 +20,9 @@ from torch import Tensor, nn
 
 from attnlab.attention import MultiHeadAttention
 from attnlab.blocks import DecoderBlock, Encoder, EncoderBlock, FeedForward
+from attnlab.models.vit import ViT
 from attnlab.moe import MoEFeedForward
+from attnlab.positions import T5RelativePositionBias
 from attnlab.ssm import MambaBlock, MambaLM
 
 
@@ -233,3 +236,60 @@ def mixtral_moe_links(ours: MoEFeedForward, theirs: nn.Module) -> list[Link]:
         Link(ours.w_out, (theirs.experts.down_proj,), name="down_proj"),
     ]
     return _covers(ours, links)
+
+
+@torch.no_grad()
+def copy_t5_attention(ours: MultiHeadAttention, bias: T5RelativePositionBias, theirs: nn.Module):
+    """T5Attention -> MultiHeadAttention(bias=False) + T5RelativePositionBias. T5 does not scale
+    scores by 1/sqrt(d_kv), so the query weights absorb sqrt(d_kv)."""
+    dk = theirs.key_value_proj_dim
+    q = theirs.q.weight * math.sqrt(dk)
+    ours.qkv.weight.copy_(torch.cat([q, theirs.k.weight, theirs.v.weight]))
+    ours.out_proj.weight.copy_(theirs.o.weight)
+    bias.embedding.weight.copy_(theirs.relative_attention_bias.weight)
+
+
+_VIT_V4_NAMES = [  # transformers 4 spelled the same tensors differently
+    ("encoder.layer.", "layers."),
+    ("attention.attention.query", "attention.q_proj"),
+    ("attention.attention.key", "attention.k_proj"),
+    ("attention.attention.value", "attention.v_proj"),
+    ("attention.output.dense", "attention.o_proj"),
+    ("intermediate.dense", "mlp.fc1"),
+    ("output.dense", "mlp.fc2"),
+]
+
+
+def copy_vit(model: ViT, hf: nn.Module) -> None:
+    """ViTForImageClassification (transformers 4 or 5 names) -> attnlab's ViT, every tensor."""
+    src = {}
+    for k, v in hf.state_dict().items():
+        for old, new in _VIT_V4_NAMES:
+            k = k.replace(old, new)
+        src[k.removeprefix("vit.")] = v
+    sd = {
+        "cls_token": src["embeddings.cls_token"],
+        "pos_embed": src["embeddings.position_embeddings"],
+        "patch_embed.proj.weight": src["embeddings.patch_embeddings.projection.weight"],
+        "patch_embed.proj.bias": src["embeddings.patch_embeddings.projection.bias"],
+        "encoder.norm.weight": src["layernorm.weight"],
+        "encoder.norm.bias": src["layernorm.bias"],
+        "head.weight": src["classifier.weight"],
+        "head.bias": src["classifier.bias"],
+    }
+    names = {
+        "self_attn.out_proj": "attention.o_proj",
+        "ff.w_in": "mlp.fc1",
+        "ff.w_out": "mlp.fc2",
+        "norm1": "layernorm_before",
+        "norm2": "layernorm_after",
+    }
+    for i in range(model.cfg.n_layers):
+        ours, theirs = f"encoder.blocks.{i}.", f"layers.{i}."
+        for kind in ("weight", "bias"):
+            sd[ours + f"self_attn.qkv.{kind}"] = torch.cat(
+                [src[theirs + f"attention.{x}_proj.{kind}"] for x in "qkv"]
+            )
+            for a, b in names.items():
+                sd[ours + f"{a}.{kind}"] = src[theirs + f"{b}.{kind}"]
+    model.load_state_dict(sd, strict=True)
