@@ -184,7 +184,7 @@ def mamba_pair(scan: str = "chunked"):
 @pytest.mark.parametrize("scan", ["chunked", "sequential"])
 def test_mamba_lm_matches_hugging_face_logits_and_gradients(scan):
     hf, ours, links = mamba_pair(scan)
-    ids = torch.randint(0, HF_MAMBA["vocab_size"], (3, 70))  # > one 64-step chunk
+    ids = torch.randint(0, HF_MAMBA["vocab_size"], (3, 70))  # 16-step chunks, the last partial
     want = hf(input_ids=ids).logits
     got = ours(ids)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

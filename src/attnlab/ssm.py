@@ -76,46 +76,101 @@ def selective_scan_chunked(
     B: Tensor,
     C: Tensor,
     h0: Tensor | None = None,
-    chunk: int = 64,
+    chunk: int = 16,
 ) -> tuple[Tensor, Tensor]:
-    """The same recurrence as :func:`selective_scan_sequential`, computed in parallel.
+    """The same recurrence as :func:`selective_scan_sequential`, computed in parallel chunks.
 
     h_t = a_t h_{t-1} + b_t with a_t = exp(Δ_t A), b_t = Δ_t B_t x_t is a scan under the
     associative operator (a, b) ∘ (a', b') = (a a', a' b + b'). Inside each chunk of ``chunk``
-    steps a Hillis–Steele scan applies it log2(chunk) times to all positions at once; it only
-    multiplies decays a ≤ 1, so nothing overflows (unlike exp(−cumsum) tricks). Each chunk then
-    starts from the previous chunk's last state: h_t = (∏ a within the chunk) h_start + b_t.
-    Same shapes in and out as the sequential scan.
+    steps a Hillis–Steele scan applies it log2(chunk) times to all positions at once (it only
+    multiplies decays a ≤ 1, so nothing overflows, unlike exp(−cumsum) tricks); each chunk
+    starts from the previous chunk's last state. Only the chunk boundaries' states are kept:
+    the backward pass recomputes each chunk's states and runs the adjoint recurrence
+    g_t = C_t ∂y_t + a_{t+1} g_{t+1} (the same scan, reversed), so memory grows with T·D, not
+    T·D·N. Same shapes in and out as the sequential scan.
     """
     _check_scan_shapes(x, delta, A, B, C)
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
-    batch, T, D = x.shape
-    N = A.shape[1]
-    L = min(chunk, T)
-    n_chunks = -(-T // L)
-    pad = n_chunks * L - T
-    a = torch.exp(delta[..., None] * A)  # (b, T, D, N)
-    b = (delta * x)[..., None] * B[:, :, None, :]  # (b, T, D, N)
-    if pad:  # a = 1, b = 0 after the end leave the last state unchanged
-        a = F.pad(a, (0, 0, 0, 0, 0, pad), value=1.0)  # (b, T', D, N)
-        b = F.pad(b, (0, 0, 0, 0, 0, pad))  # (b, T', D, N)
-    a = a.reshape(batch, n_chunks, L, D, N)
-    b = b.reshape(batch, n_chunks, L, D, N)
-    shift = 1
-    while shift < L:  # after this loop: a = ∏ a over the chunk so far, b = h from h_start = 0
-        b = b + a * F.pad(b[:, :, :-shift], (0, 0, 0, 0, shift, 0))  # (b, nc, L, D, N)
-        a = a * F.pad(a[:, :, :-shift], (0, 0, 0, 0, shift, 0), value=1.0)  # (b, nc, L, D, N)
+    if h0 is None:
+        h0 = x.new_zeros(x.shape[0], x.shape[2], A.shape[1])  # (b, D, N)
+    return _ChunkedScan.apply(x, delta, A, B, C, h0, chunk)
+
+
+def _scan_within(a: Tensor, b: Tensor, h: Tensor) -> Tensor:
+    """States of h_t = a_t h_{t-1} + b_t over one chunk: a, b (b, L, D, N), h (b, D, N) the
+    state before the chunk -> (b, L, D, N). Hillis–Steele: log2(L) steps over all positions."""
+    L, shift = a.shape[1], 1
+    while shift < L:
+        b = b + a * F.pad(b[:, :-shift], (0, 0, 0, 0, shift, 0))  # (b, L, D, N)
+        a = a * F.pad(a[:, :-shift], (0, 0, 0, 0, shift, 0), value=1.0)  # (b, L, D, N)
         shift *= 2
-    h = x.new_zeros(batch, D, N) if h0 is None else h0  # (b, D, N)
-    states = []
-    for c in range(n_chunks):
-        hc = a[:, c] * h[:, None] + b[:, c]  # (b, L, D, N)
-        states.append(hc)
-        h = hc[:, -1]  # (b, D, N)
-    hs = torch.cat(states, dim=1)[:, :T]  # (b, T, D, N)
-    y = torch.einsum("btdn,btn->btd", hs, C)  # (b, T, D)
-    return y, h
+    return a * h[:, None] + b  # (b, L, D, N)
+
+
+def _pad_time(t: Tensor, pad: int) -> Tensor:
+    """Zeros after the end along dim 1 (Δ = 0 there: a = 1, b = 0, the state holds)."""
+    return F.pad(t, (0, 0, 0, pad)) if pad else t
+
+
+class _ChunkedScan(torch.autograd.Function):
+    """Forward: chunk by chunk, keeping the state at each chunk start. Backward: chunks in
+    reverse, recomputing their states, with the adjoint scan and the local derivatives
+    ∂a/∂(ΔA) = a, b = Δ x B."""
+
+    @staticmethod
+    def forward(ctx, x, delta, A, B, C, h0, chunk):
+        T = x.shape[1]
+        L = min(chunk, T)
+        pad = -T % L
+        xs, ds, Bs, Cs = (_pad_time(t, pad) for t in (x, delta, B, C))  # (b, T', ·)
+        h = h0
+        starts, ys = [], []
+        with torch.no_grad():
+            for t0 in range(0, T + pad, L):
+                d, u = ds[:, t0 : t0 + L], xs[:, t0 : t0 + L]  # (b, L, D)
+                a = torch.exp(d[..., None] * A)  # (b, L, D, N)
+                bx = (d * u)[..., None] * Bs[:, t0 : t0 + L, None, :]  # (b, L, D, N)
+                starts.append(h)
+                hs = _scan_within(a, bx, h)  # (b, L, D, N)
+                ys.append(torch.einsum("bldn,bln->bld", hs, Cs[:, t0 : t0 + L]))
+                h = hs[:, -1]  # (b, D, N)
+        ctx.save_for_backward(x, delta, A, B, C, torch.stack(starts))
+        ctx.chunk = L
+        return torch.cat(ys, dim=1)[:, :T], h  # (b, T, D), (b, D, N)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, gy, gh):
+        x, delta, A, B, C, starts = ctx.saved_tensors
+        T, L = x.shape[1], ctx.chunk
+        pad = -T % L
+        xs, ds, Bs, Cs = (_pad_time(t, pad) for t in (x, delta, B, C))
+        gy = _pad_time(gy if gy is not None else torch.zeros_like(x), pad)  # (b, T', D)
+        carry = gh if gh is not None else torch.zeros_like(starts[0])  # (b, D, N)
+        gx, gd, gB, gC = (torch.zeros_like(t) for t in (xs, ds, Bs, Cs))
+        gA = torch.zeros_like(A)
+        for c in reversed(range(starts.shape[0])):
+            sl = slice(c * L, (c + 1) * L)
+            d, u, Bc, Cc = ds[:, sl], xs[:, sl], Bs[:, sl], Cs[:, sl]
+            a = torch.exp(d[..., None] * A)  # (b, L, D, N)
+            bx = (d * u)[..., None] * Bc[:, :, None, :]  # (b, L, D, N)
+            hs = _scan_within(a, bx, starts[c])  # (b, L, D, N) recomputed
+            h_prev = torch.cat([starts[c][:, None], hs[:, :-1]], dim=1)  # (b, L, D, N)
+            # adjoint: g_t = C_t gy_t + a_{t+1} g_{t+1}, the chunk's end fed by ``carry``
+            src = gy[:, sl, :, None] * Cc[:, :, None, :]  # (b, L, D, N)
+            src[:, -1] += carry
+            coef = F.pad(a[:, 1:], (0, 0, 0, 0, 0, 1))  # (b, L, D, N) a_{t+1}, 0 at the end
+            g = _scan_within(coef.flip(1), src.flip(1), torch.zeros_like(carry)).flip(1)
+            carry = a[:, 0] * g[:, 0]  # ∂/∂(state before the chunk)
+            g_logA = g * h_prev * a  # (b, L, D, N)  ∂/∂(Δ A)
+            gA += torch.einsum("bldn,bld->dn", g_logA, d)
+            gBx = torch.einsum("bldn,bln->bld", g, Bc)  # (b, L, D)  Σ_n g B
+            gd[:, sl] = torch.einsum("bldn,dn->bld", g_logA, A) + gBx * u
+            gx[:, sl] = gBx * d
+            gB[:, sl] = torch.einsum("bldn,bld->bln", g, d * u)
+            gC[:, sl] = torch.einsum("bldn,bld->bln", hs, gy[:, sl])
+        return gx[:, :T], gd[:, :T], gA, gB[:, :T], gC[:, :T], carry, None
 
 
 def _check_scan_shapes(x: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor) -> None:
@@ -187,7 +242,7 @@ class MambaBlock(nn.Module):
         bias: bool = False,
         conv_bias: bool = True,
         scan: str = "chunked",
-        chunk: int = 64,
+        chunk: int = 16,
     ) -> None:
         super().__init__()
         check_mamba_config(d_model, d_state, d_conv, expand, dt_rank)
