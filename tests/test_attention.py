@@ -24,7 +24,6 @@ from hypothesis import strategies as st
 from torch import Tensor, nn
 from torch.nn.attention.bias import causal_lower_right
 
-from _copy_weights import assert_grads_match, copy_links, mha_links
 from _device import DEVICE, rng_state, set_rng_state
 from attnlab.attention import (
     KVCache,
@@ -42,6 +41,7 @@ from attnlab.attention import (
 )
 from attnlab.efficient import LinearAttention, LocalAttention
 from attnlab.positions import RotaryEmbedding
+from attnlab.verify.copy_weights import assert_grads_match, copy_links, mha_links
 
 pytestmark = pytest.mark.usefixtures("on_test_device")  # tests/_device.py: ATTNLAB_TEST_DEVICE
 

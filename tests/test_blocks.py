@@ -18,17 +18,6 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from _copy_weights import (
-    Link,
-    assert_grads_match,
-    copy_links,
-    decoder_layer_links,
-    encoder_layer_links,
-    layer_norm_links,
-    linear_links,
-    llama_mlp_links,
-    transformer_links,
-)
 from attnlab.attention import KVCache, from_key_padding_mask
 from attnlab.blocks import (
     Decoder,
@@ -40,6 +29,17 @@ from attnlab.blocks import (
     make_norm,
 )
 from attnlab.positions import RotaryEmbedding
+from attnlab.verify.copy_weights import (
+    Link,
+    assert_grads_match,
+    copy_links,
+    decoder_layer_links,
+    encoder_layer_links,
+    layer_norm_links,
+    linear_links,
+    llama_mlp_links,
+    transformer_links,
+)
 
 pytestmark = pytest.mark.usefixtures("on_test_device")  # tests/_device.py: ATTNLAB_TEST_DEVICE
 

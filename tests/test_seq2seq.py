@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from _copy_weights import assert_grads_match, copy_links, transformer_links
 from attnlab.models.beam import DecodeSettings, beam_search, greedy_decode, length_penalty
 from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
+from attnlab.verify.copy_weights import assert_grads_match, copy_links, transformer_links
 
 PAD, BOS, EOS = 0, 1, 2
 
