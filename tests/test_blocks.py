@@ -31,6 +31,7 @@ from _copy_weights import (
 )
 from attnlab.attention import KVCache, from_key_padding_mask
 from attnlab.blocks import (
+    BlockConfig,
     Decoder,
     DecoderBlock,
     Encoder,
@@ -165,9 +166,11 @@ def test_encoder_block_matches_torch_layer(norm_first: bool, activation: str) ->
         bias=bias,
         dtype=F64,
     )
-    ours = EncoderBlock(
-        d, H, ff, dropout=0.0, activation=activation, norm_first=norm_first, bias=bias
-    ).double()
+    position = "pre" if norm_first else "post"
+    cfg = BlockConfig(
+        d, H, ff, dropout=0.0, activation=activation, norm_position=position, bias=bias
+    )
+    ours = EncoderBlock(cfg).double()
     links = encoder_layer_links(ours, theirs)
     copy_links(links)
     for kind in MASKS:
@@ -203,8 +206,9 @@ def test_decoder_block_matches_torch_layer(norm_first: bool, activation: str) ->
         norm_first=norm_first,
         dtype=F64,
     )
-    ours = DecoderBlock(d, H, ff, dropout=0.0, activation=activation, norm_first=norm_first)
-    ours = ours.double()
+    position = "pre" if norm_first else "post"
+    cfg = BlockConfig(d, H, ff, dropout=0.0, activation=activation, norm_position=position)
+    ours = DecoderBlock(cfg).double()
     links = decoder_layer_links(ours, theirs)
     copy_links(links)
     for kind in MASKS:
@@ -239,9 +243,10 @@ class Seq2Seq(nn.Module):
 
     def __init__(self, d: int, H: int, ff: int, n: int, activation: str, norm_first: bool) -> None:
         super().__init__()
-        kw = dict(dropout=0.0, activation=activation, norm_first=norm_first)
-        self.encoder = Encoder([EncoderBlock(d, H, ff, **kw) for _ in range(n)], nn.LayerNorm(d))
-        self.decoder = Decoder([DecoderBlock(d, H, ff, **kw) for _ in range(n)], nn.LayerNorm(d))
+        position = "pre" if norm_first else "post"
+        cfg = BlockConfig(d, H, ff, dropout=0.0, activation=activation, norm_position=position)
+        self.encoder = Encoder([EncoderBlock(cfg) for _ in range(n)], nn.LayerNorm(d))
+        self.decoder = Decoder([DecoderBlock(cfg) for _ in range(n)], nn.LayerNorm(d))
 
     def forward(self, src: Tensor, tgt: Tensor, src_mask: Tensor, tgt_mask: Tensor) -> Tensor:
         memory = self.encoder(src, src_mask)
@@ -297,7 +302,8 @@ def _count_calls(modules: list[nn.Module]) -> list[int]:
 def test_gradient_checkpointing_encoder_same_outputs_and_gradients() -> None:
     d, H, B, T, n = 16, 4, 2, 6, 3
     enc = Encoder(
-        [EncoderBlock(d, H, 32, dropout=0.2, norm_first=True) for _ in range(n)], nn.LayerNorm(d)
+        [EncoderBlock(BlockConfig(d, H, 32, dropout=0.2, norm_position="pre")) for _ in range(n)],
+        nn.LayerNorm(d),
     ).double()
     calls = _count_calls(list(enc.blocks))
     x0 = torch.randn(B, T, d, dtype=F64)
@@ -328,7 +334,8 @@ def test_gradient_checkpointing_encoder_same_outputs_and_gradients() -> None:
 def test_gradient_checkpointing_decoder_same_outputs_and_gradients() -> None:
     d, H, B, Tq, Tk, n = 16, 2, 2, 5, 6, 2
     dec = Decoder(
-        [DecoderBlock(d, H, 24, dropout=0.2, d_memory=10) for _ in range(n)], nn.LayerNorm(d)
+        [DecoderBlock(BlockConfig(d, H, 24, dropout=0.2), d_memory=10) for _ in range(n)],
+        nn.LayerNorm(d),
     ).double()
     calls = _count_calls(list(dec.blocks))
     y0, m0 = torch.randn(B, Tq, d, dtype=F64), torch.randn(B, Tk, 10, dtype=F64)
@@ -353,8 +360,9 @@ def test_gradient_checkpointing_decoder_same_outputs_and_gradients() -> None:
 
 def test_gradient_checkpointing_is_skipped_with_caches() -> None:
     """A cache makes a block stateful: recomputing it would append the keys a second time."""
-    enc = Encoder([EncoderBlock(16, 4, 32, dropout=0.0) for _ in range(2)]).double()
-    dec = Decoder([DecoderBlock(16, 4, 32, dropout=0.0) for _ in range(2)]).double()
+    cfg = BlockConfig(16, 4, 32, dropout=0.0)
+    enc = Encoder([EncoderBlock(cfg) for _ in range(2)]).double()
+    dec = Decoder([DecoderBlock(cfg) for _ in range(2)]).double()
     x = torch.randn(2, 5, 16, dtype=F64, requires_grad=True)
     memory = torch.randn(2, 3, 16, dtype=F64)
     grads = []
@@ -392,15 +400,17 @@ def test_kv_cache_through_a_causal_encoder_stack() -> None:
         Encoder(
             [
                 EncoderBlock(
-                    d,
-                    H,
-                    48,
-                    dropout=0.0,
-                    activation="swiglu",
-                    norm="rms",
-                    bias=False,
-                    norm_first=True,
-                    n_kv_heads=Hkv,
+                    BlockConfig(
+                        d,
+                        H,
+                        48,
+                        dropout=0.0,
+                        activation="swiglu",
+                        norm="rms",
+                        bias=False,
+                        norm_position="pre",
+                        n_kv_heads=Hkv,
+                    ),
                     rotary=rope,
                 )
                 for _ in range(3)
@@ -425,7 +435,15 @@ def test_kv_cache_through_a_decoder_with_static_cross_cache(norm_first: bool) ->
         Decoder(
             [
                 DecoderBlock(
-                    d, H, 32, dropout=0.0, n_kv_heads=2, d_memory=dm, norm_first=norm_first
+                    BlockConfig(
+                        d,
+                        H,
+                        32,
+                        dropout=0.0,
+                        n_kv_heads=2,
+                        norm_position="pre" if norm_first else "post",
+                    ),
+                    d_memory=dm,
                 )
                 for _ in range(2)
             ],
@@ -450,7 +468,8 @@ def test_kv_cache_through_a_decoder_with_static_cross_cache(norm_first: bool) ->
 
 def test_stacks_return_attention_weights() -> None:
     d, H, B, T = 16, 4, 2, 5
-    enc = Encoder([EncoderBlock(d, H, 32, dropout=0.0) for _ in range(2)]).double()
+    cfg = BlockConfig(d, H, 32, dropout=0.0)
+    enc = Encoder([EncoderBlock(cfg) for _ in range(2)]).double()
     x = torch.randn(B, T, d, dtype=F64)
     out, weights = enc(x, is_causal=True, return_weights=True)
     assert len(weights) == 2 and all(w.shape == (B, H, T, T) for w in weights)
@@ -458,6 +477,6 @@ def test_stacks_return_attention_weights() -> None:
     for w in weights:
         torch.testing.assert_close(w.sum(-1), torch.ones(B, H, T, dtype=F64))
         assert (w.triu(1) == 0).all()
-    dec = Decoder([DecoderBlock(d, H, 32, dropout=0.0) for _ in range(2)]).double()
+    dec = Decoder([DecoderBlock(cfg) for _ in range(2)]).double()
     out, weights = dec(x, torch.randn(B, 7, d, dtype=F64), return_weights=True)
     assert [(s.shape, c.shape) for s, c in weights] == [((B, H, T, T), (B, H, T, 7))] * 2

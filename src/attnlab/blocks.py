@@ -1,12 +1,14 @@
 """Transformer building blocks: norms, feed-forward, encoder and decoder blocks, and stacks.
 
-Every block takes (B, T, D) and returns (B, T, D) plus the attention weights when asked.
+Every block takes (B, T, D) and returns (B, T, D) plus the attention weights when asked, and
+is built from one :class:`BlockConfig`.
 Post-norm (the original Transformer): x = Norm(x + Sublayer(x)).
 Pre-norm (GPT-2, LLaMA):               x = x + Sublayer(Norm(x)), with a final norm on the stack.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -15,9 +17,11 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from attnlab.attention import KVCache, MultiHeadAttention, RotaryHook
-from attnlab.efficient import make_kernel
+from attnlab.configs import ConfigBase, setting
+from attnlab.efficient import AttentionKind, check_attention_config, make_kernel
 
 NormKind = Literal["layer", "rms"]
+NormPosition = Literal["pre", "post"]
 Activation = Literal["relu", "gelu", "gelu_tanh", "swiglu"]
 
 
@@ -86,6 +90,60 @@ class FeedForward(nn.Module):
         return self.w_out(self.dropout(h))  # (B, T, D)
 
 
+@dataclass
+class BlockConfig(ConfigBase):
+    """Everything a Transformer block is built from; every model makes one and passes it."""
+
+    d_model: int = setting(512, min=1)
+    n_heads: int = setting(8, min=1)
+    d_ff: int = setting(2048, min=1)
+    n_kv_heads: int = setting(0, "0 = n_heads; fewer = grouped-query attention", min=0)
+    activation: Activation = "relu"
+    norm: NormKind = "layer"
+    norm_position: NormPosition = "post"
+    norm_eps: float = setting(1e-5, min=0.0)
+    dropout: float = setting(0.1, min=0.0, below=1.0)
+    attn_dropout: float | None = None  # None = dropout
+    bias: bool = True  # biases in the linear layers and LayerNorms
+    attention: AttentionKind = "full"
+    window: int = setting(0, min=0)
+    n_global: int = setting(0, min=0)
+    fused: bool = True  # PyTorch's fused attention kernel when no weights are asked for
+
+    def check(self) -> None:
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        if self.n_heads % self.kv_heads:
+            raise ValueError(
+                f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}"
+            )
+        check_attention_config(self.attention, self.window, self.n_global)
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads (n_heads unless grouped-query attention)."""
+        return self.n_kv_heads or self.n_heads
+
+    def self_attention(self, rotary: RotaryHook | None) -> MultiHeadAttention:
+        """The block's self-attention layer (full, local or linear kernel)."""
+        return MultiHeadAttention(
+            self.d_model,
+            self.n_heads,
+            self.kv_heads,
+            bias=self.bias,
+            dropout=self.dropout if self.attn_dropout is None else self.attn_dropout,
+            rotary=rotary,
+            fused=self.fused,
+            kernel=make_kernel(self.attention, self.window, self.n_global),
+        )
+
+    def feed_forward(self) -> FeedForward:
+        return FeedForward(self.d_model, self.d_ff, self.activation, self.dropout, self.bias)
+
+    def make_norm(self) -> nn.Module:
+        return make_norm(self.norm, self.d_model, self.norm_eps, self.bias)
+
+
 class EncoderBlock(nn.Module):
     """Self-attention then feed-forward, each wrapped in a residual and a norm.
 
@@ -94,44 +152,17 @@ class EncoderBlock(nn.Module):
     linear self-attention (:mod:`attnlab.efficient`); the parameters are the same for all three.
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        d_ff: int,
-        *,
-        dropout: float = 0.1,
-        attn_dropout: float | None = None,
-        activation: Activation = "relu",
-        norm_first: bool = False,
-        norm: NormKind = "layer",
-        norm_eps: float = 1e-5,
-        bias: bool = True,
-        n_kv_heads: int | None = None,
-        rotary: RotaryHook | None = None,
-        fused: bool = True,
-        attention: str = "full",
-        window: int = 0,
-        n_global: int = 0,
-    ) -> None:
+    def __init__(self, cfg: BlockConfig, rotary: RotaryHook | None = None) -> None:
         super().__init__()
-        self.norm_first = norm_first
-        attn_dropout = dropout if attn_dropout is None else attn_dropout
-        self.self_attn = MultiHeadAttention(
-            d_model,
-            n_heads,
-            n_kv_heads,
-            bias=bias,
-            dropout=attn_dropout,
-            rotary=rotary,
-            fused=fused,
-            kernel=make_kernel(attention, window, n_global),
-        )
-        self.ff = FeedForward(d_model, d_ff, activation, dropout, bias)
-        self.norm1 = make_norm(norm, d_model, norm_eps, bias)
-        self.norm2 = make_norm(norm, d_model, norm_eps, bias)
-        self.dropout1 = nn.Dropout(dropout)
-        self.dropout2 = nn.Dropout(dropout)
+        cfg.validate()
+        self.cfg = cfg
+        self.norm_first = cfg.norm_position == "pre"
+        self.self_attn = cfg.self_attention(rotary)
+        self.ff = cfg.feed_forward()
+        self.norm1 = cfg.make_norm()
+        self.norm2 = cfg.make_norm()
+        self.dropout1 = nn.Dropout(cfg.dropout)
+        self.dropout2 = nn.Dropout(cfg.dropout)
 
     def forward(
         self,
@@ -176,55 +207,33 @@ class DecoderBlock(nn.Module):
 
     def __init__(
         self,
-        d_model: int,
-        n_heads: int,
-        d_ff: int,
-        *,
-        dropout: float = 0.1,
-        attn_dropout: float | None = None,
-        activation: Activation = "relu",
-        norm_first: bool = False,
-        norm: NormKind = "layer",
-        norm_eps: float = 1e-5,
-        bias: bool = True,
-        n_kv_heads: int | None = None,
-        d_memory: int | None = None,
+        cfg: BlockConfig,
         rotary: RotaryHook | None = None,
-        fused: bool = True,
-        attention: str = "full",
-        window: int = 0,
-        n_global: int = 0,
+        d_memory: int | None = None,
     ) -> None:
+        """``d_memory``: width of the encoder output read by cross-attention (default d_model)."""
         super().__init__()
-        self.norm_first = norm_first
-        attn_dropout = dropout if attn_dropout is None else attn_dropout
-        self.self_attn = MultiHeadAttention(
-            d_model,
-            n_heads,
-            n_kv_heads,
-            bias=bias,
-            dropout=attn_dropout,
-            rotary=rotary,
-            fused=fused,
-            kernel=make_kernel(attention, window, n_global),
-        )
+        cfg.validate()
+        self.cfg = cfg
+        self.norm_first = cfg.norm_position == "pre"
+        self.self_attn = cfg.self_attention(rotary)
         self.cross_attn = MultiHeadAttention(
-            d_model,
-            n_heads,
-            n_kv_heads,
+            cfg.d_model,
+            cfg.n_heads,
+            cfg.kv_heads,
             kdim=d_memory,
             vdim=d_memory,
-            bias=bias,
-            dropout=attn_dropout,
-            fused=fused,
+            bias=cfg.bias,
+            dropout=cfg.dropout if cfg.attn_dropout is None else cfg.attn_dropout,
+            fused=cfg.fused,
         )
-        self.ff = FeedForward(d_model, d_ff, activation, dropout, bias)
-        self.norm1 = make_norm(norm, d_model, norm_eps, bias)
-        self.norm2 = make_norm(norm, d_model, norm_eps, bias)
-        self.norm3 = make_norm(norm, d_model, norm_eps, bias)
-        self.dropout1 = nn.Dropout(dropout)
-        self.dropout2 = nn.Dropout(dropout)
-        self.dropout3 = nn.Dropout(dropout)
+        self.ff = cfg.feed_forward()
+        self.norm1 = cfg.make_norm()
+        self.norm2 = cfg.make_norm()
+        self.norm3 = cfg.make_norm()
+        self.dropout1 = nn.Dropout(cfg.dropout)
+        self.dropout2 = nn.Dropout(cfg.dropout)
+        self.dropout3 = nn.Dropout(cfg.dropout)
 
     def forward(
         self,

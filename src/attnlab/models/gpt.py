@@ -14,75 +14,53 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from torch import Tensor, nn
 
-from attnlab.blocks import Encoder, EncoderBlock, make_norm
-from attnlab.efficient import check_attention_config
-from attnlab.positions import ALiBi, LearnedPositionalEmbedding, RotaryEmbedding
-
-POSITIONS = ("learned", "rope", "alibi")
-NORMS = ("layer", "rms")
-ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu")
+from attnlab.blocks import Activation, BlockConfig, Encoder, EncoderBlock, NormKind
+from attnlab.configs import ConfigBase, setting
+from attnlab.efficient import AttentionKind
+from attnlab.positions import make_positions
 
 
 @dataclass
-class GPTConfig:
+class GPTConfig(ConfigBase):
     """Everything that defines a GPT; saved in the run's config.json."""
 
-    vocab_size: int = 0  # set from the tokenizer
-    context: int = 256  # longest sequence the model attends over (block size)
-    n_layers: int = 6
-    n_heads: int = 6
-    n_kv_heads: int = 0  # 0 = n_heads; fewer = grouped-query attention
-    d_model: int = 384
-    d_ff: int = 0  # 0 = 4·d_model (GELU) or LLaMA's 2/3·4·d_model rounded to 64 (SwiGLU)
-    pos: str = "learned"  # learned | rope | alibi
-    norm: str = "layer"  # layer | rms
-    activation: str = "gelu_tanh"  # gelu | gelu_tanh | swiglu
-    bias: bool = True  # biases in linear layers and LayerNorm
-    tie_weights: bool = True  # output projection = token embedding
-    dropout: float = 0.0
-    norm_eps: float = 1e-5
-    rope_base: float = 10000.0
+    vocab_size: int = setting(0, min=1, unset=0, set_by="the tokenizer")
+    context: int = setting(256, "longest sequence the model attends over (block size)", min=1)
+    n_layers: int = setting(6, min=1)
+    n_heads: int = setting(6, min=1)
+    n_kv_heads: int = setting(0, "0 = n_heads; fewer = grouped-query attention", min=0)
+    d_model: int = setting(384, min=1)
+    d_ff: int = setting(
+        0, "0 = 4·d_model, or LLaMA's 2/3·4·d_model rounded to 64 with swiglu", min=0
+    )
+    pos: Literal["learned", "rope", "alibi"] = "learned"
+    norm: NormKind = "layer"
+    activation: Activation = "gelu_tanh"
+    bias: bool = setting(True, "biases in linear layers and LayerNorm")
+    tie_weights: bool = setting(True, "output projection = token embedding")
+    dropout: float = setting(0.0, min=0.0, below=1.0)
+    norm_eps: float = setting(1e-5, min=0.0)
+    rope_base: float = setting(10000.0, min=1.0)
     gradient_checkpointing: bool = False
-    attention: str = "full"  # full | local (sliding window) | linear (elu+1 feature map)
-    window: int = 0  # attention="local": keys each query sees, itself included
-    n_global: int = 0  # attention="local": leading positions every query sees
+    attention: AttentionKind = setting(
+        "full", "full | local (sliding window) | linear (elu+1 feature map)"
+    )
+    window: int = setting(0, 'attention="local": keys each query sees, itself included', min=0)
+    n_global: int = setting(0, 'attention="local": leading positions every query sees', min=0)
 
-    def validate(self) -> None:
-        """Raise ValueError naming the field and what to change."""
-        if self.vocab_size <= 0:
-            raise ValueError("vocab_size must be set (build the tokenizer first)")
-        check_attention_config(self.attention, self.window, self.n_global)
+    def check(self) -> None:
         if self.attention == "linear" and self.pos == "alibi":
             raise ValueError(
                 "pos='alibi' adds a bias to attention scores, which linear attention does not "
                 "form; use pos='learned' or 'rope' with attention='linear'"
             )
-        for name, value, choices in (
-            ("pos", self.pos, POSITIONS),
-            ("norm", self.norm, NORMS),
-            ("activation", self.activation, ACTIVATIONS),
-        ):
-            if value not in choices:
-                raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
-        for name in ("context", "n_layers", "n_heads", "d_model"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.d_model % self.n_heads != 0:
-            raise ValueError(
-                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; change one"
-            )
-        if self.n_heads % self.kv_heads != 0:
-            raise ValueError(
-                f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}"
-            )
         if self.pos == "rope" and (self.d_model // self.n_heads) % 2:
             raise ValueError("pos='rope' needs an even head size d_model / n_heads")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        self.block_config()  # head counts, attention kernel
 
     @property
     def kv_heads(self) -> int:
@@ -97,41 +75,43 @@ class GPTConfig:
             return 64 * math.ceil(8 * self.d_model / 3 / 64)
         return 4 * self.d_model
 
+    def block_config(self) -> BlockConfig:
+        """The pre-norm causal block every layer is built from."""
+        return BlockConfig(
+            d_model=self.d_model,
+            n_heads=self.n_heads,
+            d_ff=self.ff_width,
+            n_kv_heads=self.n_kv_heads,
+            activation=self.activation,
+            norm=self.norm,
+            norm_position="pre",
+            norm_eps=self.norm_eps,
+            dropout=self.dropout,
+            bias=self.bias,
+            attention=self.attention,
+            window=self.window,
+            n_global=self.n_global,
+        )
+
 
 class GPT(nn.Module):
     """Decoder-only Transformer LM: ids (B, T) -> next-token logits (B, T, vocab)."""
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
-        cfg.validate()
+        cfg.validate(complete=True)
         self.cfg = cfg
         D = cfg.d_model
         self.tok_emb = nn.Embedding(cfg.vocab_size, D)
-        self.pos_emb = LearnedPositionalEmbedding(cfg.context, D) if cfg.pos == "learned" else None
-        rotary = RotaryEmbedding(D // cfg.n_heads, cfg.rope_base) if cfg.pos == "rope" else None
-        self.alibi = ALiBi(cfg.n_heads) if cfg.pos == "alibi" else None
+        positions = make_positions(
+            cfg.pos, D, cfg.n_heads, cfg.context, rope_base=cfg.rope_base, causal=True
+        )
+        self.pos_emb = positions.absolute  # learned table, or None
+        self.rel_bias = positions.bias  # ALiBi, or None
         self.drop = nn.Dropout(cfg.dropout)
-        blocks = [
-            EncoderBlock(
-                D,
-                cfg.n_heads,
-                cfg.ff_width,
-                dropout=cfg.dropout,
-                activation=cfg.activation,  # type: ignore[arg-type]
-                norm_first=True,
-                norm=cfg.norm,  # type: ignore[arg-type]
-                norm_eps=cfg.norm_eps,
-                bias=cfg.bias,
-                n_kv_heads=cfg.kv_heads,
-                rotary=rotary,
-                attention=cfg.attention,
-                window=cfg.window,
-                n_global=cfg.n_global,
-            )
-            for _ in range(cfg.n_layers)
-        ]
-        final_norm = make_norm(cfg.norm, D, cfg.norm_eps, cfg.bias)  # type: ignore[arg-type]
-        self.stack = Encoder(blocks, final_norm)
+        block = cfg.block_config()
+        blocks = [EncoderBlock(block, positions.rotary) for _ in range(cfg.n_layers)]
+        self.stack = Encoder(blocks, block.make_norm())
         self.stack.gradient_checkpointing = cfg.gradient_checkpointing
         self.head = nn.Linear(D, cfg.vocab_size, bias=False)
         self.reset_parameters()
@@ -175,7 +155,7 @@ class GPT(nn.Module):
         if self.pos_emb is not None:
             x = self.pos_emb(x, past)  # (B, T, D)
         x = self.drop(x)
-        bias = None if self.alibi is None else self.alibi(T, past + T)  # (1, H, T, past + T)
+        bias = None if self.rel_bias is None else self.rel_bias(T, past + T)  # (1, H, T, past+T)
         x = self.stack(x, is_causal=True, bias=bias, caches=caches)  # (B, T, D)
         if last_only:
             x = x[:, -1:]  # (B, 1, D)

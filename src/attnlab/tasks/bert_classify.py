@@ -148,7 +148,7 @@ def train(
         check_labels(labels_str["train"], labels_str[name], name)
     labels = LabelVocab.build(labels_str["train"])
     train_lengths = tokenizer.lengths(texts["train"])
-    cap = min(dcfg.max_truncate_len, encoder.cfg.max_len)
+    cap = min(dcfg.max_truncate_len, encoder.cfg.context)
     max_len = min(dcfg.truncate_len, cap) or choose_max_len(train_lengths, dcfg.len_percentile, cap)
     cfg = BertConfig(**{**to_dict(encoder.cfg), "dropout": dcfg.dropout})
     seed_everything(tcfg.seed)

@@ -145,7 +145,7 @@ def build_model(
         )
     cfg = BertConfig(
         vocab_size=tokenizer.vocab_size,
-        max_len=dcfg.max_len,
+        context=dcfg.max_len,
         pad_id=tokenizer.pad_id,
         **to_dict(mcfg),
     )
@@ -176,8 +176,8 @@ def train(
     saved = run_dir / "tokenizer.json" if resume else None
     model, tokenizer, notes, source = build_model(dcfg, mcfg, texts["train"], saved)
     cfg = model.bert.cfg
-    if dcfg.max_len > cfg.max_len:
-        raise ValueError(f"max_len={dcfg.max_len} exceeds the model's {cfg.max_len} positions")
+    if dcfg.max_len > cfg.context:
+        raise ValueError(f"max_len={dcfg.max_len} exceeds the model's {cfg.context} positions")
     seqs = {
         name: [s for s in tokenizer.encode_batch(t, dcfg.max_len) if len(s) > 2]
         for name, t in texts.items()

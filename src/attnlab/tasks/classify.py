@@ -311,7 +311,7 @@ def train(
     add_cls = cfg.model.pooling == "cls"
     cfg.model.vocab_size = prep.tokenizer.vocab_size
     cfg.model.n_classes = len(prep.labels)
-    cfg.model.max_len = max(cfg.model.max_len, prep.max_len)
+    cfg.model.context = max(cfg.model.context, prep.max_len)
     train_data = make_dataset(prep, "train", add_cls, cfg.train.batch_size, True, cfg.train.seed)
     val_data = make_dataset(prep, "val", add_cls, cfg.data.eval_batch_size, False, 0)
     lengths = [len(s) for s in train_data.sequences]
@@ -332,7 +332,7 @@ def train(
         print(
             f"model: {n_params / 1e6:.2f}M parameters, {cfg.model.n_layers} layers, "
             f"d_model {cfg.model.d_model}, {cfg.model.n_heads} heads, pos {cfg.model.pos}, "
-            f"pooling {cfg.model.pooling}, {cfg.model.norm}-norm"
+            f"pooling {cfg.model.pooling}, {cfg.model.norm_position}-norm"
             + (f"; {cfg.model.members} such models, an ensemble" if cfg.model.members > 1 else ""),
             file=sys.stderr,
         )
