@@ -263,3 +263,18 @@ def test_presets_and_command_line_mix_old_and_new_names(
     model = sections.build_sections(translate.SECTIONS, [old], {"context": "200"})["model"]
     assert (model.norm_position, model.context, model.tie_weights) == ("pre", 200, False)
     assert len(_deprecations(capsys.readouterr().err)) == 4
+
+
+def test_resuming_with_an_old_name_compares_it_as_the_new_one() -> None:
+    from attnlab.configs import to_dict
+    from attnlab.tasks import runner
+    from attnlab.tasks.registry import get_task
+
+    task = get_task("translate")
+    cfg = runner.build_config(task, None, {})
+    raw = {name: to_dict(section) for name, section in cfg.sections.items()}
+    context = cfg.sections["model"].context
+    same = runner.resumed_config(task, raw, {"max_len": str(context)}, None)  # no change
+    assert same.sections["model"].context == context
+    with pytest.raises(ValueError, match="--context cannot change when resuming"):
+        runner.resumed_config(task, raw, {"max_len": str(context + 1)}, None)

@@ -389,17 +389,29 @@ def _metavar(tp: Any) -> str:
     return _type_name(tp).upper()
 
 
-def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
+def add_dataclass_arguments(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    cls: type,
+    *,
+    defaults: Any = None,
+    skip: set[str] | frozenset[str] = frozenset(),
+) -> None:
     """Add a `--field-name VALUE` option (also `--field_name`) for every field of dataclass `cls`.
 
     Options default to "not given", so `collect_overrides` returns only what the user typed.
     Bool fields also accept a bare flag (`--tensorboard` means true). Help text comes from
-    `field(metadata={"help": ...})` when present.
+    `field(metadata={"help": ...})` when present; the default it shows is the field's value in
+    ``defaults`` (an instance of ``cls``, e.g. built from a preset) or else the dataclass
+    default. Fields named in ``skip`` are left out.
     """
     _check_dataclass(cls)
     ftypes = _field_types(cls)
     for f in dataclasses.fields(cls):
-        if f.default is not dataclasses.MISSING:
+        if f.name in skip:
+            continue
+        if defaults is not None:
+            default = getattr(defaults, f.name)
+        elif f.default is not dataclasses.MISSING:
             default = f.default
         elif f.default_factory is not dataclasses.MISSING:
             default = f.default_factory()
@@ -419,7 +431,7 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
             **extra,
         )
     for alias in aliases_of(cls):  # old spellings: accepted, hidden from --help
-        if alias.old in ftypes:
+        if alias.old in ftypes or alias.old in skip:
             continue  # an old value of a current field (norm=pre): the field's option takes it
         flags = [f"--{alias.old.replace('_', '-')}"]
         if "_" in alias.old:

@@ -80,7 +80,8 @@ def test_mlm_continues_from_a_checkpoint_with_its_tokenizer(mlm_run, tmp_path):
     before = (run / "tokenizer.json").read_text()
     assert (out / "checkpoint" / "tokenizer.json").read_text() == before
     config = json.loads((out / "config.json").read_text())
-    assert config["init_from"] == str(run / "checkpoint") and config["bert"]["d_model"] == 32
+    report = json.loads((out / "data_report.json").read_text())
+    assert report["init_from"] == str(run / "checkpoint") and config["bert"]["d_model"] == 32
 
 
 def test_finetune_from_the_mlm_run_then_predict_and_eval(mlm_run, tmp_path, capsys):

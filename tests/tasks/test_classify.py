@@ -94,7 +94,7 @@ def test_predict_eval_and_attention_commands(trained, tmp_path, capsys):
     out = tmp_path / "heat.png"
     assert main(["attention", str(run), "有人怒了", "--out", str(out)]) == 0
     assert out.stat().st_size > 10_000
-    info = loaded.inspect("有人怒了")
+    info = loaded.attention("有人怒了")
     L, H = loaded.config.model.n_layers, loaded.config.model.n_heads
     assert info["attention"].shape == (L, H, 4, 4)
     assert torch.allclose(info["token_share"].sum(), torch.tensor(1.0))

@@ -10,18 +10,11 @@ command line.
 from __future__ import annotations
 
 import difflib
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from attnlab.configs import (
-    accepted_names,
-    apply_overrides,
-    from_dict,
-    load_toml,
-    resolve_aliases,
-)
+from attnlab.configs import accepted_names, apply_overrides, load_toml, resolve_aliases
 
 PRESETS = Path(__file__).resolve().parent.parent / "presets"
 
@@ -88,29 +81,3 @@ def build_sections(
         for name, cls in sections.items():
             values[name].update(resolve_aliases(cls, layer[name]))
     return {name: apply_overrides(cls(), values[name]) for name, cls in sections.items()}
-
-
-def saved_sections(
-    sections: Mapping[str, type], saved: Mapping[str, Any], overrides: Mapping[str, Any]
-) -> dict[str, Any]:
-    """A run's saved config.json sections, with command-line fields applied on top."""
-    owner = field_owner(sections)
-    for key in overrides:
-        if key not in owner:
-            raise ValueError(unknown_field(key, owner, "the command line"))
-    return {
-        name: apply_overrides(
-            from_dict(cls, saved[name]), {k: v for k, v in overrides.items() if owner[k] == name}
-        )
-        for name, cls in sections.items()
-    }
-
-
-def refuse_existing_run(run_dir: Path, resume: bool) -> None:
-    """Stop before a new run overwrites an old one (checked by rank 0 only under torchrun,
-    since rank 0 writes config.json and the other ranks could see it appear)."""
-    is_main = int(os.environ.get("RANK", "0")) == 0
-    if is_main and not resume and (run_dir / "config.json").exists():
-        raise ValueError(
-            f"{run_dir} already holds a run; pass --resume to continue it or choose another --out"
-        )
