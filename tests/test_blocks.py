@@ -111,7 +111,9 @@ def test_make_norm() -> None:
     assert isinstance(make_norm("rms", 8), RMSNorm)
     with pytest.raises(ValueError, match="norm must be 'layer' or 'rms', got 'batch'"):
         make_norm("batch", 8)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="activation must be relu, gelu, gelu_tanh or swiglu"):
+    with pytest.raises(
+        ValueError, match="activation must be one of relu, gelu, gelu_tanh, swiglu, relu2"
+    ):
         FeedForward(8, 16, "tanh")  # type: ignore[arg-type]
 
 

@@ -9,7 +9,7 @@ Pre-norm (GPT-2, LLaMA):               x = x + Sublayer(Norm(x)), with a final n
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +22,7 @@ from attnlab.efficient import AttentionKind, check_attention_config, make_kernel
 
 NormKind = Literal["layer", "rms"]
 NormPosition = Literal["pre", "post"]
-Activation = Literal["relu", "gelu", "gelu_tanh", "swiglu"]
+Activation = Literal["relu", "gelu", "gelu_tanh", "swiglu", "relu2"]
 
 
 class RMSNorm(nn.Module):
@@ -55,6 +55,7 @@ class FeedForward(nn.Module):
 
     With ``swiglu``: W2 · (SiLU(W_gate x) ⊙ W_up x)  (Shazeer 2020, eq. 6); the gate and up
     projections are stored as one matrix ``w_in`` (gate rows first) for one matmul.
+    ``relu2`` is squared ReLU, act(h) = max(h, 0)²  (So et al. 2021, Primer, §3).
     """
 
     def __init__(
@@ -66,9 +67,9 @@ class FeedForward(nn.Module):
         bias: bool = True,
     ) -> None:
         super().__init__()
-        if activation not in ("relu", "gelu", "gelu_tanh", "swiglu"):
+        if activation not in get_args(Activation):
             raise ValueError(
-                f"activation must be relu, gelu, gelu_tanh or swiglu, got {activation!r}"
+                f"activation must be one of {', '.join(get_args(Activation))}, got {activation!r}"
             )
         self.activation = activation
         width = 2 * d_ff if activation == "swiglu" else d_ff
@@ -83,6 +84,8 @@ class FeedForward(nn.Module):
             h = F.silu(gate) * up  # (B, T, d_ff)
         elif self.activation == "relu":
             h = F.relu(h)
+        elif self.activation == "relu2":
+            h = F.relu(h).square()
         elif self.activation == "gelu":
             h = F.gelu(h)
         else:
@@ -109,6 +112,8 @@ class BlockConfig(ConfigBase):
     window: int = setting(0, min=0)
     n_global: int = setting(0, min=0)
     fused: bool = True  # PyTorch's fused attention kernel when no weights are asked for
+    qk_norm: bool = False  # RMSNorm (eps norm_eps) of each head's queries and keys, before RoPE
+    value_embeddings: bool = False  # a gate for values added by the model (EncoderBlock.forward)
 
     def check(self) -> None:
         if self.d_model % self.n_heads:
@@ -125,7 +130,13 @@ class BlockConfig(ConfigBase):
         return self.n_kv_heads or self.n_heads
 
     def self_attention(self, rotary: RotaryHook | None) -> MultiHeadAttention:
-        """The block's self-attention layer (full, local or linear kernel)."""
+        """The block's self-attention layer (full, local or linear kernel).
+
+        ``qk_norm``: queries and keys of each head go through RMSNorm over the head dimension
+        before RoPE (QK-norm, Dehghani et al. 2023, §3.1; as Qwen3 and OLMo 2 do per head).
+        """
+        head_dim = self.d_model // self.n_heads
+        qk = [RMSNorm(head_dim, self.norm_eps) for _ in range(2)] if self.qk_norm else [None] * 2
         return MultiHeadAttention(
             self.d_model,
             self.n_heads,
@@ -135,6 +146,8 @@ class BlockConfig(ConfigBase):
             rotary=rotary,
             fused=self.fused,
             kernel=make_kernel(self.attention, self.window, self.n_global),
+            q_norm=qk[0],
+            k_norm=qk[1],
         )
 
     def feed_forward(self) -> FeedForward:
@@ -150,6 +163,9 @@ class EncoderBlock(nn.Module):
     With ``causal=True`` and no cross-attention this is also the GPT/LLaMA decoder block.
     ``attention`` chooses full, local (sliding ``window``, ``n_global`` global tokens) or
     linear self-attention (:mod:`attnlab.efficient`); the parameters are the same for all three.
+    With ``value_embeddings`` the block has a learned gate λ (init 0.5) and its self-attention
+    values become v = x W_v + λ · e for the ``values`` e given to forward (modded-nanogpt mixes
+    λ₀ v + λ₁ e; λ₀ folds into W_v).
     """
 
     def __init__(self, cfg: BlockConfig, rotary: RotaryHook | None = None) -> None:
@@ -163,6 +179,7 @@ class EncoderBlock(nn.Module):
         self.norm2 = cfg.make_norm()
         self.dropout1 = nn.Dropout(cfg.dropout)
         self.dropout2 = nn.Dropout(cfg.dropout)
+        self.value_gate = nn.Parameter(torch.tensor(0.5)) if cfg.value_embeddings else None
 
     def forward(
         self,
@@ -173,10 +190,17 @@ class EncoderBlock(nn.Module):
         bias: Tensor | None = None,
         need_weights: bool = False,
         cache: KVCache | None = None,
+        values: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """x: (B, T, D); mask: bool (B|1, 1|H, T, T) True = may attend. Returns x, weights."""
+        """x: (B, T, D); mask: bool (B|1, 1|H, T, T) True = may attend. Returns x, weights.
+
+        values: (B, T, Hkv·Dh) value embeddings of the tokens, for a block built with
+        ``value_embeddings`` (ignored by one without)."""
 
         def attend(h: Tensor) -> tuple[Tensor, Tensor | None]:
+            extra = None
+            if self.value_gate is not None and values is not None:
+                extra = self.value_gate * values  # (B, T, Hkv·Dh)
             out, w = self.self_attn(
                 h,
                 mask=mask,
@@ -184,6 +208,7 @@ class EncoderBlock(nn.Module):
                 bias=bias,
                 need_weights=need_weights,
                 cache=cache,
+                values=extra,
             )
             return self.dropout1(out), w
 
@@ -304,8 +329,11 @@ class Encoder(nn.Module):
         bias: Tensor | None = None,
         return_weights: bool = False,
         caches: list[KVCache] | None = None,
+        values: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, list[Tensor]]:
-        """x: (B, T, D) -> (B, T, D); with ``return_weights`` also a list of (B, H, T, T)."""
+        """x: (B, T, D) -> (B, T, D); with ``return_weights`` also a list of (B, H, T, T).
+
+        ``values`` (value embeddings, (B, T, Hkv·Dh)) go to every block."""
         weights: list[Tensor] = []
         for i, block in enumerate(self.blocks):
             cache = None if caches is None else caches[i]
@@ -324,6 +352,7 @@ class Encoder(nn.Module):
                     bias=bias,
                     need_weights=return_weights,
                     cache=cache,
+                    values=values,
                     use_reentrant=False,
                 )
             else:
@@ -334,6 +363,7 @@ class Encoder(nn.Module):
                     bias=bias,
                     need_weights=return_weights,
                     cache=cache,
+                    values=values,
                 )
             if w is not None:
                 weights.append(w)

@@ -8,6 +8,13 @@ embedding matrix (Press & Wolf 2017). Attention runs through PyTorch's fused cau
 or, with ``attention = "local"`` or ``"linear"``, through :mod:`attnlab.efficient` (sliding
 window of ``window`` keys and ``n_global`` global tokens, or elu+1 linear attention); each
 kind decodes with its own cache (:meth:`GPT.new_caches`).
+
+Speedrun switches (modded-nanogpt; each off by default, so the ablation can turn it off):
+``qk_norm`` (RMSNorm of each head's queries and keys before RoPE), ``activation = "relu2"``
+(squared ReLU, Primer), ``value_embeddings`` (a second token table whose rows are added, gated
+per layer, to the attention values), ``zero_init_proj`` (the attention and MLP output
+projections start at zero, so every block starts as the identity) and ``logit_softcap`` c
+(logits = c · tanh(logits / c), Gemma 2); an untied head is ``tie_weights = false``.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import torch
 from torch import Tensor, nn
 
 from attnlab.blocks import Activation, BlockConfig, Encoder, EncoderBlock, NormKind
@@ -51,6 +59,12 @@ class GPTConfig(ConfigBase):
     )
     window: int = setting(0, 'attention="local": keys each query sees, itself included', min=0)
     n_global: int = setting(0, 'attention="local": leading positions every query sees', min=0)
+    qk_norm: bool = setting(False, "RMSNorm on each head's queries and keys before RoPE")
+    value_embeddings: bool = setting(
+        False, "a second token table added (gated per layer) to the attention values"
+    )
+    zero_init_proj: bool = setting(False, "attention and MLP output projections start at zero")
+    logit_softcap: float = setting(0.0, "0 = off; else logits = c·tanh(logits / c)", min=0.0)
 
     def check(self) -> None:
         if self.attention == "linear" and self.pos == "alibi":
@@ -91,6 +105,8 @@ class GPTConfig(ConfigBase):
             attention=self.attention,
             window=self.window,
             n_global=self.n_global,
+            qk_norm=self.qk_norm,
+            value_embeddings=self.value_embeddings,
         )
 
 
@@ -113,13 +129,17 @@ class GPT(nn.Module):
         blocks = [EncoderBlock(block, positions.rotary) for _ in range(cfg.n_layers)]
         self.stack = Encoder(blocks, block.make_norm())
         self.stack.gradient_checkpointing = cfg.gradient_checkpointing
+        self.value_emb = None  # (V, Hkv·Dh): the values each token adds in every layer
+        if cfg.value_embeddings:
+            self.value_emb = nn.Embedding(cfg.vocab_size, cfg.kv_heads * (D // cfg.n_heads))
         self.head = nn.Linear(D, cfg.vocab_size, bias=False)
         self.reset_parameters()
         if cfg.tie_weights:
             self.head.weight = self.tok_emb.weight
 
     def reset_parameters(self) -> None:
-        """GPT-2 init: N(0, 0.02) weights, zero biases, residual outputs scaled by 1/√(2L)."""
+        """GPT-2 init: N(0, 0.02) weights, zero biases, residual outputs scaled by 1/√(2L);
+        with ``zero_init_proj`` those output projections are zero (modded-nanogpt)."""
         for module in self.modules():
             if isinstance(module, nn.Linear | nn.Embedding):
                 nn.init.normal_(module.weight, std=0.02)
@@ -127,7 +147,10 @@ class GPT(nn.Module):
                 nn.init.zeros_(module.bias)
         for block in self.stack.blocks:
             for proj in (block.self_attn.out_proj, block.ff.w_out):
-                nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * self.cfg.n_layers))
+                if self.cfg.zero_init_proj:
+                    nn.init.zeros_(proj.weight)
+                else:
+                    nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * self.cfg.n_layers))
 
     def new_caches(self) -> list[Any]:
         """One empty decoding cache per layer, for `forward(..., caches=...)`: a KVCache for
@@ -156,16 +179,23 @@ class GPT(nn.Module):
             x = self.pos_emb(x, past)  # (B, T, D)
         x = self.drop(x)
         bias = None if self.rel_bias is None else self.rel_bias(T, past + T)  # (1, H, T, past+T)
-        x = self.stack(x, is_causal=True, bias=bias, caches=caches)  # (B, T, D)
+        values = None if self.value_emb is None else self.value_emb(ids)  # (B, T, Hkv·Dh)
+        x = self.stack(x, is_causal=True, bias=bias, caches=caches, values=values)  # (B, T, D)
         if last_only:
             x = x[:, -1:]  # (B, 1, D)
-        return self.head(x)  # (B, T, V)
+        logits = self.head(x)  # (B, T, V)
+        if self.cfg.logit_softcap > 0:  # Gemma 2: c · tanh(z / c), smooth and bounded by c
+            c = self.cfg.logit_softcap
+            logits = c * torch.tanh(logits / c)
+        return logits
 
     def num_params(self, non_embedding: bool = True) -> int:
         """Parameter count; without the position table by default (as nanoGPT counts for MFU)."""
         n = sum(p.numel() for p in self.parameters())
         if non_embedding and self.pos_emb is not None:
             n -= self.pos_emb.embedding.weight.numel()
+        if non_embedding and self.value_emb is not None:  # a lookup, like the position table
+            n -= self.value_emb.weight.numel()
         return n
 
     def flops_per_token(self) -> int:
