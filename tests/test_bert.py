@@ -303,6 +303,18 @@ def test_bad_checkpoint_directories_say_what_to_give(tmp_path):
         load_pretrained(tmp_path)
 
 
+def test_a_truncated_or_broken_checkpoint_is_a_one_line_error(tmp_path):
+    write_hf_dir(tmp_path / "ckpt", random_hf_mlm(), bin_file=False, old_names=False)
+    weights, config = tmp_path / "ckpt" / "model.safetensors", tmp_path / "ckpt" / "config.json"
+    weights.write_bytes(weights.read_bytes()[:-10])
+    with pytest.raises(ValueError, match="truncated or not a safetensors file") as err:
+        load_pretrained(tmp_path / "ckpt")
+    assert str(weights) in str(err.value) and "\n" not in str(err.value)
+    config.write_text("{")
+    with pytest.raises(ValueError, match="config.json: not a valid JSON file"):
+        load_pretrained(tmp_path / "ckpt")
+
+
 def test_input_longer_than_the_position_table_is_refused():
     model = BertModel(BertConfig.from_hf(TINY_HF))
     with pytest.raises(ValueError, match="truncate to context=40"):

@@ -100,7 +100,6 @@ def _run_train(args: argparse.Namespace) -> int:
             out = rundir.free_run_dir(out)
     else:
         out = Path(opts.out)
-    print(f"run directory: {out}", file=sys.stderr)
     results = runner.train(name, out, overrides, opts.config, opts.resume, opts.device)
     if rundir.is_main_process():
         for line in runner.describe(name, results, out):

@@ -343,7 +343,10 @@ def save_json(cfg: Any, path: str | Path) -> Path:
 
 def load_json(cls: type[T], path: str | Path) -> T:
     """Read a JSON file written by `save_json` back into dataclass `cls` (tuples restored)."""
-    data = json.loads(Path(path).read_text())
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: cannot read this config JSON file ({err}); restore it") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object of config fields, got {type(data)}")
     return from_dict(cls, data)
@@ -351,8 +354,11 @@ def load_json(cls: type[T], path: str | Path) -> T:
 
 def load_toml(path: str | Path) -> dict[str, Any]:
     """Parse a TOML file into a plain dict (pass it to `apply_overrides` or `from_dict`)."""
-    with open(path, "rb") as f:
-        return tomllib.load(f)
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+        raise ValueError(f"{path}: not a readable TOML config ({err}); fix that line") from None
 
 
 def apply_overrides(cfg: T, overrides: dict[str, Any]) -> T:

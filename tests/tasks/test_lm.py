@@ -12,7 +12,7 @@ import torch
 
 from attnlab.cli import main
 from attnlab.models.gpt_hf import save_hf_gpt2
-from attnlab.tasks import lm
+from attnlab.tasks import lm, runner
 from attnlab.tasks.lm import LMRun, build_config, generate_text
 from attnlab.train import load_weights
 
@@ -54,7 +54,7 @@ def trained(tmp_path_factory) -> tuple[Path, dict]:
     root = tmp_path_factory.mktemp("lm")
     corpus = write_corpus(root / "corpus")
     torch.set_num_threads(1)
-    results = lm.train(root / "run", {"data": str(corpus), **QUICK}, "quick")
+    results = runner.train("lm", root / "run", {"data": str(corpus), **QUICK}, "quick")
     return root / "run", results
 
 
@@ -88,9 +88,9 @@ def test_resume_after_an_interrupt_ends_with_identical_weights(trained, tmp_path
 
     monkeypatch.setattr(lm, "lm_step", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        lm.train(tmp_path / "run", overrides, "quick")
+        runner.train("lm", tmp_path / "run", overrides, "quick")
     monkeypatch.setattr(lm, "lm_step", real_step)
-    lm.train(tmp_path / "run", overrides, "quick", resume=True)
+    runner.train("lm", tmp_path / "run", overrides, "quick", resume=True)
     for name in ("model.safetensors", "state/model.safetensors"):
         a, b = LMRun.load(run).model, LMRun.load(tmp_path / "run").model
         load_weights(a, run / name)

@@ -40,7 +40,6 @@ from attnlab.data.wordpiece import WordPieceTokenizer
 from attnlab.metrics import classification_report, format_report
 from attnlab.models.bert import BertClassifier, BertConfig
 from attnlab.models.bert_checkpoint import load_pretrained, resolve_checkpoint
-from attnlab.tasks import runner
 from attnlab.tasks.classify import evaluator, predict_dataset, step_fn
 from attnlab.tasks.task import Run, RunConfig, Setup, Task
 from attnlab.train import TrainConfig, load_weights
@@ -103,17 +102,6 @@ def _dataset(
     seqs = tokenizer.encode_batch(texts, max_len)
     sampler = LengthBucketSampler([len(s) for s in seqs], batch_size, shuffle=shuffle, seed=seed)
     return ClassificationData(seqs, labels, sampler, pad_id=tokenizer.pad_id)
-
-
-def train(
-    run_dir: str | Path,
-    overrides: dict[str, Any] | None = None,
-    preset: str | Path | None = None,
-    resume: bool = False,
-    device: str = "cpu",
-) -> dict[str, Any]:
-    """Fine-tune (or, with from_scratch, train) a BERT classifier; returns test metrics."""
-    return runner.train(TASK.name, run_dir, overrides, preset, resume, device)
 
 
 @dataclass
@@ -237,12 +225,7 @@ class BertClassifyTask(Task):
         return results
 
     def describe(self, results: Mapping[str, Any], run_dir: Path) -> list[str]:
-        summary = results["summary"]
-        lines = [
-            f"\nbest {summary['monitor']} {summary['best_metric']:.4f} at step "
-            f"{summary['best_step']} ({summary['stop_reason']}); "
-            f"{summary['wall_time_s'] / 60:.1f} min"
-        ]
+        lines = []
         if "test" in results:
             test = results["test"]
             lines.append(f"test accuracy {test['accuracy']:.4f}, macro-F1 {test['macro_f1']:.4f}")

@@ -29,7 +29,6 @@ from attnlab.data.mlm import MLMData
 from attnlab.data.wordpiece import WordPieceTokenizer
 from attnlab.models.bert import BertConfig, BertForMaskedLM
 from attnlab.models.bert_checkpoint import load_pretrained, resolve_checkpoint, save_pretrained
-from attnlab.tasks import runner
 from attnlab.tasks.bert_classify import BertClassifyConfig, _help, load_corpus
 from attnlab.tasks.task import Run, RunConfig, Setup, Task
 from attnlab.train import StepOutput, TrainConfig, seed_everything
@@ -151,17 +150,6 @@ def build_model(
     return BertForMaskedLM(cfg), tokenizer, [], "new"
 
 
-def train(
-    run_dir: str | Path,
-    overrides: dict[str, Any] | None = None,
-    preset: str | Path | None = None,
-    resume: bool = False,
-    device: str = "cpu",
-) -> dict[str, Any]:
-    """Pretrain with masked LM into ``run_dir`` (the runner does it); returns results."""
-    return runner.train(TASK.name, run_dir, overrides, preset, resume, device)
-
-
 @dataclass
 class Prepared:
     """The tokenizer, the split texts and where the model comes from."""
@@ -250,13 +238,7 @@ class MLMTask(Task):
         return {"n_params": n_params, "checkpoint": str(checkpoint)}
 
     def describe(self, results: Mapping[str, Any], run_dir: Path) -> list[str]:
-        summary = results["summary"]
-        return [
-            f"\nbest {summary['monitor']} {summary['best_metric']:.4f} at step "
-            f"{summary['best_step']} ({summary['stop_reason']}); "
-            f"{summary['wall_time_s'] / 60:.1f} min",
-            f"Hugging Face checkpoint: {results['checkpoint']}",
-        ]
+        return [f"Hugging Face checkpoint: {results['checkpoint']}"]
 
     def load(self, run_dir: Path, cfg: RunConfig, device: str) -> MLMRun:
         return MLMRun(run_dir, cfg)

@@ -271,17 +271,6 @@ def evaluator(data: ClassificationData, labels: LabelVocab, device: str):
     return evaluate
 
 
-def train(
-    run_dir: str | Path,
-    overrides: dict[str, Any] | None = None,
-    preset: str | Path | None = None,
-    resume: bool = False,
-    device: str = "cpu",
-) -> dict[str, Any]:
-    """Train a classifier into ``run_dir`` (the runner does it); returns results."""
-    return runner.train(TASK.name, run_dir, overrides, preset, resume, device)
-
-
 class ClassifyTask(Task):
     """Character-level Transformer text classification."""
 
@@ -342,12 +331,8 @@ class ClassifyTask(Task):
         return {"val": val, "test": test, "n_params": n_params}
 
     def describe(self, results: Mapping[str, Any], run_dir: Path) -> list[str]:
-        summary, test = results["summary"], results["test"]
-        lines = [
-            f"\nbest {summary['monitor']} {summary['best_metric']:.4f} at step "
-            f"{summary['best_step']} ({summary['stop_reason']}); "
-            f"{summary['wall_time_s'] / 60:.1f} min, precision {summary['precision']}"
-        ]
+        test = results["test"]
+        lines = []
         if test is not None:
             lines.append(
                 f"test accuracy {test['accuracy']:.4f}, macro-F1 {test['macro_f1']:.4f} "

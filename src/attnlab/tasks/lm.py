@@ -185,17 +185,6 @@ def evaluator(val: np.ndarray, dcfg: LMDataConfig, context: int, device: str):
     return evaluate
 
 
-def train(
-    run_dir: str | Path,
-    overrides: dict[str, Any] | None = None,
-    preset: str | Path | None = None,
-    resume: bool = False,
-    device: str = "cpu",
-) -> dict[str, Any]:
-    """Train a GPT into ``run_dir`` (the runner does it); returns results."""
-    return runner.train(TASK.name, run_dir, overrides, preset, resume, device)
-
-
 class LMTask(Task):
     """Next-token language modelling with a GPT."""
 
@@ -261,12 +250,8 @@ class LMTask(Task):
         return results
 
     def describe(self, results: Mapping[str, Any], run_dir: Path) -> list[str]:
-        summary, loss = results["summary"], results["val_loss"]
-        lines = [
-            f"\nbest val loss {loss:.4f} (perplexity {math.exp(loss):.2f}) at step "
-            f"{summary['best_step']} of {summary['steps']}; "
-            f"{summary['wall_time_s'] / 60:.1f} min, precision {summary['precision']}"
-        ]
+        loss = results["val_loss"]
+        lines = [f"validation perplexity {math.exp(loss):.2f}"]
         if "sample" in results:
             lines.append(f"sample:\n{results['sample']}")
         return lines

@@ -163,6 +163,7 @@ def train(
             if not resume:
                 for name, write in setup.files.items():
                     write(folder / name)
+            _say(f"run directory: {out}")
             for line in setup.messages:
                 _say(line)
             if staging is not None:
@@ -182,5 +183,10 @@ def train(
 
 def describe(task_name: str, results: Mapping[str, Any], run_dir: Path) -> list[str]:
     """What `attnlab train` prints after training: the task's lines and where results are."""
+    s = results["summary"]
+    best = (
+        f"\nbest {s['monitor']} {s['best_metric']:.4f} at step {s['best_step']} of {s['steps']} "
+        f"({s['stop_reason']}); {s['wall_time_s'] / 60:.1f} min, precision {s['precision']}"
+    )
     lines = get_task(task_name).describe(results, run_dir)
-    return [*lines, f"results in {run_dir}/ (results.json, curves.png, metrics.jsonl)"]
+    return [best, *lines, f"results in {run_dir}/ (results.json, curves.png, metrics.jsonl)"]

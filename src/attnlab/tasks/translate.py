@@ -224,17 +224,6 @@ def mean_nll(model: Seq2SeqTransformer, data: ParallelData, device: str) -> floa
     return total / count
 
 
-def train(
-    run_dir: str | Path,
-    overrides: dict[str, Any] | None = None,
-    preset: str | Path | None = None,
-    resume: bool = False,
-    device: str = "cpu",
-) -> dict[str, Any]:
-    """Train an encoder-decoder into ``run_dir`` (the runner does it); returns results."""
-    return runner.train(TASK.name, run_dir, overrides, preset, resume, device)
-
-
 class TranslateTask(Task):
     """Sequence-to-sequence translation with an encoder-decoder Transformer."""
 
@@ -288,12 +277,7 @@ class TranslateTask(Task):
         return {"n_params": model.num_params(), "data": prep.report, "test": test}
 
     def describe(self, results: Mapping[str, Any], run_dir: Path) -> list[str]:
-        summary = results["summary"]
-        return [
-            f"\nbest val loss {summary['best_metric']:.4f} at step {summary['best_step']}; "
-            f"{summary['wall_time_s'] / 60:.1f} min",
-            format_scores(results["test"]),
-        ]
+        return [format_scores(results["test"])]
 
     def load(self, run_dir: Path, cfg: RunConfig, device: str) -> TranslatorRun:
         src_path, tgt_path = tokenizer_paths(run_dir, cfg.model.shared_embeddings)

@@ -165,18 +165,6 @@ def build_model(cfg: RunConfig) -> nn.Module:
     return ViT(cfg.model) if cfg.task == "vit" else ResNetCNN(cfg.model)
 
 
-def train(
-    arch: Arch,
-    run_dir: str | Path,
-    overrides: dict[str, Any] | None = None,
-    preset: str | Path | None = None,
-    resume: bool = False,
-    device: str = "cpu",
-) -> dict[str, Any]:
-    """Train a ViT or CNN into ``run_dir`` (the runner does it); returns results."""
-    return runner.train(arch, run_dir, overrides, preset, resume, device)
-
-
 class VisionTask(Task):
     """Image classification with a ViT or a CNN (``arch``)."""
 
@@ -249,10 +237,8 @@ class VisionTask(Task):
         }
 
     def describe(self, results: Mapping[str, Any], run_dir: Path) -> list[str]:
-        summary, test = results["summary"], results["test"]
+        test = results["test"]
         return [
-            f"\nbest val acc {summary['best_metric']:.4f} at step {summary['best_step']} "
-            f"({summary['stop_reason']}); {summary['wall_time_s'] / 60:.1f} min training",
             f"test accuracy {test['accuracy']:.4f}, macro-F1 {test['macro_f1']:.4f} "
             f"(n = {test['n']}); {results['n_params']:,} parameters; "
             f"{results['images_per_s']:.0f} images/s at inference",

@@ -180,7 +180,7 @@ class Trainer:
         if env.is_main:
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
             try:
-                from attnlab.viz_curves import plot_curves  # matplotlib is slow to import
+                from attnlab.train.curves import plot_curves  # matplotlib is slow to import
             except ImportError as err:
                 _log(f"matplotlib is unusable ({err}); skipping curves.png")
             else:
