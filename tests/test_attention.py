@@ -551,7 +551,7 @@ def test_kv_cache_decoding_equals_full_recomputation(
     n_kv_heads: int | None, rope: bool, left_pad: bool
 ) -> None:
     d, H, B, T, prompt = 16, 4, 3, 37, 3  # 37 > initial capacity 16: the cache grows twice
-    rotary = RotaryEmbedding(d // H, max_len=8) if rope else None  # max_len 8: RoPE extends too
+    rotary = RotaryEmbedding(d // H, context=8) if rope else None  # context 8: RoPE extends too
     mha = MultiHeadAttention(d, H, n_kv_heads, rotary=rotary).double().eval()
     x = torch.randn(B, T, d, dtype=F64)
     mask = None

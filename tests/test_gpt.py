@@ -306,7 +306,7 @@ def test_gpt2_init_scales_residual_projections() -> None:
         (dict(pos="sinusoidal"), "pos must be one of learned, rope, alibi"),
         (dict(n_heads=5), "not divisible by n_heads=5"),
         (dict(n_kv_heads=3), "multiple of n_kv_heads=3"),
-        (dict(activation="relu"), "activation must be one of"),
+        (dict(activation="tanh"), "activation must be one of"),
     ],
 )
 def test_bad_config_says_what_to_change(changes, message) -> None:

@@ -168,7 +168,7 @@ def test_presets_build_and_bad_settings_say_what_to_change() -> None:
     for name in ("baby", "small", "gpt2", "llama", "quick"):
         cfg = build_config(name, {})
         cfg.model.vocab_size = 100
-        cfg.model.validate()
+        cfg.model.validate(complete=True)
     assert build_config("llama", {}).model.pos == "rope"
     with pytest.raises(ValueError, match="did you mean n_layers"):
         build_config(None, {"n_layer": "3"})

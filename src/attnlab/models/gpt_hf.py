@@ -66,10 +66,17 @@ def config_to_hf(cfg: GPTConfig) -> dict:
         problems.append("pos='learned'")
     if cfg.norm != "layer" or not cfg.bias:
         problems.append("norm='layer' with bias=true")
-    if cfg.activation == "swiglu":
+    if cfg.activation not in ("gelu", "gelu_tanh"):
         problems.append("activation='gelu' or 'gelu_tanh'")
     if cfg.kv_heads != cfg.n_heads:
         problems.append("n_kv_heads=0 (no grouped-query attention)")
+    if cfg.attention != "full":
+        problems.append("attention='full'")
+    for name in ("qk_norm", "value_embeddings"):
+        if getattr(cfg, name):
+            problems.append(f"{name}=false")
+    if cfg.logit_softcap:
+        problems.append("logit_softcap=0")
     if problems:
         raise ValueError("GPT-2 export needs " + ", ".join(problems))
     return {

@@ -155,7 +155,7 @@ class BertClassifyTask(Task):
         check_label_counts(labels_str["train"], dcfg.allow_rare_labels)
         labels = LabelVocab.build(labels_str["train"])
         train_lengths = tokenizer.lengths(texts["train"])
-        cap = min(dcfg.max_truncate_len, encoder.cfg.max_len)
+        cap = min(dcfg.max_truncate_len, encoder.cfg.context)
         max_len = min(dcfg.truncate_len, cap) or choose_max_len(
             train_lengths, dcfg.len_percentile, cap
         )

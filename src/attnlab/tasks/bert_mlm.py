@@ -143,7 +143,7 @@ def build_model(
         )
     cfg = BertConfig(
         vocab_size=tokenizer.vocab_size,
-        max_len=dcfg.max_len,
+        context=dcfg.max_len,
         pad_id=tokenizer.pad_id,
         **to_dict(mcfg),
     )
@@ -185,8 +185,8 @@ class MLMTask(Task):
         seed_everything(cfg.train.seed)  # the model is built here, with its tokenizer
         model, tokenizer, notes, source = build_model(dcfg, cfg.model, texts["train"], saved)
         bert = model.bert.cfg
-        if dcfg.max_len > bert.max_len:
-            raise ValueError(f"max_len={dcfg.max_len} exceeds the model's {bert.max_len} positions")
+        if dcfg.max_len > bert.context:
+            raise ValueError(f"max_len={dcfg.max_len} exceeds the model's {bert.context} positions")
         cfg.sections["bert"] = bert
         seqs = {
             name: [s for s in tokenizer.encode_batch(t, dcfg.max_len) if len(s) > 2]

@@ -294,7 +294,7 @@ class ClassifyTask(Task):
         add_cls = cfg.model.pooling == "cls"
         cfg.model.vocab_size = prep.tokenizer.vocab_size
         cfg.model.n_classes = len(prep.labels)
-        cfg.model.max_len = max(cfg.model.max_len, prep.max_len)
+        cfg.model.context = max(cfg.model.context, prep.max_len)
         train_data = make_dataset(
             prep, "train", add_cls, cfg.train.batch_size, True, cfg.train.seed
         )
@@ -316,7 +316,8 @@ class ClassifyTask(Task):
         n_params = sum(p.numel() for p in model.parameters())
         setup.messages.append(
             f"model: {n_params / 1e6:.2f}M parameters, {m.n_layers} layers, d_model "
-            f"{m.d_model}, {m.n_heads} heads, pos {m.pos}, pooling {m.pooling}, {m.norm}-norm"
+            f"{m.d_model}, {m.n_heads} heads, pos {m.pos}, pooling {m.pooling}, "
+            f"{m.norm_position}-norm"
             + (f"; {m.members} such models, an ensemble" if m.members > 1 else "")
         )
         return model

@@ -21,7 +21,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from attnlab.configs import from_dict, load_toml, to_dict
+from attnlab.configs import apply_overrides, from_dict, load_toml, resolve_aliases, to_dict
 from attnlab.data.io import write_json
 from attnlab.tasks import rundir, sections
 from attnlab.tasks.registry import get_task
@@ -67,7 +67,8 @@ def resumed_config(
         if key not in owner:
             raise ValueError(sections.unknown_field(key, owner, "the command line"))
         part = owner[key]
-        new = from_dict(type(cfg.sections[part]), {key: value})
+        ((key, value),) = resolve_aliases(type(cfg.sections[part]), {key: value}).items()
+        new = apply_overrides(cfg.sections[part], {key: value})  # checked with the saved fields
         if getattr(new, key) == getattr(cfg.sections[part], key):
             continue
         if key not in allowed:

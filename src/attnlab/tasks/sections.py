@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from attnlab.configs import apply_overrides, load_toml
+from attnlab.configs import accepted_names, apply_overrides, load_toml, resolve_aliases
 
 PRESETS = Path(__file__).resolve().parent.parent / "presets"
 
@@ -23,7 +23,7 @@ def field_owner(sections: Mapping[str, type]) -> dict[str, str]:
     """Which section each field belongs to; two sections sharing a field name is a bug."""
     owner: dict[str, str] = {}
     for section, cls in sections.items():
-        for name in cls.__dataclass_fields__:
+        for name in accepted_names(cls):  # old spellings too (configs.Alias)
             if name in owner:
                 raise RuntimeError(f"field {name!r} is in both {owner[name]} and {section}")
             owner[name] = section
@@ -58,19 +58,26 @@ def build_sections(
     """One dataclass instance per section: defaults <- each TOML source <- ``overrides``."""
     owner = field_owner(sections)
     values: dict[str, dict[str, Any]] = {name: {} for name in sections}
+    layers: list[dict[str, dict[str, Any]]] = []
     for source in sources:
+        layer: dict[str, dict[str, Any]] = {name: {} for name in sections}
         for key, value in load_toml(source).items():
             if key in sections and isinstance(value, dict):
                 for name, item in value.items():
                     if owner.get(name) != key:
                         raise ValueError(unknown_field(name, owner, f"[{key}] of {source}"))
-                    values[key][name] = item
+                    layer[key][name] = item
             elif key in owner:
-                values[owner[key]][key] = value
+                layer[owner[key]][key] = value
             else:
                 raise ValueError(unknown_field(key, owner, source))
+        layers.append(layer)
+    command_line: dict[str, dict[str, Any]] = {name: {} for name in sections}
     for key, value in overrides.items():
         if key not in owner:
             raise ValueError(unknown_field(key, owner, "the command line"))
-        values[owner[key]][key] = value
+        command_line[owner[key]][key] = value
+    for layer in [*layers, command_line]:  # old names -> new per source: a later source wins
+        for name, cls in sections.items():
+            values[name].update(resolve_aliases(cls, layer[name]))
     return {name: apply_overrides(cls(), values[name]) for name, cls in sections.items()}

@@ -348,7 +348,7 @@ class TranslatorRun(Run):
         d = self.cfg.data
         beam = d.beam_size if beam_size is None else beam_size
         settings = DecodeSettings(1, 2, d.max_len_a, d.max_len_b)
-        limit = self.cfg.model.max_len if self.cfg.model.pos == "learned" else 10_000
+        limit = self.cfg.model.context if self.cfg.model.pos == "learned" else 10_000
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))  # similar lengths
         hyps: dict[int, str] = {}
         for start in range(0, len(order), d.eval_batch_sentences):
