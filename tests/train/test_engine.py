@@ -14,9 +14,21 @@ import torch
 from _tiny_task import TinyData, TinyTagger, make_evaluate, make_split, step_fn
 from safetensors.torch import load_file
 
-from attnlab.train import StepOutput, TrainConfig, Trainer, seed_everything
+from _device import DEVICE
+from attnlab.train import StepOutput, TrainConfig, seed_everything
+from attnlab.train import Trainer as EngineTrainer
 from attnlab.train.metrics_log import read_metrics
 from attnlab.train.schedules import lr_factor
+
+pytestmark = pytest.mark.usefixtures("deterministic")
+
+
+class Trainer(EngineTrainer):
+    """The engine's Trainer, run on the device under test (tests/_device.py)."""
+
+    def __init__(self, *args, device: str | torch.device = DEVICE, **kwargs) -> None:
+        super().__init__(*args, device=device, **kwargs)
+
 
 TIMING = {"elapsed_s", "tokens_per_s"}
 
@@ -144,7 +156,7 @@ def test_early_stopping_and_best_weights(
     assert summary["stop_reason"] == "early_stop"
     assert summary["steps"] == 4 and len(scripted.seen) == 4  # best at 2, then 2 bad evals
     assert summary["best_step"] == best_idx + 1 and summary["best_metric"] == values[best_idx]
-    best = load_file(str(tmp_path / "model.safetensors"))
+    best = load_file(str(tmp_path / "model.safetensors"), device=str(DEVICE))
     for key, value in scripted.seen[best_idx].items():
         assert torch.equal(best[key], value), f"model.safetensors is not the step-2 weights ({key})"
     assert not torch.equal(best["out.weight"], model.state_dict()["out.weight"])
@@ -157,7 +169,7 @@ def test_without_evaluate_saves_last_weights(tmp_path: Path) -> None:
     summary = Trainer(model, cfg_for(max_steps=5), tmp_path, TinyData(), step_fn).fit()
     assert summary["stop_reason"] == "max_steps" and summary["steps"] == 5
     assert summary["best_metric"] is None
-    saved = load_file(str(tmp_path / "model.safetensors"))
+    saved = load_file(str(tmp_path / "model.safetensors"), device=str(DEVICE))
     assert all(torch.equal(saved[k], v) for k, v in model.state_dict().items())
 
 

@@ -62,8 +62,12 @@ from attnlab.train.precision import (
     autocast,
     choose_by_step_time,
     choose_precision,
+    configure_tf32,
     make_grad_scaler,
     precision_name,
+    restore_tf32,
+    synchronizer,
+    tf32_flags,
     time_step_precisions,
 )
 from attnlab.train.rng import capture_rng, restore_rng, seed_everything
@@ -126,9 +130,9 @@ class Trainer:
         With `resume=True`, continue from `run_dir/state/` exactly where it stopped (a fresh
         start if there is none). Without it, `run_dir` must not hold a previous run. On Ctrl-C
         a single-process run writes a checkpoint of the last completed step, then re-raises.
-        `cfg.num_threads` applies for the duration of the call only.
+        `cfg.num_threads` and the TF32 flags (CUDA) apply for the duration of the call only.
         """
-        threads = torch.get_num_threads()
+        threads, tf32 = torch.get_num_threads(), tf32_flags()
         if self.cfg.num_threads > 0:
             torch.set_num_threads(self.cfg.num_threads)
         env = init_distributed(self.device)
@@ -139,6 +143,7 @@ class Trainer:
             raise
         finally:
             torch.set_num_threads(threads)
+            restore_tf32(tf32)
         cleanup(env)
         return summary
 
@@ -149,6 +154,9 @@ class Trainer:
         cfg, run_dir = self.cfg, self.run_dir
         self.env = env
         self.model.to(env.device)
+        self.tf32 = configure_tf32(env.device, cfg.precision)  # before timing: fp32 uses it
+        if env.is_main and env.device.type == "cuda":
+            _log(self.tf32)
         dtype, reason = broadcast_object(
             self._decide_precision(resume) if env.is_main else None, env
         )
@@ -185,7 +193,7 @@ class Trainer:
         if env.is_main:
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
             try:
-                from attnlab.viz_curves import plot_curves  # matplotlib is slow to import
+                from attnlab.train.curves import plot_curves  # matplotlib is slow to import
             except ImportError as err:
                 _log(f"matplotlib is unusable ({err}); skipping curves.png")
             else:
@@ -193,19 +201,28 @@ class Trainer:
         return summary
 
     def _decide_precision(self, resume: bool) -> tuple[torch.dtype | None, str]:
-        """The autocast dtype and why. `auto` on a CPU whose matmuls run faster in bf16 also
-        times this model's own step both ways (a resumed run keeps its first choice)."""
+        """The autocast dtype and why. `auto` times this model's own step in fp32 and under the
+        device's low-precision candidate (bf16 on a CPU whose matmuls run faster in it or on a
+        GPU with native bf16; fp16 on an older GPU) and keeps the faster; a resumed run keeps
+        its first choice (unless it was fp16 and this device is not CUDA)."""
         cfg, device = self.cfg, self.env.device
+        note = ""
+        if cfg.precision == "auto" and resume:
+            trainer_state = read_trainer_state(self.run_dir)
+            saved = trainer_state.get("precision") if trainer_state else None
+            if saved == "fp16" and device.type != "cuda":
+                note = "; the run's first start chose fp16, which needs CUDA"
+            elif saved is not None:
+                return PRECISION_DTYPES[saved], f"auto -> {saved}: kept from the run's first start"
         dtype, reason = choose_precision(device, cfg.precision)
-        if cfg.precision != "auto" or dtype is None or device.type != "cpu":
-            return dtype, reason
-        trainer_state = read_trainer_state(self.run_dir) if resume else None
-        saved = trainer_state.get("precision") if trainer_state else None
-        if saved is not None:
-            return PRECISION_DTYPES[saved], f"auto -> {saved}: kept from the run's first start"
-        _log("precision auto: timing one training step in fp32 and in bf16")
-        matmul_why = reason.removeprefix("auto -> bf16: ")
-        return choose_by_step_time(time_step_precisions(self._probe_step()), matmul_why)
+        if cfg.precision != "auto" or dtype is None:
+            return dtype, reason + note
+        low = precision_name(dtype)
+        _log(f"precision auto: timing one training step in fp32 and in {low}")
+        seconds = time_step_precisions(self._probe_step(), ("fp32", low), sync=synchronizer(device))
+        why = reason.removeprefix(f"auto -> {low}: ")
+        chosen, reason = choose_by_step_time(seconds, why, low)
+        return chosen, reason + note
 
     def _probe_step(self) -> Callable[[torch.dtype | None], None]:
         """fwd+bwd of the first micro-batch under a given autocast dtype, leaving the model as
@@ -638,6 +655,7 @@ class Trainer:
             "target_cpu_s": state.target_cpu_s,
             "precision": self.precision,
             "precision_reason": self.precision_reason,
+            "tf32": self.tf32,
             "stop_reason": state.stop_reason,
             "world_size": self.env.world_size,
             "run_dir": str(self.run_dir),
