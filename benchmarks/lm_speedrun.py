@@ -16,8 +16,9 @@ race    baby and speedrun runs per seed, each stopped by --target-loss (1.88) at
         speedrun run, then the other baby runs beside each other.
 budget  baby and speedrun for a fixed wall-clock budget, the lr schedule driven by the clock
         (--max-minutes M --schedule-by-time, warmup 5% of it): the best validation loss.
-ablate  the speedrun preset with one trick removed per run (ABLATIONS), each stopped at the
-        target or at the end of its schedule: steps and times to the target, best loss.
+ablate  the speedrun preset with one trick removed (no-X, ABLATIONS) or one it leaves off added
+        (with-X, ADDITIONS) per run, each for the preset's whole schedule and evaluated at its
+        end: validation loss after the same steps, and CPU time per step.
 report  rewrites the markdown from the JSON.
 
 Validation: the same W = 1000 evenly spaced 64-token windows of the validation split for every
@@ -62,6 +63,14 @@ ABLATIONS: dict[str, list[str]] = {
     "wsd": ["--schedule", "cosine"],  # same warmup, cosine to min_lr_ratio
     "batch24": ["--batch-size", "12", "--max-steps", "600"],  # the baby's batch, same tokens
 }
+# Tricks the preset leaves off, added one at a time (and all four together).
+ADDITIONS: dict[str, list[str]] = {
+    "qk_norm": ["--qk-norm", "true"],
+    "relu2": ["--activation", "relu2"],
+    "value_embeddings": ["--value-embeddings", "true"],
+    "zero_init_proj": ["--zero-init-proj", "true"],
+}
+ADDITIONS["all4"] = [x for v in ADDITIONS.values() for x in v]
 
 
 def cli(preset: str, out: Path, seed: int, extra: list[str]) -> list[str]:
@@ -115,9 +124,13 @@ def finish(handle: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
-def run_jobs(jobs: list[tuple[str, str, Path, int, list[str]]], workers: int) -> list[dict]:
-    """Run the jobs `workers` at a time (each next job starts when a run ends), in job order of
-    the returned records."""
+def run_jobs(
+    jobs: list[tuple[str, str, Path, int, list[str]]],
+    workers: int,
+    on_done: Any = None,
+) -> list[dict]:
+    """Run the jobs `workers` at a time (each next job starts when a run ends); return the
+    records in job order. `on_done(records so far)` is called after every finished run."""
     pending, running, done = list(jobs), [], {}
     while pending or running:
         while pending and len(running) < workers:
@@ -126,6 +139,8 @@ def run_jobs(jobs: list[tuple[str, str, Path, int, list[str]]], workers: int) ->
         for handle in [h for h in running if h["proc"].poll() is not None]:
             running.remove(handle)
             done[handle["job"][0]] = finish(handle)
+            if on_done is not None:
+                on_done([done[job[0]] for job in jobs if job[0] in done])
     return [done[job[0]] for job in jobs]
 
 
@@ -194,15 +209,23 @@ def budget(seeds: list[int], minutes: float, workers: int) -> dict[str, Any]:
     return {"minutes": minutes, "seeds": seeds, "overrides": extra, "runs": run_jobs(jobs, workers)}
 
 
-def ablate(seed: int, tricks: list[str], workers: int) -> dict[str, Any]:
-    """The speedrun preset with each trick removed in turn (plus the full preset), each run for
-    the preset's whole schedule and evaluated once at its end (--eval-start 100000)."""
+def ablate(seed: int, jobs_wanted: list[str], workers: int, save: Any) -> dict[str, Any]:
+    """The speedrun preset with one trick removed (`no-X`, ABLATIONS) or added (`with-X`,
+    ADDITIONS) per run, in the order given, plus the full preset first; each run for the
+    preset's whole schedule, evaluated once at its end (--eval-start 100000). Partial results
+    are saved after every run."""
     jobs = [("full", "speedrun", RUNS / "ablate" / "full", seed, [])]
-    jobs += [
-        (f"no-{t}", "speedrun", RUNS / "ablate" / f"no-{t}", seed, ABLATIONS[t]) for t in tricks
-    ]
+    for want in jobs_wanted:
+        kind, _, trick = want.partition("-")
+        extra = (ABLATIONS if kind == "no" else ADDITIONS)[trick]
+        jobs.append((want, "speedrun", RUNS / "ablate" / want, seed, extra))
     jobs = [(n, p, o, s, x + ["--eval-start", "100000"]) for n, p, o, s, x in jobs]
-    return {"seed": seed, "tricks": tricks, "runs": run_jobs(jobs, workers)}
+    result: dict[str, Any] = {"seed": seed, "jobs": jobs_wanted, "runs_at_once": workers}
+
+    def partial(runs: list[dict]) -> None:
+        save({"ablate": result | {"runs": runs, "complete": False}})
+
+    return result | {"runs": run_jobs(jobs, workers, partial), "complete": True}
 
 
 def sample_best(race_result: dict[str, Any]) -> dict[str, Any]:
@@ -315,8 +338,9 @@ def write_markdown(res: dict[str, Any]) -> None:
         a = res["ablate"]
         full = next(r for r in a["runs"] if r["name"] == "full")["summary"]["best_metric"]
         lines += [
-            f"## Ablation (seed {a['seed']}; one trick removed per run; every run its whole "
-            "schedule, evaluated at the end)",
+            f"## Ablation (seed {a['seed']}; one trick removed (no-X) or added (with-X) per run; "
+            f"every run its whole schedule, evaluated at the end; {a['runs_at_once']} at once)"
+            + ("" if a.get("complete", True) else " — incomplete: the runs that finished"),
             "",
             "| run | overrides | steps | val loss at the end | vs full | training CPU s | "
             "ms/step (CPU) |",
@@ -358,11 +382,23 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="ablate: the seed")
     parser.add_argument("--minutes", type=float, default=10.0, help="budget: minutes per run")
-    parser.add_argument("--tricks", nargs="+", default=list(ABLATIONS), choices=list(ABLATIONS))
+    choices = [f"no-{t}" for t in ABLATIONS] + [f"with-{t}" for t in ADDITIONS]
+    parser.add_argument("--jobs", nargs="+", default=choices, choices=choices, help="ablate")
     parser.add_argument("--workers", type=int, default=2, help="runs at once (one thread each)")
     args = parser.parse_args()
     info = machine_info()
     start = time.perf_counter()
+
+    def save(new: dict[str, Any]) -> None:
+        """Merge `new` phases into the JSON (read now: another phase may have written) and
+        rewrite the markdown."""
+        res = json.loads(OUT_JSON.read_text()) if OUT_JSON.exists() else {}
+        res.setdefault("machine", info)
+        res |= new
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        OUT_JSON.write_text(json.dumps(res, indent=2) + "\n")
+        write_markdown(res)
+
     new: dict[str, Any] = {}
     if args.phase == "race":
         new["race"] = race(args.seeds, args.baby_seeds or args.seeds, args.workers)
@@ -370,7 +406,7 @@ def main() -> None:
     elif args.phase == "budget":
         new["budget"] = budget(args.seeds, args.minutes, args.workers)
     elif args.phase == "ablate":
-        new["ablate"] = ablate(args.seed, args.tricks, args.workers)
+        new["ablate"] = ablate(args.seed, args.jobs, args.workers, save)
     if args.phase != "report":
         new[args.phase] |= {
             "phase_wall_s": time.perf_counter() - start,
@@ -378,13 +414,7 @@ def main() -> None:
             "runs_at_once": args.workers,
             "machine": info | {"load_average_at_end": list(os.getloadavg())},
         }
-    # read now, not at the start: another phase may have written meanwhile
-    res = json.loads(OUT_JSON.read_text()) if OUT_JSON.exists() else {}
-    res.setdefault("machine", info)
-    res |= new
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    OUT_JSON.write_text(json.dumps(res, indent=2) + "\n")
-    write_markdown(res)
+    save(new)
     print(OUT_MD.read_text())
 
 
