@@ -19,7 +19,9 @@ budget  baby and speedrun for a fixed wall-clock budget, the lr schedule driven 
 ablate  the speedrun preset with one trick removed (no-X, ABLATIONS) or one it leaves off added
         (with-X, ADDITIONS) per run, each for the preset's whole schedule and evaluated at its
         end: validation loss after the same steps, and CPU time per step.
-report  rewrites the markdown from the JSON.
+report  rewrites the markdown from the JSON (--rebuild-race: the race from its run directories).
+load    samples the load average every 30 s into runs/speedrun/load_timeline.jsonl until
+        killed; started beside the phases, its timeline goes into the JSON.
 
 Validation: the same W = 1000 evenly spaced 64-token windows of the validation split for every
 run (--eval-windows 1000; the split has 7,888, a full pass costs ~8x as much per evaluation).
@@ -45,6 +47,7 @@ from attnlab.bench.machine import machine_info
 RESULTS = Path("docs/results")
 OUT_JSON, OUT_MD = RESULTS / "lm_speedrun.json", RESULTS / "lm_speedrun.md"
 RUNS = Path("runs/speedrun")
+LOAD_TIMELINE = RUNS / "load_timeline.jsonl"  # {"utc", "load"} lines, if a sampler wrote them
 TARGET = 1.88
 PRESETS = ("baby", "speedrun")
 EVAL_WINDOWS = 1000
@@ -96,32 +99,38 @@ def start(job: tuple[str, str, Path, int, list[str]]) -> dict[str, Any]:
 
 
 def finish(handle: dict[str, Any]) -> dict[str, Any]:
-    """Wait for a run; return its record (summary, val curve, speeds, load averages)."""
+    """Wait for a run; return its record (`read_record` plus the load averages)."""
     name, preset, out, seed, extra = handle["job"]
     code = handle["proc"].wait()
     handle["log"].close()
     if code != 0:
         tail = (out.parent / f"{out.name}.log").read_text()[-2000:]
         raise RuntimeError(f"run {name} failed with exit code {code}:\n{tail}")
+    record = read_record(handle["job"])
+    record["load_average_start"] = list(handle["load"])
+    record["load_average_end"] = list(os.getloadavg())
+    print(f"[speedrun] done {name}: {brief(record)}", file=sys.stderr, flush=True)
+    return record
+
+
+def read_record(job: tuple[str, str, Path, int, list[str]]) -> dict[str, Any]:
+    """A finished run's record: command, summary, val curve, tokens and ms per step."""
+    name, preset, out, seed, extra = job
     summary = json.loads((out / "summary.json").read_text())
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train_steps = summary["steps"]
-    record = {
+    return {
         "name": name,
         "preset": preset,
         "seed": seed,
         "overrides": extra,
-        "command": "python -m attnlab " + " ".join(handle["cmd"][3:]),
+        "command": "python -m attnlab " + " ".join(cli(preset, out, seed, extra)[3:]),
         "summary": {k: v for k, v in summary.items() if k != "run_dir"},
         "tokens_per_step": tokens_per_step(out),
         "val_curve": [[m["step"], round(m["val_loss"], 4)] for m in metrics if m["split"] == "val"],
         "ms_per_step_wall": 1000 * (summary["wall_time_s"] - summary["eval_time_s"]) / train_steps,
         "ms_per_step_cpu": 1000 * (summary["cpu_time_s"] - summary["eval_cpu_s"]) / train_steps,
-        "load_average_start": list(handle["load"]),
-        "load_average_end": list(os.getloadavg()),
     }
-    print(f"[speedrun] done {name}: {brief(record)}", file=sys.stderr, flush=True)
-    return record
 
 
 def run_jobs(
@@ -165,26 +174,37 @@ def spread(values: list[float]) -> dict[str, float]:
     }
 
 
-def race(seeds: list[int], baby_seeds: list[int], workers: int) -> dict[str, Any]:
-    """Baby and speedrun runs per seed, both stopped at the target; the baby runs first."""
+def race_jobs(seeds: list[int], baby_seeds: list[int]) -> list[tuple]:
+    """The race's runs: the baby seeds first, then the speedrun seeds; all stop at the target."""
     target = ["--target-loss", str(TARGET)]
     jobs = [(f"baby-s{s}", "baby", RUNS / "race" / f"baby-s{s}", s, target) for s in baby_seeds]
-    jobs += [
+    return jobs + [
         (f"speedrun-s{s}", "speedrun", RUNS / "race" / f"speedrun-s{s}", s, target) for s in seeds
     ]
-    runs = run_jobs(jobs, workers)
+
+
+def race(seeds: list[int], baby_seeds: list[int], workers: int) -> dict[str, Any]:
+    """Baby and speedrun runs per seed, both stopped at the target; the baby runs first."""
+    return race_result(seeds, baby_seeds, run_jobs(race_jobs(seeds, baby_seeds), workers))
+
+
+def race_result(seeds: list[int], baby_seeds: list[int], runs: list[dict]) -> dict[str, Any]:
+    """The race's runs with the ratios speedrun / baby of the times to the target."""
     by = {(r["preset"], r["seed"]): r["summary"] for r in runs}
+    seeds = [s for s in seeds if ("speedrun", s) in by]  # a rebuilt race may lack runs
+    baby_seeds = [s for s in baby_seeds if ("baby", s) in by]
     ratios: dict[str, Any] = {}
     for key in ("target_time_s", "target_cpu_s", "target_step"):
         fast = [by[("speedrun", s)][key] for s in seeds]
         slow = [by[("baby", s)][key] for s in baby_seeds]
-        if None in fast or None in slow:
+        if None in fast or None in slow or not fast or not slow:
             ratios[key] = None  # a run missed the target; see the runs
             continue
-        per_seed = [by[("speedrun", s)][key] / by[("baby", s)][key] for s in baby_seeds]
+        both = [s for s in baby_seeds if s in seeds]
+        per_seed = [by[("speedrun", s)][key] / by[("baby", s)][key] for s in both]
         ratios[key] = {
             "per_seed": per_seed,  # seeds run by both presets
-            **spread(per_seed),
+            **(spread(per_seed) if per_seed else {}),
             "ratio_of_medians": statistics.median(fast) / statistics.median(slow),
             "speedrun": spread(fast),
             "baby": spread(slow),
@@ -195,6 +215,14 @@ def race(seeds: list[int], baby_seeds: list[int], workers: int) -> dict[str, Any
         "runs": runs,
         "ratios_speedrun_over_baby": ratios,
     }
+
+
+def rebuild_race(seeds: list[int], baby_seeds: list[int]) -> dict[str, Any]:
+    """The race from the finished run directories (when its process could not finish: the
+    load averages per run are then unknown; see the load timeline)."""
+    jobs = [j for j in race_jobs(seeds, baby_seeds) if (j[2] / "summary.json").exists()]
+    runs = [read_record(j) | {"load_average_start": None, "load_average_end": None} for j in jobs]
+    return race_result(seeds, baby_seeds, runs) | {"rebuilt_from_run_dirs": True}
 
 
 def budget(seeds: list[int], minutes: float, workers: int) -> dict[str, Any]:
@@ -250,6 +278,13 @@ def tokens_per_step(run_dir: Path) -> int:
     return config["train"]["batch_size"] * config["model"]["context"]
 
 
+def loads(run: dict[str, Any]) -> str:
+    """'start→end' 1-minute load averages of a run, or — when not recorded."""
+    if run.get("load_average_start") is None:
+        return "—"
+    return f"{run['load_average_start'][0]:.1f}→{run['load_average_end'][0]:.1f}"
+
+
 def fmt(x: float | None, spec: str = ".1f") -> str:
     return "—" if x is None else format(x, spec)
 
@@ -272,6 +307,15 @@ def write_markdown(res: dict[str, Any]) -> None:
         "(`time.process_time`), which the other jobs' load disturbs far less than wall time.",
         "",
     ]
+    timeline = res.get("load_timeline") or []
+    if timeline:
+        one = [t["load"][0] for t in timeline]
+        lines += [
+            f"Load average (1 min) sampled every 30 s from {timeline[0]['utc']} to "
+            f"{timeline[-1]['utc']} UTC: median {statistics.median(one):.1f}, min {min(one):.1f}, "
+            f"max {max(one):.1f} (on 2 logical CPUs).",
+            "",
+        ]
     if "race" in res:
         r = res["race"]
         lines += [
@@ -296,8 +340,7 @@ def write_markdown(res: dict[str, Any]) -> None:
                 f"| {run['name']} | {s['target_step'] or 'not reached'} | "
                 f"{fmt(tokens, ',')} | {fmt(s['target_time_s'])} | {fmt(s['target_cpu_s'])} | "
                 f"{run['ms_per_step_wall']:.0f} | {run['ms_per_step_cpu']:.0f} | "
-                f"{s['best_metric']:.4f} | {run['load_average_start'][0]:.1f}→"
-                f"{run['load_average_end'][0]:.1f} |"
+                f"{s['best_metric']:.4f} | {loads(run)} |"
             )
         lines += ["", "Ratios speedrun / baby:", ""]
         for key, label in (
@@ -331,7 +374,7 @@ def write_markdown(res: dict[str, Any]) -> None:
             s = run["summary"]
             lines.append(
                 f"| {run['name']} | {s['steps']} | {s['best_metric']:.4f} | {s['best_step']} | "
-                f"{run['load_average_start'][0]:.1f}→{run['load_average_end'][0]:.1f} |"
+                f"{loads(run)} |"
             )
         lines.append("")
     if "ablate" in res:
@@ -371,7 +414,7 @@ def write_markdown(res: dict[str, Any]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("phase", choices=("race", "budget", "ablate", "report"))
+    parser.add_argument("phase", choices=("race", "budget", "ablate", "report", "load"))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument(
         "--baby-seeds",
@@ -384,8 +427,19 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=10.0, help="budget: minutes per run")
     choices = [f"no-{t}" for t in ABLATIONS] + [f"with-{t}" for t in ADDITIONS]
     parser.add_argument("--jobs", nargs="+", default=choices, choices=choices, help="ablate")
+    parser.add_argument(
+        "--rebuild-race", action="store_true", help="report: the race from its run directories"
+    )
     parser.add_argument("--workers", type=int, default=2, help="runs at once (one thread each)")
     args = parser.parse_args()
+    if args.phase == "load":  # run beside the others; stop it with kill
+        RUNS.mkdir(parents=True, exist_ok=True)
+        with LOAD_TIMELINE.open("a") as f:
+            while True:
+                utc = time.strftime("%H:%M:%S", time.gmtime())
+                f.write(json.dumps({"utc": utc, "load": os.getloadavg()}) + "\n")
+                f.flush()
+                time.sleep(30)
     info = machine_info()
     start = time.perf_counter()
 
@@ -395,6 +449,9 @@ def main() -> None:
         res = json.loads(OUT_JSON.read_text()) if OUT_JSON.exists() else {}
         res.setdefault("machine", info)
         res |= new
+        if LOAD_TIMELINE.exists():  # written by a sampler beside the runs, if one was started
+            lines = LOAD_TIMELINE.read_text().splitlines()
+            res["load_timeline"] = [json.loads(line) for line in lines]
         RESULTS.mkdir(parents=True, exist_ok=True)
         OUT_JSON.write_text(json.dumps(res, indent=2) + "\n")
         write_markdown(res)
@@ -407,6 +464,9 @@ def main() -> None:
         new["budget"] = budget(args.seeds, args.minutes, args.workers)
     elif args.phase == "ablate":
         new["ablate"] = ablate(args.seed, args.jobs, args.workers, save)
+    elif args.rebuild_race:
+        new["race"] = rebuild_race(args.seeds, args.baby_seeds or args.seeds)
+        new["sample"] = sample_best(new["race"])
     if args.phase != "report":
         new[args.phase] |= {
             "phase_wall_s": time.perf_counter() - start,
