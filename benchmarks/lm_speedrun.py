@@ -65,15 +65,18 @@ ABLATIONS: dict[str, list[str]] = {
     "untied": ["--tie-weights", "true"],
     "wsd": ["--schedule", "cosine"],  # same warmup, cosine to min_lr_ratio
     "batch24": ["--batch-size", "12", "--max-steps", "600"],  # the baby's batch, same tokens
+    "qk_norm": ["--qk-norm", "false"],
+    "relu2": ["--activation", "gelu"],
+    "value_embeddings": ["--value-embeddings", "false"],
+    "zero_init_proj": ["--zero-init-proj", "false"],
 }
-# Tricks the preset leaves off, added one at a time (and all four together).
+# The four GPT switches together (on or off), for runs on a preset without (or with) them.
+FOUR = ("qk_norm", "relu2", "value_embeddings", "zero_init_proj")
+ABLATIONS["all4"] = [x for t in FOUR for x in ABLATIONS[t]]
 ADDITIONS: dict[str, list[str]] = {
-    "qk_norm": ["--qk-norm", "true"],
-    "relu2": ["--activation", "relu2"],
-    "value_embeddings": ["--value-embeddings", "true"],
-    "zero_init_proj": ["--zero-init-proj", "true"],
+    "all4": ["--qk-norm", "true", "--activation", "relu2", "--value-embeddings", "true"]
+    + ["--zero-init-proj", "true"]
 }
-ADDITIONS["all4"] = [x for v in ADDITIONS.values() for x in v]
 
 
 def cli(preset: str, out: Path, seed: int, extra: list[str]) -> list[str]:
@@ -419,7 +422,7 @@ def main() -> None:
     parser.add_argument(
         "--baby-seeds",
         type=int,
-        nargs="+",
+        nargs="*",
         default=None,
         help="race: the baby preset's seeds (default: --seeds)",
     )
@@ -458,14 +461,18 @@ def main() -> None:
 
     new: dict[str, Any] = {}
     if args.phase == "race":
-        new["race"] = race(args.seeds, args.baby_seeds or args.seeds, args.workers)
+        new["race"] = race(
+            args.seeds, args.seeds if args.baby_seeds is None else args.baby_seeds, args.workers
+        )
         new["sample"] = sample_best(new["race"])
     elif args.phase == "budget":
         new["budget"] = budget(args.seeds, args.minutes, args.workers)
     elif args.phase == "ablate":
         new["ablate"] = ablate(args.seed, args.jobs, args.workers, save)
     elif args.rebuild_race:
-        new["race"] = rebuild_race(args.seeds, args.baby_seeds or args.seeds)
+        new["race"] = rebuild_race(
+            args.seeds, args.seeds if args.baby_seeds is None else args.baby_seeds
+        )
         new["sample"] = sample_best(new["race"])
     if args.phase != "report":
         new[args.phase] |= {
