@@ -240,23 +240,39 @@ def budget(seeds: list[int], minutes: float, workers: int) -> dict[str, Any]:
     return {"minutes": minutes, "seeds": seeds, "overrides": extra, "runs": run_jobs(jobs, workers)}
 
 
-def ablate(seed: int, jobs_wanted: list[str], workers: int, save: Any) -> dict[str, Any]:
-    """The speedrun preset with one trick removed (`no-X`, ABLATIONS) or added (`with-X`,
-    ADDITIONS) per run, in the order given, plus the full preset first; each run for the
-    preset's whole schedule, evaluated once at its end (--eval-start 100000). Partial results
-    are saved after every run."""
-    jobs = [("full", "speedrun", RUNS / "ablate" / "full", seed, [])]
-    for want in jobs_wanted:
-        kind, _, trick = want.partition("-")
-        extra = (ABLATIONS if kind == "no" else ADDITIONS)[trick]
-        jobs.append((want, "speedrun", RUNS / "ablate" / want, seed, extra))
-    jobs = [(n, p, o, s, x + ["--eval-start", "100000"]) for n, p, o, s, x in jobs]
-    result: dict[str, Any] = {"seed": seed, "jobs": jobs_wanted, "runs_at_once": workers}
+def ablation_job(name: str, seed: int) -> tuple[str, str, Path, int, list[str]]:
+    """`full`, `no-A+B` (tricks A and B removed, ABLATIONS) or `with-A` (added, ADDITIONS): the
+    speedrun preset for its whole schedule, evaluated once at the end (--eval-start 100000)."""
+    extra: list[str] = []
+    if name != "full":
+        kind, _, tricks = name.partition("-")
+        table = ABLATIONS if kind == "no" else ADDITIONS
+        extra = [x for t in tricks.split("+") for x in table[t]]
+    return (name, "speedrun", RUNS / "ablate" / name, seed, extra + ["--eval-start", "100000"])
+
+
+def ablate(seed: int, names: list[str], workers: int, save: Any) -> dict[str, Any]:
+    """The full preset, then the named variants (`ablation_job`); partial results are saved
+    after every run."""
+    jobs = [ablation_job(n, seed) for n in ["full", *names]]
+    result: dict[str, Any] = {"seed": seed, "jobs": names, "runs_at_once": workers}
 
     def partial(runs: list[dict]) -> None:
         save({"ablate": result | {"runs": runs, "complete": False}})
 
     return result | {"runs": run_jobs(jobs, workers, partial), "complete": True}
+
+
+def rebuild_ablate(seed: int, workers: int) -> dict[str, Any]:
+    """The ablation from the finished run directories under runs/speedrun/ablate."""
+    names = sorted(p.name for p in (RUNS / "ablate").iterdir() if (p / "summary.json").exists())
+    names = ["full"] + [n for n in names if n != "full"]
+    runs = [
+        read_record(ablation_job(n, seed)) | {"load_average_start": None, "load_average_end": None}
+        for n in names
+    ]
+    return {"seed": seed, "jobs": names[1:], "runs_at_once": workers, "runs": runs,
+            "complete": True, "rebuilt_from_run_dirs": True}  # fmt: skip
 
 
 def sample_best(race_result: dict[str, Any]) -> dict[str, Any]:
@@ -428,10 +444,13 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="ablate: the seed")
     parser.add_argument("--minutes", type=float, default=10.0, help="budget: minutes per run")
-    choices = [f"no-{t}" for t in ABLATIONS] + [f"with-{t}" for t in ADDITIONS]
-    parser.add_argument("--jobs", nargs="+", default=choices, choices=choices, help="ablate")
+    choices = [f"no-{t}" for t in ABLATIONS]
+    parser.add_argument("--jobs", nargs="+", default=choices, help="ablate: no-A+B, with-A")
     parser.add_argument(
         "--rebuild-race", action="store_true", help="report: the race from its run directories"
+    )
+    parser.add_argument(
+        "--rebuild-ablate", action="store_true", help="report: the ablation from its run dirs"
     )
     parser.add_argument("--workers", type=int, default=2, help="runs at once (one thread each)")
     args = parser.parse_args()
@@ -460,20 +479,19 @@ def main() -> None:
         write_markdown(res)
 
     new: dict[str, Any] = {}
+    baby_seeds = args.seeds if args.baby_seeds is None else args.baby_seeds
     if args.phase == "race":
-        new["race"] = race(
-            args.seeds, args.seeds if args.baby_seeds is None else args.baby_seeds, args.workers
-        )
+        new["race"] = race(args.seeds, baby_seeds, args.workers)
         new["sample"] = sample_best(new["race"])
     elif args.phase == "budget":
         new["budget"] = budget(args.seeds, args.minutes, args.workers)
     elif args.phase == "ablate":
         new["ablate"] = ablate(args.seed, args.jobs, args.workers, save)
-    elif args.rebuild_race:
-        new["race"] = rebuild_race(
-            args.seeds, args.seeds if args.baby_seeds is None else args.baby_seeds
-        )
+    if args.phase == "report" and args.rebuild_race:
+        new["race"] = rebuild_race(args.seeds, baby_seeds)
         new["sample"] = sample_best(new["race"])
+    if args.phase == "report" and args.rebuild_ablate:
+        new["ablate"] = rebuild_ablate(args.seed, args.workers)
     if args.phase != "report":
         new[args.phase] |= {
             "phase_wall_s": time.perf_counter() - start,
