@@ -222,10 +222,21 @@ def race_result(seeds: list[int], baby_seeds: list[int], runs: list[dict]) -> di
 
 def rebuild_race(seeds: list[int], baby_seeds: list[int]) -> dict[str, Any]:
     """The race from the finished run directories (when its process could not finish: the
-    load averages per run are then unknown; see the load timeline)."""
+    load averages per run are then unknown; see the load timeline). Runs of the preset as it
+    was before the four GPT switches were added (`speedrun_v1-sN`: today's preset with
+    ABLATIONS["all4"]) are kept apart as `earlier_runs`."""
+    unknown = {"load_average_start": None, "load_average_end": None}
     jobs = [j for j in race_jobs(seeds, baby_seeds) if (j[2] / "summary.json").exists()]
-    runs = [read_record(j) | {"load_average_start": None, "load_average_end": None} for j in jobs]
-    return race_result(seeds, baby_seeds, runs) | {"rebuilt_from_run_dirs": True}
+    runs = [read_record(j) | unknown for j in jobs]
+    target = ["--target-loss", str(TARGET)]
+    earlier = [
+        read_record((d.name, "speedrun", d, int(d.name.rsplit("-s", 1)[1]), ABLATIONS["all4"]
+                     + target)) | unknown
+        for d in sorted((RUNS / "race").glob("speedrun_v1-s*"))
+        if (d / "summary.json").exists()
+    ]  # fmt: skip
+    result = race_result(seeds, baby_seeds, runs)
+    return result | {"earlier_runs": earlier, "rebuilt_from_run_dirs": True}
 
 
 def budget(seeds: list[int], minutes: float, workers: int) -> dict[str, Any]:
@@ -281,6 +292,8 @@ def sample_best(race_result: dict[str, Any]) -> dict[str, Any]:
 
     from attnlab.tasks.lm import LMRun, generate_text
 
+    if not race_result["runs"]:
+        return {}
     best = min(race_result["runs"], key=lambda r: r["summary"]["best_metric"])
     torch.set_num_threads(1)
     run = LMRun.load(RUNS / "race" / best["name"])
@@ -341,17 +354,17 @@ def write_markdown(res: dict[str, Any]) -> None:
             f"## Race to {TARGET}",
             "",
             f"Speedrun seeds {', '.join(map(str, r['seeds']))}, baby seeds "
-            f"{', '.join(map(str, r['baby_seeds']))}; {r['runs_at_once']} runs at once (the baby "
-            "runs beside each other, the speedrun runs one after another beside them). "
-            "Evaluations: baby every 100 steps from step 1000, speedrun every 15 from step 150 "
-            "(about 5% of each schedule); each run stops at the first evaluation at or below "
+            f"{', '.join(map(str, r['baby_seeds']))}, all on the shared machine at overlapping "
+            "times (see docs/speedrun.md for the order). Evaluations: baby every 100 steps from "
+            "step 1000, speedrun every 15 from step 150 (about 5% of each schedule); each run "
+            "stops at the first evaluation at or below "
             f"{TARGET}.",
             "",
             "| run | target step | tokens | wall s | CPU s | ms/step (wall) | ms/step (CPU) | "
             "best val | load start→end |",
             "|---|---|---|---|---|---|---|---|---|",
         ]
-        for run in r["runs"]:
+        for run in r["runs"] + r.get("earlier_runs", []):
             s = run["summary"]
             per_step = run.get("tokens_per_step") or tokens_per_step(RUNS / "race" / run["name"])
             tokens = s["target_step"] * per_step if s["target_step"] else None
@@ -361,6 +374,14 @@ def write_markdown(res: dict[str, Any]) -> None:
                 f"{run['ms_per_step_wall']:.0f} | {run['ms_per_step_cpu']:.0f} | "
                 f"{s['best_metric']:.4f} | {loads(run)} |"
             )
+        if r.get("earlier_runs"):
+            lines += [
+                "",
+                "`speedrun_v1-*`: the preset before QK-norm, ReLU², value embeddings and zero-init "
+                "projections were added (today's preset with `"
+                + " ".join(ABLATIONS["all4"])
+                + "`).",
+            ]
         lines += ["", "Ratios speedrun / baby:", ""]
         for key, label in (
             ("target_time_s", "wall time to target"),
@@ -417,7 +438,7 @@ def write_markdown(res: dict[str, Any]) -> None:
                 f"{s['cpu_time_s'] - s['eval_cpu_s']:.0f} | {run['ms_per_step_cpu']:.0f} |"
             )
         lines.append("")
-    if "sample" in res:
+    if res.get("sample"):
         smp = res["sample"]
         lines += [
             f"## Sample from the best run ({smp['run']}, val {smp['val_loss']:.4f}; 500 "
