@@ -278,16 +278,22 @@ def ablation_job(name: str, seed: int) -> tuple[str, str, Path, int, list[str]]:
     return (name, "speedrun", RUNS / "ablate" / name, seed, extra + ["--eval-start", "100000"])
 
 
-def ablate(seed: int, names: list[str], workers: int, save: Any) -> dict[str, Any]:
+def ablate(
+    seed: int, names: list[str], workers: int, save: Any, skip_done: bool = False
+) -> dict[str, Any]:
     """The full preset, then the named variants (`ablation_job`); partial results are saved
-    after every run."""
+    after every run. With `skip_done`, runs whose directory holds a summary are read, not rerun."""
     jobs = [ablation_job(n, seed) for n in ["full", *names]]
+    done = [j for j in jobs if skip_done and (j[2] / "summary.json").exists()]
+    unknown = {"load_average_start": None, "load_average_end": None}
+    earlier = [read_record(j) | unknown for j in done]
     result: dict[str, Any] = {"seed": seed, "jobs": names, "runs_at_once": workers}
 
     def partial(runs: list[dict]) -> None:
-        save({"ablate": result | {"runs": runs, "complete": False}})
+        save({"ablate": result | {"runs": earlier + runs, "complete": False}})
 
-    return result | {"runs": run_jobs(jobs, workers, partial), "complete": True}
+    runs = run_jobs([j for j in jobs if j not in done], workers, partial)
+    return result | {"runs": earlier + runs, "complete": True}
 
 
 def rebuild_ablate(seed: int, workers: int) -> dict[str, Any]:
@@ -446,7 +452,7 @@ def write_markdown(res: dict[str, Any]) -> None:
         lines.append("")
     if "ablate" in res:
         a = res["ablate"]
-        full = next(r for r in a["runs"] if r["name"] == "full")["summary"]["best_metric"]
+        fulls = [r["summary"]["best_metric"] for r in a["runs"] if r["name"] == "full"]
         lines += [
             f"## Ablation (seed {a['seed']}; one trick removed (no-X) or added (with-X) per run; "
             f"every run its whole schedule, evaluated at the end; {a['runs_at_once']} at once)"
@@ -461,7 +467,8 @@ def write_markdown(res: dict[str, Any]) -> None:
             over = " ".join(x for x in run["overrides"] if x not in ("--eval-start", "100000"))
             lines.append(
                 f"| {run['name']} | `{over or '(preset)'}` | {s['steps']} | "
-                f"{s['best_metric']:.4f} | {s['best_metric'] - full:+.4f} | "
+                f"{s['best_metric']:.4f} | "
+                f"{fmt(s['best_metric'] - fulls[0] if fulls else None, '+.4f')} | "
                 f"{s['cpu_time_s'] - s['eval_cpu_s']:.0f} | {run['ms_per_step_cpu']:.0f} |"
             )
         lines.append("")
@@ -496,6 +503,9 @@ def main() -> None:
     parser.add_argument("--jobs", nargs="+", default=choices, help="ablate: no-A+B, with-A")
     parser.add_argument(
         "--rebuild-race", action="store_true", help="report: the race from its run directories"
+    )
+    parser.add_argument(
+        "--skip-done", action="store_true", help="ablate: read runs already finished, not rerun"
     )
     parser.add_argument(
         "--rebuild-ablate", action="store_true", help="report: the ablation from its run dirs"
@@ -534,7 +544,7 @@ def main() -> None:
     elif args.phase == "budget":
         new["budget"] = budget(args.seeds, args.minutes, args.workers)
     elif args.phase == "ablate":
-        new["ablate"] = ablate(args.seed, args.jobs, args.workers, save)
+        new["ablate"] = ablate(args.seed, args.jobs, args.workers, save, args.skip_done)
     if args.phase == "report" and args.rebuild_race:
         new["race"] = rebuild_race(args.seeds, baby_seeds)
         new["sample"] = sample_best(new["race"])
