@@ -18,6 +18,7 @@ from typing import Any
 
 from attnlab.configs import add_dataclass_arguments, collect_overrides, parse_key_values
 from attnlab.tasks.registry import ALIASES, REGISTRY
+from attnlab.verify import command as verify_command
 
 RUN_HELP = "run directory (written by `attnlab train`)"
 CHECKPOINT_HELP = "BERT checkpoint directory, an `attnlab train mlm` run, or minilm (default)"
@@ -436,6 +437,7 @@ COMMANDS: dict[str, Command] = {
     "search": (_add_search, _run_search),
     "ablate": (_add_ablate, _run_ablate),
     "bench": (_add_bench, _run_bench),
+    "verify": (verify_command.add_parser, verify_command.run),
 }
 
 
