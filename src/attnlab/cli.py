@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from attnlab.configs import add_dataclass_arguments, collect_overrides, parse_key_values
+from attnlab.explore import command as explore_command
 from attnlab.tasks import bert_commands, lm_cli, translate_cli, vision_cli
 
 
@@ -284,6 +285,7 @@ COMMANDS = {
     "generate": (lm_cli.add_generate_parser, lm_cli.run_generate),
     "translate": (translate_cli.add_translate_parser, translate_cli.run_translate),
     "bench": (_add_bench, _run_bench),
+    "explore": (explore_command.add_parser, explore_command.run),
     **bert_commands.COMMANDS,  # embed, similarity, search
 }
 
