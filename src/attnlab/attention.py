@@ -76,8 +76,10 @@ class record_attention:  # noqa: N801 - used as a context manager, reads like a 
     def __enter__(self) -> record_attention:
         global _RECORDER
         if _RECORDER is not None:
-            raise ValueError("an attention recorder is already active; exit it before starting another")
-        for name, module in (self.model.named_modules() if self.model is not None else []):
+            raise ValueError(
+                "an attention recorder is already active; exit it before starting another"
+            )
+        for name, module in self.model.named_modules() if self.model is not None else []:
             if isinstance(module, MultiHeadAttention):
                 self._hooks.append(module.register_forward_pre_hook(self._enter_module(name)))
         _RECORDER = self

@@ -84,7 +84,7 @@ def build_group(
         "causal": bool(calls[0].is_causal),
         "mask": u8(mask),
         "scale": calls[0].scale,
-        "d_k": round(calls[0].scale**-2),
+        "d_k": round(calls[0].scale ** -2),
         "scores": None,
         "bias": None,
         "scores_note": "",

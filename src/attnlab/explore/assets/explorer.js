@@ -73,7 +73,7 @@ function ramp(v) {  // 0..1 -> white .. deep blue
 }
 function heatRamp(v) {  // 0..1 -> transparent .. yellow .. red, for image overlays
   const t = Math.max(0, Math.min(1, v));
-  return [255, Math.round(230 - 200 * t), Math.round(60 - 60 * t), Math.round(40 + 175 * t)];
+  return [255, Math.round(230 - 200 * t), Math.round(60 - 60 * t), Math.round(255 * t)];
 }
 function short(tok, n) { tok = String(tok).replace(/\n/g, "⏎").replace(/ /g, "␣"); return tok.length > n ? tok.slice(0, n - 1) + "…" : tok; }
 // A (rows, cols) matrix as an image, one pixel per cell; drawn scaled with smoothing off.
@@ -489,7 +489,7 @@ function renderSteps(view) {
   const c = chipsCanvas(view, g.key_tokens.slice(0, st.position), row,
     `step ${S.step + 1}: choosing token ${st.position} "${short(st.token, 20)}" (p = ${st.prob.toFixed(3)}); query = token ${q} "${short(g.key_tokens[q], 16)}" (outlined)`, q, "step-canvas");
   c.dataset.step = S.step;
-  const [b, ctx] = canvas(520, 22 * st.top.length + 30, view);
+  const [b, ctx] = canvas(620, 22 * st.top.length + 30, view);
   b.id = "topk-canvas";
   ctx.fillStyle = "#6b7280"; ctx.fillText("top-10 next tokens", 6, 14);
   st.top.forEach((t, r) => {
@@ -514,12 +514,13 @@ function imageCanvas(ex, size, heat, alpha) {  // heat: Float32Array (grid*grid 
   const [c, ctx] = canvas(size, size);
   ctx.imageSmoothingEnabled = false; ctx.drawImage(off, 0, 0, size, size);
   if (heat) {
-    const gsz = Math.round(Math.sqrt(heat.values.length / (heat.ratio || 1)));
+    const gsz = Math.round(Math.sqrt(heat.values.length));  // a square patch grid unless w, h given
     const hw = heat.w || gsz, hh = heat.h || gsz;
     const hc = document.createElement("canvas"); hc.width = hw; hc.height = hh;
     const hctx = hc.getContext("2d"), himg = hctx.createImageData(hw, hh);
-    const max = maxOf(heat.values);
-    for (let k = 0; k < hw * hh; k++) himg.data.set(heatRamp(heat.values[k] / max), 4 * k);
+    let lo = Infinity, hi = -Infinity;  // min-max: near-uniform maps still show their shape
+    for (const v of heat.values) { lo = Math.min(lo, v); hi = Math.max(hi, v); }
+    for (let k = 0; k < hw * hh; k++) himg.data.set(heatRamp((heat.values[k] - lo) / Math.max(hi - lo, 1e-12)), 4 * k);
     hctx.putImageData(himg, 0, 0);
     ctx.imageSmoothingEnabled = true; ctx.globalAlpha = alpha; ctx.drawImage(hc, 0, 0, size, size); ctx.globalAlpha = 1;
     c.dataset.overlay = "1";

@@ -65,7 +65,9 @@ def translate_run(root: Path) -> Path:
 
     run = root / "translate"
     run.mkdir(parents=True)
-    tok = TextTokenizer.train(["the cat sat on the mat", "die katze sass auf der matte"], "char", 60)
+    tok = TextTokenizer.train(
+        ["the cat sat on the mat", "die katze sass auf der matte"], "char", 60
+    )
     tok.save(run / "tokenizer.json")
     cfg = Seq2SeqConfig(
         src_vocab_size=tok.vocab_size,
