@@ -6,9 +6,9 @@ import math
 
 import pytest
 import torch
-from _copy_weights import copy_links, mha_links
 from torch import nn
 
+from _copy_weights import copy_links, mha_links
 from attnlab import attention
 from attnlab.attention import (
     MultiHeadAttention,
