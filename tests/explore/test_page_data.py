@@ -149,9 +149,10 @@ def test_vit_page_equals_inspect_and_rollout(runs, tmp_path):
     assert group["query_tokens"][:2] == ["[cls]", "p0,0"] and group["tq"] == 1 + 16
     roll = pack.decode_f32(ex["patches"]["rollout"], (4, 4))
     assert np.abs(roll - rollout_map(run.model, x)[0].numpy()).max() < TOL
-    assert ex["image"]["width"] == 28 and ex["prediction"]["label"] == run.predict(
-        [str(runs["image"])]
-    )[0]["label"]
+    assert (
+        ex["image"]["width"] == 28
+        and ex["prediction"]["label"] == run.predict([str(runs["image"])])[0]["label"]
+    )
 
 
 @pytest.mark.parametrize("kind", ["cnn", "cnn_ca"])

@@ -76,17 +76,29 @@ function heatRamp(v) {  // 0..1 -> transparent .. yellow .. red, for image overl
   return [255, Math.round(230 - 200 * t), Math.round(60 - 60 * t), Math.round(255 * t)];
 }
 function short(tok, n) { tok = String(tok).replace(/\n/g, "⏎").replace(/ /g, "␣"); return tok.length > n ? tok.slice(0, n - 1) + "…" : tok; }
-// A (rows, cols) matrix as an image, one pixel per cell; drawn scaled with smoothing off.
-function matrixImage(values, rows, cols, max, g) {
-  const off = document.createElement("canvas"); off.width = cols; off.height = rows;
-  const ctx = off.getContext("2d"), img = ctx.createImageData(cols, rows);
-  for (let k = 0; k < rows * cols; k++) {
-    let rgb = ramp(values[k] / max);
-    if (S.mask && g) {
-      const kind = blockedKind(g, Math.floor(k / cols), k % cols);
-      if (kind === 1) rgb = [214, 228, 255]; else if (kind === 2) rgb = [222, 222, 222];
+// A (rows, cols) matrix as an image, drawn scaled with smoothing off. Large matrices are
+// max-pooled to at most `limit` pixels a side first (thumbnails of 1,000-token inputs).
+function matrixImage(values, rows, cols, max, g, limit) {
+  const fr = limit ? Math.max(1, Math.ceil(rows / limit)) : 1, fc = limit ? Math.max(1, Math.ceil(cols / limit)) : 1;
+  const h = Math.ceil(rows / fr), w = Math.ceil(cols / fc);
+  const pooled = fr * fc > 1 ? new Float32Array(h * w) : null;
+  if (pooled) {
+    for (let i = 0; i < rows; i++) {
+      const base = Math.floor(i / fr) * w;
+      for (let j = 0; j < cols; j++) { const k = base + Math.floor(j / fc), v = values[i * cols + j]; if (v > pooled[k]) pooled[k] = v; }
     }
-    img.data.set([rgb[0], rgb[1], rgb[2], 255], 4 * k);
+  }
+  const off = document.createElement("canvas"); off.width = w; off.height = h;
+  const ctx = off.getContext("2d"), img = ctx.createImageData(w, h), d = img.data;
+  const src = pooled || values, inv = 1 / max;
+  for (let k = 0; k < h * w; k++) {
+    let t = src[k] * inv; t = t < 0 ? 0 : t > 1 ? 1 : t;
+    let r = 255 - 227 * t, gg = 255 - 176 * t, b = 255 - 90 * t;
+    if (S.mask && g && !pooled) {
+      const kind = blockedKind(g, Math.floor(k / cols), k % cols);
+      if (kind === 1) { r = 214; gg = 228; b = 255; } else if (kind === 2) { r = 222; gg = 222; b = 222; }
+    }
+    d[4 * k] = r; d[4 * k + 1] = gg; d[4 * k + 2] = b; d[4 * k + 3] = 255;
   }
   ctx.putImageData(img, 0, 0);
   return off;
@@ -301,7 +313,7 @@ function renderMatrix(view) {
       const vals = h < g.heads ? g._w.subarray((l * g.heads + h) * g.tq * g.tk, (l * g.heads + h + 1) * g.tq * g.tk) : headMean(g, l, all);
       const [c, ctx] = canvas(size, Math.max(12, Math.round(size * Math.min(1, g.tq / g.tk))));
       ctx.imageSmoothingEnabled = false;
-      ctx.drawImage(matrixImage(vals, g.tq, g.tk, maxOf(vals), g), 0, 0, size, Math.max(12, Math.round(size * Math.min(1, g.tq / g.tk))));
+      ctx.drawImage(matrixImage(vals, g.tq, g.tk, maxOf(vals), g, 2 * size), 0, 0, size, Math.max(12, Math.round(size * Math.min(1, g.tq / g.tk))));
       c.dataset.layer = l; c.dataset.head = h < g.heads ? h : "mean"; c.dataset.noexport = "1";
       if (S.thumb.l === l && S.thumb.h === h) c.classList.add("sel");
       c.addEventListener("click", () => { S.thumb = { l, h }; S.layer = l; if (h < g.heads) S.heads = new Set([h]); renderControls(); renderView(); });
