@@ -99,6 +99,11 @@ class record_attention:  # noqa: N801 - used as a context manager, reads like a 
         self._hooks = []
 
 
+def is_recording() -> bool:
+    """Whether a :class:`record_attention` is active (kernels then take their full-matrix path)."""
+    return _RECORDER is not None
+
+
 # --------------------------------------------------------------------------- masks
 
 

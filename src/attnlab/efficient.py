@@ -39,7 +39,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab.attention import AttentionKernel, combine_masks, scaled_dot_product_attention
+from attnlab.attention import (
+    AttentionKernel,
+    combine_masks,
+    is_recording,
+    scaled_dot_product_attention,
+)
 
 AttentionKind = Literal["full", "local", "linear"]
 ATTENTION_KINDS = ("full", "local", "linear")
@@ -221,6 +226,7 @@ class LocalAttention:
             and Tq == k.shape[2]
             and bias is None
             and not need_weights
+            and not is_recording()  # a recorder reads the full (Tq, Tk) weights
             and (mask is None or key_mask is not None)
         )
         if blocked:

@@ -268,3 +268,23 @@ def test_json_round_trip_of_float32(runs):
     assert np.array_equal(pack.decode_f32(pack.f32(t), t.shape), t.numpy())
     assert json.loads(json.dumps(pack.f32(t))) == pack.f32(t)
     assert math.isclose(pack.rollout(torch.full((1, 1, 3, 3), 1 / 3)).sum(-1)[0], 1.0)
+
+
+def test_local_attention_shows_its_window_and_linear_attention_is_refused(tmp_path):
+    from explore_runs import classifier_run, gpt_run
+
+    run = gpt_run(tmp_path / "local", attention="local", window=3)
+    data = explore_data(load_source(run), ["To be"], max_new_tokens=3)
+    (group,) = data["examples"][0]["groups"]
+    model = load_source(run).run.model
+    tok = load_source(run).run.tokenizer
+    ids = torch.tensor([tok.encode("To be" + data["examples"][0]["generation"]["text"])])
+    with torch.no_grad():
+        x = model.pos_emb(model.tok_emb(ids))
+        _, want = model.stack(x, is_causal=True, return_weights=True)
+    assert np.abs(_weights(group) - torch.stack(want)[:, 0].numpy()).max() < TOL
+    i, j = np.indices((8, 8))
+    np.testing.assert_array_equal(_mask(group), (j <= i) & (i - j < 3))  # causal window of 3
+    linear = classifier_run(tmp_path / "linear", attention="linear", pooling="mean")
+    with pytest.raises(ValueError, match="no softmax attention was recorded"):
+        explore_data(load_source(linear), ["好看极了"])
