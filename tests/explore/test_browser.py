@@ -199,3 +199,48 @@ def test_live_mode_answers_a_typed_sentence(tab, runs):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_cli_png_of_a_chosen_view(runs, tmp_path, capsys):
+    from attnlab.cli import main
+
+    png = tmp_path / "shot.png"
+    args = ["explore", str(runs["classifier"]), "好看极了", "--out", str(tmp_path / "p.html")]
+    assert main([*args, "--png", str(png), "--view", "matrix"]) == 0
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    assert main([*args, "--png", str(png), "--view", "steps"]) == 2
+    assert "this page has the views head, matrix, scale, tokens" in capsys.readouterr().err
+
+
+def test_live_server_takes_an_uploaded_image_and_refuses_junk(runs):
+    import base64
+    import urllib.request
+
+    from attnlab.explore.server import make_server
+
+    server = make_server(load_source(runs["vit"]), [], {"max_chars": 10}, "127.0.0.1", 0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/api/explore"
+
+    def post(body: dict) -> tuple[int, dict]:
+        request = urllib.request.Request(url, json.dumps(body).encode(), method="POST")
+        try:
+            with urllib.request.urlopen(request) as answer:
+                return answer.status, json.loads(answer.read())
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read())
+
+    try:
+        image = base64.b64encode(runs["image"].read_bytes()).decode()
+        status, data = post({"image": f"data:image/png;base64,{image}"})
+        assert status == 200 and data["kind"] == "vit" and data["live"]["accepts"] == "image"
+        assert data["examples"][0]["input"] == "uploaded image"
+        status, data = post({"image": "data:image/png;base64,bm90IGFuIGltYWdl"})
+        assert status == 400 and "cannot read as an image" in data["error"]
+        status, data = post({"inputs": ["text"]})
+        assert status == 400 and "send an image file" in data["error"]
+    finally:
+        server.shutdown()
+        server.server_close()

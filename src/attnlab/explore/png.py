@@ -7,6 +7,7 @@ is missing the error says how to install it.
 from __future__ import annotations
 
 import shutil
+import threading
 from pathlib import Path
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
@@ -40,11 +41,32 @@ def screenshot(
         ) from None
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    # In a thread of its own: Playwright's sync API refuses a thread that already runs an
+    # event loop (a notebook, or a test session holding a browser).
+    errors: list[BaseException] = []
+
+    def shoot() -> None:
+        try:
+            _shoot(sync_playwright, browser_path, Path(page), out, view, width)
+        except BaseException as err:  # handed to the caller's thread
+            errors.append(err)
+
+    worker = threading.Thread(target=shoot)
+    worker.start()
+    worker.join()
+    if errors:
+        raise errors[0]
+    return out
+
+
+def _shoot(
+    sync_playwright, browser_path: str, page: Path, out: Path, view: str | None, width: int
+) -> None:
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=browser_path, args=["--no-sandbox"])
         try:
             tab = browser.new_page(viewport={"width": width, "height": 900})
-            tab.goto(Path(page).resolve().as_uri())
+            tab.goto(page.resolve().as_uri())
             tab.wait_for_selector("body[data-ready='1']", timeout=30_000)
             if view is not None:
                 views = tab.eval_on_selector_all("#tabs button", "b => b.map(x => x.dataset.view)")
@@ -54,4 +76,3 @@ def screenshot(
             tab.locator("body").screenshot(path=str(out))
         finally:
             browser.close()
-    return out

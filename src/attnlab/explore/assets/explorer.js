@@ -305,7 +305,7 @@ function renderMatrix(view) {
   grid.append(el("span"));
   for (let h = 0; h < g.heads; h++) grid.append(el("div", { class: "lab", text: `head ${h + 1}` }));
   grid.append(el("div", { class: "lab", text: "mean" }));
-  if (!S.thumb || S.thumb.l >= g.layers) S.thumb = { l: S.layer, h: selectedHeads(g)[0] };
+  if (!S.thumb || S.thumb.l >= g.layers) S.thumb = { l: g.layers - 1, h: g.heads };  // last layer, mean
   const all = Array.from({ length: g.heads }, (_, h) => h);
   for (let l = 0; l < g.layers; l++) {
     grid.append(el("div", { class: "lab", text: `layer ${l + 1}` }));
