@@ -456,13 +456,15 @@ function chipsCanvas(view, tokens, values, title, highlight, id) {
   const [c, ctx] = canvas(W, y + lineH + 6, view);
   c.id = id;
   ctx.fillStyle = "#6b7280"; ctx.fillText(title, 6, 14);
-  const max = maxOf(values);
+  let lo = Infinity, hi = -Infinity;  // min-max, so near-uniform shares still differ
+  for (const v of values) { lo = Math.min(lo, v); hi = Math.max(hi, v); }
+  const scaled = (v) => (v - lo) / Math.max(hi - lo, 1e-12);
   tokens.forEach((t, k) => {
     const [px, py, w] = pos[k];
-    const rgb = ramp(values[k] / max);
+    const rgb = ramp(scaled(values[k]));
     ctx.fillStyle = `rgb(${rgb})`; ctx.fillRect(px, py - 2, w, lineH - 6);
     if (k === highlight) { ctx.strokeStyle = "#e8590c"; ctx.lineWidth = 2; ctx.strokeRect(px, py - 2, w, lineH - 6); }
-    ctx.fillStyle = values[k] / max > 0.55 ? "#fff" : "#1d2330"; ctx.textBaseline = "middle";
+    ctx.fillStyle = scaled(values[k]) > 0.55 ? "#fff" : "#1d2330"; ctx.textBaseline = "middle";
     ctx.fillText(short(t, 20), px + 4, py + (lineH - 6) / 2 - 2);
   });
   return c;
@@ -472,7 +474,7 @@ function renderTokens(view) {
   if (!ex.token_share) { view.append(el("div", { class: "note", text: "no attribution for this input" })); return; }
   const g = group(), n = ex.token_share.length, toks = g.query_tokens.slice(0, n);
   view.append(el("div", { class: "note", text: ex.share_note }));
-  chipsCanvas(view, toks, ex.token_share, "token attribution (rollout): darker = larger share", -1, "tokens-canvas");
+  chipsCanvas(view, toks, ex.token_share, "token attribution (rollout): white = the smallest share, blue = the largest", -1, "tokens-canvas");
   const order = ex.token_share.map((v, i) => [v, i]).sort((a, b) => b[0] - a[0]).slice(0, 15);
   const [c, ctx] = canvas(520, 22 * order.length + 10, view);
   c.id = "share-bars";
@@ -499,7 +501,7 @@ function renderSteps(view) {
   const st = gen.steps[S.step], q = st.position - 1;
   const mean = headMean(g, S.layer, heads), row = Array.from(mean.subarray(q * g.tk, q * g.tk + st.position));
   const c = chipsCanvas(view, g.key_tokens.slice(0, st.position), row,
-    `step ${S.step + 1}: choosing token ${st.position} "${short(st.token, 20)}" (p = ${st.prob.toFixed(3)}); query = token ${q} "${short(g.key_tokens[q], 16)}" (outlined)`, q, "step-canvas");
+    `(white = least, blue = most attention) step ${S.step + 1}: choosing token ${st.position} "${short(st.token, 20)}" (p = ${st.prob.toFixed(3)}); query = token ${q} "${short(g.key_tokens[q], 16)}" (outlined)`, q, "step-canvas");
   c.dataset.step = S.step;
   const [b, ctx] = canvas(620, 22 * st.top.length + 30, view);
   b.id = "topk-canvas";
