@@ -119,3 +119,27 @@ def image_file(root: Path, name: str = "shirt.png") -> Path:
     path = root / name
     Image.fromarray(pixels, mode="L").save(path)
     return path
+
+
+def bert_classifier_run(root: Path) -> Path:
+    """A fine-tuned-BERT run folder: MiniLM's WordPiece vocabulary, a tiny random encoder."""
+    from attnlab.configs import to_dict
+    from attnlab.data import LabelVocab
+    from attnlab.data.wordpiece import WordPieceTokenizer
+    from attnlab.models.bert import BertClassifier, BertConfig
+    from attnlab.models.bert_checkpoint import resolve_checkpoint
+    from attnlab.tasks.bert_classify import BertClassifyConfig
+
+    run = root / "bert_classify"
+    run.mkdir(parents=True)
+    tok = WordPieceTokenizer.from_dir(resolve_checkpoint("minilm"))
+    tok.save(run / "tokenizer.json")
+    LabelVocab.build(["positive", "negative"]).save(run / "labels.json")
+    cfg = BertConfig(vocab_size=tok.vocab_size, d_model=16, n_layers=2, n_heads=2, d_ff=32)
+    data = BertClassifyConfig(pooling="cls")
+    config = {"task": "bert_classify", "data": to_dict(data), "train": to_dict(TrainConfig())}
+    _write(run / "config.json", {**config, "model": to_dict(cfg), "n_classes": 2})
+    _write(run / "data_report.json", {"max_len": 32})
+    torch.manual_seed(0)
+    save_weights(BertClassifier(cfg, 2, "cls"), run / "model.safetensors")
+    return run

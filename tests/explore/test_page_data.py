@@ -288,3 +288,27 @@ def test_local_attention_shows_its_window_and_linear_attention_is_refused(tmp_pa
     linear = classifier_run(tmp_path / "linear", attention="linear", pooling="mean")
     with pytest.raises(ValueError, match="no softmax attention was recorded"):
         explore_data(load_source(linear), ["好看极了"])
+
+
+def test_fine_tuned_bert_page_has_prediction_and_cls_rollout(tmp_path):
+    from explore_runs import bert_classifier_run
+
+    from attnlab.explore.pack import rollout
+
+    run = bert_classifier_run(tmp_path)
+    texts = ["a fine film", "dull and far too long"]
+    data = _page(run, tmp_path / "p.html", *texts)
+    source = load_source(run)
+    assert source.kind == "bert"
+    preds = source.run.predict(texts)
+    ids, lengths = pad_batch(source.run.tokenizer.encode_batch(texts, 32), 0)
+    bert = source.run.model.bert
+    with torch.no_grad():
+        _, weights = bert.encoder(bert.embeddings(ids), padding_mask(lengths), return_weights=True)
+    for b, ex in enumerate(data["examples"]):
+        assert ex["prediction"]["label"] == preds[b]["label"]
+        (group,) = ex["groups"]
+        assert np.abs(_weights(group) - torch.stack(weights)[:, b].numpy()).max() < TOL
+        n = int(lengths[b])
+        share = rollout(torch.stack(weights)[:, b, :, :n, :n])[0]  # the [CLS] row (cls pooling)
+        assert ex["token_share"] == pytest.approx((share / share.sum()).tolist(), abs=1e-6)
