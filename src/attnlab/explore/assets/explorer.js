@@ -75,6 +75,7 @@ function heatRamp(v) {  // 0..1 -> transparent .. yellow .. red, for image overl
   const t = Math.max(0, Math.min(1, v));
   return [255, Math.round(230 - 200 * t), Math.round(60 - 60 * t), Math.round(255 * t)];
 }
+function clip(s, n) { s = String(s); return s.length > n ? s.slice(0, n - 1) + "…" : s; }
 function short(tok, n) { tok = String(tok).replace(/\n/g, "⏎").replace(/ /g, "␣"); return tok.length > n ? tok.slice(0, n - 1) + "…" : tok; }
 // A (rows, cols) matrix as an image, drawn scaled with smoothing off. Large matrices are
 // max-pooled to at most `limit` pixels a side first (thumbnails of 1,000-token inputs).
@@ -111,7 +112,7 @@ function barList(probs, best) {
   const items = Object.entries(probs).sort((a, b) => b[1] - a[1]).slice(0, 10);
   for (const [k, v] of items) {
     const bar = el("div", { class: "bar" }); bar.style.width = (100 * v).toFixed(1) + "%";
-    box.append(el("span", { class: k === best ? "best" : "", text: short(k, 24) }),
+    box.append(el("span", { class: k === best ? "best" : "", text: clip(k, 24) }),
       el("div", {}, bar), el("span", { text: v.toFixed(3) }));
   }
   return box;
@@ -628,7 +629,7 @@ function renderAll() {
   $("title").textContent = DATA.title;
   $("subtitle").textContent = DATA.subtitle || "";
   const sel = $("example"); sel.replaceChildren();
-  DATA.examples.forEach((ex, i) => sel.append(el("option", { value: i, text: short(ex.input, 60) })));
+  DATA.examples.forEach((ex, i) => sel.append(el("option", { value: i, text: ex.input.length > 80 ? ex.input.slice(0, 79) + "…" : ex.input })));
   sel.value = S.ex;
   sel.onchange = () => { S.ex = +sel.value; S.group = 0; S.step = 0; S.scaleFrac = null; S.thumb = null; renderAll(); };
   if (!viewsOf().includes(S.view)) S.view = viewsOf()[0];
