@@ -8,7 +8,6 @@ import pytest
 import torch
 from torch import nn
 
-from _copy_weights import copy_links, mha_links
 from attnlab import attention
 from attnlab.attention import (
     MultiHeadAttention,
@@ -16,6 +15,7 @@ from attnlab.attention import (
     from_key_padding_mask,
     record_attention,
 )
+from attnlab.verify.copy_weights import copy_links, mha_links
 
 
 def _pair(d: int, h: int) -> tuple[MultiHeadAttention, nn.MultiheadAttention]:

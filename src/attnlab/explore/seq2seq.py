@@ -31,7 +31,7 @@ def translate_examples(
     if beam < 1:
         raise ValueError(f"--beam-size must be >= 1 (1 = greedy), got {beam}")
     settings = DecodeSettings(BOS, EOS, d.max_len_a, d.max_len_b)
-    limit = run.cfg.model.max_len if run.cfg.model.pos == "learned" else 10_000
+    limit = run.cfg.model.context if run.cfg.model.pos == "learned" else 10_000
     examples = []
     for text in texts:
         src_ids = run.src_tok.encode(text)[:limit] or [UNK]

@@ -1,7 +1,8 @@
 """Loading what `attnlab explore` looks inside: every run kind through one function.
 
-All run loading of the explorer goes through :func:`load_source`, so that switching it to the
-task registry's ``load_run`` later touches this file only.
+All run loading of the explorer goes through :func:`load_source`: the task registry's
+``load_run`` for run directories, plus the checkpoints that are not runs (``minilm``, a BERT
+checkpoint directory, a Hugging Face GPT-2 directory).
 """
 
 from __future__ import annotations
@@ -13,6 +14,15 @@ from typing import Any, Literal
 
 Kind = Literal["classifier", "bert", "gpt", "translate", "vit", "cnn"]
 KINDS: tuple[str, ...] = ("classifier", "bert", "gpt", "translate", "vit", "cnn")
+# task name -> kind of page
+TASK_KINDS: dict[str, Kind] = {
+    "classify": "classifier",
+    "bert_classify": "bert",
+    "lm": "gpt",
+    "translate": "translate",
+    "vit": "vit",
+    "cnn": "cnn",
+}
 
 
 @dataclass
@@ -27,10 +37,10 @@ class Source:
 def load_source(run: str | Path) -> Source:
     """A run directory (classify, BERT fine-tune, lm, translate, vit, cnn), a Hugging Face GPT-2
     directory, a BERT checkpoint directory, or ``"minilm"`` (the shipped all-MiniLM-L6-v2)."""
+    from attnlab.tasks.bert import SentenceEncoder
+
     name = str(run)
     if name == "minilm":
-        from attnlab.tasks.bert import SentenceEncoder
-
         return Source("bert", SentenceEncoder.load("minilm"), "all-MiniLM-L6-v2")
     path = Path(run)
     config = path / "config.json"
@@ -40,33 +50,19 @@ def load_source(run: str | Path) -> Source:
             "a BERT or GPT-2 checkpoint directory, or minilm"
         )
     raw = json.loads(config.read_text(encoding="utf-8"))
-    task = raw.get("task")
-    if task == "classify":
-        from attnlab.tasks.classify import ClassifierRun
-
-        return Source("classifier", ClassifierRun.load(path), path.name)
-    if task == "bert_classify":
-        from attnlab.tasks.bert_classify import BertClassifierRun
-
-        return Source("bert", BertClassifierRun.load(path), path.name)
-    if task == "lm" or raw.get("model_type") == "gpt2":
+    if raw.get("model_type") == "gpt2":
         from attnlab.tasks.lm import LMRun
 
         return Source("gpt", LMRun.load(path), path.name)
-    if task == "translate":
-        from attnlab.tasks.translate import TranslatorRun
-
-        return Source("translate", TranslatorRun.load(path), path.name)
-    if task == "vision":
-        from attnlab.tasks.vision import VisionRun
-
-        vision = VisionRun.load(path)
-        return Source("vit" if vision.config.arch == "vit" else "cnn", vision, path.name)
     if raw.get("model_type") == "bert" or (path / "checkpoint" / "config.json").is_file():
-        from attnlab.tasks.bert import SentenceEncoder
-
         return Source("bert", SentenceEncoder.load(path), path.name)
-    raise ValueError(
-        f"{path} holds a {task or raw.get('model_type')!r} run, which has no attention to "
-        f"explore; the explorer reads classify, bert_classify, lm, translate and vision runs"
-    )
+    from attnlab.tasks.runs import load_run
+
+    loaded = load_run(path)
+    kind = TASK_KINDS.get(loaded.task)
+    if kind is None:
+        raise ValueError(
+            f"{path} holds a {loaded.task!r} run, which has no attention to explore; the "
+            f"explorer reads {', '.join(TASK_KINDS)} runs"
+        )
+    return Source(kind, loaded, path.name)
