@@ -152,5 +152,7 @@ def serve(source: Source, inputs: list[str], options: dict[str, Any], host: str,
     print(f"explorer live at http://{address[0]}:{address[1]}/ (Ctrl-C stops it)", flush=True)
     try:
         server.serve_forever()
+    except KeyboardInterrupt:
+        print("explorer stopped", file=sys.stderr)
     finally:
         server.server_close()
