@@ -116,7 +116,11 @@ def test_gpt_steps_and_causal_mask(tab, runs, tmp_path):
     assert tab.locator("#step-chips span").count() == 5
     tab.click("#step-chips span[data-step='3']")
     assert tab.locator("#step-canvas").get_attribute("data-step") == "3"
-    assert tab.locator("#topk-canvas").count() == 1
+    at_one = tab.locator("#topk-canvas").get_attribute("data-probs")
+    tab.locator("#temp-slider").fill("300")  # T = 3: flatter
+    hot = tab.locator("#topk-canvas").get_attribute("data-probs")
+    assert float(hot.split(",")[0]) < float(at_one.split(",")[0])
+    assert "T = 3.00" in tab.inner_text("#temp-label")
     _view(tab, "matrix")
     tab.check("#mask-toggle")
     assert tab.inner_text("#mask-legend").startswith(f"masks shown: {10 * 9 // 2} cells blocked")

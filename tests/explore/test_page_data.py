@@ -106,6 +106,10 @@ def test_gpt_page_equals_the_stack_and_generate(runs, tmp_path):
         assert [t["prob"] for t in step["top"]] == pytest.approx(
             probs[p - 1].topk(10).values.tolist(), abs=1e-6
         )
+        # the temperature slider's logits: the whole (character) vocabulary, in the model's order
+        assert gen["whole_vocab"] and len(step["logits"]) == probs.shape[-1]
+        at_t1 = torch.softmax(torch.tensor(step["logits"], dtype=torch.float64), -1)
+        assert at_t1[:10].tolist() == pytest.approx([t["prob"] for t in step["top"]], abs=1e-5)
 
 
 def test_translation_page_equals_the_decoder(runs, tmp_path):

@@ -19,6 +19,11 @@ from attnlab.models.generation import Generation, check_sampling, sample_next
 from attnlab.tasks.lm import encode_prompt
 
 TOP_K = 10
+# Logits kept per step for the page's temperature slider: the whole vocabulary when it is this
+# small (character models), else the CANDIDATES most likely tokens (the slider then renormalises
+# over them and says so).
+FULL_VOCAB = 512
+CANDIDATES = 200
 
 
 @torch.no_grad()
@@ -46,11 +51,13 @@ def gpt_examples(
         with record_attention(model) as rec:
             logits = model(seq)  # (1, T, V)
         probs = torch.softmax(logits[0].float(), dim=-1)  # (T, V)
+        n_cand = min(logits.shape[-1], FULL_VOCAB if logits.shape[-1] <= FULL_VOCAB else CANDIDATES)
         all_ids = seq[0].tolist()
         tokens = [tokenizer.decode([i]) for i in all_ids]
         steps = []
         for pos in range(len(ids), len(all_ids)):
             top = probs[pos - 1].topk(TOP_K)
+            cand = logits[0, pos - 1].float().topk(n_cand)  # the slider's logits
             steps.append(
                 {
                     "position": pos,
@@ -60,6 +67,8 @@ def gpt_examples(
                         {"token": tokenizer.decode([int(i)]), "prob": float(p)}
                         for p, i in zip(top.values, top.indices)
                     ],
+                    "candidates": [tokenizer.decode([int(i)]) for i in cand.indices],
+                    "logits": [round(float(v), 5) for v in cand.values],
                 }
             )
         group = build_group(
@@ -74,6 +83,7 @@ def gpt_examples(
                     "dropped": dropped,
                     "text": tokenizer.decode(all_ids[len(ids) :]),
                     "temperature": temperature,
+                    "whole_vocab": n_cand == logits.shape[-1],
                     "steps": steps,
                 },
             }

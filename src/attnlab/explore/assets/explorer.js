@@ -9,7 +9,7 @@ const MAX_LINKS = 3000;     // head view: strongest links drawn when nothing is 
 const MIN_LINK = 0.005;     // weights below this are never drawn as links
 const FONT = '12px system-ui, "WenQuanYi Micro Hei", "Noto Sans CJK SC", sans-serif';
 let DATA = JSON.parse(document.getElementById("attnlab-data").textContent);
-const S = { ex: 0, group: 0, layer: 0, heads: null, view: null, mask: false, step: 0,
+const S = { ex: 0, group: 0, layer: 0, heads: null, view: null, mask: false, step: 0, temp: 1,
   cell: null, scaleFrac: null, thumb: null };
 const $ = (id) => document.getElementById(id);
 const el = (tag, attrs, ...kids) => {
@@ -491,7 +491,7 @@ function renderTokens(view) {
 function renderSteps(view) {
   const ex = example(), gen = ex.generation, g = group(), heads = selectedHeads(g);
   if (S.step >= gen.steps.length) S.step = 0;
-  view.append(el("div", { class: "note", text: `Click a generated token (or use ← →) to see, for that step, what the last token attended to when the model chose it (layer ${S.layer + 1}, mean of heads ${heads.map((h) => h + 1).join(",")}) and the model's top-10 next-token probabilities (softmax of the logits, before temperature/top-k).` }));
+  view.append(el("div", { class: "note", text: `Click a generated token (or use ← →) to see, for that step, what the last token attended to when the model chose it (layer ${S.layer + 1}, mean of heads ${heads.map((h) => h + 1).join(",")}) and the model's top-10 next-token probabilities: softmax(logits / T), with T on the slider (T = 1: the model's own distribution).` }));
   const chips = el("div", { class: "chips", id: "step-chips" });
   gen.steps.forEach((st, k) => {
     const b = el("span", { "data-step": k, text: short(st.token, 16), on: { click: () => { S.step = k; renderView(); } } });
@@ -504,16 +504,33 @@ function renderSteps(view) {
   const c = chipsCanvas(view, g.key_tokens.slice(0, st.position), row,
     `(white = least, blue = most attention) step ${S.step + 1}: choosing token ${st.position} "${short(st.token, 20)}" (p = ${st.prob.toFixed(3)}); query = token ${q} "${short(g.key_tokens[q], 16)}" (outlined)`, q, "step-canvas");
   c.dataset.step = S.step;
-  const [b, ctx] = canvas(620, 22 * st.top.length + 30, view);
+  // Temperature: softmax(logits / T) over the stored logits (Transformer Explainer's slider).
+  const slider = el("input", { type: "range", id: "temp-slider", min: 5, max: 300, step: 5 });
+  slider.value = Math.round(100 * S.temp);
+  const tlabel = el("span", { id: "temp-label" });
+  view.append(el("div", { class: "row" }, el("span", { class: "kv", text: "temperature" }), slider, tlabel));
+  const [b, ctx] = canvas(620, 22 * 10 + 30, view);
   b.id = "topk-canvas";
-  ctx.fillStyle = "#6b7280"; ctx.fillText("top-10 next tokens", 6, 14);
-  st.top.forEach((t, r) => {
-    const chosen = t.token === st.token;
-    ctx.fillStyle = "#1d2330"; ctx.textAlign = "right"; ctx.textBaseline = "middle";
-    ctx.fillText(short(t.token, 16), 150, 32 + 22 * r);
-    ctx.fillStyle = chosen ? "#e8590c" : "#1f6feb"; ctx.fillRect(156, 25 + 22 * r, 300 * t.prob / st.top[0].prob, 14);
-    ctx.fillStyle = "#1d2330"; ctx.textAlign = "left"; ctx.fillText(t.prob.toFixed(3) + (chosen ? "  ← chosen" : ""), 462, 32 + 22 * r);
-  });
+  function draw() {
+    const T = S.temp, m = Math.max(...st.logits);
+    const e = st.logits.map((l) => Math.exp((l - m) / T)), z = e.reduce((a, v) => a + v, 0);
+    const probs = e.map((v) => v / z);
+    let H = 0; for (const p of probs) if (p > 0) H -= p * Math.log2(p);
+    const order = probs.map((p, i) => [p, i]).sort((x, y) => y[0] - x[0]).slice(0, 10);
+    tlabel.textContent = ` T = ${T.toFixed(2)}; entropy ${H.toFixed(2)} bits` + (gen.whole_vocab ? "" : ` (renormalised over the ${st.logits.length} most likely tokens)`);
+    ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, 620, 250);
+    ctx.fillStyle = "#6b7280"; ctx.textAlign = "left"; ctx.fillText(`top-10 next tokens at temperature ${T.toFixed(2)}`, 6, 14);
+    order.forEach(([p, i], r) => {
+      const tok = st.candidates[i], chosen = tok === st.token;
+      ctx.fillStyle = "#1d2330"; ctx.textAlign = "right"; ctx.textBaseline = "middle";
+      ctx.fillText(short(tok, 16), 150, 32 + 22 * r);
+      ctx.fillStyle = chosen ? "#e8590c" : "#1f6feb"; ctx.fillRect(156, 25 + 22 * r, 300 * p / order[0][0], 14);
+      ctx.fillStyle = "#1d2330"; ctx.textAlign = "left"; ctx.fillText(p.toFixed(3) + (chosen ? "  ← chosen" : ""), 462, 32 + 22 * r);
+    });
+    b.dataset.probs = order.map(([p]) => p.toFixed(6)).join(",");
+  }
+  slider.addEventListener("input", () => { S.temp = slider.value / 100; draw(); });
+  draw();
 }
 
 // ------------------------------------------------------------------ ViT: attention over the image
