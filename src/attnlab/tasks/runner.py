@@ -33,7 +33,7 @@ def build_config(
 ) -> RunConfig:
     """A new run's config: defaults <- presets/{task.preset}.toml <- ``preset`` <- fields."""
     task = get_task(task) if isinstance(task, str) else task
-    sources = [sections.PRESETS / f"{task.preset}.toml"]
+    sources = [sections.PRESETS / f"{task.preset}.toml"] if task.preset else []
     if preset:
         sources.append(sections.preset_file(preset, task.preset_prefix))
     cfg = RunConfig(task.name, sections.build_sections(task.sections(), sources, overrides))
