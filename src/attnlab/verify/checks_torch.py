@@ -25,7 +25,7 @@ from attnlab.attention import (
     from_key_padding_mask,
     scaled_dot_product_attention,
 )
-from attnlab.blocks import Decoder, DecoderBlock, Encoder, EncoderBlock
+from attnlab.blocks import BlockConfig, Decoder, DecoderBlock, Encoder, EncoderBlock
 from attnlab.verify.copy_weights import (
     copy_links,
     decoder_layer_links,
@@ -191,9 +191,12 @@ def check_encoder_layer(m: Measure, cases: int = 8) -> None:
         d, ff, B, T = H * randint(2, 5), randint(4, 24), randint(1, 3), randint(1, 7)
         norm_first, activation = choice([False, True]), choice(["relu", "gelu"])
         bias = choice([False, True])
-        kw = dict(dropout=0.0, activation=activation, norm_first=norm_first, bias=bias)
-        theirs = nn.TransformerEncoderLayer(d, H, ff, batch_first=True, dtype=F64, **kw)
-        ours = EncoderBlock(d, H, ff, **kw).double()
+        kw = dict(dropout=0.0, activation=activation, bias=bias)
+        theirs = nn.TransformerEncoderLayer(
+            d, H, ff, batch_first=True, dtype=F64, norm_first=norm_first, **kw
+        )
+        position = "pre" if norm_first else "post"
+        ours = EncoderBlock(BlockConfig(d, H, ff, norm_position=position, **kw)).double()
         links = encoder_layer_links(ours, theirs)
         copy_links(links)
         kpm = right_padding(B, T) if choice([False, True]) else None
@@ -216,9 +219,12 @@ def check_decoder_layer(m: Measure, cases: int = 8) -> None:
         d, ff, B = H * randint(2, 5), randint(4, 24), randint(1, 3)
         Tq, Tk = randint(1, 6), randint(1, 7)
         norm_first, activation = choice([False, True]), choice(["relu", "gelu"])
-        kw = dict(dropout=0.0, activation=activation, norm_first=norm_first)
-        theirs = nn.TransformerDecoderLayer(d, H, ff, batch_first=True, dtype=F64, **kw)
-        ours = DecoderBlock(d, H, ff, **kw).double()
+        kw = dict(dropout=0.0, activation=activation)
+        theirs = nn.TransformerDecoderLayer(
+            d, H, ff, batch_first=True, dtype=F64, norm_first=norm_first, **kw
+        )
+        position = "pre" if norm_first else "post"
+        ours = DecoderBlock(BlockConfig(d, H, ff, norm_position=position, **kw)).double()
         links = decoder_layer_links(ours, theirs)
         copy_links(links)
         tgt_kpm = right_padding(B, Tq) if choice([False, True]) else None
@@ -248,9 +254,10 @@ class Seq2SeqStacks(nn.Module):
 
     def __init__(self, d: int, H: int, ff: int, n: int, activation: str, norm_first: bool) -> None:
         super().__init__()
-        kw = dict(dropout=0.0, activation=activation, norm_first=norm_first)
-        self.encoder = Encoder([EncoderBlock(d, H, ff, **kw) for _ in range(n)], nn.LayerNorm(d))
-        self.decoder = Decoder([DecoderBlock(d, H, ff, **kw) for _ in range(n)], nn.LayerNorm(d))
+        position = "pre" if norm_first else "post"
+        cfg = BlockConfig(d, H, ff, dropout=0.0, activation=activation, norm_position=position)
+        self.encoder = Encoder([EncoderBlock(cfg) for _ in range(n)], nn.LayerNorm(d))
+        self.decoder = Decoder([DecoderBlock(cfg) for _ in range(n)], nn.LayerNorm(d))
 
     def forward(self, src: Tensor, tgt: Tensor, src_mask: Tensor, tgt_mask: Tensor) -> Tensor:
         memory = self.encoder(src, src_mask)
