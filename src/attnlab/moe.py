@@ -26,12 +26,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import get_args
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-EXPERT_ACTIVATIONS = ("swiglu", "gelu")
+from attnlab.blocks import Activation, apply_activation
+
+EXPERT_ACTIVATIONS: tuple[str, ...] = get_args(Activation)  # those of a dense FeedForward
 
 
 def router_probs(router_logits: Tensor) -> Tensor:
@@ -135,12 +138,7 @@ class MoEFeedForward(nn.Module):
 
     def expert(self, e: int, x: Tensor) -> Tensor:
         """Expert e's FFN on its rows x (n, d_model) -> (n, d_model)."""
-        h = F.linear(x, self.w_in[e])  # (n, 2F) or (n, F)
-        if self.activation == "swiglu":
-            gate, up = h.chunk(2, dim=-1)  # (n, F) each
-            h = F.silu(gate) * up
-        else:
-            h = F.gelu(h)
+        h = apply_activation(F.linear(x, self.w_in[e]), self.activation)  # (n, F)
         return F.linear(h, self.w_out[e])  # (n, D)
 
     def route(self, x2: Tensor) -> tuple[Tensor, Tensor, Tensor]:
