@@ -201,7 +201,8 @@ def load_checkpoint(
     state = recover_state_dir(run_dir)
     if state is None:
         raise ValueError(
-            f"no complete checkpoint in {Path(run_dir) / STATE}; start the run anew without --resume"
+            f"no complete checkpoint in {Path(run_dir) / STATE}; "
+            "start the run anew without --resume"
         )
     load_weights(model, state / "model.safetensors")
     _optimizer_from_files(
