@@ -113,13 +113,7 @@ def read_tensors(path: str | Path, what: str = "weights") -> dict[str, Tensor]:
 
 
 def load_tensors_into(model: nn.Module, tensors: Mapping[str, Tensor], path: str | Path) -> None:
-    """Copy `tensors` into `model` strictly (tied names may be stored once); one-line errors.
-
-    A model whose weight names changed defines ``upgrade_state_dict(tensors) -> tensors``,
-    which renames an older file's tensors first."""
-    upgrade = getattr(model, "upgrade_state_dict", None)
-    if upgrade is not None:
-        tensors = upgrade(dict(tensors))
+    """Copy `tensors` into `model` strictly (tied names may be stored once); one-line errors."""
     own = model.state_dict()
     unexpected = sorted(set(tensors) - set(own))
     missing = set(own) - set(tensors)

@@ -144,7 +144,7 @@ class ViT(nn.Module):
         self.pos_embed = make_positions(
             cfg.pos, cfg.d_model, cfg.n_heads, cfg.n_tokens, grid=cfg.grid, n_prefix=int(cls)
         ).absolute  # the class token's position is learned too, or zero with sincos2d
-        self._register_load_state_dict_pre_hook(_upgrade_hook)
+        self._register_load_state_dict_pre_hook(_read_old_position_table)
         self.dropout = nn.Dropout(cfg.dropout)
         block = cfg.block_config()
         self.encoder = Encoder(
@@ -155,12 +155,6 @@ class ViT(nn.Module):
         self.apply(_init_weights)
         if self.cls_token is not None:
             nn.init.normal_(self.cls_token, std=0.02)
-
-    @staticmethod
-    def upgrade_state_dict(state: dict[str, Tensor]) -> dict[str, Tensor]:
-        """Weights of an older attnlab under today's names (read by ``load_weights``)."""
-        _read_old_position_table(state)
-        return state
 
     def embed(self, images: Tensor) -> Tensor:
         """(B, C, H, W) -> z_0 (B, T, D): patch tokens, class token, positions  (eq. 1)."""
@@ -203,16 +197,12 @@ class ViT(nn.Module):
         }
 
 
-def _read_old_position_table(state: dict[str, Tensor], prefix: str = "") -> None:
-    """Weights saved before positions came from ``make_positions``: the learned table was a
-    parameter ``pos_embed`` (1, T, D); it is now ``pos_embed.embedding.weight`` (T, D)."""
+def _read_old_position_table(state: dict[str, Tensor], prefix: str, *args: object) -> None:
+    """Load weights saved before positions came from ``make_positions``: the learned table
+    was a parameter ``pos_embed`` (1, T, D); it is now ``pos_embed.embedding.weight`` (T, D)."""
     old = state.pop(prefix + "pos_embed", None)
     if old is not None:
         state[prefix + "pos_embed.embedding.weight"] = old[0]
-
-
-def _upgrade_hook(state: dict[str, Tensor], prefix: str, *args: object) -> None:
-    _read_old_position_table(state, prefix)
 
 
 def _init_weights(module: nn.Module) -> None:

@@ -200,6 +200,8 @@ class BertClassifyTask(Task):
         model = BertClassifier(cfg.model, len(prep.labels), cfg.data.pooling)
         if not cfg.data.from_scratch:
             model.bert.load_state_dict(prep.encoder.state_dict())
+        if cfg.data.pooling == "mean":  # the [CLS] pooler is unused: no gradient, so frozen
+            model.bert.pooler.requires_grad_(False)
         n_params = sum(p.numel() for p in model.parameters())
         setup.messages.append(
             f"model: BERT {cfg.model.n_layers} layers, d_model {cfg.model.d_model}, "

@@ -219,6 +219,9 @@ class MLMTask(Task):
         # built in setup: a new BERT's vocabulary comes from the tokenizer trained there
         prep: Prepared = setup.prepared
         model, bert = prep.model, cfg.bert
+        # the [CLS] pooler is not part of the MLM loss: frozen, so that DDP expects no gradient
+        # for it (it would stop on a parameter that never receives one)
+        model.bert.pooler.requires_grad_(False)
         n_params = sum(p.numel() for p in model.parameters())
         setup.messages.append(
             f"model: BERT {bert.n_layers} layers, d_model {bert.d_model}, vocab "

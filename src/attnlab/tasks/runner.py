@@ -33,7 +33,7 @@ def build_config(
 ) -> RunConfig:
     """A new run's config: defaults <- presets/{task.preset}.toml <- ``preset`` <- fields."""
     task = get_task(task) if isinstance(task, str) else task
-    sources = [sections.PRESETS / f"{task.preset}.toml"]
+    sources = [sections.PRESETS / f"{task.preset}.toml"] if task.preset else []
     if preset:
         sources.append(sections.preset_file(preset, task.preset_prefix))
     cfg = RunConfig(task.name, sections.build_sections(task.sections(), sources, overrides))
@@ -107,6 +107,9 @@ def _say(msg: str) -> None:
 def _take_folder(out: Path, resume: bool) -> Iterator[tuple[Path, rundir.Staging | None]]:
     """(folder to prepare in, staging) for rank 0; other ranks get a private scratch folder."""
     if not rundir.is_main_process():
+        if resume:  # rank 0 only rewrites config.json: the data files can be read in place
+            yield out, None
+            return
         with tempfile.TemporaryDirectory(prefix="attnlab-rank-") as scratch:
             yield Path(scratch), None
         return

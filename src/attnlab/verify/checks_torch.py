@@ -185,18 +185,20 @@ def check_mha(m: Measure, cases: int = 12) -> None:
 # --------------------------------------------------------------------------- layers and stacks
 
 
+def _block(d: int, H: int, ff: int, norm_first: bool, **kw) -> BlockConfig:
+    """attnlab's block config for PyTorch's layer keywords (norm_first -> norm_position)."""
+    return BlockConfig(d, H, ff, norm_position="pre" if norm_first else "post", **kw)
+
+
 def check_encoder_layer(m: Measure, cases: int = 8) -> None:
     for _ in range(cases):
         H = choice([1, 2, 4])
         d, ff, B, T = H * randint(2, 5), randint(4, 24), randint(1, 3), randint(1, 7)
         norm_first, activation = choice([False, True]), choice(["relu", "gelu"])
         bias = choice([False, True])
-        kw = dict(dropout=0.0, activation=activation, bias=bias)
-        theirs = nn.TransformerEncoderLayer(
-            d, H, ff, batch_first=True, dtype=F64, norm_first=norm_first, **kw
-        )
-        position = "pre" if norm_first else "post"
-        ours = EncoderBlock(BlockConfig(d, H, ff, norm_position=position, **kw)).double()
+        kw = dict(dropout=0.0, activation=activation, norm_first=norm_first, bias=bias)
+        theirs = nn.TransformerEncoderLayer(d, H, ff, batch_first=True, dtype=F64, **kw)
+        ours = EncoderBlock(_block(d, H, ff, **kw)).double()
         links = encoder_layer_links(ours, theirs)
         copy_links(links)
         kpm = right_padding(B, T) if choice([False, True]) else None
@@ -219,12 +221,9 @@ def check_decoder_layer(m: Measure, cases: int = 8) -> None:
         d, ff, B = H * randint(2, 5), randint(4, 24), randint(1, 3)
         Tq, Tk = randint(1, 6), randint(1, 7)
         norm_first, activation = choice([False, True]), choice(["relu", "gelu"])
-        kw = dict(dropout=0.0, activation=activation)
-        theirs = nn.TransformerDecoderLayer(
-            d, H, ff, batch_first=True, dtype=F64, norm_first=norm_first, **kw
-        )
-        position = "pre" if norm_first else "post"
-        ours = DecoderBlock(BlockConfig(d, H, ff, norm_position=position, **kw)).double()
+        kw = dict(dropout=0.0, activation=activation, norm_first=norm_first)
+        theirs = nn.TransformerDecoderLayer(d, H, ff, batch_first=True, dtype=F64, **kw)
+        ours = DecoderBlock(_block(d, H, ff, **kw)).double()
         links = decoder_layer_links(ours, theirs)
         copy_links(links)
         tgt_kpm = right_padding(B, Tq) if choice([False, True]) else None
@@ -254,8 +253,7 @@ class Seq2SeqStacks(nn.Module):
 
     def __init__(self, d: int, H: int, ff: int, n: int, activation: str, norm_first: bool) -> None:
         super().__init__()
-        position = "pre" if norm_first else "post"
-        cfg = BlockConfig(d, H, ff, dropout=0.0, activation=activation, norm_position=position)
+        cfg = _block(d, H, ff, dropout=0.0, activation=activation, norm_first=norm_first)
         self.encoder = Encoder([EncoderBlock(cfg) for _ in range(n)], nn.LayerNorm(d))
         self.decoder = Decoder([DecoderBlock(cfg) for _ in range(n)], nn.LayerNorm(d))
 
