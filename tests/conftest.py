@@ -11,6 +11,9 @@ as ``--hypothesis-seed`` (unless that is given), so the whole run is determinist
 Property-based tests draw their own ``seed`` argument for the tensors they build; on failure
 hypothesis prints the falsifying example (with that ``seed``) and the ``--hypothesis-seed=N``
 that reproduces it.
+
+The device-aware tests run on the device named by ``ATTNLAB_TEST_DEVICE`` (default cpu), with
+per-dtype tolerances: both are stated once in tests/_device.py; the fixtures are here.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import secrets
 import numpy as np
 import pytest
 import torch
+
+from _device import DEVICE, DEVICE_ENV
 
 SEED_ENV = "ATTNLAB_SEED"
 _SEED_ATTR = "_attnlab_seed"
@@ -44,11 +49,47 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.hypothesis_seed = text  # read by hypothesis's own pytest_configure
 
 
-def pytest_report_header(config: pytest.Config) -> str:
+def pytest_report_header(config: pytest.Config) -> list[str]:
     text = os.environ.get(SEED_ENV, "").strip()
     if text:
-        return f"attnlab: every test seeded with {SEED_ENV}={text}"
-    return f"attnlab: a fresh random seed per test (replay one with {SEED_ENV}=N)"
+        seeds = f"attnlab: every test seeded with {SEED_ENV}={text}"
+    else:
+        seeds = f"attnlab: a fresh random seed per test (replay one with {SEED_ENV}=N)"
+    where = str(DEVICE)
+    if DEVICE.type == "cuda":
+        where += f" ({torch.cuda.get_device_name(DEVICE)}, torch {torch.__version__})"
+    return [seeds, f"attnlab: device-aware tests on {where} (set with {DEVICE_ENV})"]
+
+
+@pytest.fixture(scope="session")
+def device() -> torch.device:
+    """The device under test (tests/_device.py)."""
+    return DEVICE
+
+
+@pytest.fixture
+def deterministic(device: torch.device):
+    """On CUDA, ask torch for deterministic algorithms (warnings only where it has none), so
+    tests that compare two runs bitwise (resume, accumulation) compare like with like."""
+    if device.type == "cpu":
+        yield
+        return
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before)
+
+
+@pytest.fixture
+def on_test_device(device: torch.device, deterministic: None):
+    """Run the test with the device under test as torch's default device (no-op on CPU)."""
+    if device.type == "cpu":
+        yield device
+        return
+    with torch.device(device):
+        yield device
 
 
 @pytest.fixture(autouse=True)

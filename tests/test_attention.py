@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from torch import Tensor, nn
 from torch.nn.attention.bias import causal_lower_right
 
+from _device import DEVICE, rng_state, set_rng_state
 from attnlab.attention import (
     KVCache,
     MultiHeadAttention,
@@ -38,8 +39,11 @@ from attnlab.attention import (
     to_attn_mask,
     to_key_padding_mask,
 )
+from attnlab.efficient import LinearAttention, LocalAttention
 from attnlab.positions import RotaryEmbedding
 from attnlab.verify.copy_weights import assert_grads_match, copy_links, mha_links
+
+pytestmark = pytest.mark.usefixtures("on_test_device")  # tests/_device.py: ATTNLAB_TEST_DEVICE
 
 F64 = torch.float64
 TIGHT = dict(rtol=1e-9, atol=1e-11)  # float64, same maths in a different order
@@ -141,7 +145,7 @@ def reference_attention(
 @SETTINGS
 @given(cases())
 def test_sdpa_matches_torch_forward_and_gradients(c: Case) -> None:
-    g = torch.Generator().manual_seed(c.seed)
+    g = torch.Generator(DEVICE).manual_seed(c.seed)
     q = randn(g, c.B, c.H, c.Tq, c.Dk)
     k = randn(g, c.B, c.Hkv, c.Tk, c.Dk)
     v = randn(g, c.B, c.Hkv, c.Tk, c.Dv)
@@ -237,12 +241,12 @@ def test_fused_dropout_equals_torch_under_the_same_seed() -> None:
     q = torch.randn(2, 4, 5, 8, dtype=F64)
     k, v = torch.randn(2, 4, 7, 8, dtype=F64), torch.randn(2, 4, 7, 8, dtype=F64)
     mask = torch.rand(2, 1, 5, 7) < 0.8
-    state = torch.get_rng_state()
+    state = rng_state()
     ours, _ = scaled_dot_product_attention(q, k, v, mask, dropout_p=0.3, fused=True)
-    torch.set_rng_state(state)
+    set_rng_state(state)
     theirs = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.3)
     torch.testing.assert_close(ours, theirs, **TIGHT)
-    torch.set_rng_state(state)
+    set_rng_state(state)
     no_drop, _ = scaled_dot_product_attention(q, k, v, mask, fused=True)
     assert not torch.allclose(ours, no_drop)
 
@@ -547,7 +551,7 @@ def test_kv_cache_decoding_equals_full_recomputation(
     n_kv_heads: int | None, rope: bool, left_pad: bool
 ) -> None:
     d, H, B, T, prompt = 16, 4, 3, 37, 3  # 37 > initial capacity 16: the cache grows twice
-    rotary = RotaryEmbedding(d // H, max_len=8) if rope else None  # max_len 8: RoPE extends too
+    rotary = RotaryEmbedding(d // H, context=8) if rope else None  # context 8: RoPE extends too
     mha = MultiHeadAttention(d, H, n_kv_heads, rotary=rotary).double().eval()
     x = torch.randn(B, T, d, dtype=F64)
     mask = None
@@ -680,7 +684,7 @@ def test_errors_name_what_to_change() -> None:
         lambda: scaled_dot_product_attention(q, k[:, :, :2], v[:, :, :2], is_causal=True),
         "Tk >= Tq",
     )
-    _raises(lambda: scaled_dot_product_attention(q[0], k, v), "must be 4-D (B, H, T, D)")
+    _raises(lambda: scaled_dot_product_attention(q[0], k, v), "same number of dimensions")
     _raises(
         lambda: scaled_dot_product_attention(q, k[:, :3], v[:, :3]),
         "query heads (4) must be a multiple of key/value heads (k: 3, v: 3)",
@@ -705,3 +709,218 @@ def test_errors_name_what_to_change() -> None:
         lambda: mha(torch.randn(2, 3, 16), mask=torch.ones(2, 3, dtype=torch.bool)),
         "does not broadcast",
     )
+
+
+# --------------------------------------------------------------------------- mask ranks
+
+
+def _per_sample_masks(B: int, T: int) -> Tensor:
+    """(B, T, T): sample 0 causal, the others random with key 0 always open (no empty rows)."""
+    mask = torch.rand(B, T, T) < 0.6
+    mask[:, :, 0] = True
+    mask[0] = torch.ones(T, T, dtype=torch.bool).tril()
+    return mask
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_3d_mask_is_per_sample_even_when_batch_equals_heads(need_weights: bool) -> None:
+    """The issue's repro: B == H == 2, sample 0 causal, sample 1 full. A (B, Tq, Tk) mask is
+    per sample: nn.MultiheadAttention given the same mask repeated per head, (B*H, Tq, Tk)."""
+    B, T, d, H = 2, 4, 8, 2
+    ours, theirs = _torch_mha(d, H)
+    x = torch.randn(B, T, d, dtype=F64)
+    mask = torch.ones(B, T, T, dtype=torch.bool)
+    mask[0] = torch.ones(T, T, dtype=torch.bool).tril()
+    blocked = (~mask).repeat_interleave(H, dim=0)  # (B*H, Tq, Tk), PyTorch sense
+    want, want_w = theirs(x, x, x, attn_mask=blocked, average_attn_weights=False)
+    got, got_w = ours(x, mask=mask, need_weights=need_weights)
+    torch.testing.assert_close(got, want)
+    if need_weights:
+        torch.testing.assert_close(got_w, want_w)
+        future = ~torch.ones(T, T, dtype=torch.bool).tril()
+        assert torch.equal(got_w[0][:, future], torch.zeros(H, int(future.sum()), dtype=F64))
+
+
+@pytest.mark.parametrize("B, H", [(2, 2), (3, 1), (1, 4), (3, 6)])
+def test_every_mask_rank_equals_torch_with_the_mask_expanded(B: int, H: int) -> None:
+    """2-D shared, 3-D per sample, 4-D per sample and head: each == F.sdpa given the mask
+    expanded by hand to (B, H, Tq, Tk), on the fused and explicit paths and through MHA."""
+    T, dh = 5, 3
+    q, k, v = (torch.randn(B, H, T, dh, dtype=F64) for _ in range(3))
+    per_sample = _per_sample_masks(B, T)
+    shared = per_sample[0]
+    per_head = torch.rand(B, H, T, T) < 0.6
+    per_head[..., 0] = True
+    cases = {
+        "2-D (Tq, Tk)": (shared, shared.expand(B, H, T, T)),
+        "3-D (B, Tq, Tk)": (per_sample, per_sample[:, None].expand(B, H, T, T)),
+        "3-D (1, Tq, Tk)": (shared[None], shared.expand(B, H, T, T)),
+        "3-D key padding (B, 1, Tk)": (per_sample[:, -1:], per_sample[:, None, -1:]),
+        "4-D (B, H, Tq, Tk)": (per_head, per_head),
+        "4-D (1, H, Tq, Tk)": (per_head[:1], per_head[:1].expand(B, H, T, T)),
+    }
+    mha, theirs = _torch_mha(H * dh, H)
+    x = torch.randn(B, T, H * dh, dtype=F64)
+    for name, (mask, full) in cases.items():
+        want = F.scaled_dot_product_attention(q, k, v, attn_mask=full.contiguous())
+        for fused in (False, True):
+            got, _ = scaled_dot_product_attention(q, k, v, mask, fused=fused)
+            torch.testing.assert_close(got, want, **TIGHT, msg=f"{name} fused={fused}")
+        blocked = (~full.expand(B, H, T, T)).reshape(B * H, T, T)
+        want_mha, _ = theirs(x, x, x, attn_mask=blocked, need_weights=False)
+        for need_weights in (False, True):
+            got_mha, _ = mha(x, mask=mask, need_weights=need_weights)
+            torch.testing.assert_close(got_mha, want_mha, msg=name)
+
+
+@pytest.mark.parametrize("kernel", ["local", "linear"])
+def test_efficient_kernels_read_a_3d_mask_per_sample(kernel: str) -> None:
+    """Local attention with a window covering everything == full attention with the mask
+    expanded by hand; linear attention takes a 3-D key padding mask (B, 1, Tk) per sample."""
+    B, H, T, dh = 2, 2, 6, 4
+    q, k, v = (torch.randn(B, H, T, dh, dtype=F64) for _ in range(3))
+    if kernel == "local":
+        mask = _per_sample_masks(B, T)
+        want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None].expand(B, H, T, T))
+        for need_weights in (False, True):
+            got, _ = LocalAttention(window=T)(q, k, v, mask=mask, need_weights=need_weights)
+            torch.testing.assert_close(got, want, **TIGHT)
+        return
+    lengths = torch.tensor([T, 3])
+    mask = (torch.arange(T)[None, :] < lengths[:, None])[:, None, :]  # (B, 1, Tk)
+    got, _ = LinearAttention()(q, k, v, mask=mask)
+    for b in range(B):  # oracle: each sample alone with its padding keys cut off
+        n = int(lengths[b])
+        alone, _ = LinearAttention()(q[b : b + 1], k[b : b + 1, :, :n], v[b : b + 1, :, :n])
+        torch.testing.assert_close(got[b : b + 1], alone, **TIGHT)
+
+
+def _refused(call, mask: Tensor, *fragments: str) -> None:
+    _raises(lambda: call(mask), *fragments)
+
+
+def test_masks_that_do_not_fit_the_rule_are_refused_with_how_to_reshape() -> None:
+    B, H, T = 2, 3, 4
+    q = k = v = torch.randn(B, H, T, 5)
+    mha = MultiHeadAttention(H * 5, H)
+    x = torch.randn(B, T, H * 5)
+    per_head_3d = torch.ones(H, T, T, dtype=torch.bool)  # (H, Tq, Tk): a per-head mask
+    for call in (
+        lambda m: scaled_dot_product_attention(q, k, v, m),
+        lambda m: mha(x, mask=m),
+        lambda m: LocalAttention(window=2)(q, k, v, mask=m),
+    ):
+        _refused(
+            call,
+            per_head_3d,
+            "3-D mask is one per sample (B, Tq, Tk)",
+            "first dimension 3 is not the batch size 2",
+            "(1, H, Tq, Tk), i.e. mask[None]",
+        )
+        _refused(call, torch.ones(T, dtype=torch.bool), "has 1 dimensions", "reshape it")
+        _refused(
+            call,
+            torch.ones(1, B, H, T, T, dtype=torch.bool),
+            "has 5 dimensions",
+            "2-D (Tq, Tk), 3-D (B, Tq, Tk) or 4-D (B, H, Tq, Tk)",
+        )
+        _refused(
+            call,
+            torch.ones(B, T, T + 1, dtype=torch.bool),
+            "does not broadcast to (B, Tq, Tk) = (2, 4, 4)",
+        )
+    _raises(
+        lambda: scaled_dot_product_attention(q, k, v, bias=torch.zeros(H, T, T)),
+        "3-D bias is one per sample",
+        "bias[None]",
+    )
+
+
+# --------------------------------------------------------------------------- leading dims
+
+
+def _weights_oracle(q: Tensor, k: Tensor, full: Tensor | None, gqa: bool) -> Tensor:
+    """Attention weights from torch alone: F.sdpa with V = identity returns softmax(QKᵀ)."""
+    Tk = k.shape[-2]
+    eye = torch.eye(Tk, dtype=q.dtype).expand(*k.shape[:-1], Tk)  # (…, Tk, Tk)
+    return F.scaled_dot_product_attention(q, k, eye, attn_mask=full, enable_gqa=gqa)
+
+
+@pytest.mark.parametrize(
+    "shape_q, shape_kv, mask_shape",
+    [
+        ((3, 5, 4), (3, 6, 4), None),  # (B, T, D): one head
+        ((3, 5, 4), (3, 6, 4), (3, 5, 6)),  # per-sample mask
+        ((3, 5, 4), (3, 6, 4), (5, 6)),  # shared mask
+        ((3, 5, 4), (3, 6, 4), (3, 1, 6)),  # key padding
+        ((2, 4, 5, 3), (2, 2, 6, 3), (2, 5, 6)),  # 4-D, GQA, per-sample mask
+        ((2, 3, 4, 5, 3), (2, 3, 4, 6, 3), None),  # 5-D
+        ((2, 3, 4, 5, 3), (2, 3, 2, 6, 3), (2, 1, 4, 5, 6)),  # 5-D, GQA, full-rank mask
+        ((2, 3, 4, 5, 3), (2, 3, 4, 6, 3), (1, 3, 1, 1, 6)),  # 5-D, broadcast dims
+        ((2, 3, 4, 5, 3), (2, 3, 4, 6, 3), (2, 5, 6)),  # 5-D, per-sample mask
+        ((5, 3), (6, 3), (5, 6)),  # no leading dimensions at all
+    ],
+)
+def test_sdpa_accepts_any_leading_dimensions(
+    shape_q: tuple[int, ...], shape_kv: tuple[int, ...], mask_shape: tuple[int, ...] | None
+) -> None:
+    """(…, T, D) inputs == F.scaled_dot_product_attention (outputs, weights, gradients)."""
+    n = len(shape_q)
+    q = torch.randn(*shape_q, dtype=F64, requires_grad=True)
+    k = torch.randn(*shape_kv, dtype=F64, requires_grad=True)
+    v = torch.randn(*shape_kv[:-1], 2, dtype=F64, requires_grad=True)
+    gqa = n >= 4 and shape_q[-3] != shape_kv[-3]
+    mask = full = None
+    if mask_shape is not None:
+        mask = torch.rand(mask_shape) < 0.6
+        mask[..., 0, :] = False  # an empty row: zeros, as torch gives
+        # the reference reads the mask by hand: a 3-D mask of a deeper input is per sample
+        full = (
+            mask
+            if len(mask_shape) in (2, n)
+            else mask.view(mask_shape[0], *(1,) * (n - 3), *mask_shape[1:])
+        )
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=full, enable_gqa=gqa)
+    want_w = _weights_oracle(q, k, full, gqa)
+    cot = torch.randn_like(want)
+    want_g = torch.autograd.grad((want * cot).sum(), (q, k, v))
+    for fused in (False, True):
+        out, w = scaled_dot_product_attention(q, k, v, mask, fused=fused, return_weights=not fused)
+        assert out.shape == want.shape
+        torch.testing.assert_close(out, want, **TIGHT)
+        for got, expected in zip(torch.autograd.grad((out * cot).sum(), (q, k, v)), want_g):
+            torch.testing.assert_close(got, expected, **TIGHT)
+        if not fused:
+            assert w is not None and w.shape == want_w.shape
+            torch.testing.assert_close(w, want_w, **TIGHT)
+
+
+# --------------------------------------------------------------------------- empty rows in MHA
+
+
+@pytest.mark.parametrize("kernel", [None, "local"])
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_mha_row_with_nothing_to_attend_to_is_out_proj_bias(
+    kernel: str | None, need_weights: bool
+) -> None:
+    """Attention gives zeros for such a row, then out_proj applies: the row is out_proj.bias
+    exactly, no NaN, and the whole output equals nn.MultiheadAttention's fused path."""
+    B, T, d, H = 2, 5, 8, 2
+    ours, theirs = _torch_mha(d, H)
+    with torch.no_grad():  # nn.MultiheadAttention starts with zero biases: make them visible
+        theirs.in_proj_bias.normal_()
+        theirs.out_proj.bias.normal_()
+    copy_links(mha_links(ours, theirs))
+    if kernel == "local":
+        ours.kernel = LocalAttention(window=T)
+    x = torch.randn(B, T, d, dtype=F64, requires_grad=True)
+    mask = _per_sample_masks(B, T)
+    mask[1, 2] = False  # sample 1, query 2: nothing to attend to
+    got, _ = ours(x, mask=mask[:, None], need_weights=need_weights)  # (B, 1, Tq, Tk)
+    blocked = (~mask).repeat_interleave(H, dim=0)  # (B*H, Tq, Tk), PyTorch sense
+    want, _ = theirs(x, x, x, attn_mask=blocked, need_weights=False)
+    assert torch.isfinite(got).all()
+    assert torch.equal(got[1, 2], ours.out_proj.bias)
+    torch.testing.assert_close(got, want)
+    grad = torch.autograd.grad(got.square().sum(), x)[0]
+    assert torch.isfinite(grad).all()

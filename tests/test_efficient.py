@@ -24,6 +24,8 @@ from attnlab.efficient import (
 from attnlab.models.classifier import ClassifierConfig, TextClassifier
 from attnlab.models.gpt import GPT, GPTConfig
 
+pytestmark = pytest.mark.usefixtures("on_test_device")  # tests/_device.py: ATTNLAB_TEST_DEVICE
+
 F64 = torch.float64
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from _device import DEVICE
 from attnlab.attention import explicit_attention
 from attnlab.models.generation import Generation, sample_next
 from attnlab.models.gpt import GPT, GPTConfig
@@ -32,6 +33,7 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+pytestmark = pytest.mark.usefixtures("on_test_device")  # tests/_device.py: ATTNLAB_TEST_DEVICE
 F64 = torch.float64
 HF_GPT2 = dict(
     vocab_size=71,
@@ -105,7 +107,7 @@ def test_loaded_gpt2_greedy_continuation_matches_hugging_face_generate(tmp_path)
 def test_export_loads_in_hugging_face_with_equal_logits(tmp_path) -> None:
     ours = scramble(GPT(tiny(d_ff=80, activation="gelu_tanh"))).eval()
     save_hf_gpt2(ours, tmp_path)
-    hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
+    hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).to(DEVICE).eval()
     assert hf.config.n_inner == 80 and hf.config.tie_word_embeddings
     ids = torch.randint(0, 53, (2, 24))
     with torch.no_grad():
@@ -113,6 +115,18 @@ def test_export_loads_in_hugging_face_with_equal_logits(tmp_path) -> None:
     again = load_hf_gpt2(tmp_path)  # and back: the very same weights
     for (name, a), b in zip(ours.state_dict().items(), again.state_dict().values()):
         assert torch.equal(a, b), name
+
+
+def test_a_broken_gpt2_directory_is_a_one_line_error_naming_the_file(tmp_path) -> None:
+    save_hf_gpt2(GPT(tiny()), tmp_path)
+    weights, config = tmp_path / "model.safetensors", tmp_path / "config.json"
+    weights.write_bytes(weights.read_bytes()[:-10])
+    with pytest.raises(ValueError, match="truncated or not a safetensors file") as err:
+        load_hf_gpt2(tmp_path)
+    assert str(weights) in str(err.value) and "\n" not in str(err.value)
+    config.write_text(config.read_text()[:-5])
+    with pytest.raises(ValueError, match="config.json: not a valid JSON file"):
+        load_hf_gpt2(tmp_path)
 
 
 def test_export_refuses_what_gpt2_cannot_express() -> None:
@@ -292,7 +306,7 @@ def test_gpt2_init_scales_residual_projections() -> None:
         (dict(pos="sinusoidal"), "pos must be one of learned, rope, alibi"),
         (dict(n_heads=5), "not divisible by n_heads=5"),
         (dict(n_kv_heads=3), "multiple of n_kv_heads=3"),
-        (dict(activation="relu"), "activation must be one of"),
+        (dict(activation="tanh"), "activation must be one of"),
     ],
 )
 def test_bad_config_says_what_to_change(changes, message) -> None:
@@ -311,14 +325,15 @@ def test_swiglu_width_follows_llama() -> None:
 def test_greedy_is_argmax_and_sampling_is_seeded() -> None:
     logits = torch.randn(4, 30)
     assert torch.equal(sample_next(logits, temperature=0), logits.argmax(-1))
-    draws = [sample_next(logits, 1.0, generator=torch.Generator().manual_seed(7)) for _ in range(2)]
+    seeded = [torch.Generator(DEVICE).manual_seed(7) for _ in range(2)]
+    draws = [sample_next(logits, 1.0, generator=g) for g in seeded]
     assert torch.equal(*draws)
 
 
 def test_top_k_and_top_p_only_sample_allowed_tokens() -> None:
     probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
     logits = probs.log().repeat(2000, 1)
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator(DEVICE).manual_seed(0)
     top_k = sample_next(logits, 1.0, top_k=2, generator=gen)
     assert set(top_k.tolist()) == {0, 1}
     top_p = sample_next(logits, 1.0, top_p=0.8, generator=gen)  # 0.5 + 0.3 reaches 0.8

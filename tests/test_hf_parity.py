@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from attnlab.attention import MultiHeadAttention
-from attnlab.blocks import Encoder, EncoderBlock, RMSNorm
+from attnlab.blocks import BlockConfig, Encoder, EncoderBlock, RMSNorm
 from attnlab.positions import RotaryEmbedding, T5RelativePositionBias, t5_relative_bucket
 from attnlab.verify.copy_weights import (
     Link,
@@ -29,6 +29,8 @@ from attnlab.verify.copy_weights import (
 
 transformers = pytest.importorskip("transformers")
 from transformers.models.t5.modeling_t5 import T5Attention  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("on_test_device")  # tests/_device.py: ATTNLAB_TEST_DEVICE
 
 F64 = torch.float64
 
@@ -65,16 +67,18 @@ def llama_pair(
     rope = RotaryEmbedding(d // H, base=10000.0)
     blocks = [
         EncoderBlock(
-            d,
-            H,
-            config.intermediate_size,
-            dropout=0.0,
-            activation="swiglu",
-            norm="rms",
-            norm_eps=config.rms_norm_eps,
-            bias=False,
-            norm_first=True,
-            n_kv_heads=config.num_key_value_heads,
+            BlockConfig(
+                d,
+                H,
+                config.intermediate_size,
+                dropout=0.0,
+                activation="swiglu",
+                norm="rms",
+                norm_eps=config.rms_norm_eps,
+                bias=False,
+                norm_position="pre",
+                n_kv_heads=config.num_key_value_heads,
+            ),
             rotary=rope,
         )
         for _ in range(config.num_hidden_layers)

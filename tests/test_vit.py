@@ -98,7 +98,8 @@ def test_sincos_2d_table_encodes_row_then_column() -> None:
 def test_shapes_and_gradients(pooling: str, pos: str) -> None:
     cfg = _tiny(pooling=pooling, pos=pos, in_channels=1)
     model = ViT(cfg)
-    assert model.pos_embed.requires_grad == (pos == "learned")
+    trained = [p.requires_grad for p in model.pos_embed.parameters()]
+    assert trained == ([True] if pos == "learned" else [])
     x = torch.randn(2, 1, 12, 12)
     logits = model(x)
     assert logits.shape == (2, 5)
@@ -144,8 +145,9 @@ def test_rollout_map_finds_the_only_patch_attended_to() -> None:
         # Zero images and zero positions give zero tokens (so zero keys) everywhere except the
         # target, whose key is large along `marked`; every query is a constant along `marked`.
         model.cls_token.zero_()
-        model.pos_embed.zero_()
-        model.pos_embed[0, target, marked] = 50.0
+        table = model.pos_embed.embedding.weight  # (T, D) learned positions
+        table.zero_()
+        table[target, marked] = 50.0
         attn.qkv.weight.zero_()
         attn.qkv.bias.zero_()
         attn.qkv.bias[marked] = 20.0  # q = const

@@ -1,10 +1,23 @@
 """Scaled dot-product attention, attention masks, multi-head attention and its KV cache.
 
-Mask convention, one for all of attnlab: a **boolean** tensor broadcastable to
-(B, H, Tq, Tk) where ``True`` means *may attend*. PyTorch's ``key_padding_mask`` and boolean
-``attn_mask`` of ``nn.MultiheadAttention`` use the opposite sense (``True`` = ignore); convert
-them at the boundary with :func:`from_key_padding_mask` and :func:`from_attn_mask`.
-A query row with nothing to attend to yields zeros (and zero gradients), never NaN.
+Mask convention, one for all of attnlab: a **boolean** tensor where ``True`` means *may
+attend*, read by one rule for every rank (:func:`normalize_mask`; any dimension may also be 1):
+
+* 2-D ``(Tq, Tk)``: one mask shared by every sample and head;
+* 3-D ``(B, Tq, Tk)``: one mask per sample, shared by the heads;
+* 4-D ``(B, H, Tq, Tk)``: per sample and per head (a key padding mask is (B, 1, 1, Tk));
+
+for inputs with more leading dimensions (…, Tq, D), a mask of the inputs' rank. Any other rank,
+or a size that is neither the input's nor 1, is refused with a message saying how to reshape:
+nothing is guessed (a 3-D mask is never read as one mask per head). PyTorch's
+``key_padding_mask`` and boolean ``attn_mask`` of ``nn.MultiheadAttention`` use the opposite
+sense (``True`` = ignore); convert them at the boundary with :func:`from_key_padding_mask` and
+:func:`from_attn_mask`.
+
+A query row with nothing to attend to yields an attention output of zeros (and zero
+gradients), never NaN, as ``F.scaled_dot_product_attention`` does; :class:`MultiHeadAttention`
+then applies ``out_proj`` as usual, so its output for that row is ``out_proj.bias`` (what
+``nn.MultiheadAttention`` returns on its fused path).
 
 Causal masks are aligned bottom-right: with Tq queries and Tk keys, query ``i`` sits at
 position ``Tk - Tq + i``. For Tq == Tk this is the usual lower triangle; for a KV cache it lets
@@ -136,20 +149,62 @@ def _additive_to_bool(mask: Tensor, name: str) -> Tensor:
     return ~blocked
 
 
-def _check_mask(mask: Tensor, target: tuple[int, ...]) -> None:
-    """Raise a clear error unless ``mask`` is boolean and broadcasts to ``target``."""
+def _shape_names(rank: int) -> str:
+    """How attnlab names the dimensions of a mask of the given rank, e.g. '(B, H, Tq, Tk)'."""
+    names = {2: "(Tq, Tk)", 3: "(B, Tq, Tk)", 4: "(B, H, Tq, Tk)"}
+    return names.get(rank, "(B, …, H, Tq, Tk)")
+
+
+def normalize_mask(mask: Tensor, target: tuple[int, ...], name: str = "mask") -> Tensor:
+    """``mask`` viewed with the rank of ``target`` = (*lead, Tq, Tk), by attnlab's one rule.
+
+    2-D ``(Tq, Tk)`` is shared by all; 3-D ``(B, Tq, Tk)`` is per sample (B = ``target[0]``),
+    shared over the other leading dimensions (heads); a mask of ``target``'s rank is taken as
+    is. Every dimension must equal ``target``'s or be 1. Anything else raises a ValueError
+    saying how to reshape. Returns a view (only size-1 dimensions are added). Also applies to an
+    additive ``bias`` (``name="bias"``), whose ranks are read the same way.
+    """
+    n, r = len(target), mask.dim()
+    shape = tuple(mask.shape)
+    if r == 2:
+        viewed = mask.reshape(*(1,) * (n - 2), *shape)
+    elif r == 3 and n >= 3:
+        viewed = mask.reshape(shape[0], *(1,) * (n - 3), *shape[1:])
+    elif r == n:
+        viewed = mask
+    else:
+        ranks = "2-D (Tq, Tk)" + (", 3-D (B, Tq, Tk)" if n >= 3 else "")
+        if n > 3:
+            ranks += f" or {n}-D {_shape_names(n)}"
+        raise ValueError(
+            f"{name} of shape {shape} has {r} dimensions for inputs with target {target}; a "
+            f"{name} is {ranks}: reshape it, e.g. a per-head (H, Tq, Tk) one as {name}[None] "
+            "and a key padding one as (B, 1, 1, Tk)"
+        )
+    if any(m not in (1, t) for m, t in zip(viewed.shape, target)):
+        if r == 3 and n > 3 and shape[0] not in (1, target[0]):
+            hint = (
+                f"a 3-D {name} is one per sample (B, Tq, Tk), but its first dimension "
+                f"{shape[0]} is not the batch size {target[0]}; for one per head pass "
+                f"(1, H, Tq, Tk), i.e. {name}[None]"
+            )
+        else:
+            hint = "a key padding mask is (B, 1, 1, Tk), a causal mask (1, 1, Tq, Tk)"
+        sizes = target if r == n else target[:1] + target[-2:] if r == 3 else target[-2:]
+        raise ValueError(
+            f"{name} of shape {shape} does not broadcast to {_shape_names(r)} = {sizes}; {hint}"
+        )
+    return viewed
+
+
+def _check_mask(mask: Tensor, target: tuple[int, ...]) -> Tensor:
+    """A boolean ``mask`` read by :func:`normalize_mask`, else a clear ValueError."""
     if mask.dtype != torch.bool:
         raise ValueError(
             f"mask must be a bool tensor (True = may attend), got {mask.dtype}; convert PyTorch "
             "masks with from_attn_mask / from_key_padding_mask, or pass an additive float as bias="
         )
-    try:
-        torch.broadcast_shapes(mask.shape, target)
-    except RuntimeError:
-        raise ValueError(
-            f"mask of shape {tuple(mask.shape)} does not broadcast to (B, H, Tq, Tk) = {target}; "
-            "a key padding mask is (B, 1, 1, Tk), a causal mask (1, 1, Tq, Tk)"
-        ) from None
+    return normalize_mask(mask, target)
 
 
 # --------------------------------------------------------------------------- attention
@@ -170,28 +225,85 @@ def scaled_dot_product_attention(
 ) -> tuple[Tensor, Tensor | None]:
     """Attention(Q, K, V) = softmax(Q Kᵀ / √d_k + bias, masked) V  (Vaswani et al. 2017, eq. 1).
 
-    q: (B, H, Tq, Dk); k: (B, Hkv, Tk, Dk); v: (B, Hkv, Tk, Dv), with H a multiple of Hkv
-    (grouped-query attention shares each key/value head among H / Hkv query heads).
-    mask: bool, broadcastable to (B, H, Tq, Tk), True = may attend. bias: additive float scores
-    (relative position bias, ALiBi). Returns (output (B, H, Tq, Dv), weights (B, H, Tq, Tk) or
-    None). Unless weights are asked for (or ``fused=False`` / :data:`USE_FUSED` is off) this
-    runs PyTorch's fused kernel; both paths give the same numbers.
+    q: (…, Tq, Dk); k: (…, Tk, Dk); v: (…, Tk, Dv) with any leading dimensions, as
+    ``F.scaled_dot_product_attention``: typically (B, H, T, D), or (B, T, D) for one head.
+    With four or more dimensions the third from the end is the head dimension and k, v may have
+    fewer heads Hkv than q's H, H a multiple of Hkv (grouped-query attention shares each
+    key/value head among H / Hkv query heads); every other leading dimension must agree.
+    mask: bool, True = may attend, read by the rule of :func:`normalize_mask` (2-D (Tq, Tk)
+    shared, 3-D (B, Tq, Tk) per sample, or q's rank). bias: additive float scores (relative
+    position bias, ALiBi), read by the same rule. Returns (output (…, Tq, Dv), weights
+    (…, Tq, Tk) or None). Unless weights are asked for (or ``fused=False`` /
+    :data:`USE_FUSED` is off) this runs PyTorch's fused kernel; both paths give the same
+    numbers.
     """
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+    n = q.dim()
+    if n < 2 or k.dim() != n or v.dim() != n:
         raise ValueError(
-            "q, k, v must be 4-D (B, H, T, D); got "
-            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+            "q, k, v must have the same number of dimensions (…, T, D), at least 2, e.g. "
+            f"(B, H, T, D); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
         )
     if not (q.is_floating_point() and k.is_floating_point() and v.is_floating_point()):
         raise ValueError(f"q, k, v must be floating point, got {q.dtype}, {k.dtype}, {v.dtype}")
+    outer = 3 if n >= 4 else 2  # the leading dimensions that must agree (heads may differ)
+    same_outer = q.shape[:-outer] == k.shape[:-outer] == v.shape[:-outer]
+    if not same_outer or k.shape[-2] != v.shape[-2] or k.shape[-1] != q.shape[-1]:
+        raise ValueError(
+            "q (…, Tq, Dk), k (…, Tk, Dk), v (…, Tk, Dv) must agree in their leading dimensions "
+            f"(all but the heads), k and v in length, q and k in width; got {tuple(q.shape)}, "
+            f"{tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    target = (*q.shape[:-1], k.shape[-2])  # (…, Tq, Tk)
+    if mask is not None:
+        mask = _check_mask(mask, target)
+    if bias is not None:
+        bias = normalize_mask(bias, target, name="bias")
+    if n == 4:
+        return _attention_4d(
+            q, k, v, mask, is_causal, dropout_p, return_weights, bias, scale, fused
+        )
+    q4, k4, v4 = (_as_4d(t, n) for t in (q, k, v))  # (N, H, T, D)
+    mask4, bias4 = (None if t is None else _as_4d(t, n, q.shape[:-3]) for t in (mask, bias))
+    out, weights = _attention_4d(
+        q4, k4, v4, mask4, is_causal, dropout_p, return_weights, bias4, scale, fused
+    )  # (N, H, Tq, Dv), (N, H, Tq, Tk)
+    out = out.reshape(*q.shape[:-1], v.shape[-1])  # (…, Tq, Dv)
+    return out, None if weights is None else weights.reshape(target)  # (…, Tq, Tk)
+
+
+def _as_4d(t: Tensor, n: int, outer: tuple[int, ...] | None = None) -> Tensor:
+    """An n-D (…, H, X, Y) tensor as (N, H, X, Y): (X, Y) -> (1, 1, X, Y), (B, X, Y) ->
+    (B, 1, X, Y); for n > 4 the dimensions before the heads become one (a mask's size-1
+    dimensions there are first expanded to ``outer``, unless all of them are 1)."""
+    if n == 2:
+        return t[None, None]
+    if n == 3:
+        return t[:, None]
+    inner = t.shape[-3:]
+    if outer is not None and any(size != 1 for size in t.shape[:-3]):
+        t = t.expand(*outer, *inner)
+    return t.reshape(-1, *inner)
+
+
+def _attention_4d(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    is_causal: bool,
+    dropout_p: float,
+    return_weights: bool,
+    bias: Tensor | None,
+    scale: float | None,
+    fused: bool | None,
+) -> tuple[Tensor, Tensor | None]:
+    """:func:`scaled_dot_product_attention` on (B, H, T, D) inputs, masks already read."""
     B, H, Tq, Dk = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
     if H % Hkv != 0 or v.shape[1] != Hkv:
         raise ValueError(
             f"query heads ({H}) must be a multiple of key/value heads (k: {Hkv}, v: {v.shape[1]})"
         )
-    if mask is not None:
-        _check_mask(mask, (B, H, Tq, Tk))
     scale = 1.0 / math.sqrt(Dk) if scale is None else scale
     use_fused = (USE_FUSED if fused is None else fused) and not return_weights
     if use_fused and is_causal and mask is None and bias is None and Tq == Tk:
@@ -357,6 +469,9 @@ class MultiHeadAttention(nn.Module):
     and keys (RoPE); an additive ``bias`` passed to :meth:`forward` carries relative positions.
     ``kernel`` replaces full attention in self-attention (local or linear attention, from
     :func:`attnlab.efficient.make_kernel`); the parameters, and so checkpoints, stay the same.
+    ``q_norm``/``k_norm`` (QK-norm, e.g. RMSNorm over Dh as in Qwen3) normalise each
+    self-attention head's queries and keys before ``rotary``; ``forward(values=...)`` adds a
+    tensor (B, Tq, Hkv*Dh) to the projected self-attention values (value embeddings).
     """
 
     def __init__(
@@ -373,6 +488,8 @@ class MultiHeadAttention(nn.Module):
         rotary: RotaryHook | None = None,
         fused: bool = True,
         kernel: AttentionKernel | None = None,
+        q_norm: nn.Module | None = None,
+        k_norm: nn.Module | None = None,
     ) -> None:
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
@@ -404,6 +521,7 @@ class MultiHeadAttention(nn.Module):
         self.rotary = rotary
         self.fused = fused
         self.kernel = kernel
+        self.q_norm, self.k_norm = q_norm, k_norm
         q_width = n_heads * self.head_dim
         kv_width = n_kv_heads * self.head_dim
         self._split = (q_width, kv_width, kv_width)
@@ -461,14 +579,19 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool = False,
         average_weights: bool = False,
         cache: KVCache | None = None,
+        values: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """x: (B, Tq, d_model); context: (B, Tk, kdim) or None. Returns (B, Tq, d_model), weights.
 
-        mask: bool, broadcastable to (B, H, Tq, Tk), True = may attend. With ``cache`` the keys
-        and values of earlier calls are reused: for self-attention the new positions are
-        appended (the mask, if given, must cover all Tk = past + new keys); for cross-attention
-        the context is projected once, on the first call. Weights are (B, H, Tq, Tk), or
-        (B, Tq, Tk) averaged over heads with ``average_weights``.
+        mask: bool, True = may attend: (Tq, Tk) shared, (B, Tq, Tk) per sample, or
+        (B|1, H|1, Tq, Tk) per sample and head (:func:`normalize_mask`; anything else is
+        refused). With ``cache`` the keys and values of earlier calls are reused: for
+        self-attention the new positions are appended (the mask, if given, must cover all
+        Tk = past + new keys); for cross-attention the context is projected once, on the first
+        call. A query row with nothing to attend to gets zeros from attention, so its output
+        is ``out_proj.bias`` (zeros without bias), as ``nn.MultiheadAttention`` gives on its
+        fused path. Weights are (B, H, Tq, Tk), or (B, Tq, Tk) averaged over heads with
+        ``average_weights``.
         """
         self._check_input(x, self.d_model, "x")
         if self.kernel is not None and context is not None:
@@ -484,9 +607,13 @@ class MultiHeadAttention(nn.Module):
             if context is not None:
                 self._check_input(context, self.kdim, "context")
             q, k, v = self._project(x, context)
+            if values is not None and context is None:
+                v = v + values  # (B, Tq, Hkv*Dh)
             q = self._heads(q, self.n_heads)  # (B, H, Tq, Dh)
             k = self._heads(k, self.n_kv_heads)  # (B, Hkv, Tk_new, Dh)
             v = self._heads(v, self.n_kv_heads)  # (B, Hkv, Tk_new, Dh)
+            if self.q_norm is not None and self.k_norm is not None and context is None:
+                q, k = self.q_norm(q), self.k_norm(k)  # per head, over Dh
             if self.rotary is not None and context is None:
                 q, k = self.rotary(q, k, offset)
             if cache is not None and self.kernel is None:  # a kernel updates its own cache

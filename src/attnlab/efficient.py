@@ -39,7 +39,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab.attention import AttentionKernel, combine_masks, scaled_dot_product_attention
+from attnlab.attention import (
+    AttentionKernel,
+    combine_masks,
+    normalize_mask,
+    scaled_dot_product_attention,
+)
 
 AttentionKind = Literal["full", "local", "linear"]
 ATTENTION_KINDS = ("full", "local", "linear")
@@ -85,12 +90,24 @@ def _repeat_kv(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     return k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
 
 
+def _read_masks(
+    mask: Tensor | None, bias: Tensor | None, q: Tensor, t_k: int
+) -> tuple[Tensor | None, Tensor | None]:
+    """Mask and bias read by attnlab's one rule (``normalize_mask``) as (B|1, H|1, Tq|1, Tk|1)."""
+    target = (q.shape[0], q.shape[1], q.shape[2], t_k)  # (B, H, Tq, Tk)
+    if mask is not None:
+        if mask.dtype != torch.bool:
+            raise ValueError(f"mask must be a bool tensor (True = may attend), got {mask.dtype}")
+        mask = normalize_mask(mask, target)
+    if bias is not None:
+        bias = normalize_mask(bias, target, name="bias")
+    return mask, bias
+
+
 def _key_mask(mask: Tensor | None, B: int, Tk: int) -> Tensor | None:
-    """A mask over keys only, as (B|1, 1|H, 1, Tk); None if ``mask`` is None; else ValueError."""
+    """A mask over keys only, as (B|1, 1|H, 1, Tk); None if ``mask`` is None or not over keys."""
     if mask is None:
         return None
-    if mask.dtype != torch.bool:
-        raise ValueError(f"mask must be a bool tensor (True = may attend), got {mask.dtype}")
     if mask.dim() != 4 or mask.shape[2] != 1 or mask.shape[-1] != Tk or mask.shape[0] not in (1, B):
         return None
     return mask
@@ -203,6 +220,7 @@ class LocalAttention:
                 raise ValueError("a decoding cache needs causal attention (is_causal=True)")
             k, v, k_pos = cache.append(k, v)  # (B, Hkv, Tk, D), (Tk,)
             q_pos = torch.arange(cache.length - Tq, cache.length, device=q.device)
+            mask, bias = _read_masks(mask, bias, q, cache.length)
             # A mask or bias covers every position seen, as with a KVCache: keep the columns
             # of the keys still held.
             if bias is not None and bias.shape[-1] > 1:
@@ -215,6 +233,7 @@ class LocalAttention:
                 raise ValueError(f"causal attention needs Tk >= Tq, got Tq={Tq}, Tk={Tk}")
             k_pos = torch.arange(Tk, device=q.device)
             q_pos = torch.arange(Tk - Tq, Tk, device=q.device)  # bottom-right aligned
+            mask, bias = _read_masks(mask, bias, q, Tk)
         key_mask = _key_mask(mask, q.shape[0], k.shape[2])
         blocked = (
             cache is None
@@ -387,6 +406,7 @@ class LinearAttention:
                 "use pos='learned', 'sinusoidal' or 'rope' with attention='linear'"
             )
         B, Tq, Tk = q.shape[0], q.shape[2], k.shape[2]
+        mask, _ = _read_masks(mask, None, q, Tk)
         key_mask = _key_mask(mask, B, Tk)
         if mask is not None and key_mask is None:
             raise ValueError(

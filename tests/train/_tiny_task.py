@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.configs import apply_overrides, parse_key_values
-from attnlab.train import StepOutput, TrainConfig, Trainer, seed_everything, shuffled_batches
+from attnlab.data.buckets import shuffled_batches
+from attnlab.train import StepOutput, TrainConfig, Trainer, seed_everything
 
 VOCAB, CLASSES, LENGTH, PAD = 11, 5, 6, 0
 
@@ -89,10 +90,12 @@ def make_evaluate(n: int = 48):
     split = make_split(n, seed=999)
 
     def evaluate(model: nn.Module) -> dict[str, float]:
-        logits = model(split["tokens"])  # (n, T, C)
-        mask = split["targets"] != -100  # (n, T)
-        loss = F.cross_entropy(logits[mask].float(), split["targets"][mask])
-        acc = (logits[mask].argmax(-1) == split["targets"][mask]).float().mean()
+        device = next(model.parameters()).device
+        tokens, targets = split["tokens"].to(device), split["targets"].to(device)  # (n, T)
+        logits = model(tokens)  # (n, T, C)
+        mask = targets != -100  # (n, T)
+        loss = F.cross_entropy(logits[mask].float(), targets[mask])
+        acc = (logits[mask].argmax(-1) == targets[mask]).float().mean()
         return {"val_loss": float(loss), "val_acc": float(acc)}
 
     return evaluate

@@ -8,8 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_model
 from torch import nn
 
+from attnlab.tensor_files import CHECKSUM_KEY, tensors_sha256
 from attnlab.train.checkpoint import (
     load_checkpoint,
     load_weights,
@@ -133,3 +136,219 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
     assert recover_state_dir(tmp_path) is None
     with pytest.raises(ValueError, match="no complete checkpoint"):
         load_checkpoint(tmp_path, model, opt)
+
+
+# --- weights files check themselves: checksum in the file's metadata, one-line errors ---------
+
+
+def saved(tmp_path: Path) -> tuple[TiedLM, Path]:
+    model, _ = trained()
+    return model, save_weights(model, tmp_path / "model.safetensors")
+
+
+def one_line_error(path: Path, match: str, model: nn.Module | None = None) -> str:
+    with pytest.raises(ValueError, match=match) as info:
+        load_weights(model if model is not None else TiedLM(), path)
+    message = str(info.value)
+    assert "\n" not in message and str(path) in message
+    return message
+
+
+def test_overwritten_tensor_bytes_are_a_checksum_error(tmp_path: Path) -> None:
+    _, path = saved(tmp_path)
+    size = path.stat().st_size
+    with open(path, "r+b") as f:  # the tensor data sits at the end of the file
+        f.seek(size - 8)
+        f.write(bytes([0x3C, 0, 0, 0x3C, 0, 0, 0, 0x3C]))  # still finite float32 values
+    assert path.stat().st_size == size
+    assert "retrain or restore" in one_line_error(path, "corrupt")
+
+
+def test_truncated_weights_are_a_one_line_error(tmp_path: Path) -> None:
+    _, path = saved(tmp_path)
+    path.write_bytes(path.read_bytes()[:-20])
+    one_line_error(path, "truncated or not a safetensors file")
+    path.write_bytes(b"not safetensors at all")
+    one_line_error(path, "truncated or not a safetensors file")
+
+
+def test_non_finite_weights_are_refused(tmp_path: Path) -> None:
+    model, _ = trained()
+    with torch.no_grad():
+        model.mid.weight[1, 2] = float("nan")
+    path = save_weights(model, tmp_path / "model.safetensors")
+    assert "'mid.weight'" in one_line_error(path, "non-finite")
+    with torch.no_grad():
+        model.mid.weight[1, 2] = float("inf")
+    one_line_error(save_weights(model, path), "non-finite")
+
+
+def test_file_without_checksum_from_older_runs_still_loads(tmp_path: Path) -> None:
+    model, _ = trained()
+    path = tmp_path / "old.safetensors"
+    save_model(model, str(path))  # what save_weights wrote before checksums
+    with safe_open(str(path), framework="pt") as f:
+        assert CHECKSUM_KEY not in (f.metadata() or {})
+    other = TiedLM()
+    load_weights(other, path)
+    assert torch.equal(other.mid.weight, model.mid.weight)
+    assert other.head.weight is other.embed.weight
+
+
+def test_tied_weights_round_trip_with_checksum_and_duplicate_names(tmp_path: Path) -> None:
+    model, path = saved(tmp_path)
+    with safe_open(str(path), framework="pt") as f:
+        stored, metadata = set(f.keys()), f.metadata()
+    assert stored == {"embed.weight", "mid.weight", "mid.bias"}  # the tied head stored once
+    assert metadata["head.weight"] == "embed.weight"  # save_model's duplicate-name record
+    assert metadata[CHECKSUM_KEY] == tensors_sha256(load_file(str(path)))
+    other = TiedLM()
+    load_weights(other, path)
+    assert other.head.weight is other.embed.weight
+    assert torch.equal(other.head.weight, model.embed.weight)
+
+
+def test_weights_of_another_shape_are_a_one_line_error(tmp_path: Path) -> None:
+    class Wider(TiedLM):
+        def __init__(self) -> None:
+            super().__init__()
+            self.mid = nn.Linear(4, 5)
+
+    _, path = saved(tmp_path)
+    assert "mid.weight (4, 4) in the file vs (5, 4)" in one_line_error(path, "do not fit", Wider())
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "optimizer.safetensors", "rng.safetensors"])
+def test_truncated_state_file_on_resume_is_a_one_line_error(tmp_path: Path, name: str) -> None:
+    write(tmp_path, step=2)
+    target = tmp_path / "state" / name
+    target.write_bytes(target.read_bytes()[:-3])
+    model, opt = trained(0)
+    with pytest.raises(ValueError, match="truncated or not a safetensors file") as info:
+        load_checkpoint(tmp_path, model, opt)
+    assert "\n" not in str(info.value) and str(target) in str(info.value)
+
+
+def test_corrupt_optimizer_state_is_a_checksum_error(tmp_path: Path) -> None:
+    write(tmp_path, step=2)
+    target = tmp_path / "state" / "optimizer.safetensors"
+    raw = bytearray(target.read_bytes())
+    raw[-1] ^= 0x01  # flip the lowest exponent bit of the last float (still finite)
+    target.write_bytes(bytes(raw))
+    model, opt = trained(0)
+    with pytest.raises(ValueError, match="corrupt"):
+        load_checkpoint(tmp_path, model, opt)
+
+
+def test_broken_state_json_names_the_file(tmp_path: Path) -> None:
+    write(tmp_path, step=2)
+    (tmp_path / "state" / "optimizer.json").write_text('{"param_groups": [')
+    model, opt = trained(0)
+    with pytest.raises(ValueError, match="optimizer.json: unreadable checkpoint file"):
+        load_checkpoint(tmp_path, model, opt)
+
+
+def test_checksum_covers_names_dtypes_and_shapes() -> None:
+    x = torch.arange(6, dtype=torch.float32)
+    base = tensors_sha256({"a": x})
+    assert tensors_sha256({"b": x}) != base
+    assert tensors_sha256({"a": x.view(2, 3)}) != base
+    assert tensors_sha256({"a": x.view(torch.int32)}) != base
+    assert tensors_sha256({"a": x.clone()}) == base
+
+
+# --------------------------------------------------------------------------- devices
+
+
+def _state_tensors(opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    return {
+        f"{pid}.{key}": value
+        for pid, pstate in opt.state_dict()["state"].items()
+        for key, value in pstate.items()
+        if isinstance(value, torch.Tensor)
+    }
+
+
+def _trained_on(device: torch.device, steps: int = 3) -> tuple[TiedLM, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = TiedLM().to(device)
+    opt = build_optimizer(model, lr=1e-2, weight_decay=0.1, betas=(0.8, 0.9))
+    for _ in range(steps):
+        model(torch.randint(0, 7, (2, 3), device=device)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    return model, opt
+
+
+def _fresh_on(device: torch.device) -> tuple[TiedLM, torch.optim.Optimizer]:
+    model = TiedLM().to(device)
+    return model, build_optimizer(model, lr=1.0, weight_decay=0.0, betas=(0.5, 0.5))
+
+
+def test_checkpoint_moves_between_devices_bitwise(tmp_path: Path, device: torch.device) -> None:
+    """Written on the device under test (a GPU with ATTNLAB_TEST_DEVICE=cuda), loaded on the
+    CPU, written again there and loaded back on the device: every weight and optimizer tensor
+    is bitwise the original, each on the device it belongs on, and training goes on exactly."""
+    model, opt = _trained_on(device)
+    save_checkpoint(tmp_path / "dev", model, opt, {"step": 3}, [capture_rng()])
+
+    cpu_model, cpu_opt = _fresh_on(torch.device("cpu"))
+    load_checkpoint(tmp_path / "dev", cpu_model, cpu_opt)
+    for name, value in model.state_dict().items():
+        assert cpu_model.state_dict()[name].device.type == "cpu"
+        assert torch.equal(cpu_model.state_dict()[name], value.cpu()), name
+    want = _state_tensors(opt)
+    got = _state_tensors(cpu_opt)
+    assert set(got) == set(want)
+    for name, value in got.items():
+        assert value.device.type == "cpu" and torch.equal(value, want[name].cpu()), name
+
+    save_checkpoint(tmp_path / "cpu", cpu_model, cpu_opt, {"step": 3}, [capture_rng()])
+    back, back_opt = _fresh_on(device)
+    load_checkpoint(tmp_path / "cpu", back, back_opt)
+    assert back.head.weight is back.embed.weight  # tying survives both moves
+    for name, value in model.state_dict().items():
+        assert torch.equal(back.state_dict()[name], value), name
+    for name, value in _state_tensors(back_opt).items():
+        key = name.partition(".")[2]
+        assert value.device == (torch.device("cpu") if key == "step" else want[name].device), name
+        assert torch.equal(value, want[name]), name
+
+    ids = torch.randint(0, 7, (2, 3), device=device)
+    for m, o in ((model, opt), (back, back_opt)):  # one more step each: the same numbers
+        m(ids).square().mean().backward()
+        o.step()
+    for name, value in model.state_dict().items():
+        assert torch.equal(back.state_dict()[name], value), name
+
+
+def test_loading_maps_every_tensor_to_its_device_explicitly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every tensor file goes through the checked reader, which opens it on the CPU explicitly
+    (safe_open(device="cpu")); a state tensor then goes where torch keeps it: with its
+    parameter, `step` on the CPU unless capturable/fused."""
+    from attnlab.train import checkpoint as ckpt
+
+    model, opt = trained()
+    save_checkpoint(tmp_path, model, opt, {"step": 3}, [capture_rng()])
+    seen: list[str] = []
+    real_read = ckpt.read_tensors
+
+    def spy(path, what="weights"):
+        seen.append(Path(path).name)
+        return real_read(path, what)
+
+    monkeypatch.setattr(ckpt, "read_tensors", spy)
+    fresh, fresh_opt = _fresh_on(torch.device("cpu"))
+    load_checkpoint(tmp_path, fresh, fresh_opt)
+    assert seen == ["model.safetensors", "optimizer.safetensors", "rng.safetensors"]
+    meta = torch.device("meta")  # stands for "another device" in the placement rule alone
+    group = fresh_opt.param_groups[0]
+    group["params"] = [p.to(meta) for p in group["params"]]
+    assert ckpt._state_device(fresh_opt, 0, "exp_avg") == meta
+    assert ckpt._state_device(fresh_opt, 0, "step") == torch.device("cpu")
+    group["capturable"] = True
+    assert ckpt._state_device(fresh_opt, 0, "step") == meta
+    with pytest.raises(ValueError, match="names parameter 99"):
+        ckpt._state_device(fresh_opt, 99, "step")

@@ -1,7 +1,9 @@
-"""Precision chooser: decisions from injected CPU evidence, and agreement with this machine."""
+"""Precision chooser: decisions from injected CPU and CUDA evidence (capability, step
+timings), agreement with this machine, TF32 settings, and the fp16 + GradScaler path."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -92,7 +94,7 @@ def test_probe_leaves_global_rng_alone() -> None:
 def test_step_timing_decides_auto() -> None:
     """A model whose step is slower under bf16 autocast trains in fp32, whatever matmuls say."""
     dtype, reason = prec.choose_by_step_time({"fp32": 0.076, "bf16": 0.142}, "matmul 2.0x")
-    assert dtype is None and "auto -> fp32" in reason and "76 ms" in reason and "0.54x" in reason
+    assert dtype is None and "auto -> fp32" in reason and "76.0 ms" in reason and "0.54x" in reason
     dtype, reason = prec.choose_by_step_time({"fp32": 0.48, "bf16": 0.22}, "matmul 2.0x")
     assert dtype is torch.bfloat16 and "2.18x" in reason
 
@@ -123,9 +125,9 @@ def test_auto_times_the_real_step_leaves_the_model_untouched_and_resume_keeps_it
     fake_cpu(monkeypatch, flags=True, speedup=2.0)
     seen: list[dict] = []
 
-    def timed(run_step, repeats: int = 3) -> dict[str, float]:
+    def timed(run_step, names, **kwargs) -> dict[str, float]:
         before = {k: v.clone() for k, v in model.state_dict().items()}
-        out = prec.time_step_precisions(run_step, repeats=1)
+        out = prec.time_step_precisions(run_step, names, repeats=1, **kwargs)
         after = model.state_dict()
         assert all(torch.equal(before[k], after[k]) for k in before)  # weights and BN stats
         assert all(p.grad is None for p in model.parameters())
@@ -149,3 +151,123 @@ def test_auto_times_the_real_step_leaves_the_model_untouched_and_resume_keeps_it
     more = TrainConfig(**(cfg.__dict__ | {"max_steps": 3}))
     resumed = Trainer(model, more, tmp_path, TinyData(), step_fn).fit(resume=True)
     assert resumed["precision"] == "bf16" and "first start" in resumed["precision_reason"]
+
+
+# --------------------------------------------------------------------------- CUDA decisions
+
+
+def fake_gpu(monkeypatch: pytest.MonkeyPatch, capability: tuple[int, int]) -> None:
+    """Make `cuda` report a GPU of this compute capability (no GPU needed)."""
+    monkeypatch.setattr(prec, "cuda_capability", lambda device: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Test GPU")
+
+
+def test_cuda_auto_candidate_is_bf16_where_native_else_fp16(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake_gpu(monkeypatch, (9, 0))
+    dtype, reason = choose_precision("cuda", "auto")
+    assert dtype is torch.bfloat16 and "Test GPU (compute capability 9.0) has native bf16" in reason
+    assert prec.make_grad_scaler(torch.device("cuda"), dtype) is None
+    fake_gpu(monkeypatch, (7, 5))  # Turing: bf16 only emulated
+    dtype, reason = choose_precision("cuda", "auto")
+    assert dtype is torch.float16 and "lacks native bf16" in reason and "GradScaler" in reason
+    with pytest.warns(UserWarning, match="no native bf16"):
+        assert choose_precision("cuda", "bf16")[0] is torch.bfloat16
+    assert choose_precision("cuda", "fp16") == (torch.float16, "fp16 requested")
+    assert choose_precision("cuda", "fp32") == (None, "fp32 requested")
+
+
+def test_step_timing_decides_between_fp32_and_fp16() -> None:
+    dtype, reason = prec.choose_by_step_time({"fp32": 0.010, "fp16": 0.004}, "old GPU", "fp16")
+    assert dtype is torch.float16 and reason.startswith("auto -> fp16: old GPU;")
+    assert "2.50x" in reason
+    dtype, reason = prec.choose_by_step_time({"fp32": 0.0021, "fp16": 0.0020}, "old GPU", "fp16")
+    assert dtype is None and "auto -> fp32" in reason and "1.05x" in reason
+
+
+def test_step_timing_synchronises_around_every_timed_step() -> None:
+    """On CUDA the clock must wait for the device: sync before and after each timed call."""
+    events: list[str] = []
+    clock_reads: list[int] = []
+
+    def run_step(dtype: torch.dtype | None) -> None:
+        events.append(f"step {prec.precision_name(dtype)}")
+
+    def sync() -> None:
+        events.append("sync")
+        clock_reads.append(len(events))
+
+    out = prec.time_step_precisions(run_step, ("fp32", "fp16"), repeats=2, sync=sync)
+    assert set(out) == {"fp32", "fp16"} and all(t >= 0 for t in out.values())
+    warmup, timed = events[:2], events[2:]
+    assert warmup == ["step fp32", "step fp16"]  # untimed warm-up of each
+    assert timed == ["sync", "step fp32", "sync", "sync", "step fp16", "sync"] * 2
+    assert prec.synchronizer(torch.device("cpu"))() is None
+
+
+def test_tf32_is_stated_and_set_on_cuda_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    before = prec.tf32_flags()
+    try:
+        assert "not applicable on CPU" in prec.configure_tf32(torch.device("cpu"), "auto")
+        assert prec.tf32_flags() == before  # the CPU run leaves torch's flags alone
+        fake_gpu(monkeypatch, (9, 0))
+        note = prec.configure_tf32(torch.device("cuda"), "auto")
+        assert prec.tf32_flags() == (True, True)
+        assert note.startswith("TF32 on") and "torch.backends.cuda.matmul.allow_tf32=True" in note
+        note = prec.configure_tf32(torch.device("cuda"), "fp32")
+        assert prec.tf32_flags() == (False, False) and "IEEE fp32" in note
+        fake_gpu(monkeypatch, (7, 0))
+        note = prec.configure_tf32(torch.device("cuda"), "bf16")
+        assert prec.tf32_flags() == (False, False) and "no TF32" in note
+    finally:
+        prec.restore_tf32(before)
+    assert prec.tf32_flags() == before
+
+
+def test_fp16_auto_trains_through_the_grad_scaler_and_resume_restores_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fp16 path (a GPU without bf16), run on CPU with the decision injected: the step is
+    timed against fp32, fp16 wins, training runs under fp16 autocast through a GradScaler
+    (overflowing steps skipped and the scale backed off), its state is checkpointed and
+    restored on resume."""
+    from _tiny_task import TinyData, TinyTagger, step_fn
+
+    from attnlab.train import TrainConfig, Trainer
+    from attnlab.train import engine as eng
+
+    timed_names: list[tuple[str, ...]] = []
+
+    def decide(device, requested):
+        assert requested == "auto"
+        return torch.float16, "auto -> fp16: injected GPU without native bf16"
+
+    def timed(run_step, names, **kwargs) -> dict[str, float]:
+        timed_names.append(tuple(names))
+        prec.time_step_precisions(run_step, names, repeats=1, **kwargs)  # runs fp16 for real
+        return {"fp32": 1.0, "fp16": 0.5}
+
+    monkeypatch.setattr(eng, "choose_precision", decide)
+    monkeypatch.setattr(eng, "time_step_precisions", timed)
+    torch.manual_seed(0)
+    model = TinyTagger()
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    cfg = TrainConfig(
+        max_steps=6, batch_size=8, precision="auto", tensorboard=False, checkpoint_every=1
+    )
+    trainer = Trainer(model, cfg, tmp_path, TinyData(), step_fn)
+    summary = trainer.fit()
+    assert timed_names == [("fp32", "fp16")]
+    assert summary["precision"] == "fp16" and "training step" in summary["precision_reason"]
+    assert isinstance(trainer.scaler, torch.amp.GradScaler)
+    saved = json.loads((tmp_path / "state" / "trainer.json").read_text())["scaler"]
+    # the first steps overflow in fp16 and are skipped (scale backs off), later ones apply
+    assert saved["scale"] < 2.0**16 and saved["_growth_tracker"] >= 1
+    assert all(torch.isfinite(v).all() for v in model.state_dict().values())
+    assert not torch.equal(start["out.weight"], model.state_dict()["out.weight"])
+
+    resumed = Trainer(model, cfg, tmp_path, TinyData(), step_fn)
+    summary = resumed.fit(resume=True)  # finished already: loads the state, trains no more
+    assert summary["precision"] == "fp16" and "needs CUDA" in summary["precision_reason"]
+    assert resumed.scaler is not None and resumed.scaler.state_dict() == saved

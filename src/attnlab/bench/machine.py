@@ -35,7 +35,14 @@ def machine_info(device: str = "cpu") -> dict:
         "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
     }
     if torch.device(device).type == "cuda":
-        info["gpu"] = torch.cuda.get_device_name(device)
+        dev = torch.device(device)
+        info |= {
+            "gpu": torch.cuda.get_device_name(dev),
+            "compute_capability": list(torch.cuda.get_device_capability(dev)),
+            "gpu_memory_gib": round(torch.cuda.get_device_properties(dev).total_memory / 2**30, 1),
+            "torch_cuda_build": torch.version.cuda,
+            "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,  # fp32 timings: IEEE unless on
+        }
     return info
 
 

@@ -10,40 +10,50 @@
   COMPLETE                                 written last; marks the directory as whole
 It is written as `state.tmp/`, then swapped in with renames (state -> state.old,
 state.tmp -> state, delete state.old). `recover_state_dir` repairs a crash at any point of that.
+
+Files hold CPU tensors, whatever device wrote them, and loading maps every tensor explicitly
+to where it belongs (the `map_location` of `torch.load`, for safetensors): weights to the
+device of the model they are loaded into, optimizer state to the device of its parameter
+(the `step` counters to the CPU, as a fresh non-capturable optimizer keeps them). A run
+written on a GPU so loads on a CPU and back, bitwise.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 
+from attnlab.tensor_files import (
+    fsync_file,
+    load_tensors_into,
+    model_tensors,
+    read_tensors,
+    write_tensors,
+)
 from attnlab.train.rng import join_rng, split_rng
 
 STATE, TMP, OLD, COMPLETE = "state", "state.tmp", "state.old", "COMPLETE"
 
 
-def _fsync(path: Path) -> None:
-    """Flush `path` to disk so a rename after it never exposes a half-written file."""
-    with open(path, "rb+") as f:
-        os.fsync(f.fileno())
-
-
 def _write_json(path: Path, obj: Any) -> None:
     """Write `obj` as JSON and fsync it."""
     path.write_text(json.dumps(_tag_tuples(obj)))
-    _fsync(path)
+    fsync_file(path)
 
 
 def _read_json(path: Path) -> Any:
-    """Read JSON written by `_write_json` (tuples restored)."""
-    return _untag_tuples(json.loads(path.read_text()))
+    """Read JSON written by `_write_json` (tuples restored); a bad file is a one-line error."""
+    try:
+        return _untag_tuples(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(
+            f"{path}: unreadable checkpoint file ({err}); restore it, or train into a new --out"
+        ) from None
 
 
 def _tag_tuples(obj: Any) -> Any:
@@ -69,19 +79,22 @@ def _untag_tuples(obj: Any) -> Any:
 
 
 def save_weights(model: nn.Module, path: str | Path) -> Path:
-    """Atomically write `model`'s weights as safetensors (temp file + os.replace)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    save_model(model, str(tmp))
-    _fsync(tmp)
-    os.replace(tmp, path)
-    return path
+    """Atomically write `model`'s weights as safetensors with a checksum in the file's metadata.
+
+    Tied weights are stored once; like `safetensors.torch.save_model`, the metadata maps each
+    dropped name to the name it shares storage with.
+    """
+    tensors, tied = model_tensors(model)
+    return write_tensors(tensors, path, metadata=tied)
 
 
 def load_weights(model: nn.Module, path: str | Path) -> None:
-    """Load safetensors weights written by `save_weights` into `model` (strict)."""
-    load_model(model, str(path), strict=True)
+    """Load weights written by `save_weights` into `model` (strict), checking the file first.
+
+    A bad file (truncated, checksum mismatch, NaN/inf) or weights that do not fit the model
+    raise a one-line ValueError naming the file and the fix.
+    """
+    load_tensors_into(model, read_tensors(path, "weights"), path)
 
 
 def _optimizer_to_files(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
@@ -98,14 +111,29 @@ def _optimizer_to_files(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Ten
     return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
 
 
+def _state_device(opt: torch.optim.Optimizer, pid: int, key: str) -> torch.device:
+    """Where a state tensor of parameter number `pid` lives: its parameter's device, except
+    `step`, which stays on the CPU unless the group is capturable or fused (torch's rule)."""
+    index = 0
+    for group in opt.param_groups:
+        for param in group["params"]:
+            if index == pid:
+                if key == "step" and not (group.get("capturable") or group.get("fused")):
+                    return torch.device("cpu")
+                return param.device
+            index += 1
+    raise ValueError(f"optimizer state names parameter {pid}, but the optimizer has {index}")
+
+
 def _optimizer_from_files(
     opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict
 ) -> None:
-    """Load the state split by `_optimizer_to_files` into `opt`."""
+    """Load the state split by `_optimizer_to_files` into `opt`, each tensor moved to the
+    device it belongs on (`_state_device`)."""
     state: dict[int, dict[str, Any]] = {}
     for name, value in tensors.items():
         pid, _, key = name.partition(".")
-        state.setdefault(int(pid), {})[key] = value
+        state.setdefault(int(pid), {})[key] = value.to(_state_device(opt, int(pid), key))
     for pid, values in meta["scalars"].items():
         state.setdefault(int(pid), {}).update(values)
     opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
@@ -138,11 +166,9 @@ def save_checkpoint(
     recover_state_dir(run_dir)
     tmp = run_dir / TMP
     tmp.mkdir(parents=True)
-    save_model(model, str(tmp / "model.safetensors"))
-    _fsync(tmp / "model.safetensors")
+    save_weights(model, tmp / "model.safetensors")
     opt_tensors, opt_meta = _optimizer_to_files(optimizer)
-    save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
-    _fsync(tmp / "optimizer.safetensors")
+    write_tensors(opt_tensors, tmp / "optimizer.safetensors")
     _write_json(tmp / "optimizer.json", opt_meta)
     rng_tensors: dict[str, torch.Tensor] = {}
     rng_meta = []
@@ -150,8 +176,7 @@ def save_checkpoint(
         tensors, meta = split_rng(rng, prefix=f"rank{rank}.")
         rng_tensors |= tensors
         rng_meta.append(meta)
-    save_file(rng_tensors, str(tmp / "rng.safetensors"))
-    _fsync(tmp / "rng.safetensors")
+    write_tensors(rng_tensors, tmp / "rng.safetensors")
     _write_json(tmp / "rng.json", rng_meta)
     _write_json(tmp / "trainer.json", trainer_state)
     _write_json(tmp / COMPLETE, {"step": trainer_state.get("step")})
@@ -179,10 +204,10 @@ def load_checkpoint(
     load_weights(model, state / "model.safetensors")
     _optimizer_from_files(
         optimizer,
-        load_file(str(state / "optimizer.safetensors")),
+        read_tensors(state / "optimizer.safetensors", "optimizer state"),
         _read_json(state / "optimizer.json"),
     )
-    rng_tensors = load_file(str(state / "rng.safetensors"))
+    rng_tensors = read_tensors(state / "rng.safetensors", "RNG state")
     rng_states = [
         join_rng(rng_tensors, meta, prefix=f"rank{rank}.")
         for rank, meta in enumerate(_read_json(state / "rng.json"))

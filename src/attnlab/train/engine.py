@@ -56,14 +56,18 @@ from attnlab.train.distributed import (
 )
 from attnlab.train.meter import LoopState, WeightedSums
 from attnlab.train.metrics_log import MetricsLog, truncate_metrics
-from attnlab.train.optim import build_optimizer
+from attnlab.train.optim import describe_groups, make_optimizer
 from attnlab.train.precision import (
     PRECISION_DTYPES,
     autocast,
     choose_by_step_time,
     choose_precision,
+    configure_tf32,
     make_grad_scaler,
     precision_name,
+    restore_tf32,
+    synchronizer,
+    tf32_flags,
     time_step_precisions,
 )
 from attnlab.train.rng import capture_rng, restore_rng, seed_everything
@@ -79,7 +83,8 @@ def _log(msg: str) -> None:
 
 
 class Trainer:
-    """Runs `step_fn` over `data` with AdamW, a schedule, clipping, eval, checkpoints and DDP.
+    """Runs `step_fn` over `data` with AdamW or Muon+AdamW, a schedule, clipping, eval,
+    checkpoints and DDP.
 
     `step_fn(model, batch)` receives the (possibly DDP-wrapped) model and a collated batch on
     `device`; call the model through it (use `attnlab.train.unwrap` for attributes).
@@ -107,6 +112,8 @@ class Trainer:
             raise ValueError(f"cfg must be a TrainConfig, got {type(cfg).__name__}")
         if not all(callable(getattr(data, name, None)) for name in ("batches", "collate")):
             raise ValueError("data must provide batches(epoch) and collate(indices); see TrainData")
+        if cfg.target_loss > 0 and evaluate is None:
+            raise ValueError("target_loss needs an evaluate function; pass evaluate= or set it 0")
         self.model = model
         self.cfg = cfg
         self.run_dir = Path(run_dir)
@@ -123,9 +130,9 @@ class Trainer:
         With `resume=True`, continue from `run_dir/state/` exactly where it stopped (a fresh
         start if there is none). Without it, `run_dir` must not hold a previous run. On Ctrl-C
         a single-process run writes a checkpoint of the last completed step, then re-raises.
-        `cfg.num_threads` applies for the duration of the call only.
+        `cfg.num_threads` and the TF32 flags (CUDA) apply for the duration of the call only.
         """
-        threads = torch.get_num_threads()
+        threads, tf32 = torch.get_num_threads(), tf32_flags()
         if self.cfg.num_threads > 0:
             torch.set_num_threads(self.cfg.num_threads)
         env = init_distributed(self.device)
@@ -136,6 +143,7 @@ class Trainer:
             raise
         finally:
             torch.set_num_threads(threads)
+            restore_tf32(tf32)
         cleanup(env)
         return summary
 
@@ -146,13 +154,18 @@ class Trainer:
         cfg, run_dir = self.cfg, self.run_dir
         self.env = env
         self.model.to(env.device)
+        self.tf32 = configure_tf32(env.device, cfg.precision)  # before timing: fp32 uses it
+        if env.is_main and env.device.type == "cuda":
+            _log(self.tf32)
         dtype, reason = broadcast_object(
             self._decide_precision(resume) if env.is_main else None, env
         )
         self.dtype, self.precision, self.precision_reason = dtype, precision_name(dtype), reason
         if env.is_main:
             _log(f"precision {self.precision}: {reason}")
-        self.optimizer = build_optimizer(self.model, cfg.lr, cfg.weight_decay, cfg.betas)
+        self.optimizer = make_optimizer(self.model, cfg)
+        if env.is_main and cfg.optimizer == "muon":
+            _log(describe_groups(self.optimizer))
         self.scaler = make_grad_scaler(env.device, dtype)
         self.total_steps = self._count_total_steps()
         self.warmup = resolve_warmup(cfg.warmup_steps, cfg.warmup_ratio, self.total_steps)
@@ -180,7 +193,7 @@ class Trainer:
         if env.is_main:
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
             try:
-                from attnlab.viz_curves import plot_curves  # matplotlib is slow to import
+                from attnlab.train.curves import plot_curves  # matplotlib is slow to import
             except ImportError as err:
                 _log(f"matplotlib is unusable ({err}); skipping curves.png")
             else:
@@ -188,19 +201,28 @@ class Trainer:
         return summary
 
     def _decide_precision(self, resume: bool) -> tuple[torch.dtype | None, str]:
-        """The autocast dtype and why. `auto` on a CPU whose matmuls run faster in bf16 also
-        times this model's own step both ways (a resumed run keeps its first choice)."""
+        """The autocast dtype and why. `auto` times this model's own step in fp32 and under the
+        device's low-precision candidate (bf16 on a CPU whose matmuls run faster in it or on a
+        GPU with native bf16; fp16 on an older GPU) and keeps the faster; a resumed run keeps
+        its first choice (unless it was fp16 and this device is not CUDA)."""
         cfg, device = self.cfg, self.env.device
+        note = ""
+        if cfg.precision == "auto" and resume:
+            trainer_state = read_trainer_state(self.run_dir)
+            saved = trainer_state.get("precision") if trainer_state else None
+            if saved == "fp16" and device.type != "cuda":
+                note = "; the run's first start chose fp16, which needs CUDA"
+            elif saved is not None:
+                return PRECISION_DTYPES[saved], f"auto -> {saved}: kept from the run's first start"
         dtype, reason = choose_precision(device, cfg.precision)
-        if cfg.precision != "auto" or dtype is None or device.type != "cpu":
-            return dtype, reason
-        trainer_state = read_trainer_state(self.run_dir) if resume else None
-        saved = trainer_state.get("precision") if trainer_state else None
-        if saved is not None:
-            return PRECISION_DTYPES[saved], f"auto -> {saved}: kept from the run's first start"
-        _log("precision auto: timing one training step in fp32 and in bf16")
-        matmul_why = reason.removeprefix("auto -> bf16: ")
-        return choose_by_step_time(time_step_precisions(self._probe_step()), matmul_why)
+        if cfg.precision != "auto" or dtype is None:
+            return dtype, reason + note
+        low = precision_name(dtype)
+        _log(f"precision auto: timing one training step in fp32 and in {low}")
+        seconds = time_step_precisions(self._probe_step(), ("fp32", low), sync=synchronizer(device))
+        why = reason.removeprefix(f"auto -> {low}: ")
+        chosen, reason = choose_by_step_time(seconds, why, low)
+        return chosen, reason + note
 
     def _probe_step(self) -> Callable[[torch.dtype | None], None]:
         """fwd+bwd of the first micro-batch under a given autocast dtype, leaving the model as
@@ -280,6 +302,7 @@ class Trainer:
         """Run optimizer steps until the run finishes; checkpoint on Ctrl-C (single process)."""
         cfg, env = self.cfg, self.env
         self._t0, self._base_elapsed = time.perf_counter(), state.elapsed_s
+        self._c0, self._base_cpu = time.process_time(), state.cpu_s
         self._window_t0 = self._t0
         self._last_plain_log = self._t0
         boundary = (copy.deepcopy(state), capture_rng())  # state after the last finished step
@@ -319,7 +342,7 @@ class Trainer:
                 _log(f"interrupted ({why}); resume from the last periodic checkpoint")
             else:
                 saved_state, rng = boundary
-                saved_state.elapsed_s = self._elapsed()
+                saved_state.elapsed_s, saved_state.cpu_s = self._elapsed(), self._cpu()
                 save_checkpoint(
                     self.run_dir,
                     self.model,
@@ -334,7 +357,7 @@ class Trainer:
             raise
         finally:
             bar.close()
-        state.elapsed_s = self._elapsed()
+        state.elapsed_s, state.cpu_s = self._elapsed(), self._cpu()
         return state
 
     def _accumulate(self, group: list[list[int]]) -> WeightedSums:
@@ -370,18 +393,22 @@ class Trainer:
         return sums
 
     def _update(self, step: int, total_weight: float) -> tuple[float, float]:
-        """Set the lr, normalise and clip the gradients, step AdamW; return (lr, grad norm)."""
+        """Set the lrs, normalise and clip the gradients, step the optimizer; return (lr, grad
+        norm), lr being the AdamW groups' (`cfg.lr` times the schedule factor). The schedule
+        scales every group alike: Muon groups run at `cfg.muon_lr` times the same factor."""
         cfg = self.cfg
-        lr = cfg.lr * lr_factor(
+        factor = lr_factor(
             self._schedule_step(step),
             schedule=cfg.schedule,
             total_steps=self.total_steps,
             warmup_steps=self.warmup,
             min_lr_ratio=cfg.min_lr_ratio,
             noam_d_model=cfg.noam_d_model,
+            decay_ratio=cfg.decay_ratio,
         )
+        lr = cfg.lr * factor
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = cfg.muon_lr * factor if group.get("use_muon") else lr
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
@@ -500,8 +527,11 @@ class Trainer:
     def _eval_and_track(self, state: LoopState, epoch: int) -> None:
         """Evaluate on rank 0, save the best weights, and update early stopping on all ranks."""
         cfg, env = self.cfg, self.env
+        eval_start, eval_cpu_start = time.perf_counter(), time.process_time()
         metrics = self._run_evaluate() if env.is_main else None
         metrics = broadcast_object(metrics, env)
+        state.eval_s += time.perf_counter() - eval_start
+        state.eval_cpu_s += time.process_time() - eval_cpu_start
         value = metrics[cfg.monitor]
         better = state.best_metric is None or (
             value < state.best_metric if cfg.monitor_mode == "min" else value > state.best_metric
@@ -525,13 +555,30 @@ class Trainer:
                     "precision": self.precision,
                 }
             )
-        if cfg.patience > 0 and state.bad_evals >= cfg.patience:
+        if self._target_reached(value) and state.target_step is None:
+            state.target_step = state.step
+            state.target_time_s = self._elapsed() - state.eval_s
+            state.target_cpu_s = self._cpu() - state.eval_cpu_s
+            state.stop_reason = "target_loss"
+            if env.is_main:
+                _log(
+                    f"target reached at step {state.step}: {cfg.monitor} {value:.4f} (target "
+                    f"{cfg.target_loss}) after {state.target_time_s:.1f} s of training"
+                )
+        elif cfg.patience > 0 and state.bad_evals >= cfg.patience:
             state.stop_reason = "early_stop"
             if env.is_main:
                 _log(
                     f"early stop at step {state.step}: {cfg.monitor} has not improved for "
                     f"{state.bad_evals} evals (best {state.best_metric} at {state.best_step})"
                 )
+
+    def _target_reached(self, value: float) -> bool:
+        """Whether a monitor value reaches `cfg.target_loss` (0 = off) in `monitor_mode`."""
+        target = self.cfg.target_loss
+        if target <= 0 or not math.isfinite(value):
+            return False
+        return value <= target if self.cfg.monitor_mode == "min" else value >= target
 
     def _run_evaluate(self) -> dict[str, float]:
         """Call `evaluate` on the unwrapped model in eval mode; check the monitor key exists."""
@@ -551,7 +598,7 @@ class Trainer:
         rng_states = gather_objects(capture_rng(), self.env)
         if self.env.is_main:
             snapshot = copy.deepcopy(state)
-            snapshot.elapsed_s = self._elapsed()
+            snapshot.elapsed_s, snapshot.cpu_s = self._elapsed(), self._cpu()
             save_checkpoint(
                 self.run_dir,
                 self.model,
@@ -571,6 +618,10 @@ class Trainer:
         }
 
     # ---------------------------------------------------------------- helpers
+
+    def _cpu(self) -> float:
+        """This process's CPU time in training (rank 0's view), including resumed processes."""
+        return self._base_cpu + time.process_time() - self._c0
 
     def _elapsed(self) -> float:
         """Training wall time including earlier (resumed) processes."""
@@ -593,8 +644,17 @@ class Trainer:
             "epochs": state.epoch,
             "final_train_loss": state.last_train_loss,
             "wall_time_s": state.elapsed_s,
+            "eval_time_s": state.eval_s,
+            "cpu_time_s": state.cpu_s,
+            "eval_cpu_s": state.eval_cpu_s,
+            "target_loss": self.cfg.target_loss or None,
+            "target_reached": state.target_step is not None,
+            "target_step": state.target_step,
+            "target_time_s": state.target_time_s,
+            "target_cpu_s": state.target_cpu_s,
             "precision": self.precision,
             "precision_reason": self.precision_reason,
+            "tf32": self.tf32,
             "stop_reason": state.stop_reason,
             "world_size": self.env.world_size,
             "run_dir": str(self.run_dir),

@@ -1,4 +1,16 @@
-"""Pick the training precision for a device by detection, and build its autocast context."""
+"""Pick the training precision for a device by measurement, and build its autocast context.
+
+``precision="auto"`` works the same way on every device: detection names the one
+low-precision candidate (CPU: bf16 where the CPU has native bf16 and a timed matmul confirms
+it; CUDA: bf16 where the GPU supports it natively, else fp16 with a GradScaler), then the
+engine times the model's own training step in fp32 and under the candidate's autocast
+(:func:`time_step_precisions`, CUDA-synchronised on a GPU) and keeps the candidate only if the
+step is faster (:func:`choose_by_step_time`). A resumed run keeps its first choice.
+
+On CUDA the fp32 parts run with TF32 matmuls unless ``precision="fp32"`` is asked for
+(:func:`configure_tf32`, through ``torch.backends.cuda.matmul.allow_tf32`` and
+``torch.backends.cudnn.allow_tf32``); the run's summary states which.
+"""
 
 from __future__ import annotations
 
@@ -68,14 +80,35 @@ def _cpu_bf16_is_fast() -> tuple[bool, str]:
     return fast, f"{source}; measured bf16 matmul {speedup:.2f}x vs fp32 ({verdict})"
 
 
+def cuda_capability(device: str | torch.device) -> tuple[int, int]:
+    """(major, minor) compute capability of a CUDA device."""
+    return torch.cuda.get_device_capability(torch.device(device))
+
+
+def cuda_bf16_native(device: str | torch.device) -> bool:
+    """Whether the GPU computes bf16 natively (compute capability >= 8.0, Ampere and later).
+
+    ``torch.cuda.is_bf16_supported()`` alone also says True where bf16 is only emulated.
+    """
+    return cuda_capability(device) >= (8, 0)
+
+
+def _cuda_name(device: str | torch.device) -> str:
+    major, minor = cuda_capability(device)
+    name = torch.cuda.get_device_name(torch.device(device))
+    return f"{name} (compute capability {major}.{minor})"
+
+
 def choose_precision(
     device: str | torch.device, requested: str = "auto"
 ) -> tuple[torch.dtype | None, str]:
     """Return (autocast dtype, or None for plain fp32; one-line reason) for `device`.
 
-    CUDA: auto -> bf16 if supported, else fp16 (needs a GradScaler, see `make_grad_scaler`).
-    CPU: auto -> bf16 only if the CPU has native bf16 and a timed matmul confirms it is faster;
-    otherwise fp32. An explicit bf16 where it is slow still runs but warns; fp16 on CPU is refused.
+    For ``auto`` the dtype is the candidate that the engine then times against fp32 on the
+    model's own step (module docstring). CUDA: bf16 where the GPU has it natively, else fp16
+    (it needs a GradScaler, see `make_grad_scaler`). CPU: bf16 only if the CPU has native bf16
+    and a timed matmul confirms it is faster; otherwise fp32. An explicit bf16 where it is slow
+    still runs but warns; fp16 on CPU is refused.
     """
     if requested not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {requested!r}")
@@ -83,14 +116,18 @@ def choose_precision(
     if requested == "fp32":
         return None, "fp32 requested"
     if kind == "cuda":
-        bf16_ok = torch.cuda.is_bf16_supported()
+        bf16_ok = cuda_bf16_native(device)
         if requested == "auto":
             if bf16_ok:
-                return torch.bfloat16, "CUDA device supports bf16"
-            return torch.float16, "CUDA device lacks bf16; using fp16 with loss scaling"
+                return torch.bfloat16, f"auto -> bf16: {_cuda_name(device)} has native bf16"
+            return torch.float16, (
+                f"auto -> fp16: {_cuda_name(device)} lacks native bf16, so fp16 with a GradScaler"
+            )
         if requested == "bf16" and not bf16_ok:
             warnings.warn(
-                "bf16 requested on a CUDA device without native bf16; it will be slow", stacklevel=2
+                f"bf16 requested on {_cuda_name(device)}, which has no native bf16; it will be "
+                "slow (precision='auto' picks fp16 with loss scaling there)",
+                stacklevel=2,
             )
         dtype = torch.bfloat16 if requested == "bf16" else torch.float16
         return dtype, f"{requested} requested"
@@ -129,37 +166,91 @@ def make_grad_scaler(
     return torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
 
 
+def synchronizer(device: torch.device) -> Callable[[], None]:
+    """A function that waits for the device's queued work (CUDA); a no-op on CPU."""
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
+
+
 def time_step_precisions(
-    run_step: Callable[[torch.dtype | None], None], repeats: int = 3
+    run_step: Callable[[torch.dtype | None], None],
+    names: tuple[str, ...] = ("fp32", "bf16"),
+    *,
+    repeats: int = 3,
+    sync: Callable[[], None] | None = None,
 ) -> dict[str, float]:
-    """Best-of-`repeats` seconds of `run_step(dtype)` for fp32 (None) and bf16, interleaved,
-    after one untimed warm-up of each (allocator and kernel caches)."""
-    dtypes = {name: PRECISION_DTYPES[name] for name in ("fp32", "bf16")}
+    """Best-of-`repeats` seconds of `run_step(dtype)` for each precision in `names`,
+    interleaved, after one untimed warm-up of each (allocator, kernel caches, autotuning).
+
+    `sync` waits for the device before the clock is read at both ends (CUDA launches are
+    asynchronous: without it the clock would time the launches, not the step).
+    """
+    sync = sync or (lambda: None)
+    dtypes = {name: PRECISION_DTYPES[name] for name in names}
     for dtype in dtypes.values():
         run_step(dtype)
     best = {name: math.inf for name in dtypes}
     for _ in range(repeats):
         for name, dtype in dtypes.items():
+            sync()
             t0 = time.perf_counter()
             run_step(dtype)
+            sync()
             best[name] = min(best[name], time.perf_counter() - t0)
     return best
 
 
 def choose_by_step_time(
-    seconds: dict[str, float], matmul_why: str
+    seconds: dict[str, float], why: str, low: str = "bf16"
 ) -> tuple[torch.dtype | None, str]:
-    """auto on a bf16-capable CPU: bf16 only if it also makes this model's step faster.
+    """auto: the low-precision candidate `low` only if it makes this model's step faster.
 
     A big matmul can run 2x faster in bf16 while a small model's step runs slower (the casts
-    and the many small ops under autocast cost more than the matmuls save), so the decision is
-    made on the step itself.
+    and the many small ops under autocast cost more than the matmuls save; on a GPU a small
+    model is bound by kernel launches, not arithmetic), so the decision is made on the step.
     """
-    speedup = seconds["fp32"] / seconds["bf16"]
+    speedup = seconds["fp32"] / seconds[low]
     timing = (
-        f"one training step took {seconds['fp32'] * 1e3:.0f} ms in fp32 and "
-        f"{seconds['bf16'] * 1e3:.0f} ms under bf16 autocast ({speedup:.2f}x)"
+        f"one training step took {seconds['fp32'] * 1e3:.1f} ms in fp32 and "
+        f"{seconds[low] * 1e3:.1f} ms under {low} autocast ({speedup:.2f}x)"
     )
     if speedup >= MIN_STEP_SPEEDUP:
-        return torch.bfloat16, f"auto -> bf16: {matmul_why}; {timing}"
-    return None, f"auto -> fp32: {matmul_why}, but {timing}, not >= {MIN_STEP_SPEEDUP}x"
+        return PRECISION_DTYPES[low], f"auto -> {low}: {why}; {timing}"
+    return None, f"auto -> fp32: {why}, but {timing}, not >= {MIN_STEP_SPEEDUP}x"
+
+
+def configure_tf32(device: torch.device, requested: str) -> str:
+    """Set TF32 for the fp32 matmuls (and cuDNN convolutions) of a CUDA run; say what was set.
+
+    On: ``torch.backends.cuda.matmul.allow_tf32`` and ``torch.backends.cudnn.allow_tf32`` =
+    True, where the GPU has TF32 (compute capability >= 8.0) and ``precision`` is not an
+    explicit ``fp32`` (which means IEEE fp32). The caller restores the flags afterwards
+    (:func:`tf32_flags`). A CPU has no TF32: nothing is set.
+    """
+    if device.type != "cuda":
+        return "TF32: not applicable on CPU (fp32 matmuls are IEEE fp32)"
+    has_tf32 = cuda_capability(device) >= (8, 0)
+    on = has_tf32 and requested != "fp32"
+    torch.backends.cuda.matmul.allow_tf32 = on
+    torch.backends.cudnn.allow_tf32 = on
+    if requested == "fp32":
+        why = "precision='fp32' asks for IEEE fp32"
+    elif has_tf32:
+        why = "the GPU has TF32"
+    else:
+        why = "the GPU has no TF32 (compute capability < 8.0)"
+    return (
+        f"TF32 {'on' if on else 'off'} for fp32 matmuls and convolutions ({why}; set with "
+        f"torch.backends.cuda.matmul.allow_tf32={on}, torch.backends.cudnn.allow_tf32={on})"
+    )
+
+
+def tf32_flags() -> tuple[bool, bool]:
+    """The current (matmul, cuDNN) TF32 flags, to restore after :func:`configure_tf32`."""
+    return torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+
+
+def restore_tf32(flags: tuple[bool, bool]) -> None:
+    """Put back the flags :func:`tf32_flags` returned."""
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags

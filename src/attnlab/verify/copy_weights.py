@@ -269,7 +269,7 @@ def copy_vit(model: ViT, hf: nn.Module) -> None:
         src[k.removeprefix("vit.")] = v
     sd = {
         "cls_token": src["embeddings.cls_token"],
-        "pos_embed": src["embeddings.position_embeddings"],
+        "pos_embed.embedding.weight": src["embeddings.position_embeddings"][0],
         "patch_embed.proj.weight": src["embeddings.patch_embeddings.projection.weight"],
         "patch_embed.proj.bias": src["embeddings.patch_embeddings.projection.bias"],
         "encoder.norm.weight": src["layernorm.weight"],
