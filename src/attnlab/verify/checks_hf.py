@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.attention import MultiHeadAttention
-from attnlab.blocks import Encoder, EncoderBlock, RMSNorm
+from attnlab.blocks import BlockConfig, Encoder, EncoderBlock, RMSNorm
 from attnlab.models.bert import BertConfig, BertModel
 from attnlab.models.bert_checkpoint import load_bert_weights
 from attnlab.models.gpt_hf import load_hf_gpt2
@@ -87,22 +87,19 @@ def check_llama(m: Measure, cases: int = 3, gradients: bool = False) -> None:
         hf = scramble(tf.LlamaModel(config), 0.15)
         d = config.hidden_size
         rope = RotaryEmbedding(head, base=10000.0)
-        blocks = [
-            EncoderBlock(
-                d,
-                H,
-                config.intermediate_size,
-                dropout=0.0,
-                activation="swiglu",
-                norm="rms",
-                norm_eps=config.rms_norm_eps,
-                bias=False,
-                norm_first=True,
-                n_kv_heads=kv,
-                rotary=rope,
-            )
-            for _ in range(config.num_hidden_layers)
-        ]
+        block = BlockConfig(
+            d,
+            H,
+            config.intermediate_size,
+            n_kv_heads=kv,
+            activation="swiglu",
+            norm="rms",
+            norm_position="pre",
+            norm_eps=config.rms_norm_eps,
+            dropout=0.0,
+            bias=False,
+        )
+        blocks = [EncoderBlock(block, rope) for _ in range(config.num_hidden_layers)]
         stack = Encoder(blocks, RMSNorm(d, eps=config.rms_norm_eps))
         embedding = nn.Embedding(config.vocab_size, d)
         links = llama_model_links(embedding, stack, hf)
