@@ -131,7 +131,10 @@ def check_t5(m: Measure, cases: int = 3) -> None:
     for _ in range(cases):
         for is_decoder in (False, True):
             H, dk = randint(1, 4), randint(2, 6)
-            buckets, distance = randint(4, 16), randint(5, 40)
+            # max_distance must exceed the exact range (buckets / 2 causal, / 4 bidirectional):
+            # at equality both T5's and attnlab's bucket formulas divide by log(1) = 0
+            buckets = randint(4, 16)
+            distance = randint(buckets // 2 + 1, 40)
             config = tf.T5Config(
                 d_model=randint(8, 24),
                 d_kv=dk,
