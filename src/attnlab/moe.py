@@ -172,13 +172,12 @@ class MoEFeedForward(nn.Module):
             counts = counts.clamp(max=cap)
         order = order[kept]  # (M,) kept assignments, grouped by expert
         tokens = token_of[order]  # (M,)
-        rows = x2.index_select(0, tokens)  # (M, D)
-        outs = [
-            self.expert(e, part)
-            for e, part in enumerate(rows.split(counts.tolist()))
-            if part.shape[0] > 0
+        outs = [  # each expert's rows gathered into a fresh (n_e, D) block
+            self.expert(e, x2.index_select(0, rows))
+            for e, rows in enumerate(tokens.split(counts.tolist()))
+            if rows.numel() > 0
         ]
-        y = torch.cat(outs, dim=0) if outs else rows  # (M, D)
+        y = torch.cat(outs, dim=0) if outs else x2[:0]  # (M, D)
         y = y * weight_of[order, None].to(y.dtype)  # (M, D)
         out = torch.zeros_like(x2).index_add_(0, tokens, y)  # (N, D)
         self._record(logits, expert_sorted[kept], tokens, mask)
