@@ -20,7 +20,8 @@ Runs go two at a time (the machine has 2 cores shared with other jobs), paired s
 variant shares the machine with two different partners over the two seeds. Per run it records
 os.getloadavg() before and after, the child's CPU time (os.wait4), the engine's train wall time,
 steps, training tokens/s, parameters (total and, for MoE, active), the validation loss and the
-train loss at the step count every run reached. Writes docs/results/lm_mixers.{json,md}.
+train loss at the step count every run reached. Writes docs/results/lm_mixers.{json,md} and
+the curves of the seed-0 MoE run with its expert-usage panels (lm_mixers_moe-s0_curves.png).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import torch
 
 from attnlab.models.gpt import GPT
 from attnlab.tasks.lm import LMRun
+from attnlab.train.curves import plot_curves
 from attnlab.train.metrics_log import read_metrics
 
 RESULTS = Path("docs/results")
@@ -250,6 +252,12 @@ def write_markdown(res: dict, path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+def plot_moe_usage(runs: Path, name: str) -> Path:
+    """The curves of the first MoE run, with its expert-usage panels, beside the results."""
+    moe = sorted(runs.glob("moe-s*/metrics.jsonl"))[0]
+    return plot_curves(moe, RESULTS / f"{name}_{moe.parent.name}_curves.png")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=5.0)
@@ -289,6 +297,7 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{args.name}.json").write_text(json.dumps(res, indent=2) + "\n")
     write_markdown(res, RESULTS / f"{args.name}.md")
+    plot_moe_usage(args.runs, args.name)
     print((RESULTS / f"{args.name}.md").read_text())
 
 

@@ -94,7 +94,7 @@ def plot_curves(metrics_jsonl_path: str | Path, out_png: str | Path) -> Path:
         ax.set_xlabel("optimizer step")
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
-            ax.legend()
+            ax.legend(**({"fontsize": "x-small", "ncol": 3} if ax in usage_axes else {}))
     out_png = Path(out_png)
     fig.savefig(out_png, dpi=100)
     return out_png
