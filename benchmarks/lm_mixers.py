@@ -196,8 +196,14 @@ def summarise(rows: list[dict]) -> dict:
             ),
         }
     dense = out["variants"]["dense"]["val_loss_mean"]
-    for v in out["variants"].values():
+    dense_by_seed = {r["seed"]: r["val_loss"] for r in rows if r["variant"] == "dense"}
+    for name, v in out["variants"].items():
         v["val_loss_minus_dense"] = v["val_loss_mean"] - dense
+        v["val_loss_minus_dense_per_seed"] = {
+            r["seed"]: r["val_loss"] - dense_by_seed[r["seed"]]
+            for r in rows
+            if r["variant"] == name and r["seed"] in dense_by_seed
+        }
     out["winner"] = min(out["variants"], key=lambda k: out["variants"][k]["val_loss_mean"])
     return out
 
@@ -239,16 +245,40 @@ def write_markdown(res: dict, path: Path) -> None:
         "Layers: A = attention, M = Mamba, each followed by its feed-forward (MLP or MoE). "
         "CPU s: the whole process (start-up, data preparation, training, evaluation).",
         "",
-        "| variant | mean val loss | seed spread (max − min) | − dense | mean tok/s | mean steps |",
-        "|---|---|---|---|---|---|",
+        "| variant | mean val loss | seed spread (max − min) | − dense (mean) | − dense "
+        "(per seed) | mean tok/s | mean steps |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, v in s["variants"].items():
+        per_seed = ", ".join(
+            f"s{seed}: {d:+.4f}" for seed, d in v["val_loss_minus_dense_per_seed"].items()
+        )
         lines.append(
             f"| {name} | {v['val_loss_mean']:.4f} | {v['val_loss_seed_spread']:.4f} | "
-            f"{v['val_loss_minus_dense']:+.4f} | {v['tokens_per_s_mean']:.0f} | "
+            f"{v['val_loss_minus_dense']:+.4f} | {per_seed} | {v['tokens_per_s_mean']:.0f} | "
             f"{v['steps_mean']:.0f} |"
         )
-    lines += ["", f"Lowest mean validation loss: **{s['winner']}**.", ""]
+    lines += [
+        "",
+        f"Lowest mean validation loss: **{s['winner']}**. The seed spread holds the seed and "
+        "the machine's load together: a run of a busier moment takes fewer steps in the same "
+        "minutes.",
+        "",
+        "Expert usage of the MoE runs (from their metrics.jsonl, the last train log: each "
+        "expert's share of the top-k assignments, 1/8 = 0.125 when balanced):",
+        "",
+    ]
+    for r in res["runs"]:
+        if r["expert_usage_logged"]:
+            u = r["expert_usage_last"]
+            layers = sorted({int(k[3:].split("_")[0]) for k in u})
+            spans = "; ".join(
+                f"layer {i}: {min(x):.3f}–{max(x):.3f}"
+                for i in layers
+                for x in [[v for k, v in u.items() if k.startswith(f"moe{i}_e")]]
+            )
+            lines.append(f"- {r['variant']} seed {r['seed']}: {spans}")
+    lines.append("")
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -268,7 +298,18 @@ def main() -> None:
     parser.add_argument(
         "--reuse", action="store_true", help="keep the finished pairs recorded in --runs/rows.json"
     )
+    parser.add_argument(
+        "--render", action="store_true", help="only rewrite the .md and plot from the .json"
+    )
     args = parser.parse_args()
+    if args.render:
+        res = json.loads((RESULTS / f"{args.name}.json").read_text())
+        res["summary"] = summarise(res["runs"])
+        (RESULTS / f"{args.name}.json").write_text(json.dumps(res, indent=2) + "\n")
+        write_markdown(res, RESULTS / f"{args.name}.md")
+        plot_moe_usage(args.runs, args.name)
+        print((RESULTS / f"{args.name}.md").read_text())
+        return
     info = machine()
     rows_path = args.runs / "rows.json"
     rows = json.loads(rows_path.read_text()) if args.reuse and rows_path.exists() else []
