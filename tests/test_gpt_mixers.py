@@ -9,7 +9,8 @@
   choices; both are 0 / [] for a dense model;
 * the LM step adds the auxiliary loss and logs the usage, also through a DDP-style wrapper;
 * checkpoints of every combination save and load; a dense attention GPT keeps its weight names;
-* settings that would do nothing are refused with the field to change.
+* bad settings are refused with the field to change; every bundled LM preset takes
+  --mixer mamba / hybrid and --ffn moe.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.moe import MoEFeedForward
 from attnlab.ssm import MambaBlock
 from attnlab.tasks.lm import lm_step
+from attnlab.tasks.sections import PRESETS
 from attnlab.train import load_weights, save_weights
 
 F64 = torch.float64
@@ -220,13 +222,30 @@ def test_active_params_count_top_k_of_the_experts() -> None:
     "changes, message",
     [
         (dict(mixer="hybrid", attn_every=5), "has no attention layer"),
-        (dict(mixer="mamba", pos="rope"), "pos='rope' only act on attention layers"),
-        (dict(mixer="mamba", qk_norm=True), "qk_norm=True only act on attention layers"),
         (dict(ffn="moe", experts=2, top_k=3), "top_k=3 exceeds experts=2"),
         (dict(mixer="ssm"), "GPTConfig.mixer must be one of attention, mamba, hybrid"),
         (dict(ffn="moe", capacity_factor=-1.0), "capacity_factor must be >= 0"),
     ],
 )
-def test_settings_that_do_nothing_are_refused(changes: dict, message: str) -> None:
+def test_bad_settings_are_refused(changes: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         tiny(**changes)
+
+
+@pytest.mark.parametrize("preset", sorted(p.stem for p in PRESETS.glob("lm*.toml")))
+def test_every_lm_preset_takes_mamba_hybrid_and_moe(preset: str) -> None:
+    """LM_CONFIG.md: --mixer mamba / hybrid and --ffn moe work on any preset; the settings of
+    attention (rope, qk_norm, value embeddings) act on the attention layers only."""
+    from attnlab.tasks.runner import build_config
+
+    shrink = dict(vocab_size=V, n_layers=2, d_model=32, n_heads=4, n_kv_heads=0, d_ff=0)
+    ids = torch.randint(0, V, (1, 6))
+    for changes in (dict(mixer="mamba"), dict(mixer="hybrid"), dict(ffn="moe", experts=4)):
+        flat = {**{k: str(v) for k, v in changes.items()}}
+        model_cfg = build_config("lm", preset, flat).sections["model"]
+        cfg = GPTConfig(**{**model_cfg.__dict__, **shrink, "context": 8})
+        model = GPT(cfg).eval()
+        with torch.no_grad():
+            assert model(ids).shape == (1, 6, V)
+        if cfg.mixer == "mamba":
+            assert model.value_emb is None  # no attention layer would read it

@@ -19,10 +19,13 @@ projections start at zero, so every block starts as the identity) and ``logit_so
 Mixer and feed-forward: ``mixer = "mamba"`` replaces self-attention in every layer by a Mamba
 block (:mod:`attnlab.ssm`), ``"hybrid"`` in every layer except attn_every, 2·attn_every, ...
 (1-based), which keep attention (Jamba, Lieber et al. 2024, interleaves the same way); every
-layer keeps its feed-forward sublayer. ``ffn = "moe"`` makes that sublayer a top-k mixture of
-``experts`` (:mod:`attnlab.moe`); the load-balancing and router z-losses of the last forward
-are :meth:`GPT.aux_loss`, the routing shares :meth:`GPT.expert_usage`. Decoding keeps a KV
-cache for each attention layer and the SSM state for each Mamba layer.
+layer keeps its feed-forward sublayer. Settings of attention (pos rope/alibi, qk_norm,
+value_embeddings, the attention kernel) act on the attention layers only, so ``--mixer mamba``
+works on any preset (learned positions are still added to the embeddings). ``ffn = "moe"``
+makes that sublayer a top-k mixture of ``experts`` (:mod:`attnlab.moe`); the load-balancing
+and router z-losses of the last forward are :meth:`GPT.aux_loss`, the routing shares
+:meth:`GPT.expert_usage`. Decoding keeps a KV cache for each attention layer and the SSM state
+for each Mamba layer.
 """
 
 from __future__ import annotations
@@ -106,22 +109,6 @@ class GPTConfig(ConfigBase):
                 f"mixer='hybrid' with attn_every={self.attn_every} > n_layers={self.n_layers} "
                 "has no attention layer; lower attn_every or use mixer='mamba'"
             )
-        if self.mixer == "mamba":  # no attention layer reads these: refuse, do not ignore
-            unused = [
-                f"{name}={value!r}"
-                for name, value, default in (
-                    ("pos", self.pos, "learned"),
-                    ("attention", self.attention, "full"),
-                    ("qk_norm", self.qk_norm, False),
-                    ("value_embeddings", self.value_embeddings, False),
-                )
-                if value != default
-            ]
-            if unused:
-                raise ValueError(
-                    f"{', '.join(unused)} only act on attention layers, and mixer='mamba' has "
-                    "none; drop them or use mixer='hybrid'"
-                )
         if self.attention == "linear" and self.pos == "alibi":
             raise ValueError(
                 "pos='alibi' adds a bias to attention scores, which linear attention does not "
@@ -194,7 +181,7 @@ class GPT(nn.Module):
         self.stack = Encoder(blocks, block.make_norm())
         self.stack.gradient_checkpointing = cfg.gradient_checkpointing
         self.value_emb = None  # (V, Hkv·Dh): the values each token adds in every layer
-        if cfg.value_embeddings:
+        if cfg.value_embeddings and "attention" in cfg.layer_mixers():
             self.value_emb = nn.Embedding(cfg.vocab_size, cfg.kv_heads * (D // cfg.n_heads))
         self.head = nn.Linear(D, cfg.vocab_size, bias=False)
         self.reset_parameters()
