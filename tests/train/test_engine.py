@@ -450,3 +450,10 @@ def test_muon_run_is_deterministic_and_ctrl_c_resume_exact(tmp_path: Path) -> No
     assert without_timing(read_metrics(run / "metrics.jsonl")) == without_timing(
         read_metrics(tmp_path / "ref" / "metrics.jsonl")
     )
+
+
+def test_eval_start_skips_the_early_evaluations(tmp_path: Path) -> None:
+    cfg = cfg_for(eval_every=2, eval_start=5, max_steps=9)
+    Trainer(tiny(), cfg, tmp_path, TinyData(), step_fn, make_evaluate()).fit()
+    vals = [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl") if r["split"] == "val"]
+    assert vals == [6, 8, 9]  # from step 5 on every 2nd step, and the last

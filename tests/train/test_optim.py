@@ -54,18 +54,29 @@ def test_decay_is_decoupled_and_skips_no_decay_group() -> None:
     assert torch.equal(model.norm.weight, before["norm.weight"])
 
 
-def gpt(tie: bool) -> nn.Module:
+SPEEDRUN_TRICKS = {
+    "pos": "rope",
+    "norm": "rms",
+    "activation": "relu2",
+    "qk_norm": True,
+    "value_embeddings": True,
+    "zero_init_proj": True,
+    "bias": False,
+}
+
+
+def gpt(tie: bool, tricks: bool) -> nn.Module:
     from attnlab.models.gpt import GPT, GPTConfig
 
-    cfg = GPTConfig(vocab_size=11, context=8, n_layers=2, n_heads=2, d_model=8, tie_weights=tie)
-    return GPT(cfg)
+    extra = SPEEDRUN_TRICKS if tricks else {}
+    return GPT(GPTConfig(11, context=8, n_layers=2, n_heads=2, d_model=8, tie_weights=tie, **extra))
 
 
-@pytest.mark.parametrize("tie", [True, False])
-def test_muon_takes_the_hidden_matrices_of_a_gpt(tie: bool) -> None:
-    """Muon: the attention and MLP matrices of every block. AdamW: token and position
-    embeddings, the output head (tied or not), norm gains and biases."""
-    model = gpt(tie)
+@pytest.mark.parametrize("tie,tricks", [(True, False), (False, False), (False, True)])
+def test_muon_takes_the_hidden_matrices_of_a_gpt(tie: bool, tricks: bool) -> None:
+    """Muon: the attention and MLP matrices of every block. AdamW: token, position and value
+    embeddings, the output head (tied or not), norm gains (q/k norms too), gates and biases."""
+    model = gpt(tie, tricks)
     names = {id(p): n for n, p in model.named_parameters()}
     hidden = {names[id(p)] for p in muon_params(model)}
     expected = {
@@ -82,8 +93,13 @@ def test_muon_takes_the_hidden_matrices_of_a_gpt(tie: bool) -> None:
     )
     adam = {names[id(p)]: g["weight_decay"] for g in adam_groups for p in g["params"]}
     assert set(adam) | hidden == set(names.values()) and not set(adam) & hidden
-    assert adam["tok_emb.weight"] == 0.0 and adam["pos_emb.embedding.weight"] == 0.0
-    assert adam["stack.norm.weight"] == 0.0 and adam["stack.blocks.0.ff.w_in.bias"] == 0.0
+    assert adam["tok_emb.weight"] == 0.0 and adam["stack.norm.weight"] == 0.0
+    if tricks:
+        assert adam["value_emb.weight"] == 0.0 and adam["stack.blocks.1.value_gate"] == 0.0
+        assert adam["stack.blocks.0.self_attn.q_norm.weight"] == 0.0
+    else:
+        assert adam["pos_emb.embedding.weight"] == 0.0
+        assert adam["stack.blocks.0.ff.w_in.bias"] == 0.0
     if not tie:  # an untied head is a decayed AdamW matrix
         assert adam["head.weight"] == 0.1
     assert all(g["lr"] == 1e-3 and g["betas"] == (0.9, 0.99) for g in adam_groups)

@@ -60,6 +60,11 @@ class TrainConfig:
     )
     clip_norm: float = _opt(1.0, "clip the global gradient norm to this; 0 = off")
     eval_every: int = _opt(0, "optimizer steps between evals; 0 = at the end of every epoch")
+    eval_start: int = _opt(
+        0,
+        "no periodic evaluation before this optimizer step (the last step is always evaluated); "
+        "saves time when only later evaluations matter, e.g. for target_loss",
+    )
     checkpoint_every: int = _opt(
         200, "optimizer steps between resumable checkpoints (also at every eval); 0 = evals only"
     )
@@ -108,6 +113,7 @@ class TrainConfig:
             "warmup_steps": self.warmup_steps,
             "noam_d_model": self.noam_d_model,
             "eval_every": self.eval_every,
+            "eval_start": self.eval_start,
             "checkpoint_every": self.checkpoint_every,
             "patience": self.patience,
             "num_threads": self.num_threads,

@@ -469,8 +469,9 @@ class Trainer:
             is_last = out_of_time
         if state.step % cfg.log_every == 0 or is_last:
             self._log_train(state, lr, grad_norm, epoch, bar)
+        periodic_eval = state.step % cfg.eval_every == 0 if cfg.eval_every else epoch_done
         do_eval = self.evaluate is not None and (
-            is_last or (state.step % cfg.eval_every == 0 if cfg.eval_every else epoch_done)
+            is_last or (periodic_eval and state.step >= cfg.eval_start)
         )
         if do_eval:
             self._eval_and_track(state, epoch)
