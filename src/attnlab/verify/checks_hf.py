@@ -11,6 +11,7 @@ Mixtral's router), with the tolerance set for float32.
 from __future__ import annotations
 
 import tempfile
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -203,6 +204,27 @@ def check_gpt2(m: Measure, cases: int = 3) -> None:
         m.case()
 
 
+def hf_vit_config(cfg: ViTConfig) -> Any:
+    """The Hugging Face ViTConfig of the same network as attnlab's ``cfg`` (no dropout; eager
+    attention, which returns the weights)."""
+    return _transformers().ViTConfig(
+        hidden_size=cfg.d_model,
+        num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads,
+        intermediate_size=cfg.d_ff,
+        hidden_act="gelu",
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        image_size=cfg.image_size,
+        patch_size=cfg.patch_size,
+        num_channels=cfg.in_channels,
+        layer_norm_eps=cfg.norm_eps,
+        qkv_bias=True,
+        num_labels=cfg.n_classes,
+        attn_implementation="eager",
+    )
+
+
 def check_vit(m: Measure, cases: int = 3) -> None:
     """ViTForImageClassification == attnlab's ViT: every hidden state, attention weights and
     logits, float32 (HF's eager attention, the one that returns weights, softmaxes in float32)."""
@@ -221,23 +243,7 @@ def check_vit(m: Measure, cases: int = 3) -> None:
             norm_eps=1e-12,
             n_classes=randint(2, 6),
         )
-        hf_cfg = tf.ViTConfig(
-            hidden_size=cfg.d_model,
-            num_hidden_layers=cfg.n_layers,
-            num_attention_heads=cfg.n_heads,
-            intermediate_size=cfg.d_ff,
-            hidden_act="gelu",
-            hidden_dropout_prob=0.0,
-            attention_probs_dropout_prob=0.0,
-            image_size=cfg.image_size,
-            patch_size=cfg.patch_size,
-            num_channels=cfg.in_channels,
-            layer_norm_eps=cfg.norm_eps,
-            qkv_bias=True,
-            num_labels=cfg.n_classes,
-            attn_implementation="eager",
-        )
-        hf = tf.ViTForImageClassification(hf_cfg).eval()
+        hf = tf.ViTForImageClassification(hf_vit_config(cfg)).eval()
         with torch.no_grad():  # HF's cls/position tables start near zero: randomise all
             for p in hf.parameters():
                 p.normal_(0, 0.3)
