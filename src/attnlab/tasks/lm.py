@@ -239,7 +239,14 @@ class LMTask(Task):
         setup.messages.append(
             f"model: {model.num_params() / 1e6:.2f}M parameters; {m.n_layers} layers, "
             f"{m.n_heads} heads ({m.kv_heads} kv), d_model {m.d_model}, context {m.context}, "
-            f"pos {m.pos}, {m.norm}-norm, {m.activation}"
+            f"pos {m.pos}, {m.norm}-norm, {m.activation}; mixer {m.mixer}"
+            + (f" (attention every {m.attn_every})" if m.mixer == "hybrid" else "")
+            + (
+                f", MoE {m.experts} experts top-{m.top_k}, "
+                f"{model.active_params() / 1e6:.2f}M active"
+                if m.ffn == "moe"
+                else ""
+            )
         )
         return model
 
