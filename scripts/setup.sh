@@ -51,4 +51,14 @@ if [ -n "$missing" ]; then
     echo "notice: install these Debian packages for full functionality:$missing" >&2
   fi
 fi
+# Tests (--test): Debian's chromium, the real browser of the explorer's page tests (driven by
+# Playwright from the [test] extra; `attnlab explore --png` uses it too).
+if [ -n "$extras" ] && ! command -v chromium >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "notice: install Debian's chromium for the explorer's browser tests" >&2
+  fi
+fi
 echo "attnlab set up: $(python3 -c 'import attnlab, torch; print("attnlab", attnlab.__version__, "torch", torch.__version__)')"

@@ -50,24 +50,11 @@ from attnlab.models.bert_checkpoint import (
     resolve_checkpoint,
     save_pretrained,
 )
+from attnlab.verify.checks_minilm import SENTENCES
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 transformers = pytest.importorskip("transformers")
 
-SENTENCES = [
-    "A man is playing a guitar.",
-    "Someone is playing an instrument on stage!",
-    "The stock market fell sharply on Monday, analysts said.",
-    "Héllo Wörld: accents, UPPER case and punctuation;",
-    "这部电影看得我热血沸腾",
-    "short",
-    "How do I bake sourdough bread at home without a starter?",
-    "The quick brown fox jumps over the lazy dog",
-    "Transformers use self-attention (Vaswani et al., 2017).",
-    "I didn't like it... at all!!!",
-    "emoji 🙂 and numbers 3.14159 and e-mail@example.com",
-    " ".join(["a very long review"] * 80),  # > 256 pieces: truncated like sentence-transformers
-]
 
 
 @pytest.fixture(scope="module")

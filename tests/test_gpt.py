@@ -97,7 +97,10 @@ def test_loaded_gpt2_matches_hugging_face_logits_and_gradients(tmp_path, dtype, 
 def test_loaded_gpt2_greedy_continuation_matches_hugging_face_generate(tmp_path) -> None:
     hf, ours = hf_gpt2(tmp_path)
     prompt = torch.randint(0, HF_GPT2["vocab_size"], (2, 5))
-    want = hf.generate(prompt, max_new_tokens=30, do_sample=False, pad_token_id=0)
+    # eos_token_id=None: HF would stop a row at token 0 (the config's eos) and pad it with 0s
+    want = hf.generate(
+        prompt, max_new_tokens=30, do_sample=False, pad_token_id=0, eos_token_id=None
+    )
     gen = Generation(ours, prompt)
     for _ in range(30):
         gen.append(sample_next(gen.next_logits(), temperature=0))

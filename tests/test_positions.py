@@ -221,3 +221,13 @@ def test_alibi_bias_gives_blooms_causal_attention(t_q: int, t_k: int) -> None:
     for fused in (False, True):
         got, _ = scaled_dot_product_attention(q, k, v, is_causal=True, bias=bias, fused=fused)
         torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("bidirectional, buckets, distance", [(True, 32, 8), (False, 11, 5)])
+def test_t5_bias_refuses_a_max_distance_inside_the_exact_range(bidirectional, buckets, distance):
+    """At or below the exact range the log-spaced buckets divide by log(1) = 0 (HF crashes)."""
+    from attnlab.positions import T5RelativePositionBias
+
+    with pytest.raises(ValueError, match="must exceed the exact range"):
+        T5RelativePositionBias(2, buckets, distance, bidirectional=bidirectional)
+    T5RelativePositionBias(2, buckets, distance + buckets, bidirectional=bidirectional)(3, 5)

@@ -23,7 +23,7 @@ from attnlab.ssm import (
     selective_scan_chunked,
     selective_scan_sequential,
 )
-from attnlab.verify.copy_weights import assert_grads_match, copy_links, mamba_lm_links
+from attnlab.verify.copy_weights import copy_links, mamba_lm_links
 
 F64 = torch.float64
 
@@ -191,7 +191,10 @@ def test_mamba_lm_matches_hugging_face_logits_and_gradients(scan):
     cot = torch.randn_like(want)
     (got * cot).sum().backward()
     (want * cot).sum().backward()
-    assert_grads_match(links, rtol=1e-4, atol=1e-5)
+    for link in links:  # float32 sums over 210 positions: tolerance scaled by the gradient's size
+        expected = link.join(*(t.grad for t in link.theirs))
+        atol = 1e-6 * max(1.0, expected.abs().max().item())
+        torch.testing.assert_close(link.ours.grad, expected, rtol=1e-4, atol=atol, msg=link.name)
 
 
 def test_mamba_lm_greedy_and_cached_decoding_match_hugging_face():

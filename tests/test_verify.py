@@ -1,8 +1,9 @@
 """``attnlab verify``: it passes on the installed oracles, and it catches a broken component.
 
 * the whole command on this machine's oracles: every row passes, exit status 0, the JSON table;
-* a component broken on purpose (monkeypatched to be off by 0.1%) fails its row and makes the
-  exit status 1, for a core piece (SDPA), an HF-checked piece (the MoE experts) and Mamba;
+* a component broken on purpose (monkeypatched to be off by 1%; bfloat16 would round 0.1% away)
+  fails its row and makes the exit status 1: a core piece (SDPA), an HF-checked piece (the MoE
+  experts), Mamba, Muon;
 * a check whose oracle is not installed is listed with its install command and does not fail;
 * a crashing check becomes an ERROR row; ``--only`` that matches nothing is a ValueError.
 """
@@ -51,7 +52,7 @@ def test_every_check_passes_on_the_installed_oracles(tmp_path, seed, capsys):
 def off_by_a_little(fn):
     def broken(*args, **kwargs):
         out = fn(*args, **kwargs)
-        return (out[0] * 1.001, *out[1:]) if isinstance(out, tuple) else out * 1.001
+        return (out[0] * 1.01, *out[1:]) if isinstance(out, tuple) else out * 1.01
 
     return broken
 
@@ -83,6 +84,15 @@ def test_broken_moe_experts_and_mamba_fail_their_rows(monkeypatch, seed):
         row = run_check(checks[name], seed)
         assert row.status == FAIL, (name, row)
     assert run_check(checks["MoE balance loss"], seed).status == PASS
+
+
+def test_a_broken_muon_fails_both_optimizer_rows(monkeypatch, seed):
+    from attnlab.train import muon
+
+    monkeypatch.setattr(muon, "newton_schulz", off_by_a_little(muon.newton_schulz))
+    checks = {c.component: c for c in registry.CHECKS}
+    for name in ("Muon", "MuonAdamW"):
+        assert run_check(checks[name], seed).status == FAIL, name
 
 
 def test_missing_oracle_is_listed_with_its_install_command(monkeypatch, capsys):

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from attnlab.models.vit import ViT, ViTConfig, attention_rollout, rollout_map, sincos_2d_table
+from attnlab.verify.checks_hf import hf_vit_config
 from attnlab.verify.copy_weights import copy_vit
 
 transformers = pytest.importorskip("transformers")
@@ -28,23 +29,7 @@ def _tiny(**kw) -> ViTConfig:
 
 
 def _hf_pair(cfg: ViTConfig):
-    hf_cfg = transformers.ViTConfig(
-        hidden_size=cfg.d_model,
-        num_hidden_layers=cfg.n_layers,
-        num_attention_heads=cfg.n_heads,
-        intermediate_size=cfg.d_ff,
-        hidden_act="gelu",
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-        image_size=cfg.image_size,
-        patch_size=cfg.patch_size,
-        num_channels=cfg.in_channels,
-        layer_norm_eps=cfg.norm_eps,
-        qkv_bias=True,
-        num_labels=cfg.n_classes,
-        attn_implementation="eager",  # returns attention weights
-    )
-    hf = transformers.ViTForImageClassification(hf_cfg).eval()
+    hf = transformers.ViTForImageClassification(hf_vit_config(cfg)).eval()
     # HF initialises cls/position embeddings with zeros-ish tensors: randomise everything.
     with torch.no_grad():
         for p in hf.parameters():

@@ -278,3 +278,11 @@ def test_resuming_with_an_old_name_compares_it_as_the_new_one() -> None:
     assert same.sections["model"].context == context
     with pytest.raises(ValueError, match="--context cannot change when resuming"):
         runner.resumed_config(task, raw, {"max_len": str(context + 1)}, None)
+
+
+def test_ablation_recognises_the_preset_under_an_old_name() -> None:
+    from attnlab.tasks.ablate import variants
+
+    base = {"norm_position": "pre", "norm": "layer", "n_heads": 4}
+    plan = variants({"norm": ["pre", "post"], "n_heads": ["4", "8"]}, base, grid=False)
+    assert [name for name, *_ in plan] == ["preset", "norm=post", "n_heads=8"]

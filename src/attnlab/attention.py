@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -49,6 +50,71 @@ class explicit_attention:  # noqa: N801 - used as a context manager, reads like 
     def __exit__(self, *exc: object) -> None:
         global USE_FUSED
         USE_FUSED = self._previous
+
+
+@dataclass
+class AttentionCall:
+    """One call of :func:`scaled_dot_product_attention`, as :class:`record_attention` saw it.
+
+    ``weights = softmax(scores · scale + bias, masked)`` with ``scores`` the raw q·kᵀ (not yet
+    scaled by 1/√d_k), all (B, H, Tq, Tk); ``mask`` (True = may attend) includes the causal part
+    when ``is_causal``; ``module`` names the MultiHeadAttention that made the call.
+    """
+
+    module: str
+    scores: Tensor
+    scale: float
+    bias: Tensor | None
+    mask: Tensor | None
+    is_causal: bool
+    weights: Tensor
+
+
+_RECORDER: record_attention | None = None
+
+
+class record_attention:  # noqa: N801 - used as a context manager, reads like a statement
+    """While active, every attention call takes the explicit path and is appended to ``calls``.
+
+    With ``model``, each call is labelled with the name of the MultiHeadAttention in ``model``
+    that made it (``model.named_modules()`` names). One recorder at a time.
+    """
+
+    def __init__(self, model: nn.Module | None = None) -> None:
+        self.model = model
+        self.calls: list[AttentionCall] = []
+        self._module = ""
+        self._hooks: list[Any] = []
+
+    def __enter__(self) -> record_attention:
+        global _RECORDER
+        if _RECORDER is not None:
+            raise ValueError(
+                "an attention recorder is already active; exit it before starting another"
+            )
+        for name, module in self.model.named_modules() if self.model is not None else []:
+            if isinstance(module, MultiHeadAttention):
+                self._hooks.append(module.register_forward_pre_hook(self._enter_module(name)))
+        _RECORDER = self
+        return self
+
+    def _enter_module(self, name: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: Any) -> None:
+            self._module = name
+
+        return hook
+
+    def __exit__(self, *exc: object) -> None:
+        global _RECORDER
+        _RECORDER = None
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+
+
+def is_recording() -> bool:
+    """Whether a :class:`record_attention` is active (kernels then take their full-matrix path)."""
+    return _RECORDER is not None
 
 
 # --------------------------------------------------------------------------- masks
@@ -306,6 +372,8 @@ def _attention_4d(
         )
     scale = 1.0 / math.sqrt(Dk) if scale is None else scale
     use_fused = (USE_FUSED if fused is None else fused) and not return_weights
+    use_fused = use_fused and _RECORDER is None
+    given_causal = is_causal
     if use_fused and is_causal and mask is None and bias is None and Tq == Tk:
         # Bottom-right and top-left alignment agree when Tq == Tk: let the kernel apply the
         # causal structure itself (it skips the blocks above the diagonal) instead of reading
@@ -323,7 +391,8 @@ def _attention_4d(
     if Hkv != H:  # share each key/value head among H / Hkv query heads
         k = k.repeat_interleave(H // Hkv, dim=1)  # (B, H, Tk, Dk)
         v = v.repeat_interleave(H // Hkv, dim=1)  # (B, H, Tk, Dv)
-    scores = torch.matmul(q, k.transpose(-2, -1)) * scale  # (B, H, Tq, Tk)
+    raw = torch.matmul(q, k.transpose(-2, -1))  # (B, H, Tq, Tk) q·kᵀ, unscaled
+    scores = raw * scale  # (B, H, Tq, Tk)
     if bias is not None:
         scores = scores + bias
     if mask is not None:
@@ -333,6 +402,10 @@ def _attention_4d(
     weights = torch.softmax(scores, dim=-1)  # (B, H, Tq, Tk)
     if mask is not None:
         weights = weights * mask  # rows with nothing to attend to become all zeros
+    if _RECORDER is not None:
+        _RECORDER.calls.append(
+            AttentionCall(_RECORDER._module, raw, scale, bias, mask, given_causal, weights)
+        )
     if dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p)
     out = torch.matmul(weights, v)  # (B, H, Tq, Dv)

@@ -9,7 +9,7 @@ Pre-norm (GPT-2, LLaMA):               x = x + Sublayer(Norm(x)), with a final n
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -50,6 +50,25 @@ def make_norm(kind: NormKind, d_model: int, eps: float = 1e-5, bias: bool = True
     raise ValueError(f"norm must be 'layer' or 'rms', got {kind!r}")
 
 
+def apply_activation(h: Tensor, activation: Activation) -> Tensor:
+    """The hidden activation of a feed-forward layer (or of one MoE expert): h (..., W) ->
+    (..., W), or (..., W/2) for swiglu, whose first half gates the second (SiLU(g) ⊙ u)."""
+    if activation == "swiglu":
+        gate, up = h.chunk(2, dim=-1)
+        return F.silu(gate) * up
+    if activation == "relu":
+        return F.relu(h)
+    if activation == "relu2":
+        return F.relu(h).square()
+    if activation == "gelu":
+        return F.gelu(h)
+    if activation == "gelu_tanh":
+        return F.gelu(h, approximate="tanh")
+    raise ValueError(
+        f"activation must be one of {', '.join(get_args(Activation))}, got {activation!r}"
+    )
+
+
 class FeedForward(nn.Module):
     """Position-wise FFN(x) = W2 · act(W1 x + b1) + b2 (Vaswani et al. 2017, eq. 2).
 
@@ -78,18 +97,7 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        h = self.w_in(x)  # (B, T, d_ff or 2·d_ff)
-        if self.activation == "swiglu":
-            gate, up = h.chunk(2, dim=-1)
-            h = F.silu(gate) * up  # (B, T, d_ff)
-        elif self.activation == "relu":
-            h = F.relu(h)
-        elif self.activation == "relu2":
-            h = F.relu(h).square()
-        elif self.activation == "gelu":
-            h = F.gelu(h)
-        else:
-            h = F.gelu(h, approximate="tanh")
+        h = apply_activation(self.w_in(x), self.activation)  # (B, T, d_ff)
         return self.w_out(self.dropout(h))  # (B, T, D)
 
 
@@ -166,20 +174,40 @@ class EncoderBlock(nn.Module):
     With ``value_embeddings`` the block has a learned gate λ (init 0.5) and its self-attention
     values become v = x W_v + λ · e for the ``values`` e given to forward (modded-nanogpt mixes
     λ₀ v + λ₁ e; λ₀ folds into W_v).
+
+    Other sublayers can be given: ``mixer`` replaces self-attention by another causal sequence
+    mixer, called as ``mixer(h, cache)`` with its own cache (``mixer.new_cache()``), e.g. a Mamba
+    block (Jamba's layers: Lieber et al. 2024); ``ff`` replaces the feed-forward layer, e.g. a
+    mixture of experts. The residual wiring and the norms stay the same.
     """
 
-    def __init__(self, cfg: BlockConfig, rotary: RotaryHook | None = None) -> None:
+    def __init__(
+        self,
+        cfg: BlockConfig,
+        rotary: RotaryHook | None = None,
+        *,
+        mixer: nn.Module | None = None,
+        ff: nn.Module | None = None,
+    ) -> None:
         super().__init__()
         cfg.validate()
         self.cfg = cfg
         self.norm_first = cfg.norm_position == "pre"
-        self.self_attn = cfg.self_attention(rotary)
-        self.ff = cfg.feed_forward()
+        self.self_attn = cfg.self_attention(rotary) if mixer is None else None
+        self.mixer = mixer
+        self.ff = cfg.feed_forward() if ff is None else ff
         self.norm1 = cfg.make_norm()
         self.norm2 = cfg.make_norm()
         self.dropout1 = nn.Dropout(cfg.dropout)
         self.dropout2 = nn.Dropout(cfg.dropout)
-        self.value_gate = nn.Parameter(torch.tensor(0.5)) if cfg.value_embeddings else None
+        gated = cfg.value_embeddings and mixer is None  # only attention reads value embeddings
+        self.value_gate = nn.Parameter(torch.tensor(0.5)) if gated else None
+
+    def new_cache(self) -> Any:
+        """An empty decoding cache of this block's mixer (KV cache, window, linear or SSM state)."""
+        if self.mixer is not None:
+            return self.mixer.new_cache()
+        return self.self_attn.new_cache()
 
     def forward(
         self,
@@ -198,6 +226,8 @@ class EncoderBlock(nn.Module):
         ``value_embeddings`` (ignored by one without)."""
 
         def attend(h: Tensor) -> tuple[Tensor, Tensor | None]:
+            if self.mixer is not None:  # a mixer has no attention weights
+                return self.dropout1(self.mixer(h, cache)), None
             extra = None
             if self.value_gate is not None and values is not None:
                 extra = self.value_gate * values  # (B, T, Hkv·Dh)

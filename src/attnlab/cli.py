@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.configs import add_dataclass_arguments, collect_overrides, parse_key_values
+from attnlab.explore import command as explore_command
 from attnlab.tasks.registry import ALIASES, REGISTRY
+from attnlab.verify import command as verify_command
 
 RUN_HELP = "run directory (written by `attnlab train`)"
 CHECKPOINT_HELP = "BERT checkpoint directory, an `attnlab train mlm` run, or minilm (default)"
@@ -436,6 +438,8 @@ COMMANDS: dict[str, Command] = {
     "search": (_add_search, _run_search),
     "ablate": (_add_ablate, _run_ablate),
     "bench": (_add_bench, _run_bench),
+    "explore": (explore_command.add_parser, explore_command.run),
+    "verify": (verify_command.add_parser, verify_command.run),
 }
 
 
@@ -454,12 +458,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     # argparse fills a trailing `nargs="*"` positional before later options are seen, so
-    # `predict RUN --json "text"` leaves "text" over: hand such leftovers to predict's texts.
+    # `predict RUN --json "text"` leaves "text" over: hand such leftovers to the inputs.
     args, extra = parser.parse_known_args(argv)
     if extra:
-        if args.command != "predict" or any(e.startswith("-") for e in extra):
+        trailing = {"predict": "texts", "explore": "inputs"}.get(args.command)
+        if trailing is None or any(e.startswith("-") for e in extra):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
-        args.texts = list(args.texts) + extra
+        setattr(args, trailing, list(getattr(args, trailing)) + extra)
     try:
         return COMMANDS[args.command][1](args)
     except ValueError as err:  # bad input: a message that says what to change, no traceback

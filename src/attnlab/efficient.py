@@ -42,6 +42,7 @@ from torch import Tensor
 from attnlab.attention import (
     AttentionKernel,
     combine_masks,
+    is_recording,
     normalize_mask,
     scaled_dot_product_attention,
 )
@@ -240,6 +241,7 @@ class LocalAttention:
             and Tq == k.shape[2]
             and bias is None
             and not need_weights
+            and not is_recording()  # a recorder reads the full (Tq, Tk) weights
             and (mask is None or key_mask is not None)
         )
         if blocked:

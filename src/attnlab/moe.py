@@ -26,12 +26,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import get_args
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-EXPERT_ACTIVATIONS = ("swiglu", "gelu")
+from attnlab.blocks import Activation, apply_activation
+
+EXPERT_ACTIVATIONS: tuple[str, ...] = get_args(Activation)  # those of a dense FeedForward
 
 
 def router_probs(router_logits: Tensor) -> Tensor:
@@ -135,12 +138,7 @@ class MoEFeedForward(nn.Module):
 
     def expert(self, e: int, x: Tensor) -> Tensor:
         """Expert e's FFN on its rows x (n, d_model) -> (n, d_model)."""
-        h = F.linear(x, self.w_in[e])  # (n, 2F) or (n, F)
-        if self.activation == "swiglu":
-            gate, up = h.chunk(2, dim=-1)  # (n, F) each
-            h = F.silu(gate) * up
-        else:
-            h = F.gelu(h)
+        h = apply_activation(F.linear(x, self.w_in[e]), self.activation)  # (n, F)
         return F.linear(h, self.w_out[e])  # (n, D)
 
     def route(self, x2: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -174,13 +172,12 @@ class MoEFeedForward(nn.Module):
             counts = counts.clamp(max=cap)
         order = order[kept]  # (M,) kept assignments, grouped by expert
         tokens = token_of[order]  # (M,)
-        rows = x2.index_select(0, tokens)  # (M, D)
-        outs = [
-            self.expert(e, part)
-            for e, part in enumerate(rows.split(counts.tolist()))
-            if part.shape[0] > 0
+        outs = [  # each expert's rows gathered into a fresh (n_e, D) block
+            self.expert(e, x2.index_select(0, rows))
+            for e, rows in enumerate(tokens.split(counts.tolist()))
+            if rows.numel() > 0
         ]
-        y = torch.cat(outs, dim=0) if outs else rows  # (M, D)
+        y = torch.cat(outs, dim=0) if outs else x2[:0]  # (M, D)
         y = y * weight_of[order, None].to(y.dtype)  # (M, D)
         out = torch.zeros_like(x2).index_add_(0, tokens, y)  # (N, D)
         self._record(logits, expert_sorted[kept], tokens, mask)

@@ -151,6 +151,14 @@ class T5RelativePositionBias(nn.Module):
         bidirectional: bool = True,
     ) -> None:
         super().__init__()
+        exact = num_buckets // (4 if bidirectional else 2)  # distances with a bucket of their own
+        if max_distance <= exact:
+            raise ValueError(
+                f"T5 relative positions: max_distance={max_distance} must exceed the exact "
+                f"range ({exact} for {num_buckets} buckets, "
+                f"{'bi' if bidirectional else 'uni'}directional); raise max_distance or use "
+                "fewer buckets"
+            )
         self.n_heads, self.num_buckets = n_heads, num_buckets
         self.max_distance, self.bidirectional = max_distance, bidirectional
         self.embedding = nn.Embedding(num_buckets, n_heads)

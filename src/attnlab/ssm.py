@@ -296,7 +296,12 @@ class MambaBlock(nn.Module):
         full = torch.cat([past, u], dim=-1)  # (B, Di, K-1+T)
         if cache is not None:
             cache.conv = full[:, :, full.shape[-1] - (K - 1) :].detach()  # (B, Di, K-1)
-        out = F.conv1d(full, self.conv1d.weight, self.conv1d.bias, groups=self.d_inner)
+        if u.shape[-1] == 1:  # one decoding step: a dot product per channel, no conv kernel
+            out = (full * self.conv1d.weight[:, 0]).sum(-1, keepdim=True)  # (B, Di, 1)
+            if self.conv1d.bias is not None:
+                out = out + self.conv1d.bias[:, None]
+        else:
+            out = F.conv1d(full, self.conv1d.weight, self.conv1d.bias, groups=self.d_inner)
         return F.silu(out).transpose(1, 2)  # (B, T, Di)
 
     def forward(self, x: Tensor, cache: MambaCache | None = None) -> Tensor:

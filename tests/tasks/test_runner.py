@@ -280,7 +280,8 @@ def test_help_shows_the_values_the_command_will_use(capsys) -> None:
     with pytest.raises(SystemExit):
         main(["train", "lm", "--config", "baby", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "--bias [BOOL] (default: False)" in text  # the baby preset's, not the dataclass's
+    shown = dict(re.findall(r"--(\w+) \S+ .*?\(default: ([^)]*)\)", text))
+    assert shown["bias"] == "False"  # the baby preset's, not the dataclass's True
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["train", "--help"]])
@@ -319,3 +320,15 @@ def test_one_class_and_junk_labels_are_refused_before_any_file(tmp_path, corpus,
     ok = [*argv, "--allow-rare-labels", "--max-steps", "2", "--eval-every", "2"]
     ok += ["--test-ratio", "0"]
     assert main(ok) == 0
+
+
+def test_a_truncated_checkpoint_on_resume_gives_one_line(tmp_path, finished, capsys) -> None:
+    run = tmp_path / "copy"
+    shutil.copytree(finished, run)
+    before = snapshot(run)
+    state = run / "state" / "optimizer.safetensors"
+    state.write_bytes(state.read_bytes()[:100])
+    before["state/optimizer.safetensors"] = hashlib.sha256(state.read_bytes()).hexdigest()
+    argv = ["train", "classify", "--out", str(run), "--resume", "--max-steps", "9"]
+    probe(capsys, argv, "optimizer.safetensors", "truncated")
+    assert snapshot(run) == before  # the refused resume rewrote nothing

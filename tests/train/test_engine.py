@@ -306,7 +306,7 @@ def test_bad_inputs_raise_clear_errors(tmp_path: Path) -> None:
         ).fit()
 
     Trainer(tiny(), cfg_for(max_steps=1), tmp_path / "d", data, step_fn).fit()
-    with pytest.raises(ValueError, match="resume=True"):
+    with pytest.raises(ValueError, match="--resume"):
         Trainer(tiny(), cfg_for(max_steps=1), tmp_path / "d", data, step_fn).fit()
 
 

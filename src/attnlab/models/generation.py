@@ -12,10 +12,11 @@ smallest set of most likely tokens whose probability reaches p. Temperature 0 is
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
-from attnlab.attention import KVCache
 from attnlab.models.gpt import GPT
 
 
@@ -70,7 +71,7 @@ class Generation:
         self.ids = ids  # (B, T) everything so far
         self.start = max(0, ids.shape[1] - self.context)  # first id inside the window
         self.use_cache = use_cache
-        self.caches: list[KVCache] | None = None  # filled up to `self.cached` ids
+        self.caches: list[Any] | None = None  # per layer (KV / SSM state), up to `cached`
         self.cached = 0
 
     def _slide(self) -> None:

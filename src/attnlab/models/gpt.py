@@ -15,6 +15,17 @@ Speedrun switches (modded-nanogpt; each off by default, so the ablation can turn
 per layer, to the attention values), ``zero_init_proj`` (the attention and MLP output
 projections start at zero, so every block starts as the identity) and ``logit_softcap`` c
 (logits = c · tanh(logits / c), Gemma 2); an untied head is ``tie_weights = false``.
+
+Mixer and feed-forward: ``mixer = "mamba"`` replaces self-attention in every layer by a Mamba
+block (:mod:`attnlab.ssm`), ``"hybrid"`` in every layer except attn_every, 2·attn_every, ...
+(1-based), which keep attention (Jamba, Lieber et al. 2024, interleaves the same way); every
+layer keeps its feed-forward sublayer. Settings of attention (pos rope/alibi, qk_norm,
+value_embeddings, the attention kernel) act on the attention layers only, so ``--mixer mamba``
+works on any preset (learned positions are still added to the embeddings). ``ffn = "moe"``
+makes that sublayer a top-k mixture of ``experts`` (:mod:`attnlab.moe`); the load-balancing
+and router z-losses of the last forward are :meth:`GPT.aux_loss`, the routing shares
+:meth:`GPT.expert_usage`. Decoding keeps a KV cache for each attention layer and the SSM state
+for each Mamba layer.
 """
 
 from __future__ import annotations
@@ -29,7 +40,9 @@ from torch import Tensor, nn
 from attnlab.blocks import Activation, BlockConfig, Encoder, EncoderBlock, NormKind
 from attnlab.configs import ConfigBase, setting
 from attnlab.efficient import AttentionKind
+from attnlab.moe import MoEFeedForward
 from attnlab.positions import make_positions
+from attnlab.ssm import MambaBlock
 
 
 @dataclass
@@ -65,8 +78,37 @@ class GPTConfig(ConfigBase):
     )
     zero_init_proj: bool = setting(False, "attention and MLP output projections start at zero")
     logit_softcap: float = setting(0.0, "0 = off; else logits = c·tanh(logits / c)", min=0.0)
+    mixer: Literal["attention", "mamba", "hybrid"] = setting(
+        "attention", "sequence mixer of each layer: attention, Mamba, or both interleaved"
+    )
+    attn_every: int = setting(
+        2, "hybrid: layers attn_every, 2·attn_every, ... (1-based) are attention", min=1
+    )
+    d_state: int = setting(16, "Mamba: state size N per channel", min=1)
+    d_conv: int = setting(4, "Mamba: width of the causal depthwise convolution", min=1)
+    expand: int = setting(2, "Mamba: inner width = expand · d_model", min=1)
+    dt_rank: int = setting(
+        0, "Mamba: rank of the step-size projection; 0 = ceil(d_model/16)", min=0
+    )
+    ffn: Literal["dense", "moe"] = setting(
+        "dense", "feed-forward: one MLP, or a mixture of experts"
+    )
+    experts: int = setting(8, "MoE: experts per layer", min=1)
+    top_k: int = setting(2, "MoE: experts per token", min=1)
+    moe_aux_weight: float = setting(0.01, "MoE: load-balancing loss weight", min=0.0)
+    moe_z_weight: float = setting(0.0, "MoE: router z-loss weight", min=0.0)
+    capacity_factor: float = setting(
+        0.0, "MoE: expert capacity = factor · tokens · top_k / experts; 0 = no limit", min=0.0
+    )
 
     def check(self) -> None:
+        if self.ffn == "moe" and self.top_k > self.experts:
+            raise ValueError(f"top_k={self.top_k} exceeds experts={self.experts}; lower top_k")
+        if self.mixer == "hybrid" and self.attn_every > self.n_layers:
+            raise ValueError(
+                f"mixer='hybrid' with attn_every={self.attn_every} > n_layers={self.n_layers} "
+                "has no attention layer; lower attn_every or use mixer='mamba'"
+            )
         if self.attention == "linear" and self.pos == "alibi":
             raise ValueError(
                 "pos='alibi' adds a bias to attention scores, which linear attention does not "
@@ -88,6 +130,15 @@ class GPTConfig(ConfigBase):
         if self.activation == "swiglu":  # same parameter count as a 4·d GELU MLP
             return 64 * math.ceil(8 * self.d_model / 3 / 64)
         return 4 * self.d_model
+
+    def layer_mixers(self) -> list[str]:
+        """The sequence mixer of each layer, "attention" or "mamba"."""
+        if self.mixer == "hybrid":
+            return [
+                "attention" if (i + 1) % self.attn_every == 0 else "mamba"
+                for i in range(self.n_layers)
+            ]
+        return [self.mixer] * self.n_layers
 
     def block_config(self) -> BlockConfig:
         """The pre-norm causal block every layer is built from."""
@@ -126,36 +177,94 @@ class GPT(nn.Module):
         self.rel_bias = positions.bias  # ALiBi, or None
         self.drop = nn.Dropout(cfg.dropout)
         block = cfg.block_config()
-        blocks = [EncoderBlock(block, positions.rotary) for _ in range(cfg.n_layers)]
+        blocks = [self._layer(block, kind, positions.rotary) for kind in cfg.layer_mixers()]
         self.stack = Encoder(blocks, block.make_norm())
         self.stack.gradient_checkpointing = cfg.gradient_checkpointing
         self.value_emb = None  # (V, Hkv·Dh): the values each token adds in every layer
-        if cfg.value_embeddings:
+        if cfg.value_embeddings and "attention" in cfg.layer_mixers():
             self.value_emb = nn.Embedding(cfg.vocab_size, cfg.kv_heads * (D // cfg.n_heads))
         self.head = nn.Linear(D, cfg.vocab_size, bias=False)
         self.reset_parameters()
         if cfg.tie_weights:
             self.head.weight = self.tok_emb.weight
 
+    def _layer(self, block: BlockConfig, kind: str, rotary: nn.Module | None) -> EncoderBlock:
+        """One layer: attention or Mamba, then a dense or a mixture-of-experts feed-forward."""
+        cfg = self.cfg
+        mixer = None
+        if kind == "mamba":
+            mixer = MambaBlock(
+                cfg.d_model, cfg.d_state, cfg.d_conv, cfg.expand, cfg.dt_rank, bias=cfg.bias
+            )
+        ff = None
+        if cfg.ffn == "moe":
+            ff = MoEFeedForward(
+                cfg.d_model,
+                cfg.ff_width,
+                cfg.experts,
+                cfg.top_k,
+                cfg.activation,
+                cfg.capacity_factor,
+                cfg.moe_aux_weight,
+                cfg.moe_z_weight,
+            )
+        return EncoderBlock(block, rotary, mixer=mixer, ff=ff)
+
+    @torch.no_grad()
     def reset_parameters(self) -> None:
         """GPT-2 init: N(0, 0.02) weights, zero biases, residual outputs scaled by 1/√(2L);
-        with ``zero_init_proj`` those output projections are zero (modded-nanogpt)."""
+        with ``zero_init_proj`` those output projections are zero (modded-nanogpt). Mamba
+        layers keep their own SSM initialisation (A, D, Δ), MoE experts are N(0, 0.02)."""
         for module in self.modules():
             if isinstance(module, nn.Linear | nn.Embedding):
                 nn.init.normal_(module.weight, std=0.02)
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
+        out_std = 0.0 if self.cfg.zero_init_proj else 0.02 / math.sqrt(2 * self.cfg.n_layers)
         for block in self.stack.blocks:
-            for proj in (block.self_attn.out_proj, block.ff.w_out):
-                if self.cfg.zero_init_proj:
-                    nn.init.zeros_(proj.weight)
-                else:
-                    nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * self.cfg.n_layers))
+            if block.mixer is not None:
+                block.mixer.reset_ssm_parameters()  # the loop above re-drew dt_proj
+                block.mixer.out_proj.weight.normal_(0.0, 1.0).mul_(out_std)
+            else:
+                block.self_attn.out_proj.weight.normal_(0.0, 1.0).mul_(out_std)
+            if isinstance(block.ff, MoEFeedForward):
+                block.ff.reset_parameters(std=0.02, out_std=out_std)
+            else:
+                block.ff.w_out.weight.normal_(0.0, 1.0).mul_(out_std)
 
     def new_caches(self) -> list[Any]:
         """One empty decoding cache per layer, for `forward(..., caches=...)`: a KVCache for
-        full attention, a SlidingWindowCache (local) or a LinearAttentionState (linear)."""
-        return [block.self_attn.new_cache() for block in self.stack.blocks]
+        full attention, a SlidingWindowCache (local), a LinearAttentionState (linear), or a
+        MambaCache (convolution inputs and SSM state) for a Mamba layer."""
+        return [block.new_cache() for block in self.stack.blocks]
+
+    def moe_layers(self) -> list[tuple[int, MoEFeedForward]]:
+        """(layer index, MoE feed-forward) of every mixture-of-experts layer."""
+        return [
+            (i, block.ff)
+            for i, block in enumerate(self.stack.blocks)
+            if isinstance(block.ff, MoEFeedForward)
+        ]
+
+    def aux_loss(self) -> Tensor:
+        """The MoE auxiliary loss of the last forward, a scalar to add to the LM loss:
+        moe_aux_weight · load balance + moe_z_weight · router z-loss, averaged over the MoE
+        layers (so the weights mean the same at any depth); 0 for a dense model."""
+        layers = self.moe_layers()
+        if not layers:
+            return self.tok_emb.weight.new_zeros(())
+        return torch.stack([ff.aux_loss for _, ff in layers]).mean()
+
+    def expert_usage(self) -> list[dict[str, Any]]:
+        """Routing of the last forward, per MoE layer: ``layer`` (index), ``usage`` (share of
+        the kept top-k assignments that went to each expert, sums to 1) and ``dropped`` (share
+        of assignments over capacity); [] for a dense model."""
+        out = []
+        for i, ff in self.moe_layers():
+            if ff.stats is None:
+                raise ValueError("expert_usage() is defined after a forward pass")
+            out.append({"layer": i, "usage": ff.stats.usage.tolist(), "dropped": ff.stats.dropped})
+        return out
 
     def forward(
         self, ids: Tensor, caches: list[Any] | None = None, last_only: bool = False
@@ -198,7 +307,18 @@ class GPT(nn.Module):
             n -= self.value_emb.weight.numel()
         return n
 
+    def active_params(self) -> int:
+        """Parameters one token uses: :meth:`num_params` with each MoE layer's unchosen
+        experts left out (router + top_k experts count)."""
+        n = self.num_params()
+        for _, ff in self.moe_layers():
+            n += ff.num_active_params() - sum(p.numel() for p in ff.parameters())
+        return n
+
     def flops_per_token(self) -> int:
-        """Training FLOPs per token, 6N + 12·L·d·T (Kaplan et al. 2020; PaLM appendix B)."""
+        """Training FLOPs per token, 6N + 12·L·d·T (Kaplan et al. 2020; PaLM appendix B), with
+        N the active parameters and L the attention layers (a Mamba layer's scan is linear in
+        T and small beside its projections, which N counts)."""
         cfg = self.cfg
-        return 6 * self.num_params() + 12 * cfg.n_layers * cfg.d_model * cfg.context
+        n_attention = cfg.layer_mixers().count("attention")
+        return 6 * self.active_params() + 12 * n_attention * cfg.d_model * cfg.context

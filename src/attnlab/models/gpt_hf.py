@@ -77,6 +77,8 @@ def config_to_hf(cfg: GPTConfig) -> dict:
             problems.append(f"{name}=false")
     if cfg.logit_softcap:
         problems.append("logit_softcap=0")
+    if cfg.mixer != "attention" or cfg.ffn != "dense":
+        problems.append("mixer='attention' with ffn='dense'")
     if problems:
         raise ValueError("GPT-2 export needs " + ", ".join(problems))
     return {

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from attnlab.configs import parse_key_values
+from attnlab.configs import parse_key_values, resolve_aliases
 from attnlab.tasks import classify, runner
 
 COLUMNS = (
@@ -66,7 +66,9 @@ def variants(
     out = [("preset", "preset", "", {})]
     for key, values in factors.items():
         for value in values:
-            if str(base.get(key)) == value:
+            # an old name (norm=pre) is compared as the field it now sets (norm_position)
+            ((field, setting),) = resolve_aliases(classify.ClassifierConfig, {key: value}).items()
+            if str(base.get(field)) == str(setting):
                 continue  # this value is the preset itself
             out.append((f"{key}={value}", key, value, {key: value}))
     return out

@@ -148,11 +148,27 @@ def prepare(dcfg: LMDataConfig, run_dir: Path, resume: bool) -> Prepared:
 
 
 def lm_step(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> StepOutput:
-    """Mean next-token cross-entropy of one micro-batch (Radford et al. 2018, eq. 1)."""
+    """Mean next-token cross-entropy of one micro-batch (Radford et al. 2018, eq. 1), plus a
+    MoE model's auxiliary loss, whose value and expert usage are logged (moe_metrics)."""
     logits = model(batch["input_ids"])  # (B, T, V)
     targets = batch["targets"]  # (B, T)
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-    return StepOutput(loss=loss, weight=targets.numel())
+    gpt = getattr(model, "module", model)  # the GPT inside a DDP wrapper
+    if not gpt.moe_layers():
+        return StepOutput(loss=loss, weight=targets.numel())
+    aux = gpt.aux_loss()
+    metrics = {"lm_loss": float(loss.detach()), **moe_metrics(gpt, aux)}
+    return StepOutput(loss=loss + aux, weight=targets.numel(), metrics=metrics)
+
+
+def moe_metrics(gpt: GPT, aux: torch.Tensor) -> dict[str, float]:
+    """aux_loss, and per MoE layer i: moe{i}_dropped and each expert's share moe{i}_e{j}."""
+    metrics = {"aux_loss": float(aux.detach())}
+    for layer in gpt.expert_usage():
+        i = layer["layer"]
+        metrics[f"moe{i}_dropped"] = layer["dropped"]
+        metrics.update({f"moe{i}_e{j}": share for j, share in enumerate(layer["usage"])})
+    return metrics
 
 
 @torch.no_grad()
@@ -223,7 +239,14 @@ class LMTask(Task):
         setup.messages.append(
             f"model: {model.num_params() / 1e6:.2f}M parameters; {m.n_layers} layers, "
             f"{m.n_heads} heads ({m.kv_heads} kv), d_model {m.d_model}, context {m.context}, "
-            f"pos {m.pos}, {m.norm}-norm, {m.activation}"
+            f"pos {m.pos}, {m.norm}-norm, {m.activation}; mixer {m.mixer}"
+            + (f" (attention every {m.attn_every})" if m.mixer == "hybrid" else "")
+            + (
+                f", MoE {m.experts} experts top-{m.top_k}, "
+                f"{model.active_params() / 1e6:.2f}M active"
+                if m.ffn == "moe"
+                else ""
+            )
         )
         return model
 

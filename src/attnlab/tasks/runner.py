@@ -33,7 +33,7 @@ def build_config(
 ) -> RunConfig:
     """A new run's config: defaults <- presets/{task.preset}.toml <- ``preset`` <- fields."""
     task = get_task(task) if isinstance(task, str) else task
-    sources = [sections.PRESETS / f"{task.preset}.toml"]
+    sources = [sections.PRESETS / f"{task.preset}.toml"] if task.preset else []
     if preset:
         sources.append(sections.preset_file(preset, task.preset_prefix))
     cfg = RunConfig(task.name, sections.build_sections(task.sections(), sources, overrides))
@@ -142,6 +142,7 @@ def train(
 ) -> dict[str, Any]:
     """Train ``task_name`` into ``out``; returns results (a summary alone on other ranks)."""
     from attnlab.train import Trainer, load_weights, seed_everything
+    from attnlab.train.checkpoint import check_checkpoint
 
     task, out, overrides = get_task(task_name), Path(out), dict(overrides or {})
     main = rundir.is_main_process()
@@ -155,6 +156,7 @@ def train(
                 f"resume it with `attnlab train {raw['task']} --out {out} --resume`"
             )
         cfg = resumed_config(task, raw, overrides, preset)
+        check_checkpoint(out)  # a damaged checkpoint is refused before any file changes
     else:
         cfg = build_config(task, preset, overrides)
     with _take_folder(out, resume) as (folder, staging):

@@ -74,8 +74,8 @@ class Task:
     """One kind of run. Subclasses set the class attributes and override the hooks."""
 
     name: ClassVar[str]
-    preset: ClassVar[str]  # the bundled base preset: presets/{preset}.toml
-    preset_prefix: ClassVar[str]  # --config NAME also finds presets/{prefix}_NAME.toml
+    preset: ClassVar[str | None] = None  # a bundled base preset: presets/{preset}.toml
+    preset_prefix: ClassVar[str] = ""  # --config NAME also finds presets/{prefix}_NAME.toml
     resumable: ClassVar[frozenset[str]] = frozenset()  # more fields a resume may change
 
     def sections(self) -> dict[str, type]:

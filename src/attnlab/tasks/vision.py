@@ -37,7 +37,8 @@ from attnlab.models.cnn import CNNConfig, ResNetCNN
 from attnlab.models.vit import ViT, ViTConfig
 from attnlab.tasks import runner
 from attnlab.tasks.task import Run, RunConfig, Setup, Task
-from attnlab.train import StepOutput, TrainConfig, load_weights
+from attnlab.tensor_files import load_tensors_into, read_tensors
+from attnlab.train import StepOutput, TrainConfig
 
 Arch = Literal["vit", "cnn"]
 MODEL_CONFIGS: dict[str, type] = {"vit": ViTConfig, "cnn": CNNConfig}
@@ -252,7 +253,8 @@ class VisionTask(Task):
 
     def load(self, run_dir: Path, cfg: RunConfig, device: str) -> VisionRun:
         model = build_model(cfg)
-        load_weights(model, run_dir / "model.safetensors")
+        path = run_dir / "model.safetensors"
+        load_tensors_into(model, upgrade_weights(read_tensors(path), model), path)
         model.to(device).eval()
         report = read_json(run_dir / "data_report.json", "data report")
         return VisionRun(run_dir, cfg, model, report)
@@ -286,6 +288,17 @@ def inference_speed(
 
 
 # ---------------------------------------------------------------------------- a trained run
+
+
+def upgrade_weights(tensors: dict[str, Tensor], model: nn.Module) -> dict[str, Tensor]:
+    """Weights of older ViT runs under today's names: the position table was a (1, T, D)
+    tensor ``pos_embed``; a learned one is now the (T, D) ``pos_embed.embedding.weight``, a
+    fixed sin-cos one is recomputed and not stored."""
+    if "pos_embed" in tensors:
+        table = tensors.pop("pos_embed")[0]
+        if "pos_embed.embedding.weight" in model.state_dict():
+            tensors["pos_embed.embedding.weight"] = table
+    return tensors
 
 
 class VisionRun(Run):

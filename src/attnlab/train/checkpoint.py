@@ -200,7 +200,10 @@ def load_checkpoint(
     """Load `run_dir/state/` into `model` and `optimizer`; return (trainer_state, rng_states)."""
     state = recover_state_dir(run_dir)
     if state is None:
-        raise ValueError(f"no complete checkpoint in {Path(run_dir) / STATE}; run without resume")
+        raise ValueError(
+            f"no complete checkpoint in {Path(run_dir) / STATE}; "
+            "start the run anew without --resume"
+        )
     load_weights(model, state / "model.safetensors")
     _optimizer_from_files(
         optimizer,
@@ -213,3 +216,16 @@ def load_checkpoint(
         for rank, meta in enumerate(_read_json(state / "rng.json"))
     ]
     return read_trainer_state(run_dir), rng_states
+
+
+def check_checkpoint(run_dir: str | Path) -> None:
+    """Read every file of `run_dir/state/` (checksums, truncation, JSON) without loading it
+    into anything, so a resume can refuse a damaged checkpoint before it changes a file."""
+    state = recover_state_dir(run_dir)
+    if state is None:
+        return  # nothing to resume from: the run starts from step 0
+    read_tensors(state / "model.safetensors", "weights")
+    read_tensors(state / "optimizer.safetensors", "optimizer state")
+    read_tensors(state / "rng.safetensors", "RNG state")
+    for name in ("optimizer.json", "rng.json", "trainer.json"):
+        _read_json(state / name)

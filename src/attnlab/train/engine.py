@@ -264,7 +264,8 @@ class Trainer:
         if not resume:
             if has_ckpt or has_metrics:
                 raise ValueError(
-                    f"{run_dir} already holds a run; pass resume=True or use a new run_dir"
+                    f"{run_dir} already holds a run; continue it with --resume "
+                    "or choose another --out"
                 )
             seed_everything(self.cfg.seed + env.rank)
             return LoopState()

@@ -11,12 +11,13 @@ Mixtral's router), with the tolerance set for float32.
 from __future__ import annotations
 
 import tempfile
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from attnlab.attention import MultiHeadAttention
-from attnlab.blocks import Encoder, EncoderBlock, RMSNorm
+from attnlab.blocks import BlockConfig, Encoder, EncoderBlock, RMSNorm
 from attnlab.models.bert import BertConfig, BertModel
 from attnlab.models.bert_checkpoint import load_bert_weights
 from attnlab.models.gpt_hf import load_hf_gpt2
@@ -87,22 +88,19 @@ def check_llama(m: Measure, cases: int = 3, gradients: bool = False) -> None:
         hf = scramble(tf.LlamaModel(config), 0.15)
         d = config.hidden_size
         rope = RotaryEmbedding(head, base=10000.0)
-        blocks = [
-            EncoderBlock(
-                d,
-                H,
-                config.intermediate_size,
-                dropout=0.0,
-                activation="swiglu",
-                norm="rms",
-                norm_eps=config.rms_norm_eps,
-                bias=False,
-                norm_first=True,
-                n_kv_heads=kv,
-                rotary=rope,
-            )
-            for _ in range(config.num_hidden_layers)
-        ]
+        block = BlockConfig(
+            d,
+            H,
+            config.intermediate_size,
+            n_kv_heads=kv,
+            activation="swiglu",
+            norm="rms",
+            norm_position="pre",
+            norm_eps=config.rms_norm_eps,
+            dropout=0.0,
+            bias=False,
+        )
+        blocks = [EncoderBlock(block, rope) for _ in range(config.num_hidden_layers)]
         stack = Encoder(blocks, RMSNorm(d, eps=config.rms_norm_eps))
         embedding = nn.Embedding(config.vocab_size, d)
         links = llama_model_links(embedding, stack, hf)
@@ -134,7 +132,10 @@ def check_t5(m: Measure, cases: int = 3) -> None:
     for _ in range(cases):
         for is_decoder in (False, True):
             H, dk = randint(1, 4), randint(2, 6)
-            buckets, distance = randint(4, 16), randint(5, 40)
+            # max_distance must exceed the exact range (buckets / 2 causal, / 4 bidirectional):
+            # at equality both T5's and attnlab's bucket formulas divide by log(1) = 0
+            buckets = randint(4, 16)
+            distance = randint(buckets // 2 + 1, 40)
             config = tf.T5Config(
                 d_model=randint(8, 24),
                 d_kv=dk,
@@ -203,6 +204,27 @@ def check_gpt2(m: Measure, cases: int = 3) -> None:
         m.case()
 
 
+def hf_vit_config(cfg: ViTConfig) -> Any:
+    """The Hugging Face ViTConfig of the same network as attnlab's ``cfg`` (no dropout; eager
+    attention, which returns the weights)."""
+    return _transformers().ViTConfig(
+        hidden_size=cfg.d_model,
+        num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads,
+        intermediate_size=cfg.d_ff,
+        hidden_act="gelu",
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        image_size=cfg.image_size,
+        patch_size=cfg.patch_size,
+        num_channels=cfg.in_channels,
+        layer_norm_eps=cfg.norm_eps,
+        qkv_bias=True,
+        num_labels=cfg.n_classes,
+        attn_implementation="eager",
+    )
+
+
 def check_vit(m: Measure, cases: int = 3) -> None:
     """ViTForImageClassification == attnlab's ViT: every hidden state, attention weights and
     logits, float32 (HF's eager attention, the one that returns weights, softmaxes in float32)."""
@@ -221,23 +243,7 @@ def check_vit(m: Measure, cases: int = 3) -> None:
             norm_eps=1e-12,
             n_classes=randint(2, 6),
         )
-        hf_cfg = tf.ViTConfig(
-            hidden_size=cfg.d_model,
-            num_hidden_layers=cfg.n_layers,
-            num_attention_heads=cfg.n_heads,
-            intermediate_size=cfg.d_ff,
-            hidden_act="gelu",
-            hidden_dropout_prob=0.0,
-            attention_probs_dropout_prob=0.0,
-            image_size=cfg.image_size,
-            patch_size=cfg.patch_size,
-            num_channels=cfg.in_channels,
-            layer_norm_eps=cfg.norm_eps,
-            qkv_bias=True,
-            num_labels=cfg.n_classes,
-            attn_implementation="eager",
-        )
-        hf = tf.ViTForImageClassification(hf_cfg).eval()
+        hf = tf.ViTForImageClassification(hf_vit_config(cfg)).eval()
         with torch.no_grad():  # HF's cls/position tables start near zero: randomise all
             for p in hf.parameters():
                 p.normal_(0, 0.3)

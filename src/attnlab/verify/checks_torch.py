@@ -25,7 +25,7 @@ from attnlab.attention import (
     from_key_padding_mask,
     scaled_dot_product_attention,
 )
-from attnlab.blocks import Decoder, DecoderBlock, Encoder, EncoderBlock
+from attnlab.blocks import BlockConfig, Decoder, DecoderBlock, Encoder, EncoderBlock
 from attnlab.verify.copy_weights import (
     copy_links,
     decoder_layer_links,
@@ -185,6 +185,11 @@ def check_mha(m: Measure, cases: int = 12) -> None:
 # --------------------------------------------------------------------------- layers and stacks
 
 
+def _block(d: int, H: int, ff: int, norm_first: bool, **kw) -> BlockConfig:
+    """attnlab's block config for PyTorch's layer keywords (norm_first -> norm_position)."""
+    return BlockConfig(d, H, ff, norm_position="pre" if norm_first else "post", **kw)
+
+
 def check_encoder_layer(m: Measure, cases: int = 8) -> None:
     for _ in range(cases):
         H = choice([1, 2, 4])
@@ -193,7 +198,7 @@ def check_encoder_layer(m: Measure, cases: int = 8) -> None:
         bias = choice([False, True])
         kw = dict(dropout=0.0, activation=activation, norm_first=norm_first, bias=bias)
         theirs = nn.TransformerEncoderLayer(d, H, ff, batch_first=True, dtype=F64, **kw)
-        ours = EncoderBlock(d, H, ff, **kw).double()
+        ours = EncoderBlock(_block(d, H, ff, **kw)).double()
         links = encoder_layer_links(ours, theirs)
         copy_links(links)
         kpm = right_padding(B, T) if choice([False, True]) else None
@@ -218,7 +223,7 @@ def check_decoder_layer(m: Measure, cases: int = 8) -> None:
         norm_first, activation = choice([False, True]), choice(["relu", "gelu"])
         kw = dict(dropout=0.0, activation=activation, norm_first=norm_first)
         theirs = nn.TransformerDecoderLayer(d, H, ff, batch_first=True, dtype=F64, **kw)
-        ours = DecoderBlock(d, H, ff, **kw).double()
+        ours = DecoderBlock(_block(d, H, ff, **kw)).double()
         links = decoder_layer_links(ours, theirs)
         copy_links(links)
         tgt_kpm = right_padding(B, Tq) if choice([False, True]) else None
@@ -248,9 +253,9 @@ class Seq2SeqStacks(nn.Module):
 
     def __init__(self, d: int, H: int, ff: int, n: int, activation: str, norm_first: bool) -> None:
         super().__init__()
-        kw = dict(dropout=0.0, activation=activation, norm_first=norm_first)
-        self.encoder = Encoder([EncoderBlock(d, H, ff, **kw) for _ in range(n)], nn.LayerNorm(d))
-        self.decoder = Decoder([DecoderBlock(d, H, ff, **kw) for _ in range(n)], nn.LayerNorm(d))
+        cfg = _block(d, H, ff, dropout=0.0, activation=activation, norm_first=norm_first)
+        self.encoder = Encoder([EncoderBlock(cfg) for _ in range(n)], nn.LayerNorm(d))
+        self.decoder = Decoder([DecoderBlock(cfg) for _ in range(n)], nn.LayerNorm(d))
 
     def forward(self, src: Tensor, tgt: Tensor, src_mask: Tensor, tgt_mask: Tensor) -> Tensor:
         memory = self.encoder(src, src_mask)

@@ -13,10 +13,10 @@ import platform
 import secrets
 import sys
 import time
+from typing import TYPE_CHECKING
 
-import torch
-
-from attnlab.verify.runner import MISSING, PASS, Row, failed, format_table, run_checks, write_json
+if TYPE_CHECKING:  # torch and the checks load only when verify runs (`attnlab --help` stays fast)
+    from attnlab.verify.runner import Row
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -55,6 +55,10 @@ def select(only: str) -> list:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from attnlab.verify.runner import failed, format_table, run_checks, write_json
+
     checks = select(args.only)
     if args.list:
         for c in checks:
@@ -92,6 +96,8 @@ def _progress(total: int):
 
 
 def summary(rows: list[Row], wall: float, seed: int) -> str:
+    from attnlab.verify.runner import MISSING, PASS
+
     n_pass = sum(r.status == PASS for r in rows)
     missing = [r for r in rows if r.status == MISSING]
     bad = [r for r in rows if r.status not in (PASS, MISSING)]
@@ -106,6 +112,8 @@ def summary(rows: list[Row], wall: float, seed: int) -> str:
 
 
 def meta(seed: int, wall: float) -> dict:
+    import torch
+
     try:
         import transformers
 

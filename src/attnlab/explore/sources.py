@@ -1,0 +1,68 @@
+"""Loading what `attnlab explore` looks inside: every run kind through one function.
+
+All run loading of the explorer goes through :func:`load_source`: the task registry's
+``load_run`` for run directories, plus the checkpoints that are not runs (``minilm``, a BERT
+checkpoint directory, a Hugging Face GPT-2 directory).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+Kind = Literal["classifier", "bert", "gpt", "translate", "vit", "cnn"]
+KINDS: tuple[str, ...] = ("classifier", "bert", "gpt", "translate", "vit", "cnn")
+# task name -> kind of page
+TASK_KINDS: dict[str, Kind] = {
+    "classify": "classifier",
+    "bert_classify": "bert",
+    "lm": "gpt",
+    "translate": "translate",
+    "vit": "vit",
+    "cnn": "cnn",
+}
+
+
+@dataclass
+class Source:
+    """A loaded run: its kind, the task's run object and a name to show."""
+
+    kind: Kind
+    run: Any
+    name: str
+
+
+def load_source(run: str | Path) -> Source:
+    """A run directory (classify, BERT fine-tune, lm, translate, vit, cnn), a Hugging Face GPT-2
+    directory, a BERT checkpoint directory, or ``"minilm"`` (the shipped all-MiniLM-L6-v2)."""
+    from attnlab.tasks.bert import SentenceEncoder
+
+    name = str(run)
+    if name == "minilm":
+        return Source("bert", SentenceEncoder.load("minilm"), "all-MiniLM-L6-v2")
+    path = Path(run)
+    config = path / "config.json"
+    if not config.is_file():
+        raise ValueError(
+            f"{path} is not a run directory (no config.json); give a run of `attnlab train ...`, "
+            "a BERT or GPT-2 checkpoint directory, or minilm"
+        )
+    raw = json.loads(config.read_text(encoding="utf-8"))
+    if raw.get("model_type") == "gpt2":
+        from attnlab.tasks.lm import LMRun
+
+        return Source("gpt", LMRun.load(path), path.name)
+    if raw.get("model_type") == "bert" or (path / "checkpoint" / "config.json").is_file():
+        return Source("bert", SentenceEncoder.load(path), path.name)
+    from attnlab.tasks.runs import load_run
+
+    loaded = load_run(path)
+    kind = TASK_KINDS.get(loaded.task)
+    if kind is None:
+        raise ValueError(
+            f"{path} holds a {loaded.task!r} run, which has no attention to explore; the "
+            f"explorer reads {', '.join(TASK_KINDS)} runs"
+        )
+    return Source(kind, loaded, path.name)

@@ -1,0 +1,133 @@
+"""Page data of text encoders: the character classifier and BERT (fine-tuned or MiniLM).
+
+Every input is one row of one padded batch, as ``attnlab predict`` runs them, so several inputs
+show the padding mask at work. Per input: the tokens (padding included), the self-attention of
+every layer, the prediction, and each token's share of the pooled vector (attention rollout).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from attnlab.attention import record_attention
+from attnlab.data import pad_batch
+from attnlab.explore.pack import build_group, calls_named, rollout
+from attnlab.explore.sources import Source
+from attnlab.models.classifier import TextClassifierEnsemble
+
+PAD = "<pad>"
+
+
+def check_texts(texts: list[str], max_chars: int) -> None:
+    """Refuse empty or oversized inputs with a message that says what to change."""
+    if not texts:
+        raise ValueError("no input given: pass one or more texts after the run")
+    for i, text in enumerate(texts):
+        if not text.strip():
+            raise ValueError(f"input {i + 1} is empty; give some text to look inside")
+        if len(text) > max_chars:
+            raise ValueError(
+                f"input {i + 1} has {len(text)} characters, over the limit of {max_chars}; "
+                "shorten it (the model truncates long inputs anyway)"
+            )
+
+
+def _padded(tokens: list[str], T: int) -> list[str]:
+    return tokens + [PAD] * (T - len(tokens))
+
+
+@torch.no_grad()
+def classifier_examples(source: Source, texts: list[str], member: int = 0) -> dict[str, Any]:
+    """The character-level classifier: attention of one model (one member of an ensemble)."""
+    run = source.run
+    ids, lengths = run.encode(texts)  # (B, T), (B,)
+    model = run.model
+    if isinstance(model, TextClassifierEnsemble):
+        if not 0 <= member < len(model.members):
+            raise ValueError(f"--member must be in 1..{len(model.members)}, got {member + 1}")
+        model = model.members[member]
+    elif member != 0:
+        raise ValueError("--member: this run is a single model, not an ensemble")
+    with record_attention(model) as rec:
+        info = model.inspect(ids, lengths)  # the classifier's own rollout (token_share)
+    calls = calls_named(rec.calls, "self_attn")
+    preds = run.predict(texts)
+    T = ids.shape[1]
+    examples = []
+    for b, text in enumerate(texts):
+        tokens = _padded(
+            run.tokenizer.tokens(text, run.max_len, run.add_cls, run.config.data.tail_share), T
+        )
+        group = build_group("self-attention", calls, b, tokens, tokens)
+        n = int(lengths[b])
+        examples.append(
+            {
+                "input": text,
+                "groups": [group],
+                "prediction": _prediction(preds[b]),
+                "token_share": info["token_share"][b, :n].tolist(),
+                "share_note": _share_note(run.config.model.pooling),
+            }
+        )
+    cfg = run.config.model
+    title = f"classifier · {cfg.n_layers} layers × {cfg.n_heads} heads · d_model {cfg.d_model}"
+    if cfg.members > 1:
+        title += f" · attention of member {member + 1} of {cfg.members}"
+    return {"title": title, "examples": examples}
+
+
+@torch.no_grad()
+def bert_examples(source: Source, texts: list[str]) -> dict[str, Any]:
+    """BERT: a fine-tuned classifier run (with its prediction) or a sentence encoder."""
+    run = source.run
+    bert = getattr(run.model, "bert", run.model)  # BertClassifier.bert, or the BertModel itself
+    seqs = run.tokenizer.encode_batch(texts, run.max_len)
+    ids, lengths = pad_batch(seqs, run.tokenizer.pad_id)  # (B, T), (B,)
+    with record_attention(bert) as rec:
+        bert(ids, lengths)
+    calls = calls_named(rec.calls, "self_attn")
+    pooling = getattr(run.model, "pooling", "mean")
+    preds = run.predict(texts) if hasattr(run, "predict") else None
+    vectors = None if preds is not None else run.encode(texts)  # (B, D) unit sentence vectors
+    T = ids.shape[1]
+    examples = []
+    for b, text in enumerate(texts):
+        n = int(lengths[b])
+        tokens = _padded(run.tokenizer.tokens(text, run.max_len), T)
+        group = build_group("self-attention", calls, b, tokens, tokens)
+        weights = torch.stack([c.weights[b, :, :n, :n] for c in calls])  # (L, H, n, n)
+        r = rollout(weights)  # (n, n)
+        share = r[0] if pooling == "cls" else r.mean(dim=0)  # (n,)
+        example: dict[str, Any] = {
+            "input": text,
+            "groups": [group],
+            "token_share": (share / share.sum()).tolist(),
+            "share_note": _share_note(pooling),
+        }
+        if preds is not None:
+            example["prediction"] = _prediction(preds[b])
+        elif vectors is not None and len(texts) > 1:
+            sims = (vectors @ vectors[b]).tolist()
+            example["similarity"] = [
+                {"text": t, "cosine": round(s, 4)}
+                for j, (t, s) in enumerate(zip(texts, sims))
+                if j != b
+            ]
+        examples.append(example)
+    cfg = bert.cfg
+    title = f"BERT {source.name} · {cfg.n_layers} layers × {cfg.n_heads} heads · d {cfg.d_model}"
+    return {"title": title, "examples": examples}
+
+
+def _prediction(pred: dict[str, Any]) -> dict[str, Any]:
+    return {"label": pred["label"], "probs": pred["probs"]}
+
+
+def _share_note(pooling: str) -> str:
+    read = "the <cls> row" if pooling == "cls" else "the mean of the real tokens' rows"
+    return (
+        "each token's share of the pooled vector: attention rollout (Abnar & Zuidema 2020), "
+        f"(A + I)/2 multiplied over layers, read at {read}"
+    )

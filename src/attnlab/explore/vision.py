@@ -1,0 +1,162 @@
+"""Page data of vision runs: ViT attention over patches, CNN channel and spatial gates.
+
+ViT: every layer's self-attention over ``[cls] + patches`` (the page draws the class token's row
+over the image, or for mean pooling the mean of all rows) and the rollout map. CNN: for each
+residual block with an attention module, the gate it multiplies the features with: SE and ECA
+channel weights, CBAM's channel weights and spatial map, coordinate attention's row and column
+gates (and their channel-averaged product as a map).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.attention import record_attention
+from attnlab.channel import CBAM, ECA, CoordinateAttention, SqueezeExcite
+from attnlab.data.images import normalize
+from attnlab.explore.pack import build_group, calls_named, f32, u8
+from attnlab.explore.sources import Source
+from attnlab.models.vit import attention_rollout
+
+DEFAULT_IMAGES = 4
+
+
+def load_images(source: Source, paths: list[str]) -> tuple[Tensor, list[str]]:
+    """uint8 images (B, C, H, W) and their names: the files given, else test-split images."""
+    run = source.run
+    if paths:
+        return run.load_images(paths), list(paths)
+    from attnlab.tasks.vision import load_splits
+
+    test = load_splits(run.config.data)[0]["test"]
+    n = min(DEFAULT_IMAGES, len(test))
+    names = [f"test image {i} ({test.classes[int(test.labels[i])]})" for i in range(n)]
+    return test.images[:n], names
+
+
+def _image(pixels: Tensor) -> dict[str, Any]:
+    c, h, w = pixels.shape
+    return {"channels": c, "height": h, "width": w, "pixels": u8(pixels.permute(1, 2, 0))}
+
+
+def _prediction(run: Any, logits: Tensor) -> dict[str, Any]:
+    probs = torch.softmax(logits.float(), dim=-1)
+    k = int(probs.argmax())
+    return {
+        "label": run.classes[k],
+        "probs": {name: float(probs[i]) for i, name in enumerate(run.classes)},
+    }
+
+
+@torch.no_grad()
+def vit_examples(source: Source, paths: list[str]) -> dict[str, Any]:
+    """One example per image: attention of every layer and head, rollout, prediction."""
+    run = source.run
+    model = run.model
+    images, names = load_images(source, paths)
+    x = normalize(images, run.report["mean"], run.report["std"])
+    with record_attention(model) as rec:
+        info = model.inspect(x)
+    calls = calls_named(rec.calls, "self_attn")
+    cfg = model.cfg
+    g, cls = cfg.grid, cfg.pooling == "cls"
+    tokens = (["[cls]"] if cls else []) + [f"p{r},{c}" for r in range(g) for c in range(g)]
+    roll = attention_rollout(info["attention"])  # (B, T, T)
+    examples = []
+    for b, name in enumerate(names):
+        share = roll[b, 0, 1:] if cls else roll[b].mean(dim=0)  # (N,)
+        examples.append(
+            {
+                "input": name,
+                "groups": [build_group("self-attention", calls, b, tokens, tokens)],
+                "prediction": _prediction(run, info["logits"][b]),
+                "image": _image(images[b]),
+                "patches": {
+                    "grid": g,
+                    "cls": cls,
+                    "rollout": f32(share / share.sum()),
+                    "note": (
+                        "the class token's attention over the patches"
+                        if cls
+                        else "mean pooling: the mean attention each patch receives over all rows"
+                    ),
+                },
+            }
+        )
+    title = (
+        f"ViT {source.name} · {cfg.n_layers} layers × {cfg.n_heads} heads · "
+        f"{g}×{g} patches of {cfg.patch_size}px"
+    )
+    return {"title": title, "examples": examples}
+
+
+@torch.no_grad()
+def cnn_examples(source: Source, paths: list[str]) -> dict[str, Any]:
+    """One example per image: the attention gates of every residual block."""
+    run = source.run
+    model: nn.Module = run.model
+    images, names = load_images(source, paths)
+    x = normalize(images, run.report["mean"], run.report["std"])
+    inputs: dict[str, Tensor] = {}
+    hooks = []
+    for name, module in model.named_modules():
+        if isinstance(module, SqueezeExcite | ECA | CBAM | CoordinateAttention):
+            hooks.append(module.register_forward_pre_hook(_keep_input(inputs, name)))
+    try:
+        logits = model(x)  # (B, classes)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    if not inputs:
+        raise ValueError(
+            f"{source.name} is a CNN without attention (attention = none): there is nothing to "
+            "explore; train one with --attention se, eca, cbam or ca"
+        )
+    modules = dict(model.named_modules())
+    examples = []
+    for b, name in enumerate(names):
+        gates = [_gates(block, modules[block], feats[b : b + 1]) for block, feats in inputs.items()]
+        examples.append(
+            {
+                "input": name,
+                "groups": [],
+                "prediction": _prediction(run, logits[b]),
+                "image": _image(images[b]),
+                "gates": gates,
+            }
+        )
+    cfg = run.config.model
+    title = f"CNN {source.name} · {cfg.stages} stages × {cfg.blocks_per_stage} blocks · "
+    title += f"attention {cfg.attention}"
+    return {"title": title, "examples": examples}
+
+
+def _keep_input(store: dict[str, Tensor], name: str):
+    def hook(module: nn.Module, args: tuple[Tensor, ...]) -> None:
+        store[name] = args[0]
+
+    return hook
+
+
+def _gates(name: str, module: nn.Module, x: Tensor) -> dict[str, Any]:
+    """What one attention module multiplies its input x (1, C, H, W) with."""
+    _, C, H, W = x.shape
+    out: dict[str, Any] = {"block": name.removesuffix(".attention"), "channels": C, "h": H, "w": W}
+    if isinstance(module, SqueezeExcite | ECA):
+        out["kind"] = "SE" if isinstance(module, SqueezeExcite) else "ECA"
+        out["channel"] = module.gate(x)[0, :, 0, 0].tolist()  # (C,)
+    elif isinstance(module, CBAM):
+        mc = module.channel(x)  # (1, C, 1, 1)
+        out["kind"] = "CBAM"
+        out["channel"] = mc[0, :, 0, 0].tolist()
+        out["spatial"] = f32(module.spatial(x * mc)[0, 0])  # (H, W)
+    else:
+        g_h, g_w = module.gates(x)  # (1, C, H, 1), (1, C, 1, W)
+        out["kind"] = "coordinate attention"
+        out["rows"] = g_h[0, :, :, 0].mean(dim=0).tolist()  # (H,) mean over channels
+        out["cols"] = g_w[0, :, 0, :].mean(dim=0).tolist()  # (W,)
+        out["spatial"] = f32((g_h * g_w)[0].mean(dim=0))  # (H, W)
+    return out
