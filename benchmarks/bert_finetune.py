@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from attnlab.tasks import bert_classify
+from attnlab.tasks import runner
 
 ROOT = Path(__file__).resolve().parent.parent
 ARMS = ("pretrained", "scratch")
@@ -60,7 +60,7 @@ def main() -> None:
     for arm in ARMS:
         out = Path(args.out) / f"{args.name}-{arm}"
         start = time.perf_counter()
-        r = bert_classify.train(out, {**common, "from_scratch": arm == "scratch"})
+        r = runner.train("bert_classify", out, {**common, "from_scratch": arm == "scratch"})
         report = json.loads((out / "data_report.json").read_text())
         results["arms"][arm] = {
             "test_accuracy": r["test"]["accuracy"],

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from attnlab.tasks import bert_mlm
+from attnlab.tasks import runner
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -51,7 +51,7 @@ def main() -> None:
         "num_threads": 1,  # on 2 busy shared cores, 2 threads ran ~5x slower than 1
         "seed": 0,
     }
-    results = bert_mlm.train(args.out, overrides)
+    results = runner.train("mlm", args.out, overrides)
     records = [json.loads(x) for x in (Path(args.out) / "metrics.jsonl").read_text().splitlines()]
     report = json.loads((Path(args.out) / "data_report.json").read_text())
     train = [(r["step"], r["loss"]) for r in records if r["split"] == "train"]

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from attnlab.configs import parse_key_values
-from attnlab.tasks import classify
+from attnlab.tasks import runner
 from attnlab.tasks.classify import TUTORIAL_EXAMPLES, ClassifierRun
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,7 +69,7 @@ def main() -> int:
         return 0
     overrides = parse_key_values(args.overrides)
     started = time.perf_counter()
-    results = classify.train(Path(args.out), overrides, resume=args.resume)
+    results = runner.train("classify", Path(args.out), overrides, resume=args.resume)
     wall = time.perf_counter() - started
     usage = resource.getrusage(resource.RUSAGE_SELF)
     cpu_seconds = usage.ru_utime + usage.ru_stime

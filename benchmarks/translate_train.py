@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from attnlab.tasks import translate
+from attnlab.tasks import runner, translate
 from attnlab.tasks.translate import TranslatorRun
 
 
@@ -79,7 +79,8 @@ def main() -> None:
         if args.minutes is not None:
             overrides["max_minutes"] = str(args.minutes)
         overrides |= dict(kv.split("=", 1) for kv in args.overrides)
-        results = translate.train(run, overrides, None if args.config == "default" else args.config)
+        preset = None if args.config == "default" else args.config
+        results = runner.train("translate", run, overrides, preset)
         total = time.perf_counter() - start
         load_average = os.getloadavg()[0]  # 1-minute load as training ends
     beam = results["test"]

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from attnlab.data.io import atomic_write_text, write_json
-from attnlab.tasks import vision
+from attnlab.tasks import runner
 
 VARIANTS = {
     "vit": ("vit", {}),
@@ -56,7 +56,7 @@ def run_variant(
     if epochs is not None:
         overrides["epochs"] = epochs
     cpu0 = time.process_time()
-    results = vision.train(arch, run_root / name, overrides)
+    results = runner.train(arch, run_root / name, overrides)
     s = results["summary"]
     return {
         "variant": name,

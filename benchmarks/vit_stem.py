@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from attnlab.data.io import atomic_write_text, write_json
-from attnlab.tasks import vision
+from attnlab.tasks import runner
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "results"
 
@@ -40,7 +40,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             over = {"stem": stem, "max_minutes": args.minutes, "schedule_by_time": True}
             over |= {"num_threads": 1, "tensorboard": False}
-            r = vision.train("vit", Path(tmp) / stem, over)
+            r = runner.train("vit", Path(tmp) / stem, over)
         s = r["summary"]
         rows.append(
             {

@@ -24,7 +24,6 @@ from hypothesis import strategies as st
 from torch import Tensor, nn
 from torch.nn.attention.bias import causal_lower_right
 
-from _copy_weights import assert_grads_match, copy_links, mha_links
 from _device import DEVICE, rng_state, set_rng_state
 from attnlab.attention import (
     KVCache,
@@ -42,6 +41,7 @@ from attnlab.attention import (
 )
 from attnlab.efficient import LinearAttention, LocalAttention
 from attnlab.positions import RotaryEmbedding
+from attnlab.verify.copy_weights import assert_grads_match, copy_links, mha_links
 
 pytestmark = pytest.mark.usefixtures("on_test_device")  # tests/_device.py: ATTNLAB_TEST_DEVICE
 
@@ -551,7 +551,7 @@ def test_kv_cache_decoding_equals_full_recomputation(
     n_kv_heads: int | None, rope: bool, left_pad: bool
 ) -> None:
     d, H, B, T, prompt = 16, 4, 3, 37, 3  # 37 > initial capacity 16: the cache grows twice
-    rotary = RotaryEmbedding(d // H, max_len=8) if rope else None  # max_len 8: RoPE extends too
+    rotary = RotaryEmbedding(d // H, context=8) if rope else None  # context 8: RoPE extends too
     mha = MultiHeadAttention(d, H, n_kv_heads, rotary=rotary).double().eval()
     x = torch.randn(B, T, d, dtype=F64)
     mask = None

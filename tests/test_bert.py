@@ -303,9 +303,21 @@ def test_bad_checkpoint_directories_say_what_to_give(tmp_path):
         load_pretrained(tmp_path)
 
 
+def test_a_truncated_or_broken_checkpoint_is_a_one_line_error(tmp_path):
+    write_hf_dir(tmp_path / "ckpt", random_hf_mlm(), bin_file=False, old_names=False)
+    weights, config = tmp_path / "ckpt" / "model.safetensors", tmp_path / "ckpt" / "config.json"
+    weights.write_bytes(weights.read_bytes()[:-10])
+    with pytest.raises(ValueError, match="truncated or not a safetensors file") as err:
+        load_pretrained(tmp_path / "ckpt")
+    assert str(weights) in str(err.value) and "\n" not in str(err.value)
+    config.write_text("{")
+    with pytest.raises(ValueError, match="config.json: not a valid JSON file"):
+        load_pretrained(tmp_path / "ckpt")
+
+
 def test_input_longer_than_the_position_table_is_refused():
     model = BertModel(BertConfig.from_hf(TINY_HF))
-    with pytest.raises(ValueError, match="truncate to max_len=40"):
+    with pytest.raises(ValueError, match="truncate to context=40"):
         model(torch.ones(1, 41, dtype=torch.long))
 
 
@@ -427,7 +439,7 @@ def test_real_pang_lee_corpus():
 def test_attention_switch_keeps_weights_and_a_wide_window_is_full_attention():
     """attention=local|linear builds the same parameters (so pretrained weights load); a window
     wider than the input reproduces full attention, a narrow one with a global [CLS] does not."""
-    cfg = BertConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=16)
+    cfg = BertConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=4, d_ff=64, context=16)
     cfg.dropout = cfg.attn_dropout = 0.0
     full = BertModel(cfg).eval()
     ids, lengths = torch.randint(1, 50, (2, 12)), torch.tensor([12, 7])

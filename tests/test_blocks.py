@@ -18,7 +18,19 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from _copy_weights import (
+from attnlab.attention import KVCache, from_key_padding_mask
+from attnlab.blocks import (
+    BlockConfig,
+    Decoder,
+    DecoderBlock,
+    Encoder,
+    EncoderBlock,
+    FeedForward,
+    RMSNorm,
+    make_norm,
+)
+from attnlab.positions import RotaryEmbedding
+from attnlab.verify.copy_weights import (
     Link,
     assert_grads_match,
     copy_links,
@@ -29,17 +41,6 @@ from _copy_weights import (
     llama_mlp_links,
     transformer_links,
 )
-from attnlab.attention import KVCache, from_key_padding_mask
-from attnlab.blocks import (
-    Decoder,
-    DecoderBlock,
-    Encoder,
-    EncoderBlock,
-    FeedForward,
-    RMSNorm,
-    make_norm,
-)
-from attnlab.positions import RotaryEmbedding
 
 pytestmark = pytest.mark.usefixtures("on_test_device")  # tests/_device.py: ATTNLAB_TEST_DEVICE
 
@@ -112,7 +113,9 @@ def test_make_norm() -> None:
     assert isinstance(make_norm("rms", 8), RMSNorm)
     with pytest.raises(ValueError, match="norm must be 'layer' or 'rms', got 'batch'"):
         make_norm("batch", 8)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="activation must be relu, gelu, gelu_tanh or swiglu"):
+    with pytest.raises(
+        ValueError, match="activation must be one of relu, gelu, gelu_tanh, swiglu, relu2"
+    ):
         FeedForward(8, 16, "tanh")  # type: ignore[arg-type]
 
 
@@ -167,9 +170,11 @@ def test_encoder_block_matches_torch_layer(norm_first: bool, activation: str) ->
         bias=bias,
         dtype=F64,
     )
-    ours = EncoderBlock(
-        d, H, ff, dropout=0.0, activation=activation, norm_first=norm_first, bias=bias
-    ).double()
+    position = "pre" if norm_first else "post"
+    cfg = BlockConfig(
+        d, H, ff, dropout=0.0, activation=activation, norm_position=position, bias=bias
+    )
+    ours = EncoderBlock(cfg).double()
     links = encoder_layer_links(ours, theirs)
     copy_links(links)
     for kind in MASKS:
@@ -205,8 +210,9 @@ def test_decoder_block_matches_torch_layer(norm_first: bool, activation: str) ->
         norm_first=norm_first,
         dtype=F64,
     )
-    ours = DecoderBlock(d, H, ff, dropout=0.0, activation=activation, norm_first=norm_first)
-    ours = ours.double()
+    position = "pre" if norm_first else "post"
+    cfg = BlockConfig(d, H, ff, dropout=0.0, activation=activation, norm_position=position)
+    ours = DecoderBlock(cfg).double()
     links = decoder_layer_links(ours, theirs)
     copy_links(links)
     for kind in MASKS:
@@ -241,9 +247,10 @@ class Seq2Seq(nn.Module):
 
     def __init__(self, d: int, H: int, ff: int, n: int, activation: str, norm_first: bool) -> None:
         super().__init__()
-        kw = dict(dropout=0.0, activation=activation, norm_first=norm_first)
-        self.encoder = Encoder([EncoderBlock(d, H, ff, **kw) for _ in range(n)], nn.LayerNorm(d))
-        self.decoder = Decoder([DecoderBlock(d, H, ff, **kw) for _ in range(n)], nn.LayerNorm(d))
+        position = "pre" if norm_first else "post"
+        cfg = BlockConfig(d, H, ff, dropout=0.0, activation=activation, norm_position=position)
+        self.encoder = Encoder([EncoderBlock(cfg) for _ in range(n)], nn.LayerNorm(d))
+        self.decoder = Decoder([DecoderBlock(cfg) for _ in range(n)], nn.LayerNorm(d))
 
     def forward(self, src: Tensor, tgt: Tensor, src_mask: Tensor, tgt_mask: Tensor) -> Tensor:
         memory = self.encoder(src, src_mask)
@@ -299,7 +306,8 @@ def _count_calls(modules: list[nn.Module]) -> list[int]:
 def test_gradient_checkpointing_encoder_same_outputs_and_gradients() -> None:
     d, H, B, T, n = 16, 4, 2, 6, 3
     enc = Encoder(
-        [EncoderBlock(d, H, 32, dropout=0.2, norm_first=True) for _ in range(n)], nn.LayerNorm(d)
+        [EncoderBlock(BlockConfig(d, H, 32, dropout=0.2, norm_position="pre")) for _ in range(n)],
+        nn.LayerNorm(d),
     ).double()
     calls = _count_calls(list(enc.blocks))
     x0 = torch.randn(B, T, d, dtype=F64)
@@ -330,7 +338,8 @@ def test_gradient_checkpointing_encoder_same_outputs_and_gradients() -> None:
 def test_gradient_checkpointing_decoder_same_outputs_and_gradients() -> None:
     d, H, B, Tq, Tk, n = 16, 2, 2, 5, 6, 2
     dec = Decoder(
-        [DecoderBlock(d, H, 24, dropout=0.2, d_memory=10) for _ in range(n)], nn.LayerNorm(d)
+        [DecoderBlock(BlockConfig(d, H, 24, dropout=0.2), d_memory=10) for _ in range(n)],
+        nn.LayerNorm(d),
     ).double()
     calls = _count_calls(list(dec.blocks))
     y0, m0 = torch.randn(B, Tq, d, dtype=F64), torch.randn(B, Tk, 10, dtype=F64)
@@ -355,8 +364,9 @@ def test_gradient_checkpointing_decoder_same_outputs_and_gradients() -> None:
 
 def test_gradient_checkpointing_is_skipped_with_caches() -> None:
     """A cache makes a block stateful: recomputing it would append the keys a second time."""
-    enc = Encoder([EncoderBlock(16, 4, 32, dropout=0.0) for _ in range(2)]).double()
-    dec = Decoder([DecoderBlock(16, 4, 32, dropout=0.0) for _ in range(2)]).double()
+    cfg = BlockConfig(16, 4, 32, dropout=0.0)
+    enc = Encoder([EncoderBlock(cfg) for _ in range(2)]).double()
+    dec = Decoder([DecoderBlock(cfg) for _ in range(2)]).double()
     x = torch.randn(2, 5, 16, dtype=F64, requires_grad=True)
     memory = torch.randn(2, 3, 16, dtype=F64)
     grads = []
@@ -394,15 +404,17 @@ def test_kv_cache_through_a_causal_encoder_stack() -> None:
         Encoder(
             [
                 EncoderBlock(
-                    d,
-                    H,
-                    48,
-                    dropout=0.0,
-                    activation="swiglu",
-                    norm="rms",
-                    bias=False,
-                    norm_first=True,
-                    n_kv_heads=Hkv,
+                    BlockConfig(
+                        d,
+                        H,
+                        48,
+                        dropout=0.0,
+                        activation="swiglu",
+                        norm="rms",
+                        bias=False,
+                        norm_position="pre",
+                        n_kv_heads=Hkv,
+                    ),
                     rotary=rope,
                 )
                 for _ in range(3)
@@ -427,7 +439,15 @@ def test_kv_cache_through_a_decoder_with_static_cross_cache(norm_first: bool) ->
         Decoder(
             [
                 DecoderBlock(
-                    d, H, 32, dropout=0.0, n_kv_heads=2, d_memory=dm, norm_first=norm_first
+                    BlockConfig(
+                        d,
+                        H,
+                        32,
+                        dropout=0.0,
+                        n_kv_heads=2,
+                        norm_position="pre" if norm_first else "post",
+                    ),
+                    d_memory=dm,
                 )
                 for _ in range(2)
             ],
@@ -452,7 +472,8 @@ def test_kv_cache_through_a_decoder_with_static_cross_cache(norm_first: bool) ->
 
 def test_stacks_return_attention_weights() -> None:
     d, H, B, T = 16, 4, 2, 5
-    enc = Encoder([EncoderBlock(d, H, 32, dropout=0.0) for _ in range(2)]).double()
+    cfg = BlockConfig(d, H, 32, dropout=0.0)
+    enc = Encoder([EncoderBlock(cfg) for _ in range(2)]).double()
     x = torch.randn(B, T, d, dtype=F64)
     out, weights = enc(x, is_causal=True, return_weights=True)
     assert len(weights) == 2 and all(w.shape == (B, H, T, T) for w in weights)
@@ -460,6 +481,6 @@ def test_stacks_return_attention_weights() -> None:
     for w in weights:
         torch.testing.assert_close(w.sum(-1), torch.ones(B, H, T, dtype=F64))
         assert (w.triu(1) == 0).all()
-    dec = Decoder([DecoderBlock(d, H, 32, dropout=0.0) for _ in range(2)]).double()
+    dec = Decoder([DecoderBlock(cfg) for _ in range(2)]).double()
     out, weights = dec(x, torch.randn(B, 7, d, dtype=F64), return_weights=True)
     assert [(s.shape, c.shape) for s, c in weights] == [((B, H, T, T), (B, H, T, 7))] * 2

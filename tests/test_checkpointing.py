@@ -47,7 +47,7 @@ def vit(flag: bool):
 
 
 def bert(flag: bool):
-    cfg = BertConfig(vocab_size=20, d_model=16, n_layers=2, n_heads=2, d_ff=32, max_len=16)
+    cfg = BertConfig(vocab_size=20, d_model=16, n_layers=2, n_heads=2, d_ff=32, context=16)
     cfg.dropout = cfg.attn_dropout = 0.0
     cfg.gradient_checkpointing = flag
     ids = torch.randint(1, 20, (2, 9))

@@ -66,6 +66,27 @@ def test_load_toml_then_apply(tmp_path: Path) -> None:
     assert cfg.betas == (0.7, 0.8) and cfg.inner == Inner(dim=32) and cfg.n_layers == 4
 
 
+@pytest.mark.parametrize(
+    "name,content,problem",
+    [
+        ("c.toml", "n_layers = 4\nlr = \n", "not a readable TOML config (Invalid value (at line 2"),
+        ("absent.toml", None, "not a readable TOML config ([Errno 2]"),
+        ("c.json", '{"n_layers": 4,', "cannot read this config JSON file (Expecting"),
+        ("absent.json", None, "cannot read this config JSON file ([Errno 2]"),
+    ],
+)
+def test_broken_config_files_are_one_line_errors_naming_the_file(
+    tmp_path: Path, name: str, content: str | None, problem: str
+) -> None:
+    path = tmp_path / name
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(ValueError) as err:
+        load_toml(path) if name.endswith(".toml") else load_json(Cfg, path)
+    message = str(err.value)
+    assert message.startswith(f"{path}: {problem}") and "\n" not in message
+
+
 def test_overrides_coerce_strings_to_field_types() -> None:
     cfg = apply_overrides(
         Cfg(),

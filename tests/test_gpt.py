@@ -117,6 +117,18 @@ def test_export_loads_in_hugging_face_with_equal_logits(tmp_path) -> None:
         assert torch.equal(a, b), name
 
 
+def test_a_broken_gpt2_directory_is_a_one_line_error_naming_the_file(tmp_path) -> None:
+    save_hf_gpt2(GPT(tiny()), tmp_path)
+    weights, config = tmp_path / "model.safetensors", tmp_path / "config.json"
+    weights.write_bytes(weights.read_bytes()[:-10])
+    with pytest.raises(ValueError, match="truncated or not a safetensors file") as err:
+        load_hf_gpt2(tmp_path)
+    assert str(weights) in str(err.value) and "\n" not in str(err.value)
+    config.write_text(config.read_text()[:-5])
+    with pytest.raises(ValueError, match="config.json: not a valid JSON file"):
+        load_hf_gpt2(tmp_path)
+
+
 def test_export_refuses_what_gpt2_cannot_express() -> None:
     with pytest.raises(ValueError, match="pos='learned'.*n_kv_heads=0"):
         config_to_hf(tiny(pos="rope", n_kv_heads=2))
@@ -294,7 +306,7 @@ def test_gpt2_init_scales_residual_projections() -> None:
         (dict(pos="sinusoidal"), "pos must be one of learned, rope, alibi"),
         (dict(n_heads=5), "not divisible by n_heads=5"),
         (dict(n_kv_heads=3), "multiple of n_kv_heads=3"),
-        (dict(activation="relu"), "activation must be one of"),
+        (dict(activation="tanh"), "activation must be one of"),
     ],
 )
 def test_bad_config_says_what_to_change(changes, message) -> None:

@@ -12,16 +12,20 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 from torch import nn
 
-from _copy_weights import Link, assert_grads_match, copy_links, llama_model_links
 from attnlab.attention import MultiHeadAttention
-from attnlab.blocks import Encoder, EncoderBlock, RMSNorm
+from attnlab.blocks import BlockConfig, Encoder, EncoderBlock, RMSNorm
 from attnlab.positions import RotaryEmbedding, T5RelativePositionBias, t5_relative_bucket
+from attnlab.verify.copy_weights import (
+    Link,
+    assert_grads_match,
+    copy_links,
+    copy_t5_attention,
+    llama_model_links,
+)
 
 transformers = pytest.importorskip("transformers")
 from transformers.models.t5.modeling_t5 import T5Attention  # noqa: E402
@@ -63,16 +67,18 @@ def llama_pair(
     rope = RotaryEmbedding(d // H, base=10000.0)
     blocks = [
         EncoderBlock(
-            d,
-            H,
-            config.intermediate_size,
-            dropout=0.0,
-            activation="swiglu",
-            norm="rms",
-            norm_eps=config.rms_norm_eps,
-            bias=False,
-            norm_first=True,
-            n_kv_heads=config.num_key_value_heads,
+            BlockConfig(
+                d,
+                H,
+                config.intermediate_size,
+                dropout=0.0,
+                activation="swiglu",
+                norm="rms",
+                norm_eps=config.rms_norm_eps,
+                bias=False,
+                norm_position="pre",
+                n_kv_heads=config.num_key_value_heads,
+            ),
             rotary=rope,
         )
         for _ in range(config.num_hidden_layers)
@@ -221,9 +227,7 @@ def test_mha_with_t5_bias_matches_t5_attention_layer(is_decoder: bool) -> None:
     with torch.no_grad():
         for p in hf.parameters():
             p.normal_(0.0, 0.4)
-        mha.qkv.weight.copy_(torch.cat([hf.q.weight * math.sqrt(dk), hf.k.weight, hf.v.weight]))
-        mha.out_proj.weight.copy_(hf.o.weight)
-        bias.embedding.weight.copy_(hf.relative_attention_bias.weight)
+    copy_t5_attention(mha, bias, hf)
     B, T = 2, 9
     x = torch.randn(B, T, d, dtype=F64)
     causal = torch.ones(T, T, dtype=torch.bool).tril()

@@ -1,8 +1,8 @@
 """attnlab.positions against the formulas of the papers and Hugging Face's implementations.
 
 * sinusoidal table == Vaswani et al.'s formula computed here with ``math`` (odd widths too),
-  the module adds it at an offset and extends itself past ``max_len``;
-* learned positions: reaching past ``max_len`` is a ValueError naming ``max_len``;
+  the module adds it at an offset and extends itself past ``context``;
+* learned positions: reaching past ``context`` is a ValueError naming ``context``;
 * RoPE == Hugging Face ``LlamaRotaryEmbedding`` + ``apply_rotary_pos_emb`` (values and
   gradients, offsets, Tq != Tk, beyond the built table) and scores depend on m - n only;
 * ALiBi slopes == the paper's reference code and BLOOM's ``_get_alibi_slopes``; the bias gives
@@ -59,24 +59,24 @@ def test_sinusoid_table_matches_the_formula(d_model: int) -> None:
 
 
 def test_sinusoidal_module_adds_at_offset_and_extends() -> None:
-    pe = SinusoidalPositionalEncoding(10, max_len=8)
+    pe = SinusoidalPositionalEncoding(10, context=8)
     x = torch.randn(2, 5, 10)
     torch.testing.assert_close(pe(x, offset=2), x + formula_table(7, 10)[2:].float())
-    far = pe(torch.zeros(1, 4, 10), offset=20)  # past max_len: the table grows
+    far = pe(torch.zeros(1, 4, 10), offset=20)  # past context: the table grows
     torch.testing.assert_close(far[0], formula_table(24, 10)[20:].float(), rtol=0, atol=1e-5)
 
 
 # --------------------------------------------------------------------------- learned
 
 
-def test_learned_positions_and_max_len_error() -> None:
-    emb = LearnedPositionalEmbedding(max_len=6, d_model=4)
+def test_learned_positions_and_context_error() -> None:
+    emb = LearnedPositionalEmbedding(context=6, d_model=4)
     x = torch.randn(2, 4, 4)
     torch.testing.assert_close(emb(x, offset=2), x + emb.embedding.weight[2:6])
-    with pytest.raises(ValueError, match=r"max_len=6") as info:
+    with pytest.raises(ValueError, match=r"context=6") as info:
         emb(torch.randn(1, 7, 4))
     assert "truncate inputs to 6 tokens" in str(info.value)
-    with pytest.raises(ValueError, match=r"reaches position 7 .*max_len=6"):
+    with pytest.raises(ValueError, match=r"reaches position 7 .*context=6"):
         emb(x, offset=3)
 
 
@@ -102,7 +102,7 @@ def hf_rope(head_dim: int, base: float = 10000.0):
 def test_rope_matches_hugging_face(t_q: int, t_k: int, offset: int, dtype: torch.dtype) -> None:
     head_dim, base = 8, 500.0
     hf_emb, hf_apply = hf_rope(head_dim, base)
-    rope = RotaryEmbedding(head_dim, base=base, max_len=64)  # offset 3000: the table is rebuilt
+    rope = RotaryEmbedding(head_dim, base=base, context=64)  # offset 3000: the table is rebuilt
     q = torch.randn(2, 4, t_q, head_dim, dtype=dtype, requires_grad=True)
     k = torch.randn(2, 2, t_k, head_dim, dtype=dtype, requires_grad=True)
     got_q, got_k = rope(q, k, offset)
@@ -135,7 +135,7 @@ def test_rotate_half_is_hugging_faces() -> None:
 def test_rope_scores_depend_only_on_relative_position(m: int, n: int, shift: int) -> None:
     """<R_m q, R_n k> == <R_{m+s} q, R_{n+s} k>: the point of RoPE (Su et al. 2021, eq. 16)."""
     g = torch.Generator().manual_seed(m * 1000 + n)
-    rope = RotaryEmbedding(16, max_len=1024)
+    rope = RotaryEmbedding(16, context=1024)
     rope.double()
     q = torch.randn(1, 1, 1, 16, generator=g, dtype=F64)
     k = torch.randn(1, 1, 1, 16, generator=g, dtype=F64)

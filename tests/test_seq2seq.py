@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from _copy_weights import assert_grads_match, copy_links, transformer_links
 from attnlab.models.beam import DecodeSettings, beam_search, greedy_decode, length_penalty
 from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
+from attnlab.verify.copy_weights import assert_grads_match, copy_links, transformer_links
 
 PAD, BOS, EOS = 0, 1, 2
 
@@ -79,7 +79,9 @@ class Reference(nn.Module):
 @pytest.mark.parametrize("shared", [True, False])
 def test_matches_nn_transformer_forward_and_gradients(norm_first: bool, shared: bool) -> None:
     cfg = _config(
-        norm_first=norm_first, shared_embeddings=shared, tgt_vocab_size=23 if shared else 19
+        norm_position="pre" if norm_first else "post",
+        shared_embeddings=shared,
+        tgt_vocab_size=23 if shared else 19,
     )
     ours = Seq2SeqTransformer(cfg).double()
     ref = Reference(ours, norm_first).double()

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from attnlab.models.vit import ViT, ViTConfig, attention_rollout, rollout_map, sincos_2d_table
+from attnlab.verify.copy_weights import copy_vit
 
 transformers = pytest.importorskip("transformers")
 
@@ -51,56 +52,11 @@ def _hf_pair(cfg: ViTConfig):
     return hf
 
 
-def _copy_from_hf(model: ViT, hf) -> None:
-    """Map ViTForImageClassification's state dict (transformers 5 names) onto attnlab's."""
-    v4_names = [  # transformers 4 spelled the same tensors differently
-        ("encoder.layer.", "layers."),
-        ("attention.attention.query", "attention.q_proj"),
-        ("attention.attention.key", "attention.k_proj"),
-        ("attention.attention.value", "attention.v_proj"),
-        ("attention.output.dense", "attention.o_proj"),
-        ("intermediate.dense", "mlp.fc1"),
-        ("output.dense", "mlp.fc2"),
-    ]
-    src = {}
-    for k, v in hf.state_dict().items():
-        for old, new in v4_names:
-            k = k.replace(old, new)
-        src[k.removeprefix("vit.")] = v
-    sd = {
-        "cls_token": src["embeddings.cls_token"],
-        "pos_embed": src["embeddings.position_embeddings"],
-        "patch_embed.proj.weight": src["embeddings.patch_embeddings.projection.weight"],
-        "patch_embed.proj.bias": src["embeddings.patch_embeddings.projection.bias"],
-        "encoder.norm.weight": src["layernorm.weight"],
-        "encoder.norm.bias": src["layernorm.bias"],
-        "head.weight": src["classifier.weight"],
-        "head.bias": src["classifier.bias"],
-    }
-    names = {
-        "self_attn.out_proj": "attention.o_proj",
-        "ff.w_in": "mlp.fc1",
-        "ff.w_out": "mlp.fc2",
-        "norm1": "layernorm_before",
-        "norm2": "layernorm_after",
-    }
-    for i in range(model.cfg.n_layers):
-        ours, theirs = f"encoder.blocks.{i}.", f"layers.{i}."
-        for kind in ("weight", "bias"):
-            sd[ours + f"self_attn.qkv.{kind}"] = torch.cat(
-                [src[theirs + f"attention.{x}_proj.{kind}"] for x in "qkv"]
-            )
-            for a, b in names.items():
-                sd[ours + f"{a}.{kind}"] = src[theirs + f"{b}.{kind}"]
-    missing, unexpected = model.load_state_dict(sd)
-    assert not missing and not unexpected
-
-
 def test_matches_hugging_face_vit_hidden_states_attention_and_logits() -> None:
     cfg = _tiny()
     hf = _hf_pair(cfg)
     model = ViT(cfg).eval()
-    _copy_from_hf(model, hf)
+    copy_vit(model, hf)
     images = torch.randn(3, 3, 12, 12)
     with torch.no_grad():
         ref = hf.vit(images, output_hidden_states=True, output_attentions=True)
@@ -142,7 +98,8 @@ def test_sincos_2d_table_encodes_row_then_column() -> None:
 def test_shapes_and_gradients(pooling: str, pos: str) -> None:
     cfg = _tiny(pooling=pooling, pos=pos, in_channels=1)
     model = ViT(cfg)
-    assert model.pos_embed.requires_grad == (pos == "learned")
+    trained = [p.requires_grad for p in model.pos_embed.parameters()]
+    assert trained == ([True] if pos == "learned" else [])
     x = torch.randn(2, 1, 12, 12)
     logits = model(x)
     assert logits.shape == (2, 5)
@@ -188,8 +145,9 @@ def test_rollout_map_finds_the_only_patch_attended_to() -> None:
         # Zero images and zero positions give zero tokens (so zero keys) everywhere except the
         # target, whose key is large along `marked`; every query is a constant along `marked`.
         model.cls_token.zero_()
-        model.pos_embed.zero_()
-        model.pos_embed[0, target, marked] = 50.0
+        table = model.pos_embed.embedding.weight  # (T, D) learned positions
+        table.zero_()
+        table[target, marked] = 50.0
         attn.qkv.weight.zero_()
         attn.qkv.bias.zero_()
         attn.qkv.bias[marked] = 20.0  # q = const

@@ -469,6 +469,9 @@ class MultiHeadAttention(nn.Module):
     and keys (RoPE); an additive ``bias`` passed to :meth:`forward` carries relative positions.
     ``kernel`` replaces full attention in self-attention (local or linear attention, from
     :func:`attnlab.efficient.make_kernel`); the parameters, and so checkpoints, stay the same.
+    ``q_norm``/``k_norm`` (QK-norm, e.g. RMSNorm over Dh as in Qwen3) normalise each
+    self-attention head's queries and keys before ``rotary``; ``forward(values=...)`` adds a
+    tensor (B, Tq, Hkv*Dh) to the projected self-attention values (value embeddings).
     """
 
     def __init__(
@@ -485,6 +488,8 @@ class MultiHeadAttention(nn.Module):
         rotary: RotaryHook | None = None,
         fused: bool = True,
         kernel: AttentionKernel | None = None,
+        q_norm: nn.Module | None = None,
+        k_norm: nn.Module | None = None,
     ) -> None:
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
@@ -516,6 +521,7 @@ class MultiHeadAttention(nn.Module):
         self.rotary = rotary
         self.fused = fused
         self.kernel = kernel
+        self.q_norm, self.k_norm = q_norm, k_norm
         q_width = n_heads * self.head_dim
         kv_width = n_kv_heads * self.head_dim
         self._split = (q_width, kv_width, kv_width)
@@ -573,6 +579,7 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool = False,
         average_weights: bool = False,
         cache: KVCache | None = None,
+        values: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """x: (B, Tq, d_model); context: (B, Tk, kdim) or None. Returns (B, Tq, d_model), weights.
 
@@ -600,9 +607,13 @@ class MultiHeadAttention(nn.Module):
             if context is not None:
                 self._check_input(context, self.kdim, "context")
             q, k, v = self._project(x, context)
+            if values is not None and context is None:
+                v = v + values  # (B, Tq, Hkv*Dh)
             q = self._heads(q, self.n_heads)  # (B, H, Tq, Dh)
             k = self._heads(k, self.n_kv_heads)  # (B, Hkv, Tk_new, Dh)
             v = self._heads(v, self.n_kv_heads)  # (B, Hkv, Tk_new, Dh)
+            if self.q_norm is not None and self.k_norm is not None and context is None:
+                q, k = self.q_norm(q), self.k_norm(k)  # per head, over Dh
             if self.rotary is not None and context is None:
                 q, k = self.rotary(q, k, offset)
             if cache is not None and self.kernel is None:  # a kernel updates its own cache

@@ -1,13 +1,15 @@
 """Transformer building blocks: norms, feed-forward, encoder and decoder blocks, and stacks.
 
-Every block takes (B, T, D) and returns (B, T, D) plus the attention weights when asked.
+Every block takes (B, T, D) and returns (B, T, D) plus the attention weights when asked, and
+is built from one :class:`BlockConfig`.
 Post-norm (the original Transformer): x = Norm(x + Sublayer(x)).
 Pre-norm (GPT-2, LLaMA):               x = x + Sublayer(Norm(x)), with a final norm on the stack.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -15,10 +17,12 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from attnlab.attention import KVCache, MultiHeadAttention, RotaryHook
-from attnlab.efficient import make_kernel
+from attnlab.configs import ConfigBase, setting
+from attnlab.efficient import AttentionKind, check_attention_config, make_kernel
 
 NormKind = Literal["layer", "rms"]
-Activation = Literal["relu", "gelu", "gelu_tanh", "swiglu"]
+NormPosition = Literal["pre", "post"]
+Activation = Literal["relu", "gelu", "gelu_tanh", "swiglu", "relu2"]
 
 
 class RMSNorm(nn.Module):
@@ -51,6 +55,7 @@ class FeedForward(nn.Module):
 
     With ``swiglu``: W2 · (SiLU(W_gate x) ⊙ W_up x)  (Shazeer 2020, eq. 6); the gate and up
     projections are stored as one matrix ``w_in`` (gate rows first) for one matmul.
+    ``relu2`` is squared ReLU, act(h) = max(h, 0)²  (So et al. 2021, Primer, §3).
     """
 
     def __init__(
@@ -62,9 +67,9 @@ class FeedForward(nn.Module):
         bias: bool = True,
     ) -> None:
         super().__init__()
-        if activation not in ("relu", "gelu", "gelu_tanh", "swiglu"):
+        if activation not in get_args(Activation):
             raise ValueError(
-                f"activation must be relu, gelu, gelu_tanh or swiglu, got {activation!r}"
+                f"activation must be one of {', '.join(get_args(Activation))}, got {activation!r}"
             )
         self.activation = activation
         width = 2 * d_ff if activation == "swiglu" else d_ff
@@ -79,11 +84,77 @@ class FeedForward(nn.Module):
             h = F.silu(gate) * up  # (B, T, d_ff)
         elif self.activation == "relu":
             h = F.relu(h)
+        elif self.activation == "relu2":
+            h = F.relu(h).square()
         elif self.activation == "gelu":
             h = F.gelu(h)
         else:
             h = F.gelu(h, approximate="tanh")
         return self.w_out(self.dropout(h))  # (B, T, D)
+
+
+@dataclass
+class BlockConfig(ConfigBase):
+    """Everything a Transformer block is built from; every model makes one and passes it."""
+
+    d_model: int = setting(512, min=1)
+    n_heads: int = setting(8, min=1)
+    d_ff: int = setting(2048, min=1)
+    n_kv_heads: int = setting(0, "0 = n_heads; fewer = grouped-query attention", min=0)
+    activation: Activation = "relu"
+    norm: NormKind = "layer"
+    norm_position: NormPosition = "post"
+    norm_eps: float = setting(1e-5, min=0.0)
+    dropout: float = setting(0.1, min=0.0, below=1.0)
+    attn_dropout: float | None = None  # None = dropout
+    bias: bool = True  # biases in the linear layers and LayerNorms
+    attention: AttentionKind = "full"
+    window: int = setting(0, min=0)
+    n_global: int = setting(0, min=0)
+    fused: bool = True  # PyTorch's fused attention kernel when no weights are asked for
+    qk_norm: bool = False  # RMSNorm (eps norm_eps) of each head's queries and keys, before RoPE
+    value_embeddings: bool = False  # a gate for values added by the model (EncoderBlock.forward)
+
+    def check(self) -> None:
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        if self.n_heads % self.kv_heads:
+            raise ValueError(
+                f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}"
+            )
+        check_attention_config(self.attention, self.window, self.n_global)
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads (n_heads unless grouped-query attention)."""
+        return self.n_kv_heads or self.n_heads
+
+    def self_attention(self, rotary: RotaryHook | None) -> MultiHeadAttention:
+        """The block's self-attention layer (full, local or linear kernel).
+
+        ``qk_norm``: queries and keys of each head go through RMSNorm over the head dimension
+        before RoPE (QK-norm, Dehghani et al. 2023, §3.1; as Qwen3 and OLMo 2 do per head).
+        """
+        head_dim = self.d_model // self.n_heads
+        qk = [RMSNorm(head_dim, self.norm_eps) for _ in range(2)] if self.qk_norm else [None] * 2
+        return MultiHeadAttention(
+            self.d_model,
+            self.n_heads,
+            self.kv_heads,
+            bias=self.bias,
+            dropout=self.dropout if self.attn_dropout is None else self.attn_dropout,
+            rotary=rotary,
+            fused=self.fused,
+            kernel=make_kernel(self.attention, self.window, self.n_global),
+            q_norm=qk[0],
+            k_norm=qk[1],
+        )
+
+    def feed_forward(self) -> FeedForward:
+        return FeedForward(self.d_model, self.d_ff, self.activation, self.dropout, self.bias)
+
+    def make_norm(self) -> nn.Module:
+        return make_norm(self.norm, self.d_model, self.norm_eps, self.bias)
 
 
 class EncoderBlock(nn.Module):
@@ -92,46 +163,23 @@ class EncoderBlock(nn.Module):
     With ``causal=True`` and no cross-attention this is also the GPT/LLaMA decoder block.
     ``attention`` chooses full, local (sliding ``window``, ``n_global`` global tokens) or
     linear self-attention (:mod:`attnlab.efficient`); the parameters are the same for all three.
+    With ``value_embeddings`` the block has a learned gate λ (init 0.5) and its self-attention
+    values become v = x W_v + λ · e for the ``values`` e given to forward (modded-nanogpt mixes
+    λ₀ v + λ₁ e; λ₀ folds into W_v).
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        d_ff: int,
-        *,
-        dropout: float = 0.1,
-        attn_dropout: float | None = None,
-        activation: Activation = "relu",
-        norm_first: bool = False,
-        norm: NormKind = "layer",
-        norm_eps: float = 1e-5,
-        bias: bool = True,
-        n_kv_heads: int | None = None,
-        rotary: RotaryHook | None = None,
-        fused: bool = True,
-        attention: str = "full",
-        window: int = 0,
-        n_global: int = 0,
-    ) -> None:
+    def __init__(self, cfg: BlockConfig, rotary: RotaryHook | None = None) -> None:
         super().__init__()
-        self.norm_first = norm_first
-        attn_dropout = dropout if attn_dropout is None else attn_dropout
-        self.self_attn = MultiHeadAttention(
-            d_model,
-            n_heads,
-            n_kv_heads,
-            bias=bias,
-            dropout=attn_dropout,
-            rotary=rotary,
-            fused=fused,
-            kernel=make_kernel(attention, window, n_global),
-        )
-        self.ff = FeedForward(d_model, d_ff, activation, dropout, bias)
-        self.norm1 = make_norm(norm, d_model, norm_eps, bias)
-        self.norm2 = make_norm(norm, d_model, norm_eps, bias)
-        self.dropout1 = nn.Dropout(dropout)
-        self.dropout2 = nn.Dropout(dropout)
+        cfg.validate()
+        self.cfg = cfg
+        self.norm_first = cfg.norm_position == "pre"
+        self.self_attn = cfg.self_attention(rotary)
+        self.ff = cfg.feed_forward()
+        self.norm1 = cfg.make_norm()
+        self.norm2 = cfg.make_norm()
+        self.dropout1 = nn.Dropout(cfg.dropout)
+        self.dropout2 = nn.Dropout(cfg.dropout)
+        self.value_gate = nn.Parameter(torch.tensor(0.5)) if cfg.value_embeddings else None
 
     def forward(
         self,
@@ -142,10 +190,17 @@ class EncoderBlock(nn.Module):
         bias: Tensor | None = None,
         need_weights: bool = False,
         cache: KVCache | None = None,
+        values: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """x: (B, T, D); mask: bool (B|1, 1|H, T, T) True = may attend. Returns x, weights."""
+        """x: (B, T, D); mask: bool (B|1, 1|H, T, T) True = may attend. Returns x, weights.
+
+        values: (B, T, Hkv·Dh) value embeddings of the tokens, for a block built with
+        ``value_embeddings`` (ignored by one without)."""
 
         def attend(h: Tensor) -> tuple[Tensor, Tensor | None]:
+            extra = None
+            if self.value_gate is not None and values is not None:
+                extra = self.value_gate * values  # (B, T, Hkv·Dh)
             out, w = self.self_attn(
                 h,
                 mask=mask,
@@ -153,6 +208,7 @@ class EncoderBlock(nn.Module):
                 bias=bias,
                 need_weights=need_weights,
                 cache=cache,
+                values=extra,
             )
             return self.dropout1(out), w
 
@@ -176,55 +232,33 @@ class DecoderBlock(nn.Module):
 
     def __init__(
         self,
-        d_model: int,
-        n_heads: int,
-        d_ff: int,
-        *,
-        dropout: float = 0.1,
-        attn_dropout: float | None = None,
-        activation: Activation = "relu",
-        norm_first: bool = False,
-        norm: NormKind = "layer",
-        norm_eps: float = 1e-5,
-        bias: bool = True,
-        n_kv_heads: int | None = None,
-        d_memory: int | None = None,
+        cfg: BlockConfig,
         rotary: RotaryHook | None = None,
-        fused: bool = True,
-        attention: str = "full",
-        window: int = 0,
-        n_global: int = 0,
+        d_memory: int | None = None,
     ) -> None:
+        """``d_memory``: width of the encoder output read by cross-attention (default d_model)."""
         super().__init__()
-        self.norm_first = norm_first
-        attn_dropout = dropout if attn_dropout is None else attn_dropout
-        self.self_attn = MultiHeadAttention(
-            d_model,
-            n_heads,
-            n_kv_heads,
-            bias=bias,
-            dropout=attn_dropout,
-            rotary=rotary,
-            fused=fused,
-            kernel=make_kernel(attention, window, n_global),
-        )
+        cfg.validate()
+        self.cfg = cfg
+        self.norm_first = cfg.norm_position == "pre"
+        self.self_attn = cfg.self_attention(rotary)
         self.cross_attn = MultiHeadAttention(
-            d_model,
-            n_heads,
-            n_kv_heads,
+            cfg.d_model,
+            cfg.n_heads,
+            cfg.kv_heads,
             kdim=d_memory,
             vdim=d_memory,
-            bias=bias,
-            dropout=attn_dropout,
-            fused=fused,
+            bias=cfg.bias,
+            dropout=cfg.dropout if cfg.attn_dropout is None else cfg.attn_dropout,
+            fused=cfg.fused,
         )
-        self.ff = FeedForward(d_model, d_ff, activation, dropout, bias)
-        self.norm1 = make_norm(norm, d_model, norm_eps, bias)
-        self.norm2 = make_norm(norm, d_model, norm_eps, bias)
-        self.norm3 = make_norm(norm, d_model, norm_eps, bias)
-        self.dropout1 = nn.Dropout(dropout)
-        self.dropout2 = nn.Dropout(dropout)
-        self.dropout3 = nn.Dropout(dropout)
+        self.ff = cfg.feed_forward()
+        self.norm1 = cfg.make_norm()
+        self.norm2 = cfg.make_norm()
+        self.norm3 = cfg.make_norm()
+        self.dropout1 = nn.Dropout(cfg.dropout)
+        self.dropout2 = nn.Dropout(cfg.dropout)
+        self.dropout3 = nn.Dropout(cfg.dropout)
 
     def forward(
         self,
@@ -295,8 +329,11 @@ class Encoder(nn.Module):
         bias: Tensor | None = None,
         return_weights: bool = False,
         caches: list[KVCache] | None = None,
+        values: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, list[Tensor]]:
-        """x: (B, T, D) -> (B, T, D); with ``return_weights`` also a list of (B, H, T, T)."""
+        """x: (B, T, D) -> (B, T, D); with ``return_weights`` also a list of (B, H, T, T).
+
+        ``values`` (value embeddings, (B, T, Hkv·Dh)) go to every block."""
         weights: list[Tensor] = []
         for i, block in enumerate(self.blocks):
             cache = None if caches is None else caches[i]
@@ -315,6 +352,7 @@ class Encoder(nn.Module):
                     bias=bias,
                     need_weights=return_weights,
                     cache=cache,
+                    values=values,
                     use_reentrant=False,
                 )
             else:
@@ -325,6 +363,7 @@ class Encoder(nn.Module):
                     bias=bias,
                     need_weights=return_weights,
                     cache=cache,
+                    values=values,
                 )
             if w is not None:
                 weights.append(w)

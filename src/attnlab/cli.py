@@ -1,116 +1,143 @@
-"""The ``attnlab`` command: parses arguments, then hands over to the task modules."""
+"""The ``attnlab`` command: parses arguments, then hands over to the tasks and the run objects.
+
+``attnlab train TASK`` is built from the task registry: the task's options (every config
+field, grouped by section, with the values the command will really use as defaults) are added
+only once TASK is known, so ``attnlab --help`` and ``attnlab train --help`` import no torch.
+Every command that takes a run directory loads it with ``load_run`` and calls the verb.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from attnlab.configs import add_dataclass_arguments, collect_overrides, parse_key_values
-from attnlab.tasks import bert_commands, lm_cli, translate_cli, vision_cli
+from attnlab.tasks.registry import ALIASES, REGISTRY
+
+RUN_HELP = "run directory (written by `attnlab train`)"
+CHECKPOINT_HELP = "BERT checkpoint directory, an `attnlab train mlm` run, or minilm (default)"
+GENERAL = ("overrides", "out", "config", "resume", "device")
 
 
-def _free_run_dir(base: Path) -> Path:
-    """``base`` if it holds no run yet, else the first free ``base-2``, ``base-3``, ..."""
-    if not (base / "config.json").exists():
-        return base
-    n = 2
-    while (base.parent / f"{base.name}-{n}" / "config.json").exists():
-        n += 1
-    return base.parent / f"{base.name}-{n}"
+# ---------------------------------------------------------------------------- train
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
-    from attnlab.tasks import classify
+    tasks = "\n".join(f"  {name:<14} {entry.help}" for name, entry in REGISTRY.items())
+    p = sub.add_parser(
+        "train",
+        help="train a model; writes a run directory",
+        description=f"Train a model into a run directory.\n\ntasks:\n{tasks}\n\n"
+        "`attnlab train TASK --help` lists TASK's options.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("task", choices=[*REGISTRY, *ALIASES], metavar="TASK")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 
-    train = sub.add_parser("train", help="train a model; writes a run directory")
-    tasks = train.add_subparsers(dest="task", required=True, metavar="TASK")
-    p = tasks.add_parser(
-        "classify",
-        help="character-level Transformer text classifier (bundled Chinese reviews by default)",
-        description="Train a text classifier. Every config field is an option; key=value "
-        "positionals work too (n_heads=8).",
+
+def task_parser(name: str, argv: list[str]) -> argparse.ArgumentParser:
+    """The parser of `attnlab train NAME`: general options, then each config section's fields.
+
+    Defaults shown are the values the command will use: the task's bundled preset, or the
+    preset named by ``--config`` in ``argv``."""
+    from attnlab.tasks import runner
+    from attnlab.tasks.registry import get_task
+
+    task = get_task(name)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config", default=None)
+    preset = pre.parse_known_args(argv)[0].config
+    p = argparse.ArgumentParser(
+        prog=f"attnlab train {task.name}",
+        description=f"{REGISTRY[task.name].help}. Every config field is an option; key=value "
+        "positionals work too (n_heads=8). Defaults shown are the "
+        + (f"values of --config {preset}." if preset else "bundled preset's values."),
     )
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
     p.add_argument(
-        "--out",
-        default=None,
-        help="run directory (default: runs/classify, or runs/classify-N when that exists)",
+        "--out", default=None, help=f"run directory (default: runs/{task.name}, or -2, -3, ...)"
     )
-    p.add_argument("--config", default=None, help="a TOML preset ([data]/[model]/[train])")
+    p.add_argument("--config", default=None, help="a TOML preset file or a bundled preset name")
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    for cls in classify.SECTIONS.values():
-        add_dataclass_arguments(p, cls)
-    lm_cli.add_train_parser(tasks)  # train lm
-    bert_commands.add_train_parsers(tasks, p)  # train mlm; train classify --init CHECKPOINT
-    vision_cli.add_train_parsers(tasks)  # train vit; train cnn
-    translate_cli.add_train_parser(tasks)  # train translate
+    try:
+        values = runner.build_config(task, preset, {}).sections
+    except ValueError:
+        values = {}  # a bad --config is reported when the command runs
+    taken: set[str] = set()
+    for section, cls in task.sections().items():
+        group = p.add_argument_group(f"[{section}]")
+        add_dataclass_arguments(group, cls, defaults=values.get(section))
+        taken.update(f.name for f in dataclasses.fields(cls))
+    if task.name == "classify":  # `train classify --init CHECKPOINT` fine-tunes BERT
+        bert = get_task("bert_classify")
+        group = p.add_argument_group("BERT fine-tuning (with --init CHECKPOINT)")
+        for cls in bert.sections().values():
+            add_dataclass_arguments(group, cls, skip=taken)
+    return p
 
 
 def _run_train(args: argparse.Namespace) -> int:
-    from attnlab.tasks import classify
+    from attnlab.tasks import rundir, runner
+    from attnlab.tasks.registry import get_task
 
-    if args.task == "lm":
-        return lm_cli.run_train(args)
-    if args.task in ("vit", "cnn"):
-        return vision_cli.run_train(args)
-    if args.task == "translate":
-        return translate_cli.run_train(args)
-    bert_status = bert_commands.run_train(args)
-    if bert_status is not None:
-        return bert_status
-    overrides = parse_key_values(args.overrides)
-    for cls in classify.SECTIONS.values():
-        overrides.update(collect_overrides(args, cls))
-    if args.out is None:
-        out = Path("runs/classify")
-        # Under torchrun every rank must pick the same directory: no auto-numbering there.
-        distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
-        out = out if args.resume or distributed else _free_run_dir(out)
+    name = ALIASES.get(args.task, args.task)
+    opts = task_parser(name, args.rest).parse_args(args.rest)
+    if name == "classify" and "init" in vars(opts):
+        name = _bert_instead(opts)
+    overrides = parse_key_values(opts.overrides)
+    for cls in get_task(name).sections().values():
+        overrides.update(collect_overrides(opts, cls))
+    if opts.out is None:
+        out = Path(f"runs/{name}")
+        # under torchrun every rank must pick the same folder: no numbering there
+        if not (opts.resume or rundir.distributed()):
+            out = rundir.free_run_dir(out)
     else:
-        out = Path(args.out)
-    print(f"run directory: {out}", file=sys.stderr)
-    results = classify.train(out, overrides, args.config, resume=args.resume, device=args.device)
-    if "test" not in results:  # a non-main DDP rank
-        return 0
-    _print_results(out, results)
+        out = Path(opts.out)
+    results = runner.train(name, out, overrides, opts.config, opts.resume, opts.device)
+    if rundir.is_main_process():
+        for line in runner.describe(name, results, out):
+            print(line)
     return 0
 
 
-def _print_results(out: Path, results: dict) -> None:
-    from attnlab.tasks.classify import TUTORIAL_EXAMPLES, ClassifierRun
+def _bert_instead(opts: argparse.Namespace) -> str:
+    """`train classify --init X` is BERT fine-tuning: refuse the char-level model's options."""
+    from attnlab.tasks.registry import get_task
 
-    summary, test = results["summary"], results["test"]
-    print(
-        f"\nbest {summary['monitor']} {summary['best_metric']:.4f} at step "
-        f"{summary['best_step']} ({summary['stop_reason']}); "
-        f"{summary['wall_time_s'] / 60:.1f} min, precision {summary['precision']}"
-    )
-    if test is not None:
-        print(
-            f"test accuracy {test['accuracy']:.4f}, macro-F1 {test['macro_f1']:.4f} "
-            f"(n = {test['n']})"
+    bert = {f.name for cls in get_task("bert_classify").sections().values() for f in
+            dataclasses.fields(cls)}  # fmt: skip
+    unused = sorted(set(vars(opts)) - bert - set(GENERAL))
+    if unused:
+        flags = ", ".join("--" + name.replace("_", "-") for name in unused)
+        raise ValueError(
+            f"{flags} do not apply with --init: BERT fine-tuning takes its architecture and "
+            "tokenizer from the checkpoint (see the --init options in --help)"
         )
-    run = ClassifierRun.load(out)
-    if set(run.labels.labels) == {"positive", "negative"}:
-        print("tutorial examples:")
-        for pred, (_, want) in zip(
-            run.predict([t for t, _ in TUTORIAL_EXAMPLES]), TUTORIAL_EXAMPLES
-        ):
-            mark = "ok" if pred["label"] == want else f"WRONG (expected {want})"
-            print(f"  {pred['text']} -> {pred['label']} {pred['probs'][pred['label']]:.3f}  {mark}")
-    print(f"results in {out}/ (results.json, test_report.txt, curves.png, metrics.jsonl)")
+    return "bert_classify"
+
+
+# ---------------------------------------------------------------------------- run verbs
+
+
+def _load(run: str, verb: str, device: str = "cpu") -> Any:
+    from attnlab.tasks import load_run
+
+    loaded = load_run(run, device)
+    loaded.require(verb)
+    return loaded
 
 
 def _add_eval(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("eval", help="accuracy, macro-F1, per-class report, confusion matrix")
-    p.add_argument("run", help="run directory")
-    p.add_argument(
-        "--data", default=None, help="a labelled CSV/TSV/JSONL (default: the run's own test split)"
-    )
+    p = sub.add_parser("eval", help="score a run: accuracy/F1 and confusion matrix, or BLEU/chrF")
+    p.add_argument("run", help=RUN_HELP)
+    p.add_argument("--data", default=None, help="a labelled file (default: the run's own split)")
     p.add_argument("--split", default="test", choices=("train", "val", "test"))
     p.add_argument("--text-col", default=None)
     p.add_argument("--label-col", default=None)
@@ -118,18 +145,13 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_eval(args: argparse.Namespace) -> int:
-    from attnlab.tasks import bert_classify
-    from attnlab.tasks.evaluate import evaluate_run
-
-    if vision_cli.is_vision_run(args.run):
-        return vision_cli.run_eval(args)
-    if translate_cli.is_translate_run(args.run):
-        return translate_cli.run_eval(args)
-    if bert_classify.is_bert_run(args.run):
-        evaluate_run = bert_classify.evaluate_run
-    report = evaluate_run(args.run, args.data, args.split, args.text_col, args.label_col)
+    run = _load(args.run, "evaluate")
+    columns = {k: v for k, v in (("text_col", args.text_col), ("label_col", args.label_col)) if v}
+    report = run.evaluate(data=args.data, split=args.split, **columns)
     if args.json:
         print(json.dumps(report, ensure_ascii=False, indent=2))
+    elif hasattr(run, "report_text"):
+        print(run.report_text(report))
     else:
         from attnlab.metrics import format_report
 
@@ -138,37 +160,32 @@ def _run_eval(args: argparse.Namespace) -> int:
 
 
 def _add_predict(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("predict", help="label and probabilities for texts (or stdin lines)")
-    p.add_argument("run", help="run directory")
-    p.add_argument("texts", nargs="*", help="texts to classify; none = read lines from stdin")
+    p = sub.add_parser("predict", help="label and probabilities for texts or images")
+    p.add_argument("run", help=RUN_HELP)
+    p.add_argument("texts", nargs="*", help="texts (or image files); none = lines on stdin")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
 
 
 def _run_predict(args: argparse.Namespace) -> int:
-    from attnlab.tasks.bert_classify import BertClassifierRun, is_bert_run
-    from attnlab.tasks.classify import ClassifierRun
-
-    if vision_cli.is_vision_run(args.run):
-        return vision_cli.run_predict(args)
-    load = BertClassifierRun.load if is_bert_run(args.run) else ClassifierRun.load
-    run = load(args.run)
-    texts = args.texts or [line.rstrip("\n") for line in sys.stdin if line.strip()]
-    if not texts:
-        raise ValueError("no text given: pass texts as arguments or pipe lines on stdin")
-    for start in range(0, len(texts), 256):
-        for pred in run.predict(texts[start : start + 256]):
+    run = _load(args.run, "predict")
+    inputs = args.texts or [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    if not inputs:
+        raise ValueError("nothing to predict: pass texts (or image files) or pipe lines on stdin")
+    for start in range(0, len(inputs), 256):
+        for pred in run.predict(inputs[start : start + 256]):
             if args.json:
                 print(json.dumps(pred, ensure_ascii=False))
             else:
-                probs = "  ".join(f"{k} {v:.3f}" for k, v in pred["probs"].items())
-                print(f"{pred['label']}\t{probs}\t{pred['text']}")
+                top = sorted(pred["probs"].items(), key=lambda kv: -kv[1])[:3]
+                probs = "  ".join(f"{k} {v:.3f}" for k, v in top)
+                print(f"{pred['label']}\t{probs}\t{pred.get('text', pred.get('image'))}")
     return 0
 
 
 def _add_attention(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("attention", help="heatmaps of every layer × head for one text")
-    p.add_argument("run", help="run directory")
-    p.add_argument("text", help="the text to look inside")
+    p = sub.add_parser("attention", help="attention heatmaps (text) or rollout (image) as a PNG")
+    p.add_argument("run", help=RUN_HELP)
+    p.add_argument("text", help="the text (or image file) to look inside")
     p.add_argument("--out", default=None, help="image path (default: RUN/attention.png)")
     p.add_argument(
         "--member", type=int, default=1, help="for an ensemble run: whose attention to draw (1..M)"
@@ -176,32 +193,168 @@ def _add_attention(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_attention(args: argparse.Namespace) -> int:
-    from attnlab.tasks.classify import ClassifierRun
-    from attnlab.viz import plot_attention_grid
-
-    if vision_cli.is_vision_run(args.run):
-        return vision_cli.run_attention(args)
-    run = ClassifierRun.load(args.run)
-    if not 1 <= args.member <= run.config.model.members:
-        raise ValueError(
-            f"--member {args.member}: this run has {run.config.model.members} member(s), "
-            f"give 1..{run.config.model.members}"
-        )
-    info = run.inspect(args.text, member=args.member - 1)
-    out = Path(args.out) if args.out else Path(args.run) / "attention.png"
-    title = f"{args.text}  →  {info['label']} ({info['prob']:.2f})"
-    if run.config.model.members > 1:
-        title += f"  [attention of member {args.member} of {run.config.model.members}]"
-    plot_attention_grid(
-        info["attention"], info["tokens"], out, token_share=info["token_share"], title=title
-    )
-    top = sorted(zip(info["tokens"], info["token_share"].tolist()), key=lambda t: -t[1])[:5]
-    print(
-        f"{info['label']} ({info['prob']:.3f}); leans on: "
-        + ", ".join(f"{tok} {share:.2f}" for tok, share in top)
-    )
-    print(f"heatmaps written to {out}")
+    run = _load(args.run, "attention")
+    for line in run.draw_attention(args.text, args.out, member=args.member):
+        print(line)
     return 0
+
+
+def _add_generate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "generate",
+        help="continue a prompt with a trained language model (or a Hugging Face GPT-2 dir)",
+    )
+    p.add_argument("run", help="run directory of `attnlab train lm`, or a GPT-2 checkpoint dir")
+    p.add_argument("--prompt", default=None, help="text to continue (default: a newline)")
+    p.add_argument("--max-new-tokens", type=int, default=500)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely (0 = off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass (1 = off)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num-samples", type=int, default=1, help="samples, generated as one batch")
+    p.add_argument(
+        "--stop", action="append", default=[], help="end a sample before this text (repeatable)"
+    )
+    p.add_argument("--no-cache", action="store_true", help="recompute the window at every step")
+    p.add_argument("--device", default="cpu")
+
+
+def _run_generate(args: argparse.Namespace) -> int:
+    """Stream one sample as it is produced; several are printed one after another."""
+    from attnlab.tasks.lm import LMRun, check_request, default_prompt
+
+    check_request(args.max_new_tokens, args.num_samples, args.temperature, args.top_k, args.top_p)
+    run = LMRun.load(args.run, args.device)
+    prompt = default_prompt(run.tokenizer) if args.prompt is None else args.prompt
+    streaming = args.num_samples == 1
+
+    def on_text(_: int, text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    context = run.model.cfg.context
+    n_prompt = len(run.tokenizer.encode(prompt)) if prompt else 0
+    if n_prompt > context:
+        print(
+            f"attnlab: warning: the prompt has {n_prompt} tokens, more than the model's context "
+            f"of {context}; only its last {context} tokens are used",
+            file=sys.stderr,
+        )
+    shown = args.prompt or ""  # the default prompt (a newline, <|endoftext|>) is not echoed
+    if streaming:
+        sys.stdout.write(shown)
+    out = run.generate(
+        prompt,
+        args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        num_samples=args.num_samples,
+        stops=args.stop,
+        use_cache=not args.no_cache,
+        on_text=on_text if streaming else None,
+        device=args.device,
+    )
+    if streaming:
+        sys.stdout.write("\n")
+    else:
+        for i, text in enumerate(out.texts):
+            print(f"--- sample {i + 1} ---\n{shown}{text}")
+    return 0
+
+
+def _add_translate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("translate", help="translate sentences with a trained translation run")
+    p.add_argument("run", help="run directory of `attnlab train translate`")
+    p.add_argument("texts", nargs="*", help="sentences; none = --input or stdin lines")
+    p.add_argument("--input", default=None, help="a file of sentences, one a line")
+    p.add_argument("--output", default=None, help="write translations here (default: stdout)")
+    p.add_argument("--beam", type=int, default=None, help="beam size (1 = greedy)")
+
+
+def _run_translate(args: argparse.Namespace) -> int:
+    run = _load(args.run, "translate")
+    if args.texts:
+        texts = list(args.texts)
+    elif args.input:
+        texts = Path(args.input).read_text(encoding="utf-8").splitlines()
+    else:
+        texts = [line.rstrip("\n") for line in sys.stdin]
+    if not any(t.strip() for t in texts):
+        raise ValueError("no text given: pass sentences, --input FILE, or lines on stdin")
+    hyps = [h if t.strip() else "" for t, h in zip(texts, run.translate(texts, args.beam))]
+    text = "".join(h + "\n" for h in hyps)
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+# ---------------------------------------------------------------------------- BERT checkpoints
+
+
+def _add_embed(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("embed", help="sentence vectors from a BERT checkpoint (JSON or .npy)")
+    p.add_argument("checkpoint", help=CHECKPOINT_HELP)
+    p.add_argument("texts", nargs="+", help="sentences to embed")
+    p.add_argument("--out", default=None, help="write vectors to FILE.npy or FILE.json")
+
+
+def _run_embed(args: argparse.Namespace) -> int:
+    from attnlab.tasks.bert import SentenceEncoder, write_vectors
+
+    vectors = SentenceEncoder.load(args.checkpoint).encode(args.texts)
+    text = write_vectors(vectors, args.texts, args.out)
+    if text is not None:
+        print(text)
+    else:
+        print(f"{len(args.texts)} vectors of {vectors.shape[1]} numbers written to {args.out}")
+    return 0
+
+
+def _add_similarity(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("similarity", help="cosine similarity of two sentences' vectors")
+    p.add_argument("a", help="first sentence")
+    p.add_argument("b", help="second sentence")
+    p.add_argument("--checkpoint", default="minilm", help=CHECKPOINT_HELP)
+
+
+def _run_similarity(args: argparse.Namespace) -> int:
+    from attnlab.tasks.bert import SentenceEncoder, similarity
+
+    print(f"{similarity(SentenceEncoder.load(args.checkpoint), args.a, args.b):.4f}")
+    return 0
+
+
+def _add_search(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("search", help="the lines of a text file closest in meaning to a query")
+    p.add_argument("file", help="UTF-8 text file, one document per line")
+    p.add_argument("queries", nargs="+", help="what to look for")
+    p.add_argument("-k", "--k", type=int, default=5, help="results per query (default 5)")
+    p.add_argument("--checkpoint", default="minilm", help=CHECKPOINT_HELP)
+    p.add_argument("--json", action="store_true", help="one JSON object per result")
+
+
+def _run_search(args: argparse.Namespace) -> int:
+    from attnlab.tasks.bert import SentenceEncoder, read_lines, search
+
+    docs = read_lines(args.file)
+    hits = search(SentenceEncoder.load(args.checkpoint), docs, args.queries, args.k)
+    for query, ranked in zip(args.queries, hits):
+        if not args.json:
+            print(f"query: {query}")
+        for rank, (index, score) in enumerate(ranked, start=1):
+            if args.json:
+                row = {"query": query, "rank": rank, "score": score, "text": docs[index]}
+                print(json.dumps(row, ensure_ascii=False))
+            else:
+                print(f"  {rank}. {score:.4f}  {docs[index]}")
+    return 0
+
+
+# ---------------------------------------------------------------------------- studies
 
 
 def _add_ablate(sub: argparse._SubParsersAction) -> None:
@@ -214,27 +367,22 @@ def _add_ablate(sub: argparse._SubParsersAction) -> None:
         help="values to try per config field, e.g. n_heads=1,2,4,8 pooling=mean,cls",
     )
     p.add_argument(
-        "--grid",
-        action="store_true",
-        help="full product of the factors (default: one factor at a time)",
+        "--grid", action="store_true", help="full product of the factors (default: one at a time)"
     )
     p.add_argument("--seeds", type=int, default=1, help="seeds per variant (mean ± std)")
     p.add_argument("--steps", type=int, default=0, help="optimizer steps per variant")
     p.add_argument("--epochs", type=int, default=0, help="epochs per variant (if no --steps)")
     p.add_argument(
-        "--minutes",
-        type=float,
-        default=0.0,
-        help="stop each variant after this much training wall time",
+        "--minutes", type=float, default=0.0, help="stop each variant after this much training"
     )
     p.add_argument("--config", default=None, help="a TOML preset to vary around")
-    p.add_argument("--out", default="runs/ablate-classify", help="sweep directory")
+    p.add_argument("--out", default="runs/ablate-classify", help="sweep folder")
     p.add_argument(
         "--set",
         nargs="*",
         default=[],
         metavar="KEY=VALUE",
-        help="fixed overrides applied to every variant",
+        help="fixed overrides for every variant",
     )
 
 
@@ -246,7 +394,7 @@ def _run_ablate(args: argparse.Namespace) -> int:
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
-    from attnlab.bench.run import DEFAULT_OUT, SECTIONS
+    from attnlab.bench import DEFAULT_OUT, SECTIONS
 
     p = sub.add_parser(
         "bench",
@@ -275,16 +423,19 @@ def _run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {
+Command = tuple[Callable[[argparse._SubParsersAction], None], Callable[[argparse.Namespace], int]]
+COMMANDS: dict[str, Command] = {
     "train": (_add_train, _run_train),
     "eval": (_add_eval, _run_eval),
     "predict": (_add_predict, _run_predict),
     "attention": (_add_attention, _run_attention),
+    "generate": (_add_generate, _run_generate),
+    "translate": (_add_translate, _run_translate),
+    "embed": (_add_embed, _run_embed),
+    "similarity": (_add_similarity, _run_similarity),
+    "search": (_add_search, _run_search),
     "ablate": (_add_ablate, _run_ablate),
-    "generate": (lm_cli.add_generate_parser, lm_cli.run_generate),
-    "translate": (translate_cli.add_translate_parser, translate_cli.run_translate),
     "bench": (_add_bench, _run_bench),
-    **bert_commands.COMMANDS,  # embed, similarity, search
 }
 
 
@@ -301,6 +452,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     # argparse fills a trailing `nargs="*"` positional before later options are seen, so
     # `predict RUN --json "text"` leaves "text" over: hand such leftovers to predict's texts.
     args, extra = parser.parse_known_args(argv)

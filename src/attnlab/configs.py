@@ -1,4 +1,11 @@
-"""Config plumbing shared by every task: dataclass <-> JSON/TOML, typed overrides, argparse."""
+"""Config plumbing shared by every task: dataclass <-> JSON/TOML, typed overrides, argparse.
+
+Model configs share one mechanism (:class:`ConfigBase`): ``Literal`` choices and the numeric
+ranges declared with :func:`setting` are checked by :func:`validate_config` on construction, each
+config adding only its cross-field rules in ``check``; old field names listed in ``ALIASES``
+are still read (with a one-line deprecation note on stderr) by :func:`from_dict`,
+:func:`apply_overrides` and the command line, so old presets and run folders keep loading.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +16,9 @@ import json
 import sys
 import types
 import typing
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal, TypeVar, Union
+from typing import Any, ClassVar, Literal, TypeVar, Union
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -30,6 +38,150 @@ def _check_dataclass(obj_or_cls: Any) -> type:
     if not dataclasses.is_dataclass(cls):
         raise ValueError(f"{cls.__name__} is not a dataclass; decorate it with @dataclass")
     return cls
+
+
+def setting(
+    default: Any,
+    help: str = "",
+    *,
+    min: float | None = None,
+    max: float | None = None,
+    below: float | None = None,
+    unset: Any = dataclasses.MISSING,
+    set_by: str = "",
+) -> Any:
+    """A dataclass field with its --help text and the range :func:`validate_config` enforces.
+
+    ``min``/``max`` are inclusive bounds, ``below`` an exclusive upper bound. ``unset`` marks a
+    value meaning "not filled in yet" (e.g. ``vocab_size = 0`` until the tokenizer exists): it
+    passes on construction and is refused by ``validate(complete=True)``, naming ``set_by``.
+    """
+    meta: dict[str, Any] = {"help": help} if help else {}
+    for key, bound in (("min", min), ("max", max), ("below", below)):
+        if bound is not None:
+            meta[key] = bound
+    if unset is not dataclasses.MISSING:
+        meta["unset"], meta["set_by"] = unset, set_by
+    return dataclasses.field(default=default, metadata=meta)
+
+
+@dataclasses.dataclass(frozen=True)
+class Alias:
+    """An old field name still read: ``old`` (optionally only for the values in ``only``) means
+    ``new``, its value passed through ``convert``; reading it prints one deprecation line."""
+
+    old: str
+    new: str
+    convert: Callable[[Any], Any] | None = None
+    only: tuple[str, ...] = ()
+
+    def applies(self, name: str, value: Any) -> bool:
+        """Whether a key ``name`` with ``value`` is this old spelling."""
+        if name != self.old:
+            return False
+        return not self.only or str(value).strip().lower() in self.only
+
+
+def aliases_of(cls: type) -> tuple[Alias, ...]:
+    """The old names a config class still reads (its ``ALIASES``; none for plain dataclasses)."""
+    return tuple(getattr(cls, "ALIASES", ()))
+
+
+def accepted_names(cls: type) -> list[str]:
+    """Field names of dataclass ``cls`` followed by the old names it still reads."""
+    names = [f.name for f in dataclasses.fields(_check_dataclass(cls))]
+    return names + [a.old for a in aliases_of(cls) if a.old not in names]
+
+
+def resolve_aliases(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` with old field names of ``cls`` renamed (and their values converted).
+
+    Each rename prints one line on stderr saying what to write instead. Giving the old and the
+    new name of one field together is refused, since nothing says which one wins.
+    """
+    out: dict[str, Any] = {}
+    source: dict[str, str] = {}
+    for key, value in data.items():
+        name = key.replace("-", "_")
+        alias = next((a for a in aliases_of(cls) if a.applies(name, value)), None)
+        target = name if alias is None else alias.new
+        if alias is not None:
+            value = alias.convert(value) if alias.convert else value
+            print(
+                f"attnlab: deprecated: {cls.__name__}.{name} is now {alias.new}; read "
+                f"{name}={data[key]!r} as {alias.new}={value!r} (write {alias.new} instead)",
+                file=sys.stderr,
+            )
+        if target in out:
+            raise ValueError(
+                f"{cls.__name__}: '{source[target]}' and '{name}' both set {target}; "
+                f"keep only '{target}'"
+            )
+        out[target], source[target] = value, name
+    return out
+
+
+def _choices_text(args: tuple[Any, ...]) -> str:
+    return ", ".join(map(str, args))
+
+
+def validate_config(cfg: Any, complete: bool = False) -> None:
+    """Check every ``Literal`` field's value and every range declared with :func:`setting`.
+
+    With ``complete`` also refuse fields still at their ``unset`` value. Raises a ValueError
+    of one line naming the config, the field, what it got and what is allowed.
+    """
+    cls = _check_dataclass(cfg)
+    ftypes = _field_types(cls)
+    for f in dataclasses.fields(cls):
+        value, tp, meta = getattr(cfg, f.name), ftypes[f.name], f.metadata
+        where = f"{cls.__name__}.{f.name}"
+        args = typing.get_args(tp)
+        if typing.get_origin(tp) in (Union, types.UnionType) and type(None) in args:
+            if value is None:
+                continue
+            args = typing.get_args(next(a for a in args if a is not type(None)))
+            tp = Literal[args] if args else tp
+        if typing.get_origin(tp) is Literal and value not in typing.get_args(tp):
+            raise ValueError(
+                f"{where} must be one of {_choices_text(typing.get_args(tp))}, got {value!r}"
+            )
+        if "unset" in meta and value == meta["unset"]:
+            if complete:
+                raise ValueError(
+                    f"{where} must be set before building the model (it comes from "
+                    f"{meta['set_by'] or 'the data'})"
+                )
+            continue
+        if "min" in meta and value < meta["min"]:
+            raise ValueError(f"{where} must be >= {meta['min']}, got {value}")
+        if "max" in meta and value > meta["max"]:
+            raise ValueError(f"{where} must be <= {meta['max']}, got {value}")
+        if "below" in meta and value >= meta["below"]:
+            raise ValueError(f"{where} must be < {meta['below']}, got {value}")
+
+
+class ConfigBase:
+    """Base of every model config: validated on construction by one mechanism.
+
+    Subclasses are dataclasses; they declare ranges with :func:`setting`, choices as ``Literal``
+    types, old names in ``ALIASES``, and only their cross-field rules in ``check``. Models call
+    ``cfg.validate(complete=True)`` again before building (a config may be edited after it
+    was made, and fields such as ``vocab_size`` are filled in from the data).
+    """
+
+    ALIASES: ClassVar[tuple[Alias, ...]] = ()
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self, complete: bool = False) -> None:
+        """Raise ValueError naming the field and what to change."""
+        validate_config(self, complete)
+        self.check()
+
+    def check(self) -> None:
+        """Cross-field rules of this config (none by default)."""
 
 
 def _field_types(cls: type) -> dict[str, Any]:
@@ -158,6 +310,11 @@ def _coerce(value: Any, tp: Any, name: str) -> Any:
     raise ValueError(f"field '{name}': unsupported field type {_type_name(tp)}")
 
 
+def coerce_value(value: Any, tp: Any, name: str) -> Any:
+    """Convert ``value`` (often command-line text) to type ``tp``; ValueError naming ``name``."""
+    return _coerce(value, tp, name)
+
+
 def to_dict(cfg: Any) -> dict[str, Any]:
     """Return dataclass `cfg` as a dict (tuples stay tuples, nested dataclasses become dicts)."""
     _check_dataclass(cfg)
@@ -169,8 +326,7 @@ def from_dict(cls: type[T], data: dict[str, Any]) -> T:
     _check_dataclass(cls)
     ftypes = _field_types(cls)
     kwargs = {}
-    for key, value in data.items():
-        name = key.replace("-", "_")
+    for name, value in resolve_aliases(cls, data).items():
         if name not in ftypes:
             raise _unknown_field_error(cls, name)
         kwargs[name] = _coerce(value, ftypes[name], name)
@@ -187,7 +343,10 @@ def save_json(cfg: Any, path: str | Path) -> Path:
 
 def load_json(cls: type[T], path: str | Path) -> T:
     """Read a JSON file written by `save_json` back into dataclass `cls` (tuples restored)."""
-    data = json.loads(Path(path).read_text())
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: cannot read this config JSON file ({err}); restore it") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object of config fields, got {type(data)}")
     return from_dict(cls, data)
@@ -195,8 +354,11 @@ def load_json(cls: type[T], path: str | Path) -> T:
 
 def load_toml(path: str | Path) -> dict[str, Any]:
     """Parse a TOML file into a plain dict (pass it to `apply_overrides` or `from_dict`)."""
-    with open(path, "rb") as f:
-        return tomllib.load(f)
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+        raise ValueError(f"{path}: not a readable TOML config ({err}); fix that line") from None
 
 
 def apply_overrides(cfg: T, overrides: dict[str, Any]) -> T:
@@ -208,8 +370,7 @@ def apply_overrides(cfg: T, overrides: dict[str, Any]) -> T:
     ftypes = _field_types(cls)
     changes: dict[str, Any] = {}
     nested: dict[str, dict[str, Any]] = {}
-    for key, value in overrides.items():
-        name = key.replace("-", "_")
+    for name, value in resolve_aliases(cls, overrides).items():
         head, dot, rest = name.partition(".")
         if head not in ftypes:
             raise _unknown_field_error(cls, head)
@@ -234,17 +395,29 @@ def _metavar(tp: Any) -> str:
     return _type_name(tp).upper()
 
 
-def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
+def add_dataclass_arguments(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    cls: type,
+    *,
+    defaults: Any = None,
+    skip: set[str] | frozenset[str] = frozenset(),
+) -> None:
     """Add a `--field-name VALUE` option (also `--field_name`) for every field of dataclass `cls`.
 
     Options default to "not given", so `collect_overrides` returns only what the user typed.
     Bool fields also accept a bare flag (`--tensorboard` means true). Help text comes from
-    `field(metadata={"help": ...})` when present.
+    `field(metadata={"help": ...})` when present; the default it shows is the field's value in
+    ``defaults`` (an instance of ``cls``, e.g. built from a preset) or else the dataclass
+    default. Fields named in ``skip`` are left out.
     """
     _check_dataclass(cls)
     ftypes = _field_types(cls)
     for f in dataclasses.fields(cls):
-        if f.default is not dataclasses.MISSING:
+        if f.name in skip:
+            continue
+        if defaults is not None:
+            default = getattr(defaults, f.name)
+        elif f.default is not dataclasses.MISSING:
             default = f.default
         elif f.default_factory is not dataclasses.MISSING:
             default = f.default_factory()
@@ -263,12 +436,26 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
             help=help_text.replace("%", "%%"),  # argparse %-formats help strings
             **extra,
         )
+    for alias in aliases_of(cls):  # old spellings: accepted, hidden from --help
+        if alias.old in ftypes or alias.old in skip:
+            continue  # an old value of a current field (norm=pre): the field's option takes it
+        flags = [f"--{alias.old.replace('_', '-')}"]
+        if "_" in alias.old:
+            flags.append(f"--{alias.old}")
+        parser.add_argument(  # nargs="?": old bool fields were bare flags (--norm-first)
+            *flags,
+            dest=alias.old,
+            default=argparse.SUPPRESS,
+            help=argparse.SUPPRESS,
+            nargs="?",
+            const="true",
+        )
 
 
 def collect_overrides(namespace: argparse.Namespace, cls: type) -> dict[str, Any]:
     """Return {field: raw value} for the fields of `cls` that were given on the command line."""
     given = vars(namespace)
-    names = [f.name for f in dataclasses.fields(_check_dataclass(cls))]
+    names = accepted_names(cls)
     return {name: given[name] for name in names if name in given}
 
 

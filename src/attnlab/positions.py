@@ -4,14 +4,20 @@ Absolute encodings are added to the token embeddings: ``forward(x, offset)`` ret
 ``x + P[offset : offset + T]``. RoPE rotates per-head queries and keys inside attention
 (it plugs into :class:`attnlab.attention.MultiHeadAttention` as its ``rotary`` hook). T5 and
 ALiBi produce an additive score bias (1, H, Tq, Tk) passed to attention as ``bias=``.
+ViT's fixed 2-D sine-cosine grid is absolute too. :func:`make_positions` builds any of them
+from a config's ``pos`` choice; every model gets its positional modules from it.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor, nn
+
+PositionKind = Literal["sinusoidal", "learned", "rope", "t5", "alibi", "sincos2d", "none"]
 
 
 def sinusoid_table(n_positions: int, d_model: int, base: float = 10000.0) -> Tensor:
@@ -27,10 +33,10 @@ def sinusoid_table(n_positions: int, d_model: int, base: float = 10000.0) -> Ten
 class SinusoidalPositionalEncoding(nn.Module):
     """Fixed sinusoidal encoding added to embeddings; a buffer that extends itself on demand."""
 
-    def __init__(self, d_model: int, max_len: int = 512, base: float = 10000.0) -> None:
+    def __init__(self, d_model: int, context: int = 512, base: float = 10000.0) -> None:
         super().__init__()
         self.d_model, self.base = d_model, base
-        self.register_buffer("table", sinusoid_table(max_len, d_model, base), persistent=False)
+        self.register_buffer("table", sinusoid_table(context, d_model, base), persistent=False)
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         """x: (B, T, D) -> x + PE[offset : offset + T]."""
@@ -41,22 +47,22 @@ class SinusoidalPositionalEncoding(nn.Module):
 
 
 class LearnedPositionalEmbedding(nn.Module):
-    """A trained vector per position (BERT, GPT-2), up to ``max_len`` positions."""
+    """A trained vector per position (BERT, GPT-2, ViT), for ``context`` positions."""
 
-    def __init__(self, max_len: int, d_model: int) -> None:
+    def __init__(self, context: int, d_model: int) -> None:
         super().__init__()
-        self.max_len = max_len
-        self.embedding = nn.Embedding(max_len, d_model)
+        self.context = context
+        self.embedding = nn.Embedding(context, d_model)
         nn.init.normal_(self.embedding.weight, std=0.02)
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         """x: (B, T, D) -> x + E[offset : offset + T]."""
         end = offset + x.shape[1]
-        if end > self.max_len:
+        if end > self.context:
             raise ValueError(
-                f"sequence reaches position {end} but the learned position table has max_len="
-                f"{self.max_len}; truncate inputs to {self.max_len} tokens or build the model "
-                "with a larger max_len (or use sinusoidal / rope positions, which have no limit)"
+                f"sequence reaches position {end} but the learned position table has context="
+                f"{self.context}; truncate inputs to {self.context} tokens or build the model "
+                "with a larger context (or use sinusoidal / rope positions, which have no limit)"
             )
         positions = torch.arange(offset, end, device=x.device)  # (T,)
         return x + self.embedding(positions)  # (B, T, D)
@@ -75,13 +81,13 @@ class RotaryEmbedding(nn.Module):
     from those models load unchanged. Call as ``q, k = rope(q, k, offset)`` on (B, H, T, Dh).
     """
 
-    def __init__(self, head_dim: int, base: float = 10000.0, max_len: int = 2048) -> None:
+    def __init__(self, head_dim: int, base: float = 10000.0, context: int = 2048) -> None:
         super().__init__()
         if head_dim % 2 != 0:
             raise ValueError(f"RoPE needs an even head_dim, got {head_dim}")
         inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # (Dh/2,)
-        self._build(max_len)
+        self._build(context)
 
     def _build(self, n_positions: int) -> None:
         t = torch.arange(n_positions, dtype=torch.float32, device=self.inv_freq.device)
@@ -190,3 +196,77 @@ class ALiBi(nn.Module):
         key_pos = torch.arange(t_k, device=device)[None, :]  # (1, Tk)
         distance = (query_pos - key_pos).abs().float()  # (Tq, Tk)
         return -self.slopes[None, :, None, None] * distance[None, None]  # (1, H, Tq, Tk)
+
+
+def sincos_2d_table(grid: int, d_model: int) -> Tensor:
+    """Fixed 2-D positions: concat(PE_1d(row), PE_1d(col)), each half D/2 wide  (MAE, ViT-S/16)."""
+    table = sinusoid_table(grid, d_model // 2)  # (G, D/2)
+    rows = table[:, None, :].expand(grid, grid, -1)  # (G, G, D/2): row index
+    cols = table[None, :, :].expand(grid, grid, -1)  # (G, G, D/2): column index
+    return torch.cat([rows, cols], dim=-1).reshape(grid * grid, d_model)  # (G², D)
+
+
+class SinCos2DPositionalEncoding(nn.Module):
+    """Fixed 2-D encoding of a ``grid`` x ``grid`` patch sequence (row-major) added to x; the
+    ``n_prefix`` leading tokens (a class token) get none."""
+
+    def __init__(self, grid: int, d_model: int, n_prefix: int = 0) -> None:
+        super().__init__()
+        table = torch.cat([torch.zeros(n_prefix, d_model), sincos_2d_table(grid, d_model)])
+        self.register_buffer("table", table, persistent=False)  # (n_prefix + G², D)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        """x: (B, T, D) -> x + P[offset : offset + T]."""
+        return x + self.table[offset : offset + x.shape[1]].to(x.dtype)  # (B, T, D)
+
+
+@dataclass
+class Positions:
+    """The positional modules of one model; any of them may be None.
+
+    ``absolute(x, offset)`` adds a position vector to each embedding, ``rotary`` is the RoPE
+    hook every attention layer gets, ``bias(t_q, t_k, offset)`` the (1, H, Tq, Tk) score bias.
+    """
+
+    absolute: nn.Module | None = None
+    rotary: RotaryEmbedding | None = None
+    bias: nn.Module | None = None
+
+
+def make_positions(
+    kind: PositionKind,
+    d_model: int,
+    n_heads: int,
+    context: int,
+    *,
+    rope_base: float = 10000.0,
+    causal: bool = False,
+    grid: int = 0,
+    n_prefix: int = 0,
+) -> Positions:
+    """The positional modules for a config's ``pos``: the one factory every model uses.
+
+    ``context`` sizes the learned table (and the first sinusoid/RoPE table, which grow on
+    demand); ``causal`` makes T5 buckets one-sided; ``sincos2d`` needs the patch ``grid`` and
+    the number of ``n_prefix`` tokens before the patches.
+    """
+    if kind == "sinusoidal":
+        return Positions(absolute=SinusoidalPositionalEncoding(d_model, context))
+    if kind == "learned":
+        return Positions(absolute=LearnedPositionalEmbedding(context, d_model))
+    if kind == "sincos2d":
+        if grid < 1 or d_model % 4:
+            raise ValueError(
+                f"pos='sincos2d' needs a patch grid >= 1 and d_model divisible by 4, got grid="
+                f"{grid}, d_model={d_model}"
+            )
+        return Positions(absolute=SinCos2DPositionalEncoding(grid, d_model, n_prefix))
+    if kind == "rope":
+        return Positions(rotary=RotaryEmbedding(d_model // n_heads, rope_base, context))
+    if kind == "t5":
+        return Positions(bias=T5RelativePositionBias(n_heads, bidirectional=not causal))
+    if kind == "alibi":
+        return Positions(bias=ALiBi(n_heads))
+    if kind == "none":
+        return Positions()
+    raise ValueError(f"pos must be one of {', '.join(get_args(PositionKind))}, got {kind!r}")

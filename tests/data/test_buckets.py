@@ -8,7 +8,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnlab.data.buckets import LengthBucketSampler, pad_batch, padding_fraction
+from attnlab.data.buckets import (
+    LengthBucketSampler,
+    pad_batch,
+    padding_fraction,
+    shuffled_batches,
+)
 
 
 def _review_like_lengths(n: int = 3000, seed: int = 0) -> list[int]:
@@ -124,3 +129,15 @@ def test_batch_order_is_shuffled_not_short_to_long() -> None:
     assert longest != sorted(longest)
     unshuffled = LengthBucketSampler(lengths, 32, shuffle=False, bucket_mult=100).batches(0)
     assert [max(lengths[i] for i in b) for b in unshuffled] == sorted(longest)
+
+
+def test_shuffled_batches_partition_and_depend_only_on_seed_and_epoch() -> None:
+    batches = shuffled_batches(23, 5, seed=3, epoch=1)
+    assert [len(b) for b in batches] == [5, 5, 5, 5, 3]
+    assert sorted(i for b in batches for i in b) == list(range(23))
+    assert shuffled_batches(23, 5, seed=3, epoch=1) == batches
+    assert shuffled_batches(23, 5, seed=3, epoch=2) != batches
+    assert shuffled_batches(23, 5, seed=4, epoch=1) != batches
+    assert [len(b) for b in shuffled_batches(23, 5, 3, 1, drop_last=True)] == [5, 5, 5, 5]
+    with pytest.raises(ValueError, match="batch_size >= 1"):
+        shuffled_batches(23, 0, 3, 1)

@@ -31,6 +31,30 @@ def test_read_json_names_the_line(tmp_path: Path) -> None:
     assert err.value.line == 3 and "thing" in str(err.value)
 
 
+@pytest.mark.parametrize(
+    "content,problem",
+    [
+        (None, "no such run config file"),
+        ("", "the run config file is empty"),
+        ('{"task": "classify",', "not a valid run config JSON file"),
+        (b"\xff{}", "not valid UTF-8"),
+    ],
+)
+def test_read_json_is_one_line_naming_file_kind_and_fix(
+    tmp_path: Path, content: str | bytes | None, problem: str
+) -> None:
+    path = tmp_path / "run" / "config.json"
+    if content is not None:
+        path.parent.mkdir()
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(ValueError) as err:
+        read_json(path, "run config", fix="retrain into a new --out")
+    message = str(err.value)
+    assert message.startswith(str(path)) and problem in message and "\n" not in message
+    if "UTF-8" not in problem:
+        assert message.endswith("Fix: retrain into a new --out")
+
+
 def test_failed_write_keeps_the_old_file_and_leaves_no_temp(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from attnlab.data.errors import DataError
-from attnlab.data.labels import LabelVocab
+from attnlab.data.labels import MIN_CLASS_EXAMPLES, LabelVocab, check_label_counts
 
 
 def test_sorted_ids_round_trip(tmp_path: Path) -> None:
@@ -38,3 +38,44 @@ def test_load_rejects_unsorted_or_foreign_files(tmp_path: Path) -> None:
     path.write_text(json.dumps({"labels": ["a"]}), "utf-8")
     with pytest.raises(DataError, match="not an attnlab label vocabulary"):
         LabelVocab.load(path)
+
+
+def labels_with(**extra: int) -> list[str]:
+    """Two healthy classes plus `extra` = {label: count}."""
+    base = ["positive"] * 20 + ["negative"] * 20
+    return base + [label for label, n in extra.items() for _ in range(n)]
+
+
+def test_healthy_labels_pass_and_report_nothing_rare() -> None:
+    assert check_label_counts(labels_with()) == {}
+    assert check_label_counts(["a"] * MIN_CLASS_EXAMPLES + ["b"] * MIN_CLASS_EXAMPLES) == {}
+
+
+def test_one_class_is_refused_naming_it_and_its_count() -> None:
+    with pytest.raises(ValueError, match=r"only the class 'positive' \(30 examples\)") as err:
+        check_label_counts(["positive"] * 30)
+    assert "at least two classes" in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="only the class"):  # the flag never allows this
+        check_label_counts(["positive"] * 30, allow_rare_labels=True)
+    with pytest.raises(ValueError, match="no examples"):
+        check_label_counts([])
+
+
+@pytest.mark.parametrize("junk", ["?", "N/A", "Positive", "positive "])
+def test_a_junk_label_is_a_rare_class_refused_by_name(junk: str) -> None:
+    with pytest.raises(ValueError, match="--allow-rare-labels") as err:
+        check_label_counts(labels_with(**{junk: 1}))
+    message = str(err.value)
+    assert f"{junk!r} (1" in message and f"fewer than {MIN_CLASS_EXAMPLES}" in message
+    assert "\n" not in message and "'negative'" not in message
+    if junk.strip().casefold() == "positive":
+        assert "like 'positive' but for case or spaces" in message
+
+
+def test_every_rare_class_is_named_rarest_first_and_the_flag_allows_them() -> None:
+    labels = labels_with(**{"?": 2, "N/A": 1, "neutral": MIN_CLASS_EXAMPLES - 1})
+    with pytest.raises(ValueError, match=r"3 classes have .*'N/A' \(1\), '\?' \(2\), 'neutral'"):
+        check_label_counts(labels)
+    rare = check_label_counts(labels, allow_rare_labels=True)
+    assert rare == {"N/A": 1, "?": 2, "neutral": MIN_CLASS_EXAMPLES - 1}
+    assert check_label_counts(labels_with(neutral=MIN_CLASS_EXAMPLES)) == {}  # the bound itself

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -125,3 +126,47 @@ def test_crlf_line_endings_keep_line_numbers(tmp_path: Path) -> None:
     assert _error(path).line == 5
     path = _write(tmp_path / "d.jsonl", '{"text": "a", "label": "x"}\r\n{"text": "b", "label": 2}')
     assert load_labeled_file(path).labels == ["x", "2"]
+
+
+@pytest.fixture
+def default_csv_limit():
+    """The csv module's default field limit, restored afterwards (the limit is per process)."""
+    before = csv.field_size_limit(131_072)
+    yield
+    csv.field_size_limit(before)
+
+
+@pytest.mark.parametrize("quoted", [False, True])
+@pytest.mark.parametrize("fmt", ["csv", "tsv"])
+def test_a_field_over_the_csv_module_default_limit_loads(
+    tmp_path: Path, fmt: str, quoted: bool, default_csv_limit: None
+) -> None:
+    long = "长" * 200_000  # csv.field_size_limit() defaults to 131,072 characters
+    sep = "," if fmt == "csv" else "\t"
+    field = f'"{long}"' if quoted else long
+    path = _write(tmp_path / f"d.{fmt}", f"text{sep}label\n{field}{sep}pos\nshort{sep}neg\n")
+    corpus = load_labeled_file(path)
+    assert corpus.texts == [long, "short"] and corpus.labels == ["pos", "neg"]
+
+
+def test_a_quote_never_closed_names_the_line_it_opens_on(tmp_path: Path) -> None:
+    path = _write(tmp_path / "d.csv", 'text,label\nfine,pos\n"broken,neg\nmore,pos\nlast,neg\n')
+    err = _error(path)
+    assert err.line == 3 and "never closed" in str(err) and "unbalanced quote" in str(err)
+    assert "\n" not in str(err)
+
+
+def test_a_stray_quote_after_a_quoted_field_is_an_error_not_a_guess(tmp_path: Path) -> None:
+    err = _error(_write(tmp_path / "d.csv", 'text,label\nok,pos\n"She said "hi" today",neg\n'))
+    assert err.line == 3 and "followed by more text instead of a comma" in str(err)
+    assert '""' in err.fix  # how to write a quote inside a quoted field
+    # an unbalanced quote that swallows lines until a later quote: named with both lines
+    text = 'text,label\n"broken,neg\nmore,pos\nthird "q",neg\n'
+    err = _error(_write(tmp_path / "e.csv", text))
+    assert err.line == 4 and "opened on line 2" in str(err)
+
+
+def test_a_swallowed_row_with_the_wrong_field_count_points_at_the_quote(tmp_path: Path) -> None:
+    err = _error(_write(tmp_path / "d.csv", 'text,label\n"a,b\nc",x,y\n'))
+    assert err.line == 2 and "from line 2 to line 3" in str(err)
+    assert "unbalanced quote" in err.fix

@@ -26,7 +26,7 @@ def make(pooling: str = "mean", pos: str = "sinusoidal", **kw) -> TextClassifier
         d_ff=64,
         pooling=pooling,
         pos=pos,
-        max_len=40,
+        context=40,
         **kw,
     )
     return TextClassifier(cfg).eval()
@@ -111,7 +111,7 @@ def test_bad_config_errors() -> None:
     with pytest.raises(ValueError, match="vocab_size must be set"):
         TextClassifier(ClassifierConfig())
     model = make(pos="learned")
-    with pytest.raises(ValueError, match="max_len=40"):
+    with pytest.raises(ValueError, match="context=40"):
         model(torch.ones(1, 41, dtype=torch.long), torch.tensor([41]))
 
 

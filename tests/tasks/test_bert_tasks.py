@@ -17,6 +17,7 @@ import torch
 
 from attnlab.cli import main
 from attnlab.models.bert_checkpoint import load_pretrained
+from attnlab.tasks import runner
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 
@@ -80,7 +81,8 @@ def test_mlm_continues_from_a_checkpoint_with_its_tokenizer(mlm_run, tmp_path):
     before = (run / "tokenizer.json").read_text()
     assert (out / "checkpoint" / "tokenizer.json").read_text() == before
     config = json.loads((out / "config.json").read_text())
-    assert config["init_from"] == str(run / "checkpoint") and config["bert"]["d_model"] == 32
+    report = json.loads((out / "data_report.json").read_text())
+    assert report["init_from"] == str(run / "checkpoint") and config["bert"]["d_model"] == 32
 
 
 def test_finetune_from_the_mlm_run_then_predict_and_eval(mlm_run, tmp_path, capsys):
@@ -114,7 +116,7 @@ def test_from_scratch_keeps_the_architecture_but_not_the_weights(mlm_run, tmp_pa
     run, csv_file = mlm_run
     overrides = {"init": str(run), "data": str(csv_file), "from_scratch": "true", "max_steps": "1"}
     overrides |= {"lr": "1e-9", "tensorboard": "false", "precision": "fp32", "warmup_ratio": "0"}
-    bert_classify.train(tmp_path / "scratch", overrides)
+    runner.train("bert_classify", tmp_path / "scratch", overrides)
     model = bert_classify.BertClassifierRun.load(tmp_path / "scratch").model
     pretrained, _, _, _ = load_pretrained(run)
     word = model.bert.embeddings.word.weight

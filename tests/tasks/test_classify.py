@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attnlab.cli import main
-from attnlab.tasks import classify
+from attnlab.tasks import classify, runner
 from attnlab.tasks.classify import ClassifierRun
 
 TINY = {
@@ -51,7 +51,7 @@ def trained(tmp_path_factory) -> tuple[Path, Path, dict]:
     root = tmp_path_factory.mktemp("classify")
     data = write_corpus(root / "train.csv")
     run = root / "run"
-    results = classify.train(run, {"data": str(data), **TINY})
+    results = runner.train("classify", run, {"data": str(data), **TINY})
     return run, data, results
 
 
@@ -94,7 +94,7 @@ def test_predict_eval_and_attention_commands(trained, tmp_path, capsys):
     out = tmp_path / "heat.png"
     assert main(["attention", str(run), "有人怒了", "--out", str(out)]) == 0
     assert out.stat().st_size > 10_000
-    info = loaded.inspect("有人怒了")
+    info = loaded.attention("有人怒了")
     L, H = loaded.config.model.n_layers, loaded.config.model.n_heads
     assert info["attention"].shape == (L, H, 4, 4)
     assert torch.allclose(info["token_share"].sum(), torch.tensor(1.0))
@@ -103,8 +103,8 @@ def test_predict_eval_and_attention_commands(trained, tmp_path, capsys):
 def test_same_seed_same_metrics(tmp_path):
     data = write_corpus(tmp_path / "d.csv", n=90)
     settings = {"data": str(data), **TINY, "epochs": "1"}
-    a = classify.train(tmp_path / "a", settings)
-    b = classify.train(tmp_path / "b", settings)
+    a = runner.train("classify", tmp_path / "a", settings)
+    b = runner.train("classify", tmp_path / "b", settings)
     assert a["val"] == b["val"] and a["summary"]["best_metric"] == b["summary"]["best_metric"]
 
 
@@ -144,7 +144,7 @@ def test_separate_train_and_test_files_carve_validation_from_train(tmp_path):
     train_file = write_corpus(tmp_path / "train.csv", n=120, seed=1)
     test_file = write_corpus(tmp_path / "test.csv", n=30, seed=2)
     settings = {"data": str(train_file), "test_data": str(test_file), **TINY, "epochs": "1"}
-    results = classify.train(tmp_path / "run", settings)
+    results = runner.train("classify", tmp_path / "run", settings)
     sizes = json.loads((tmp_path / "run" / "data_report.json").read_text())["split_sizes"]
     assert sizes == {"train": 108, "val": 12, "test": 30}
     assert results["test"]["n"] == 30
@@ -153,7 +153,9 @@ def test_separate_train_and_test_files_carve_validation_from_train(tmp_path):
 def test_an_ensemble_run_trains_predicts_and_draws_one_members_attention(tmp_path, capsys):
     data = write_corpus(tmp_path / "d.csv")
     run = tmp_path / "ens"
-    results = classify.train(run, {"data": str(data), **TINY, "epochs": "4", "members": "2"})
+    results = runner.train(
+        "classify", run, {"data": str(data), **TINY, "epochs": "4", "members": "2"}
+    )
     assert results["test"]["accuracy"] >= 0.9, results["test"]
     loaded = ClassifierRun.load(run)
     assert len(loaded.model.members) == 2
@@ -173,7 +175,7 @@ def test_tail_share_reaches_training_and_prediction(tmp_path):
     data = write_corpus(tmp_path / "d.csv", n=90)
     run = tmp_path / "tail"
     settings = {**TINY, "epochs": "1", "truncate_len": "8", "tail_share": "0.5"}
-    classify.train(run, {"data": str(data), **settings})
+    runner.train("classify", run, {"data": str(data), **settings})
     loaded = ClassifierRun.load(run)
     assert loaded.config.data.tail_share == 0.5
     text = "的一是在不了有和人这中大"

@@ -12,7 +12,7 @@ import torch
 
 from attnlab.cli import main
 from attnlab.models.gpt_hf import save_hf_gpt2
-from attnlab.tasks import lm
+from attnlab.tasks import lm, runner
 from attnlab.tasks.lm import LMRun, build_config, generate_text
 from attnlab.train import load_weights
 
@@ -54,7 +54,7 @@ def trained(tmp_path_factory) -> tuple[Path, dict]:
     root = tmp_path_factory.mktemp("lm")
     corpus = write_corpus(root / "corpus")
     torch.set_num_threads(1)
-    results = lm.train(root / "run", {"data": str(corpus), **QUICK}, "quick")
+    results = runner.train("lm", root / "run", {"data": str(corpus), **QUICK}, "quick")
     return root / "run", results
 
 
@@ -88,9 +88,9 @@ def test_resume_after_an_interrupt_ends_with_identical_weights(trained, tmp_path
 
     monkeypatch.setattr(lm, "lm_step", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        lm.train(tmp_path / "run", overrides, "quick")
+        runner.train("lm", tmp_path / "run", overrides, "quick")
     monkeypatch.setattr(lm, "lm_step", real_step)
-    lm.train(tmp_path / "run", overrides, "quick", resume=True)
+    runner.train("lm", tmp_path / "run", overrides, "quick", resume=True)
     for name in ("model.safetensors", "state/model.safetensors"):
         a, b = LMRun.load(run).model, LMRun.load(tmp_path / "run").model
         load_weights(a, run / name)
@@ -159,7 +159,7 @@ def test_cli_trains_with_presets_and_field_options(tmp_path, capsys) -> None:
     args = ["train", "lm", "--config", "quick", "--data", str(corpus), "--max-steps", "6"]
     assert main([*args, "--eval-every", "3", "--out", str(tmp_path / "r"), "n_layers=1"]) == 0
     out = capsys.readouterr()
-    assert "best val loss" in out.out and "model: " in out.err
+    assert "best val_loss" in out.out and "model: " in out.err
     saved = json.loads((tmp_path / "r" / "config.json").read_text())
     assert saved["model"]["n_layers"] == 1 and saved["train"]["max_steps"] == 6
 
@@ -168,7 +168,7 @@ def test_presets_build_and_bad_settings_say_what_to_change() -> None:
     for name in ("baby", "small", "gpt2", "llama", "quick"):
         cfg = build_config(name, {})
         cfg.model.vocab_size = 100
-        cfg.model.validate()
+        cfg.model.validate(complete=True)
     assert build_config("llama", {}).model.pos == "rope"
     with pytest.raises(ValueError, match="did you mean n_layers"):
         build_config(None, {"n_layer": "3"})

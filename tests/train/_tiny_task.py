@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.configs import apply_overrides, parse_key_values
-from attnlab.train import StepOutput, TrainConfig, Trainer, seed_everything, shuffled_batches
+from attnlab.data.buckets import shuffled_batches
+from attnlab.train import StepOutput, TrainConfig, Trainer, seed_everything
 
 VOCAB, CLASSES, LENGTH, PAD = 11, 5, 6, 0
 

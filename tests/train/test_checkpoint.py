@@ -8,8 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_model
 from torch import nn
 
+from attnlab.tensor_files import CHECKSUM_KEY, tensors_sha256
 from attnlab.train.checkpoint import (
     load_checkpoint,
     load_weights,
@@ -135,6 +138,125 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
         load_checkpoint(tmp_path, model, opt)
 
 
+# --- weights files check themselves: checksum in the file's metadata, one-line errors ---------
+
+
+def saved(tmp_path: Path) -> tuple[TiedLM, Path]:
+    model, _ = trained()
+    return model, save_weights(model, tmp_path / "model.safetensors")
+
+
+def one_line_error(path: Path, match: str, model: nn.Module | None = None) -> str:
+    with pytest.raises(ValueError, match=match) as info:
+        load_weights(model if model is not None else TiedLM(), path)
+    message = str(info.value)
+    assert "\n" not in message and str(path) in message
+    return message
+
+
+def test_overwritten_tensor_bytes_are_a_checksum_error(tmp_path: Path) -> None:
+    _, path = saved(tmp_path)
+    size = path.stat().st_size
+    with open(path, "r+b") as f:  # the tensor data sits at the end of the file
+        f.seek(size - 8)
+        f.write(bytes([0x3C, 0, 0, 0x3C, 0, 0, 0, 0x3C]))  # still finite float32 values
+    assert path.stat().st_size == size
+    assert "retrain or restore" in one_line_error(path, "corrupt")
+
+
+def test_truncated_weights_are_a_one_line_error(tmp_path: Path) -> None:
+    _, path = saved(tmp_path)
+    path.write_bytes(path.read_bytes()[:-20])
+    one_line_error(path, "truncated or not a safetensors file")
+    path.write_bytes(b"not safetensors at all")
+    one_line_error(path, "truncated or not a safetensors file")
+
+
+def test_non_finite_weights_are_refused(tmp_path: Path) -> None:
+    model, _ = trained()
+    with torch.no_grad():
+        model.mid.weight[1, 2] = float("nan")
+    path = save_weights(model, tmp_path / "model.safetensors")
+    assert "'mid.weight'" in one_line_error(path, "non-finite")
+    with torch.no_grad():
+        model.mid.weight[1, 2] = float("inf")
+    one_line_error(save_weights(model, path), "non-finite")
+
+
+def test_file_without_checksum_from_older_runs_still_loads(tmp_path: Path) -> None:
+    model, _ = trained()
+    path = tmp_path / "old.safetensors"
+    save_model(model, str(path))  # what save_weights wrote before checksums
+    with safe_open(str(path), framework="pt") as f:
+        assert CHECKSUM_KEY not in (f.metadata() or {})
+    other = TiedLM()
+    load_weights(other, path)
+    assert torch.equal(other.mid.weight, model.mid.weight)
+    assert other.head.weight is other.embed.weight
+
+
+def test_tied_weights_round_trip_with_checksum_and_duplicate_names(tmp_path: Path) -> None:
+    model, path = saved(tmp_path)
+    with safe_open(str(path), framework="pt") as f:
+        stored, metadata = set(f.keys()), f.metadata()
+    assert stored == {"embed.weight", "mid.weight", "mid.bias"}  # the tied head stored once
+    assert metadata["head.weight"] == "embed.weight"  # save_model's duplicate-name record
+    assert metadata[CHECKSUM_KEY] == tensors_sha256(load_file(str(path)))
+    other = TiedLM()
+    load_weights(other, path)
+    assert other.head.weight is other.embed.weight
+    assert torch.equal(other.head.weight, model.embed.weight)
+
+
+def test_weights_of_another_shape_are_a_one_line_error(tmp_path: Path) -> None:
+    class Wider(TiedLM):
+        def __init__(self) -> None:
+            super().__init__()
+            self.mid = nn.Linear(4, 5)
+
+    _, path = saved(tmp_path)
+    assert "mid.weight (4, 4) in the file vs (5, 4)" in one_line_error(path, "do not fit", Wider())
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "optimizer.safetensors", "rng.safetensors"])
+def test_truncated_state_file_on_resume_is_a_one_line_error(tmp_path: Path, name: str) -> None:
+    write(tmp_path, step=2)
+    target = tmp_path / "state" / name
+    target.write_bytes(target.read_bytes()[:-3])
+    model, opt = trained(0)
+    with pytest.raises(ValueError, match="truncated or not a safetensors file") as info:
+        load_checkpoint(tmp_path, model, opt)
+    assert "\n" not in str(info.value) and str(target) in str(info.value)
+
+
+def test_corrupt_optimizer_state_is_a_checksum_error(tmp_path: Path) -> None:
+    write(tmp_path, step=2)
+    target = tmp_path / "state" / "optimizer.safetensors"
+    raw = bytearray(target.read_bytes())
+    raw[-1] ^= 0x01  # flip the lowest exponent bit of the last float (still finite)
+    target.write_bytes(bytes(raw))
+    model, opt = trained(0)
+    with pytest.raises(ValueError, match="corrupt"):
+        load_checkpoint(tmp_path, model, opt)
+
+
+def test_broken_state_json_names_the_file(tmp_path: Path) -> None:
+    write(tmp_path, step=2)
+    (tmp_path / "state" / "optimizer.json").write_text('{"param_groups": [')
+    model, opt = trained(0)
+    with pytest.raises(ValueError, match="optimizer.json: unreadable checkpoint file"):
+        load_checkpoint(tmp_path, model, opt)
+
+
+def test_checksum_covers_names_dtypes_and_shapes() -> None:
+    x = torch.arange(6, dtype=torch.float32)
+    base = tensors_sha256({"a": x})
+    assert tensors_sha256({"b": x}) != base
+    assert tensors_sha256({"a": x.view(2, 3)}) != base
+    assert tensors_sha256({"a": x.view(torch.int32)}) != base
+    assert tensors_sha256({"a": x.clone()}) == base
+
+
 # --------------------------------------------------------------------------- devices
 
 
@@ -203,32 +325,24 @@ def test_checkpoint_moves_between_devices_bitwise(tmp_path: Path, device: torch.
 def test_loading_maps_every_tensor_to_its_device_explicitly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The safetensors readers are told the device (no implicit default), and a state tensor
-    goes where torch keeps it: with its parameter, `step` on the CPU unless capturable/fused."""
+    """Every tensor file goes through the checked reader, which opens it on the CPU explicitly
+    (safe_open(device="cpu")); a state tensor then goes where torch keeps it: with its
+    parameter, `step` on the CPU unless capturable/fused."""
     from attnlab.train import checkpoint as ckpt
 
     model, opt = trained()
     save_checkpoint(tmp_path, model, opt, {"step": 3}, [capture_rng()])
-    seen: list[tuple[str, object]] = []
-    real_model, real_file = ckpt.load_model, ckpt.load_file
+    seen: list[str] = []
+    real_read = ckpt.read_tensors
 
-    def spy_model(m, filename, strict=True, device="unset"):
-        seen.append((Path(filename).name, device))
-        return real_model(m, filename, strict=strict, device=device)
+    def spy(path, what="weights"):
+        seen.append(Path(path).name)
+        return real_read(path, what)
 
-    def spy_file(filename, device="unset"):
-        seen.append((Path(filename).name, device))
-        return real_file(filename, device=device)
-
-    monkeypatch.setattr(ckpt, "load_model", spy_model)
-    monkeypatch.setattr(ckpt, "load_file", spy_file)
+    monkeypatch.setattr(ckpt, "read_tensors", spy)
     fresh, fresh_opt = _fresh_on(torch.device("cpu"))
     load_checkpoint(tmp_path, fresh, fresh_opt)
-    assert seen == [
-        ("model.safetensors", "cpu"),
-        ("optimizer.safetensors", "cpu"),
-        ("rng.safetensors", "cpu"),
-    ]
+    assert seen == ["model.safetensors", "optimizer.safetensors", "rng.safetensors"]
     meta = torch.device("meta")  # stands for "another device" in the placement rule alone
     group = fresh_opt.param_groups[0]
     group["params"] = [p.to(meta) for p in group["params"]]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 import warnings
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from _device import DEVICE
 from attnlab.train import StepOutput, TrainConfig, seed_everything
 from attnlab.train import Trainer as EngineTrainer
 from attnlab.train.metrics_log import read_metrics
+from attnlab.train.schedules import lr_factor
 
 pytestmark = pytest.mark.usefixtures("deterministic")
 
@@ -355,3 +357,96 @@ def test_schedule_by_time_decays_within_the_budget(tmp_path: Path, monkeypatch) 
     expected = [cfg.lr * (1 - min(total, math.ceil(k / 5 * total)) / total) for k in range(1, 6)]
     assert lrs == pytest.approx(expected)
     assert lrs[-1] == 0.0
+
+
+class SlowScriptedEval(ScriptedEval):
+    """ScriptedEval that takes `sleep_s` per call, so evaluation time is measurable."""
+
+    def __init__(self, key: str, values: list[float], sleep_s: float) -> None:
+        super().__init__(key, values)
+        self.sleep_s = sleep_s
+
+    def __call__(self, model: torch.nn.Module) -> dict[str, float]:
+        time.sleep(self.sleep_s)
+        return super().__call__(model)
+
+
+@pytest.mark.parametrize(
+    "mode,values,target",
+    [("min", [1.0, 0.8, 0.6, 0.5, 0.4], 0.6), ("max", [0.1, 0.5, 0.7, 0.95, 0.99], 0.7)],
+)
+def test_target_loss_stops_at_the_first_eval_that_reaches_it(
+    tmp_path: Path, mode: str, values: list[float], target: float
+) -> None:
+    scripted = SlowScriptedEval("score", values, sleep_s=0.1)
+    cfg = cfg_for(eval_every=1, monitor="score", monitor_mode=mode, epochs=5, target_loss=target)
+    summary = Trainer(tiny(), cfg, tmp_path, TinyData(), step_fn, evaluate=scripted).fit()
+    assert summary["stop_reason"] == "target_loss" and summary["steps"] == 3
+    assert summary["target_reached"] is True and summary["target_step"] == 3
+    assert summary["target_loss"] == target and len(scripted.seen) == 3
+    # target_time_s is training time: the evaluations' sleeps are left out
+    assert summary["eval_time_s"] >= 0.3
+    assert 0 < summary["target_time_s"] <= summary["wall_time_s"] - summary["eval_time_s"] + 1e-9
+    assert 0 < summary["target_cpu_s"] <= summary["cpu_time_s"] - summary["eval_cpu_s"] + 1e-9
+    assert summary["eval_cpu_s"] < summary["eval_time_s"]  # sleeping takes no CPU time
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    assert saved["target_step"] == 3 and saved["target_time_s"] == summary["target_time_s"]
+
+
+def test_unreached_target_is_recorded_as_such(tmp_path: Path) -> None:
+    cfg = cfg_for(eval_every=2, max_steps=4, target_loss=1e-9)
+    summary = Trainer(tiny(), cfg, tmp_path, TinyData(), step_fn, make_evaluate()).fit()
+    assert summary["stop_reason"] == "max_steps" and summary["target_reached"] is False
+    assert summary["target_step"] is None and summary["target_time_s"] is None
+    with pytest.raises(ValueError, match="target_loss needs an evaluate"):
+        Trainer(tiny(), cfg, tmp_path / "x", TinyData(), step_fn)
+
+
+def test_schedule_scales_the_muon_and_the_adamw_groups(tmp_path: Path, monkeypatch) -> None:
+    """optimizer=muon: every step, Muon runs at muon_lr * factor and AdamW at lr * factor."""
+    cfg = cfg_for(
+        optimizer="muon",
+        muon_lr=0.05,
+        schedule="wsd",
+        decay_ratio=0.5,
+        warmup_steps=1,
+        min_lr_ratio=0.2,
+        max_steps=6,
+    )
+    trainer = Trainer(tiny(), cfg, tmp_path, TinyData(), step_fn, make_evaluate())
+    orig = Trainer._update
+    seen: list[tuple[list[float], list[float]]] = []
+
+    def update(self, step, total_weight):
+        lr, norm = orig(self, step, total_weight)
+        muon = [g["lr"] for g in self.optimizer.param_groups if g["use_muon"]]
+        adam = [g["lr"] for g in self.optimizer.param_groups if not g["use_muon"]]
+        seen.append((muon, adam))
+        return lr, norm
+
+    monkeypatch.setattr(Trainer, "_update", update)
+    trainer.fit()
+    factors = [
+        lr_factor(
+            k, schedule="wsd", total_steps=6, warmup_steps=1, min_lr_ratio=0.2, decay_ratio=0.5
+        )
+        for k in range(1, 7)
+    ]
+    assert factors == pytest.approx([1.0, 1.0, 1.0, 2 / 3 + 0.2 / 3, 1 / 3 + 0.4 / 3, 0.2])
+    assert [m for m, _ in seen] == [[pytest.approx(0.05 * f)] for f in factors]
+    assert [a for _, a in seen] == [[pytest.approx(cfg.lr * f)] * 2 for f in factors]
+
+
+def test_muon_run_is_deterministic_and_ctrl_c_resume_exact(tmp_path: Path) -> None:
+    cfg = cfg_for(optimizer="muon", muon_lr=0.05, grad_accum=2, checkpoint_every=100, epochs=2)
+    ref_model = tiny(dropout=0.3)
+    Trainer(ref_model, cfg, tmp_path / "ref", TinyData(), step_fn, make_evaluate()).fit()
+    run = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(tiny(dropout=0.3), cfg, run, TinyData(), InterruptAt(9), make_evaluate()).fit()
+    model = tiny(dropout=0.3)
+    Trainer(model, cfg, run, TinyData(), step_fn, make_evaluate()).fit(resume=True)
+    assert all(torch.equal(v, ref_model.state_dict()[k]) for k, v in model.state_dict().items())
+    assert without_timing(read_metrics(run / "metrics.jsonl")) == without_timing(
+        read_metrics(tmp_path / "ref" / "metrics.jsonl")
+    )

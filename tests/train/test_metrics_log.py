@@ -40,7 +40,7 @@ def png_size(path: Path) -> tuple[int, int]:
 
 def test_plot_curves_has_one_panel_per_val_metric(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    from attnlab.viz_curves import plot_curves
+    from attnlab.train.curves import plot_curves
 
     path = tmp_path / "metrics.jsonl"
     train = [{"step": s, "split": "train", "loss": 3.0 / s, "acc": s / 10} for s in range(1, 9)]

@@ -1,11 +1,18 @@
-"""AdamW parameter groups: what gets weight decay."""
+"""Parameter groups: what gets weight decay (AdamW), and which tensors Muon updates."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
-from attnlab.train.optim import build_optimizer, param_groups
+from attnlab.train.optim import (
+    build_muon_optimizer,
+    build_optimizer,
+    muon_params,
+    output_head,
+    param_groups,
+)
 
 
 class Tied(nn.Module):
@@ -45,3 +52,56 @@ def test_decay_is_decoupled_and_skips_no_decay_group() -> None:
     torch.testing.assert_close(model.proj.weight, before["proj.weight"] * (1 - 0.1 * 0.5))
     assert torch.equal(model.embed.weight, before["embed.weight"])
     assert torch.equal(model.norm.weight, before["norm.weight"])
+
+
+def gpt(tie: bool) -> nn.Module:
+    from attnlab.models.gpt import GPT, GPTConfig
+
+    cfg = GPTConfig(vocab_size=11, context=8, n_layers=2, n_heads=2, d_model=8, tie_weights=tie)
+    return GPT(cfg)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_muon_takes_the_hidden_matrices_of_a_gpt(tie: bool) -> None:
+    """Muon: the attention and MLP matrices of every block. AdamW: token and position
+    embeddings, the output head (tied or not), norm gains and biases."""
+    model = gpt(tie)
+    names = {id(p): n for n, p in model.named_parameters()}
+    hidden = {names[id(p)] for p in muon_params(model)}
+    expected = {
+        f"stack.blocks.{i}.{m}.weight"
+        for i in range(2)
+        for m in ("self_attn.qkv", "self_attn.out_proj", "ff.w_in", "ff.w_out")
+    }
+    assert hidden == expected
+    opt = build_muon_optimizer(model, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.99), muon_lr=0.02)
+    muon_groups = [g for g in opt.param_groups if g["use_muon"]]
+    adam_groups = [g for g in opt.param_groups if not g["use_muon"]]
+    assert len(muon_groups) == 1 and {id(p) for p in muon_groups[0]["params"]} == set(
+        map(id, muon_params(model))
+    )
+    adam = {names[id(p)]: g["weight_decay"] for g in adam_groups for p in g["params"]}
+    assert set(adam) | hidden == set(names.values()) and not set(adam) & hidden
+    assert adam["tok_emb.weight"] == 0.0 and adam["pos_emb.embedding.weight"] == 0.0
+    assert adam["stack.norm.weight"] == 0.0 and adam["stack.blocks.0.ff.w_in.bias"] == 0.0
+    if not tie:  # an untied head is a decayed AdamW matrix
+        assert adam["head.weight"] == 0.1
+    assert all(g["lr"] == 1e-3 and g["betas"] == (0.9, 0.99) for g in adam_groups)
+    assert muon_groups[0]["lr"] == 0.02
+
+
+def test_muon_classes_of_the_tiny_tagger() -> None:
+    """Embedding -> hidden Linear -> output Linear: only `hidden.weight` is Muon's."""
+    from _tiny_task import TinyTagger
+
+    model = TinyTagger()
+    assert output_head(model) is model.out
+    assert [id(p) for p in muon_params(model)] == [id(model.hidden.weight)]
+
+
+def test_frozen_matrices_are_nobodys() -> None:
+    model = Tied()
+    opt = build_muon_optimizer(model, lr=1e-3, weight_decay=0.0, betas=(0.9, 0.99), muon_lr=0.02)
+    ids = {id(p) for g in opt.param_groups for p in g["params"]}
+    assert not ids & {id(p) for p in model.frozen.parameters()}
+    assert len(ids) == sum(1 for p in model.parameters() if p.requires_grad)

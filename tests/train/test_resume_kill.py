@@ -8,6 +8,7 @@ import random
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from _procs import checkpoint_step, curves, finish, launch, wait_for_checkpoint, weights
 
@@ -16,10 +17,12 @@ ARGS = ["epochs=3", "eval_every=4", "checkpoint_every=5", "log_every=3"]
 SLOW = ["--sleep", "0.03"]  # slows the runs that get killed; results do not depend on it
 
 
-def test_sigkill_then_resume_is_bitwise_identical(tmp_path: Path) -> None:
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_sigkill_then_resume_is_bitwise_identical(tmp_path: Path, optimizer: str) -> None:
     ref_dir, run_dir = tmp_path / "ref", tmp_path / "run"
-    reference = launch(ref_dir, ARGS)
-    victim = launch(run_dir, ARGS + SLOW)
+    args = ARGS + [f"optimizer={optimizer}"]
+    reference = launch(ref_dir, args)
+    victim = launch(run_dir, args + SLOW)
 
     first = wait_for_checkpoint(run_dir, victim, after_step=0)
     delay = random.uniform(0.0, 0.3)  # the conftest seed makes this replayable
@@ -33,7 +36,7 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path: Path) -> None:
         f"step {resumable}"
     )
     assert 0 < resumable < 36
-    victim = launch(run_dir, ARGS + ["--resume"])
+    victim = launch(run_dir, args + ["--resume"])
     finish(victim)
     finish(reference)
 

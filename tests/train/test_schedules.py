@@ -72,3 +72,30 @@ def test_bad_input() -> None:
         f(1, "step")
     with pytest.raises(ValueError, match="warmup"):
         f(1, "noam", warmup_steps=0)
+
+
+@pytest.mark.parametrize(
+    "step,expected",
+    [
+        (1, 0.5),  # warmup 1/2
+        (2, 1.0),
+        (5, 1.0),  # stable
+        (6, 1.0),  # total 10, decay_ratio 0.4: the last 4 steps (7..10) decay
+        (7, 0.775),  # q = 1/4: 0.1 + 0.9 * 3/4
+        (8, 0.55),
+        (9, 0.325),
+        (10, 0.1),  # last step runs at min_lr_ratio
+        (12, 0.1),
+    ],
+)
+def test_wsd_warmup_stable_decay(step: int, expected: float) -> None:
+    assert f(step, "wsd", decay_ratio=0.4) == pytest.approx(expected, abs=1e-12)
+
+
+def test_wsd_edges() -> None:
+    # decay_ratio 0: warmup then constant; decay_ratio 1: the decay starts after the warmup
+    assert [f(s, "wsd", decay_ratio=0.0) for s in (2, 9, 10)] == [1.0, 1.0, 1.0]
+    assert f(4, "wsd", decay_ratio=1.0) == pytest.approx(f(4, "linear"), abs=1e-12)
+    assert f(10, "wsd", decay_ratio=1.0) == pytest.approx(0.1, abs=1e-12)
+    with pytest.raises(ValueError, match="decay_ratio"):
+        f(5, "wsd", decay_ratio=1.5)

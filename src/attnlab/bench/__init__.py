@@ -7,3 +7,6 @@ suites.py    the benchmarks: kernels, MHA, encoder layer, GPT step, generation
 scaling.py   one block's time and memory against sequence length, with fitted exponents
 report.py    the markdown report; run.py ties them together
 """
+
+SECTIONS = ("kernels", "mha", "encoder_layer", "gpt_step", "generation", "scaling")
+DEFAULT_OUT = "bench-report.md"

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from attnlab.blocks import EncoderBlock
+from attnlab.blocks import BlockConfig, EncoderBlock
 from attnlab.models.gpt import GPT, GPTConfig
 
 Step = Callable[[], None]
@@ -24,17 +24,18 @@ BLOCK_KINDS = {
 def block(kind: str, d_model: int, n_heads: int, window: int) -> EncoderBlock:
     """A pre-norm causal GPT block, d_ff = 4·d_model, no dropout, with ``kind`` attention."""
     attention, fused = BLOCK_KINDS[kind]
-    return EncoderBlock(
+    cfg = BlockConfig(
         d_model,
         n_heads,
         4 * d_model,
         dropout=0.0,
         activation="gelu",
-        norm_first=True,
+        norm_position="pre",
         fused=fused,
         attention=attention,
         window=window if attention == "local" else 0,
     )
+    return EncoderBlock(cfg)
 
 
 def _block_steps(spec: dict, device: torch.device) -> tuple[Step, Step]:

@@ -8,13 +8,10 @@ from pathlib import Path
 
 import torch
 
-from attnlab.bench import suites
+from attnlab.bench import DEFAULT_OUT, SECTIONS, suites
 from attnlab.bench.machine import machine_info, matmul_peak_gflops, precision_info
 from attnlab.bench.report import render
 from attnlab.bench.scaling import run_scaling
-
-SECTIONS = ("kernels", "mha", "encoder_layer", "gpt_step", "generation", "scaling")
-DEFAULT_OUT = "bench-report.md"
 
 # (quick, full) settings of every section
 PLAN = {

@@ -1,4 +1,4 @@
-"""Length-bucketed batching: group similar lengths so batches carry little padding."""
+"""Batching: seeded shuffled batches, and length buckets so batches carry little padding."""
 
 from __future__ import annotations
 
@@ -130,3 +130,15 @@ def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[torch.Ten
     for row, seq in enumerate(seqs):
         input_ids[row, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
     return input_ids, lengths
+
+
+def shuffled_batches(
+    n: int, batch_size: int, seed: int, epoch: int, drop_last: bool = False
+) -> list[list[int]]:
+    """Split a permutation of range(n) seeded by (seed, epoch) into batches of `batch_size`."""
+    if n < 1 or batch_size < 1:
+        raise ValueError(f"need n >= 1 and batch_size >= 1, got n={n}, batch_size={batch_size}")
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    order = torch.randperm(n, generator=gen).tolist()
+    stop = n - n % batch_size if drop_last else n
+    return [order[i : i + batch_size] for i in range(0, stop, batch_size)]

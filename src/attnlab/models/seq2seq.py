@@ -3,7 +3,8 @@
 Source and target ids (B, S) and (B, T) are embedded and scaled by √d_model (§3.4), given
 sinusoidal positions (§3.5), encoded and decoded by the Encoder/Decoder stacks (each with a
 final norm, as ``nn.Transformer``), and projected to target-vocabulary logits through the
-target embedding matrix (tied). Padding is masked on both sides; the decoder is also causal.
+target embedding matrix (``tie_weights``). Padding is masked on both sides; the decoder is
+also causal.
 """
 
 from __future__ import annotations
@@ -16,55 +17,85 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.attention import KVCache, padding_mask_from_ids
-from attnlab.blocks import Decoder, DecoderBlock, Encoder, EncoderBlock, make_norm
-from attnlab.efficient import check_attention_config
-from attnlab.positions import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+from attnlab.blocks import (
+    Activation,
+    BlockConfig,
+    Decoder,
+    DecoderBlock,
+    Encoder,
+    EncoderBlock,
+    NormKind,
+    NormPosition,
+)
+from attnlab.configs import Alias, ConfigBase, coerce_value, setting
+from attnlab.efficient import AttentionKind
+from attnlab.positions import make_positions
+
+
+def _norm_first_to_position(value: Any) -> str:
+    """Old ``norm_first`` (a bool, or its text from a command line) -> ``norm_position``."""
+    return "pre" if coerce_value(value, bool, "norm_first") else "post"
 
 
 @dataclass
-class Seq2SeqConfig:
+class Seq2SeqConfig(ConfigBase):
     """Shape of the encoder-decoder model; vocabulary sizes are filled in from the tokenizer."""
 
-    src_vocab_size: int = 0
-    tgt_vocab_size: int = 0
+    src_vocab_size: int = setting(0, min=1, unset=0, set_by="the source tokenizer")
+    tgt_vocab_size: int = setting(0, min=1, unset=0, set_by="the target tokenizer")
     shared_embeddings: bool = True
-    d_model: int = 256
-    n_heads: int = 4
-    n_encoder_layers: int = 3
-    n_decoder_layers: int = 3
-    d_ff: int = 1024
-    dropout: float = 0.1
-    activation: Literal["relu", "gelu"] = "relu"
-    norm_first: bool = False
+    d_model: int = setting(256, min=1)
+    n_heads: int = setting(4, min=1)
+    n_encoder_layers: int = setting(3, min=1)
+    n_decoder_layers: int = setting(3, min=1)
+    d_ff: int = setting(1024, min=1)
+    dropout: float = setting(0.1, min=0.0, below=1.0)
+    activation: Activation = "relu"
+    norm: NormKind = "layer"
+    norm_position: NormPosition = "post"
     pos: Literal["sinusoidal", "learned"] = "sinusoidal"
-    max_len: int = 512
-    tie_output: bool = True
+    context: int = setting(512, "longest source or target (learned positions)", min=1)
+    tie_weights: bool = setting(True, "output projection = target embedding")
     pad_id: int = 0
-    gradient_checkpointing: bool = False  # recompute block activations in backward (less memory)
-    attention: str = "full"  # self-attention: full | local (sliding window) | linear (elu+1)
-    window: int = 0  # attention="local": keys within this distance, itself included
-    n_global: int = 0  # attention="local": leading tokens that see and are seen by all
+    gradient_checkpointing: bool = setting(
+        False, "recompute block activations in backward (less memory)"
+    )
+    attention: AttentionKind = setting(
+        "full", "self-attention: full | local (sliding window) | linear (elu+1)"
+    )
+    window: int = setting(0, 'attention="local": keys within this distance, itself included', min=0)
+    n_global: int = setting(
+        0, 'attention="local": leading tokens that see and are seen by all', min=0
+    )
 
-    def validate(self) -> None:
-        """Raise ValueError naming the field to change."""
-        for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "max_len"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("n_encoder_layers", "n_decoder_layers"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
+    ALIASES = (
+        Alias("norm_first", "norm_position", convert=_norm_first_to_position),
+        Alias("max_len", "context"),
+        Alias("tie_output", "tie_weights"),
+    )
+
+    def check(self) -> None:
         if self.shared_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             raise ValueError(
                 "shared_embeddings needs one vocabulary for both sides, got sizes "
                 f"{self.src_vocab_size} and {self.tgt_vocab_size}; set shared_embeddings=false"
             )
-        if self.pos not in ("sinusoidal", "learned"):
-            raise ValueError(f"pos must be sinusoidal or learned, got {self.pos!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        check_attention_config(self.attention, self.window, self.n_global)
+        self.block_config()  # head counts, attention kernel
+
+    def block_config(self) -> BlockConfig:
+        """The block of both stacks (the decoder adds cross-attention; it is always full)."""
+        return BlockConfig(
+            d_model=self.d_model,
+            n_heads=self.n_heads,
+            d_ff=self.d_ff,
+            activation=self.activation,
+            norm=self.norm,
+            norm_position=self.norm_position,
+            dropout=self.dropout,
+            attention=self.attention,
+            window=self.window,
+            n_global=self.n_global,
+        )
 
 
 class Seq2SeqTransformer(nn.Module):
@@ -72,7 +103,7 @@ class Seq2SeqTransformer(nn.Module):
 
     def __init__(self, cfg: Seq2SeqConfig) -> None:
         super().__init__()
-        cfg.validate()
+        cfg.validate(complete=True)
         self.cfg = cfg
         d = cfg.d_model
         self.src_embed = nn.Embedding(cfg.src_vocab_size, d, padding_idx=cfg.pad_id)
@@ -85,32 +116,19 @@ class Seq2SeqTransformer(nn.Module):
             nn.init.normal_(emb.weight, std=d**-0.5)  # unit variance after the √d scaling
             with torch.no_grad():
                 emb.weight[cfg.pad_id].zero_()
-        self.pos: nn.Module = (
-            SinusoidalPositionalEncoding(d, cfg.max_len)
-            if cfg.pos == "sinusoidal"
-            else LearnedPositionalEmbedding(cfg.max_len, d)
-        )
+        self.pos = make_positions(cfg.pos, d, cfg.n_heads, cfg.context).absolute
         self.dropout = nn.Dropout(cfg.dropout)
-        kw = dict(
-            dropout=cfg.dropout,
-            activation=cfg.activation,
-            norm_first=cfg.norm_first,
-            attention=cfg.attention,
-            window=cfg.window,
-            n_global=cfg.n_global,
-        )
+        block = cfg.block_config()
         self.encoder = Encoder(
-            [EncoderBlock(d, cfg.n_heads, cfg.d_ff, **kw) for _ in range(cfg.n_encoder_layers)],
-            make_norm("layer", d),
+            [EncoderBlock(block) for _ in range(cfg.n_encoder_layers)], block.make_norm()
         )
         self.decoder = Decoder(
-            [DecoderBlock(d, cfg.n_heads, cfg.d_ff, **kw) for _ in range(cfg.n_decoder_layers)],
-            make_norm("layer", d),
+            [DecoderBlock(block) for _ in range(cfg.n_decoder_layers)], block.make_norm()
         )
         self.encoder.gradient_checkpointing = cfg.gradient_checkpointing
         self.decoder.gradient_checkpointing = cfg.gradient_checkpointing
         self.out_proj = nn.Linear(d, cfg.tgt_vocab_size, bias=False)
-        if cfg.tie_output:
+        if cfg.tie_weights:
             self.out_proj.weight = self.tgt_embed.weight
 
     def num_params(self) -> int:

@@ -14,57 +14,55 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from attnlab.blocks import Activation, Encoder, EncoderBlock, make_norm
-from attnlab.efficient import check_attention_config
-from attnlab.positions import sinusoid_table
+from attnlab.blocks import Activation, BlockConfig, Encoder, EncoderBlock
+from attnlab.configs import ConfigBase, setting
+from attnlab.efficient import AttentionKind
+from attnlab.positions import make_positions, sincos_2d_table
 
 
 @dataclass
-class ViTConfig:
+class ViTConfig(ConfigBase):
     """Shape of a ViT; ``n_classes`` and the image shape are filled in from the data."""
 
-    image_size: int = 28
-    in_channels: int = 1
-    patch_size: int = 4
-    d_model: int = 128
-    n_layers: int = 6
-    n_heads: int = 4
-    d_ff: int = 256
-    dropout: float = 0.1
-    attn_dropout: float = 0.0
+    image_size: int = setting(28, min=1)
+    in_channels: int = setting(1, min=1)
+    patch_size: int = setting(4, min=1)
+    d_model: int = setting(128, min=1)
+    n_layers: int = setting(6, min=1)
+    n_heads: int = setting(4, min=1)
+    d_ff: int = setting(256, min=1)
+    dropout: float = setting(0.1, min=0.0, below=1.0)
+    attn_dropout: float = setting(0.0, min=0.0, below=1.0)
     activation: Activation = "gelu"
-    norm_eps: float = 1e-6
+    norm_eps: float = setting(1e-6, min=0.0)
     pooling: Literal["cls", "mean"] = "cls"
     pos: Literal["learned", "sincos2d"] = "learned"
     stem: Literal["patch", "conv"] = "patch"
-    attention: str = "full"  # full | local (sliding window over row-major patches) | linear
-    window: int = 0  # attention="local": keys within this distance, itself included
-    n_global: int = 0  # attention="local": leading tokens (the class token) seen by and seeing all
-    stem_channels: int = 32
-    n_classes: int = 10
+    attention: AttentionKind = setting(
+        "full", "full | local (sliding window over row-major patches) | linear"
+    )
+    window: int = setting(0, 'attention="local": keys within this distance, itself included', min=0)
+    n_global: int = setting(
+        0, 'attention="local": leading tokens (the class token) seen by and seeing all', min=0
+    )
+    stem_channels: int = setting(32, min=1)
+    n_classes: int = setting(10, min=2)
     gradient_checkpointing: bool = False
 
-    def __post_init__(self) -> None:
-        """Reject shapes the model cannot be built with, saying what to change."""
+    def check(self) -> None:
         if self.image_size % self.patch_size != 0:
             raise ValueError(
                 f"image_size={self.image_size} is not a multiple of patch_size="
                 f"{self.patch_size}; choose a patch size that divides it"
             )
-        if self.pooling not in ("cls", "mean"):
-            raise ValueError(f"pooling must be cls or mean, got {self.pooling!r}")
-        check_attention_config(self.attention, self.window, self.n_global)
-        if self.stem not in ("patch", "conv"):
-            raise ValueError(f"stem must be patch or conv, got {self.stem!r}")
         if self.stem == "conv" and (self.patch_size & (self.patch_size - 1) or self.patch_size < 2):
             raise ValueError(
                 f"stem=conv halves the image per 3x3 stride-2 conv, so patch_size must be a power "
                 f"of two >= 2, got {self.patch_size}; use stem=patch for other patch sizes"
             )
-        if self.pos not in ("learned", "sincos2d"):
-            raise ValueError(f"pos must be learned or sincos2d, got {self.pos!r}")
         if self.pos == "sincos2d" and self.d_model % 4 != 0:
             raise ValueError(f"pos=sincos2d needs d_model divisible by 4, got {self.d_model}")
+        self.block_config()  # head counts, attention kernel
 
     @property
     def grid(self) -> int:
@@ -76,13 +74,21 @@ class ViTConfig:
         """Sequence length: patches plus the class token when pooling is cls."""
         return self.grid**2 + int(self.pooling == "cls")
 
-
-def sincos_2d_table(grid: int, d_model: int) -> Tensor:
-    """Fixed 2-D positions: concat(PE_1d(row), PE_1d(col)), each half D/2 wide  (MAE, ViT-S/16)."""
-    table = sinusoid_table(grid, d_model // 2)  # (G, D/2)
-    rows = table[:, None, :].expand(grid, grid, -1)  # (G, G, D/2): row index
-    cols = table[None, :, :].expand(grid, grid, -1)  # (G, G, D/2): column index
-    return torch.cat([rows, cols], dim=-1).reshape(grid * grid, d_model)  # (G², D)
+    def block_config(self) -> BlockConfig:
+        """The pre-norm encoder block (eqs. 2-3)."""
+        return BlockConfig(
+            d_model=self.d_model,
+            n_heads=self.n_heads,
+            d_ff=self.d_ff,
+            activation=self.activation,
+            norm_position="pre",
+            norm_eps=self.norm_eps,
+            dropout=self.dropout,
+            attn_dropout=self.attn_dropout,
+            attention=self.attention,
+            window=self.window,
+            n_global=self.n_global,
+        )
 
 
 class PatchEmbedding(nn.Module):
@@ -125,6 +131,7 @@ class ViT(nn.Module):
 
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
+        cfg.validate(complete=True)
         self.cfg = cfg
         if cfg.stem == "conv":
             self.patch_embed: nn.Module = ConvStem(
@@ -134,31 +141,15 @@ class ViT(nn.Module):
             self.patch_embed = PatchEmbedding(cfg.in_channels, cfg.patch_size, cfg.d_model)
         cls = cfg.pooling == "cls"
         self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.d_model)) if cls else None
-        if cfg.pos == "learned":
-            self.pos_embed = nn.Parameter(torch.randn(1, cfg.n_tokens, cfg.d_model) * 0.02)
-        else:
-            table = sincos_2d_table(cfg.grid, cfg.d_model)  # (N, D)
-            if cfg.pooling == "cls":
-                table = torch.cat([torch.zeros(1, cfg.d_model), table])  # cls gets no position
-            self.register_buffer("pos_embed", table[None], persistent=False)
+        self.pos_embed = make_positions(
+            cfg.pos, cfg.d_model, cfg.n_heads, cfg.n_tokens, grid=cfg.grid, n_prefix=int(cls)
+        ).absolute  # the class token's position is learned too, or zero with sincos2d
+        self._register_load_state_dict_pre_hook(_read_old_position_table)
         self.dropout = nn.Dropout(cfg.dropout)
-        blocks = [
-            EncoderBlock(
-                cfg.d_model,
-                cfg.n_heads,
-                cfg.d_ff,
-                dropout=cfg.dropout,
-                attn_dropout=cfg.attn_dropout,
-                activation=cfg.activation,
-                norm_first=True,
-                norm_eps=cfg.norm_eps,
-                attention=cfg.attention,
-                window=cfg.window,
-                n_global=cfg.n_global,
-            )
-            for _ in range(cfg.n_layers)
-        ]
-        self.encoder = Encoder(blocks, make_norm("layer", cfg.d_model, cfg.norm_eps))
+        block = cfg.block_config()
+        self.encoder = Encoder(
+            [EncoderBlock(block) for _ in range(cfg.n_layers)], block.make_norm()
+        )
         self.encoder.gradient_checkpointing = cfg.gradient_checkpointing
         self.head = nn.Linear(cfg.d_model, cfg.n_classes)
         self.apply(_init_weights)
@@ -176,7 +167,7 @@ class ViT(nn.Module):
         x = self.patch_embed(images)  # (B, N, D)
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1+N, D)
-        return self.dropout(x + self.pos_embed)
+        return self.dropout(self.pos_embed(x))  # (B, T, D)
 
     def pool(self, h: Tensor) -> Tensor:
         """(B, T, D) final-normed states -> (B, D): the class token or the mean of patches."""
@@ -204,6 +195,14 @@ class ViT(nn.Module):
             "attention": torch.stack(weights),
             "logits": self.head(self.pool(out)),
         }
+
+
+def _read_old_position_table(state: dict[str, Tensor], prefix: str, *args: object) -> None:
+    """Load weights saved before positions came from ``make_positions``: the learned table
+    was a parameter ``pos_embed`` (1, T, D); it is now ``pos_embed.embedding.weight`` (T, D)."""
+    old = state.pop(prefix + "pos_embed", None)
+    if old is not None:
+        state[prefix + "pos_embed.embedding.weight"] = old[0]
 
 
 def _init_weights(module: nn.Module) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.configs import parse_key_values
-from attnlab.tasks import classify
+from attnlab.tasks import classify, runner
 
 COLUMNS = (
     "variant",
@@ -124,8 +124,12 @@ def run_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
                 file=sys.stderr,
             )
             settings = {**fixed, **overrides, "seed": str(seed), "tensorboard": "false"}
-            classify.train(
-                run_dir, settings, args.config, resume=(run_dir / "config.json").exists()
+            runner.train(
+                "classify",
+                run_dir,
+                settings,
+                args.config,
+                resume=(run_dir / "config.json").exists(),
             )
         rows.append(_row(run_dir, name, factor, value, seed))
         write_tables(out, rows)

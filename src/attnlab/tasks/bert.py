@@ -36,7 +36,7 @@ class SentenceEncoder:
         """From a checkpoint directory (or ``"minilm"``), in eval mode on the CPU."""
         path = resolve_checkpoint(checkpoint)
         model, _, tokenizer, _ = load_pretrained(path)
-        max_len = model.cfg.max_len
+        max_len = model.cfg.context
         st_config = path / "sentence_bert_config.json"
         if st_config.is_file():
             max_len = min(max_len, json.loads(st_config.read_text())["max_seq_length"])

@@ -11,21 +11,21 @@ tokenizer.json, model.safetensors, results.json), so `attnlab predict` / `eval` 
 
 from __future__ import annotations
 
-import json
-import sys
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
-from attnlab.configs import from_dict, to_dict
+from attnlab.configs import to_dict
 from attnlab.data import (
     ClassificationData,
     LabeledCorpus,
     LabelVocab,
     LengthBucketSampler,
+    check_label_counts,
     check_labels,
     choose_max_len,
     load_chinese_reviews,
@@ -36,17 +36,14 @@ from attnlab.data import (
     truncation_report,
 )
 from attnlab.data.english_sentiment import CORPORA, balanced_subsample, load_english_sentiment
-from attnlab.data.io import write_json
+from attnlab.data.io import read_json, write_json
 from attnlab.data.wordpiece import WordPieceTokenizer
 from attnlab.metrics import classification_report, format_report
 from attnlab.models.bert import BertClassifier, BertConfig
 from attnlab.models.bert_checkpoint import load_pretrained, resolve_checkpoint
-from attnlab.tasks import sections as config_sections
 from attnlab.tasks.classify import evaluator, predict_dataset, step_fn
-from attnlab.tasks.sections import PRESETS
-from attnlab.train import TrainConfig, Trainer, load_weights, seed_everything
-
-TASK = "bert_classify"
+from attnlab.tasks.task import Run, RunConfig, Setup, Task
+from attnlab.train import TrainConfig, load_weights
 
 
 def _help(default: Any, text: str) -> Any:
@@ -69,23 +66,16 @@ class BertClassifyConfig:
     truncate_len: int = 0
     len_percentile: float = 99.0
     max_truncate_len: int = 256
-    pooling: str = "mean"
+    pooling: Literal["mean", "cls"] = "mean"
     dropout: float = 0.1
     label_smoothing: float = 0.0
     eval_batch_size: int = 128
+    allow_rare_labels: bool = _help(
+        False, "train even with classes of fewer than 5 training examples"
+    )
 
 
 SECTIONS: dict[str, type] = {"data": BertClassifyConfig, "train": TrainConfig}
-
-
-def build_sections(
-    sections: dict[str, type], preset: str, user_preset: str | Path | None, overrides: dict
-) -> dict[str, Any]:
-    """Defaults <- attnlab's preset <- a user TOML <- command-line fields, per section."""
-    sources = [PRESETS / f"{preset}.toml"]
-    if user_preset:
-        sources.append(config_sections.preset_file(user_preset, preset))
-    return config_sections.build_sections(sections, sources, overrides)
 
 
 def load_corpus(dcfg: BertClassifyConfig) -> LabeledCorpus:
@@ -118,145 +108,171 @@ def _dataset(
     return ClassificationData(seqs, labels, sampler, pad_id=tokenizer.pad_id)
 
 
-def train(
-    run_dir: str | Path,
-    overrides: dict[str, Any] | None = None,
-    preset: str | Path | None = None,
-    resume: bool = False,
-    device: str = "cpu",
-) -> dict[str, Any]:
-    """Fine-tune (or, with from_scratch, train) a BERT classifier; returns test metrics."""
-    run_dir = Path(run_dir)
-    config_sections.refuse_existing_run(run_dir, resume)
-    parts = build_sections(SECTIONS, "bert_classify", preset, overrides or {})
-    dcfg: BertClassifyConfig = parts["data"]
-    tcfg: TrainConfig = parts["train"]
-    checkpoint = resolve_checkpoint(dcfg.init)
-    encoder, _, tokenizer, notes = load_pretrained(checkpoint)
-    corpus = load_corpus(dcfg)
-    split_path = run_dir / "split.json"
-    if resume and split_path.exists():
-        split = load_split(split_path, corpus.texts)
-    else:
-        ratios = (1.0 - dcfg.val_ratio - dcfg.test_ratio, dcfg.val_ratio, dcfg.test_ratio)
-        split = stratified_split(corpus.labels, ratios, dcfg.split_seed)
-    if not split["val"]:
-        raise ValueError("the validation split is empty; set val_ratio > 0")
-    texts = {name: [corpus.texts[i] for i in idx] for name, idx in split.items()}
-    labels_str = {name: [corpus.labels[i] for i in idx] for name, idx in split.items()}
-    for name in ("val", "test"):
-        check_labels(labels_str["train"], labels_str[name], name)
-    labels = LabelVocab.build(labels_str["train"])
-    train_lengths = tokenizer.lengths(texts["train"])
-    cap = min(dcfg.max_truncate_len, encoder.cfg.max_len)
-    max_len = min(dcfg.truncate_len, cap) or choose_max_len(train_lengths, dcfg.len_percentile, cap)
-    cfg = BertConfig(**{**to_dict(encoder.cfg), "dropout": dcfg.dropout})
-    seed_everything(tcfg.seed)
-    model = BertClassifier(cfg, len(labels), dcfg.pooling)
-    if not dcfg.from_scratch:
-        model.bert.load_state_dict(encoder.state_dict())
-    report = {
-        "source": corpus.source,
-        "corpus_stats": corpus.stats,
-        "checkpoint": str(checkpoint),
-        "init": "random (from_scratch)" if dcfg.from_scratch else "pretrained",
-        "notes": notes,
-        "split_sizes": {name: len(idx) for name, idx in split.items()},
-        "label_counts": {name: dict(sorted(Counter(v).items())) for name, v in labels_str.items()},
-        "vocab_size": tokenizer.vocab_size,
-        "max_len": max_len,
-        "truncation": str(truncation_report(train_lengths, max_len)),
-    }
-    run_dir.mkdir(parents=True, exist_ok=True)
-    config = {
-        "task": TASK,
-        "data": to_dict(dcfg),
-        "train": to_dict(tcfg),
-        "model": to_dict(cfg),
-        "n_classes": len(labels),
-    }
-    write_json(run_dir / "config.json", config)
-    tokenizer.save(run_dir / "tokenizer.json")
-    labels.save(run_dir / "labels.json")
-    save_split(split_path, split, corpus.texts)
-    write_json(run_dir / "data_report.json", report)
-    n_params = sum(p.numel() for p in model.parameters())
-    print(
-        f"data: {corpus.source}; {report['split_sizes']}; max_len {max_len} "
-        f"({report['truncation']})\nmodel: BERT {cfg.n_layers} layers, d_model {cfg.d_model}, "
-        f"{n_params / 1e6:.1f}M parameters, {report['init']} from {checkpoint}",
-        file=sys.stderr,
-    )
-    ids = {name: labels.encode(v) for name, v in labels_str.items()}
-    train_data = _dataset(
-        texts["train"], ids["train"], tokenizer, max_len, tcfg.batch_size, True, tcfg.seed
-    )
-    val_data = _dataset(
-        texts["val"], ids["val"], tokenizer, max_len, dcfg.eval_batch_size, False, 0
-    )
-    trainer = Trainer(
-        model,
-        tcfg,
-        run_dir,
-        train_data,
-        step_fn(dcfg.label_smoothing),
-        evaluate=evaluator(val_data, labels, device),
-        device=device,
-    )
-    summary = trainer.fit(resume=resume)
-    load_weights(model, run_dir / "model.safetensors")
-    model.to(device)
-    results: dict[str, Any] = {"summary": summary, "n_params": n_params}
-    for name in ("val", "test"):
-        if split[name]:
-            data = _dataset(
-                texts[name], ids[name], tokenizer, max_len, dcfg.eval_batch_size, False, 0
-            )
-            y_true, y_pred, loss = predict_dataset(model, data, device)  # type: ignore[arg-type]
-            results[name] = {**classification_report(y_true, y_pred, labels.labels), "loss": loss}
-    if "test" in results:
-        (run_dir / "test_report.txt").write_text(format_report(results["test"]) + "\n")
-    write_json(run_dir / "results.json", results)
-    return results
+@dataclass
+class Prepared:
+    """Texts, labels and tokenizer of a fine-tuning run, and the checkpoint's encoder."""
+
+    texts: dict[str, list[str]]
+    ids: dict[str, list[int]]
+    labels: LabelVocab
+    tokenizer: WordPieceTokenizer
+    max_len: int
+    encoder: Any
+    report: dict[str, Any]
+
+
+class BertClassifyTask(Task):
+    """Fine-tuning a pretrained BERT encoder with a classification head."""
+
+    name = "bert_classify"
+    preset = "bert_classify"
+    preset_prefix = "bert_classify"
+    resumable = frozenset({"eval_batch_size"})
+
+    def sections(self) -> dict[str, type]:
+        return SECTIONS
+
+    def derived_sections(self) -> dict[str, type]:
+        return {"model": BertConfig}  # the checkpoint's architecture, with the run's dropout
+
+    def setup(self, cfg: RunConfig, run_dir: Path, resume: bool, device: str) -> Setup:
+        dcfg: BertClassifyConfig = cfg.data
+        checkpoint = resolve_checkpoint(dcfg.init)
+        encoder, _, tokenizer, notes = load_pretrained(checkpoint)
+        corpus = load_corpus(dcfg)
+        split_path = run_dir / "split.json"
+        if resume and split_path.exists():
+            split = load_split(split_path, corpus.texts)
+        else:
+            ratios = (1.0 - dcfg.val_ratio - dcfg.test_ratio, dcfg.val_ratio, dcfg.test_ratio)
+            split = stratified_split(corpus.labels, ratios, dcfg.split_seed)
+        if not split["val"]:
+            raise ValueError("the validation split is empty; set val_ratio > 0")
+        texts = {name: [corpus.texts[i] for i in idx] for name, idx in split.items()}
+        labels_str = {name: [corpus.labels[i] for i in idx] for name, idx in split.items()}
+        for name in ("val", "test"):
+            check_labels(labels_str["train"], labels_str[name], name)
+        check_label_counts(labels_str["train"], dcfg.allow_rare_labels)
+        labels = LabelVocab.build(labels_str["train"])
+        train_lengths = tokenizer.lengths(texts["train"])
+        cap = min(dcfg.max_truncate_len, encoder.cfg.context)
+        max_len = min(dcfg.truncate_len, cap) or choose_max_len(
+            train_lengths, dcfg.len_percentile, cap
+        )
+        cfg.sections["model"] = BertConfig(**{**to_dict(encoder.cfg), "dropout": dcfg.dropout})
+        report = {
+            "source": corpus.source,
+            "corpus_stats": corpus.stats,
+            "checkpoint": str(checkpoint),
+            "init": "random (from_scratch)" if dcfg.from_scratch else "pretrained",
+            "notes": notes,
+            "split_sizes": {name: len(idx) for name, idx in split.items()},
+            "label_counts": {
+                name: dict(sorted(Counter(v).items())) for name, v in labels_str.items()
+            },
+            "vocab_size": tokenizer.vocab_size,
+            "max_len": max_len,
+            "truncation": str(truncation_report(train_lengths, max_len)),
+        }
+        ids = {name: labels.encode(v) for name, v in labels_str.items()}
+        prep = Prepared(texts, ids, labels, tokenizer, max_len, encoder, report)
+        tcfg = cfg.train
+        train_data = _dataset(
+            texts["train"], ids["train"], tokenizer, max_len, tcfg.batch_size, True, tcfg.seed
+        )
+        val_data = _dataset(
+            texts["val"], ids["val"], tokenizer, max_len, dcfg.eval_batch_size, False, 0
+        )
+        files = {
+            "tokenizer.json": tokenizer.save,
+            "labels.json": labels.save,
+            "split.json": lambda path: save_split(path, split, corpus.texts),
+            "data_report.json": lambda path: write_json(path, report),
+        }
+        message = (
+            f"data: {corpus.source}; {report['split_sizes']}; max_len {max_len} "
+            f"({report['truncation']})"
+        )
+        return Setup(prep, train_data, evaluator(val_data, labels, device), files, [message])
+
+    def build_model(self, cfg: RunConfig, setup: Setup) -> BertClassifier:
+        prep: Prepared = setup.prepared
+        model = BertClassifier(cfg.model, len(prep.labels), cfg.data.pooling)
+        if not cfg.data.from_scratch:
+            model.bert.load_state_dict(prep.encoder.state_dict())
+        n_params = sum(p.numel() for p in model.parameters())
+        setup.messages.append(
+            f"model: BERT {cfg.model.n_layers} layers, d_model {cfg.model.d_model}, "
+            f"{n_params / 1e6:.1f}M parameters, {prep.report['init']} from "
+            f"{prep.report['checkpoint']}"
+        )
+        return model
+
+    def step(self, cfg: RunConfig):
+        return step_fn(cfg.data.label_smoothing)
+
+    def finish(
+        self, cfg: RunConfig, setup: Setup, model: BertClassifier, run_dir: Path, device: str
+    ) -> dict[str, Any]:
+        prep: Prepared = setup.prepared
+        results: dict[str, Any] = {"n_params": sum(p.numel() for p in model.parameters())}
+        for name in ("val", "test"):
+            if prep.texts[name]:
+                data = _dataset(
+                    prep.texts[name], prep.ids[name], prep.tokenizer, prep.max_len,
+                    cfg.data.eval_batch_size, False, 0,
+                )  # fmt: skip
+                y_true, y_pred, loss = predict_dataset(model, data, device)  # type: ignore[arg-type]
+                report = classification_report(y_true, y_pred, prep.labels.labels)
+                results[name] = {**report, "loss": loss}
+        if "test" in results:
+            (run_dir / "test_report.txt").write_text(format_report(results["test"]) + "\n")
+        return results
+
+    def describe(self, results: Mapping[str, Any], run_dir: Path) -> list[str]:
+        lines = []
+        if "test" in results:
+            test = results["test"]
+            lines.append(f"test accuracy {test['accuracy']:.4f}, macro-F1 {test['macro_f1']:.4f}")
+        return lines
+
+    def load(self, run_dir: Path, cfg: RunConfig, device: str) -> BertClassifierRun:
+        labels = LabelVocab.load(run_dir / "labels.json")
+        model = BertClassifier(cfg.model, len(labels), cfg.data.pooling)
+        load_weights(model, run_dir / "model.safetensors")
+        model.to(device).eval()
+        max_len = read_json(run_dir / "data_report.json", "data report")["max_len"]
+        tokenizer = WordPieceTokenizer.load(run_dir / "tokenizer.json")
+        return BertClassifierRun(run_dir, cfg, model, tokenizer, labels, max_len)
 
 
 # ---------------------------------------------------------------------------- a trained run
 
 
-def is_bert_run(run_dir: str | Path) -> bool:
-    """Whether ``run_dir`` holds a fine-tuned BERT classifier (for predict/eval dispatch)."""
-    path = Path(run_dir) / "config.json"
-    return path.is_file() and json.loads(path.read_text(encoding="utf-8")).get("task") == TASK
-
-
-@dataclass
-class BertClassifierRun:
+class BertClassifierRun(Run):
     """A fine-tuned BERT run directory loaded for inference."""
 
-    run_dir: Path
-    data: BertClassifyConfig
-    model: BertClassifier
-    tokenizer: WordPieceTokenizer
-    labels: LabelVocab
-    max_len: int
+    verbs = ("predict", "evaluate")
+
+    def __init__(
+        self,
+        run_dir: Path,
+        config: RunConfig,
+        model: BertClassifier,
+        tokenizer: WordPieceTokenizer,
+        labels: LabelVocab,
+        max_len: int,
+    ) -> None:
+        super().__init__(run_dir, config)
+        self.data: BertClassifyConfig = config.data
+        self.model, self.tokenizer, self.labels, self.max_len = model, tokenizer, labels, max_len
 
     @classmethod
     def load(cls, run_dir: str | Path, device: str = "cpu") -> BertClassifierRun:
-        run_dir = Path(run_dir)
-        if not is_bert_run(run_dir):
-            raise ValueError(f"{run_dir} does not hold a fine-tuned BERT classifier run")
-        if not (run_dir / "model.safetensors").exists():
-            raise ValueError(f"{run_dir} has no model.safetensors yet; resume it with --resume")
-        raw = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
-        dcfg = from_dict(BertClassifyConfig, raw["data"])
-        model = BertClassifier(from_dict(BertConfig, raw["model"]), raw["n_classes"], dcfg.pooling)
-        load_weights(model, run_dir / "model.safetensors")
-        model.to(device).eval()
-        max_len = json.loads((run_dir / "data_report.json").read_text())["max_len"]
-        tokenizer = WordPieceTokenizer.load(run_dir / "tokenizer.json")
-        return cls(
-            run_dir, dcfg, model, tokenizer, LabelVocab.load(run_dir / "labels.json"), max_len
-        )
+        from attnlab.tasks.runs import load_run_of
+
+        run = load_run_of(run_dir, cls, "a fine-tuned BERT classifier", device)
+        return run  # type: ignore[return-value]
 
     def dataset(self, texts: list[str], labels: list[str]) -> ClassificationData:
         """Evaluation data for texts with known labels."""
@@ -284,30 +300,34 @@ class BertClassifierRun:
             for text, p in zip(texts, probs)
         ]
 
+    def evaluate(
+        self,
+        data: str | None = None,
+        split: str = "test",
+        text_col: str | None = None,
+        label_col: str | None = None,
+    ) -> dict[str, Any]:
+        """Classification report on the run's own split (by default test) or a labelled file."""
+        if data is None:
+            corpus = load_corpus(self.data)
+            indices = load_split(self.run_dir / "split.json", corpus.texts)[split]
+            if not indices:
+                raise ValueError(
+                    f"the run's {split} split is empty; pass --data FILE to evaluate on"
+                )
+            texts = [corpus.texts[i] for i in indices]
+            labels = [corpus.labels[i] for i in indices]
+            source = f"{corpus.source} ({split} split)"
+        else:
+            corpus = load_labeled_file(
+                data, text_col or self.data.text_col, label_col or self.data.label_col
+            )
+            check_labels(self.labels.labels, corpus.labels, data, corpus.origins)
+            texts, labels, source = corpus.texts, corpus.labels, str(data)
+        dataset = self.dataset(texts, labels)
+        y_true, y_pred, loss = predict_dataset(self.model, dataset)  # type: ignore[arg-type]
+        report = classification_report(y_true, y_pred, self.labels.labels)
+        return {**report, "loss": loss, "source": source}
 
-def evaluate_run(
-    run_dir: str | Path,
-    data: str | None = None,
-    split: str = "test",
-    text_col: str | None = None,
-    label_col: str | None = None,
-) -> dict:
-    """`attnlab eval` for a BERT run: its own split (by default test) or a labelled file."""
-    run = BertClassifierRun.load(run_dir)
-    if data is None:
-        corpus = load_corpus(run.data)
-        indices = load_split(Path(run_dir) / "split.json", corpus.texts)[split]
-        if not indices:
-            raise ValueError(f"the run's {split} split is empty; pass --data FILE to evaluate on")
-        texts = [corpus.texts[i] for i in indices]
-        labels = [corpus.labels[i] for i in indices]
-        source = f"{corpus.source} ({split} split)"
-    else:
-        corpus = load_labeled_file(
-            data, text_col or run.data.text_col, label_col or run.data.label_col
-        )
-        check_labels(run.labels.labels, corpus.labels, data, corpus.origins)
-        texts, labels, source = corpus.texts, corpus.labels, str(data)
-    y_true, y_pred, loss = predict_dataset(run.model, run.dataset(texts, labels))  # type: ignore[arg-type]
-    report = classification_report(y_true, y_pred, run.labels.labels)
-    return {**report, "loss": loss, "source": source}
+
+TASK = BertClassifyTask()

@@ -14,7 +14,7 @@ plus ``checkpoint/``, a Hugging Face BERT directory (BertForMaskedLM tensors) th
 from __future__ import annotations
 
 import math
-import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,11 +29,9 @@ from attnlab.data.mlm import MLMData
 from attnlab.data.wordpiece import WordPieceTokenizer
 from attnlab.models.bert import BertConfig, BertForMaskedLM
 from attnlab.models.bert_checkpoint import load_pretrained, resolve_checkpoint, save_pretrained
-from attnlab.tasks import sections as config_sections
-from attnlab.tasks.bert_classify import BertClassifyConfig, _help, build_sections, load_corpus
-from attnlab.train import StepOutput, TrainConfig, Trainer, load_weights, seed_everything
-
-TASK = "mlm"
+from attnlab.tasks.bert_classify import BertClassifyConfig, _help, load_corpus
+from attnlab.tasks.task import Run, RunConfig, Setup, Task
+from attnlab.train import StepOutput, TrainConfig, seed_everything
 
 
 @dataclass
@@ -145,69 +143,117 @@ def build_model(
         )
     cfg = BertConfig(
         vocab_size=tokenizer.vocab_size,
-        max_len=dcfg.max_len,
+        context=dcfg.max_len,
         pad_id=tokenizer.pad_id,
         **to_dict(mcfg),
     )
     return BertForMaskedLM(cfg), tokenizer, [], "new"
 
 
-def train(
-    run_dir: str | Path,
-    overrides: dict[str, Any] | None = None,
-    preset: str | Path | None = None,
-    resume: bool = False,
-    device: str = "cpu",
-) -> dict[str, Any]:
-    """Pretrain with masked LM into ``run_dir``; returns the summary and checkpoint path."""
-    run_dir = Path(run_dir)
-    config_sections.refuse_existing_run(run_dir, resume)
-    parts = build_sections(SECTIONS, "bert_mlm", preset, overrides or {})
-    dcfg: MLMDataConfig = parts["data"]
-    mcfg: MLMModelConfig = parts["model"]
-    tcfg: TrainConfig = parts["train"]
-    corpus = load_texts(dcfg)
-    ratios = (1.0 - dcfg.val_ratio - dcfg.test_ratio, dcfg.val_ratio, dcfg.test_ratio)
-    split = stratified_split(corpus.labels, ratios, dcfg.split_seed)
-    if not split["val"]:
-        raise ValueError("the validation split is empty; set val_ratio > 0")
-    texts = {name: [corpus.texts[i] for i in split[name]] for name in ("train", "val")}
-    seed_everything(tcfg.seed)
-    saved = run_dir / "tokenizer.json" if resume else None
-    model, tokenizer, notes, source = build_model(dcfg, mcfg, texts["train"], saved)
-    cfg = model.bert.cfg
-    if dcfg.max_len > cfg.max_len:
-        raise ValueError(f"max_len={dcfg.max_len} exceeds the model's {cfg.max_len} positions")
-    seqs = {
-        name: [s for s in tokenizer.encode_batch(t, dcfg.max_len) if len(s) > 2]
-        for name, t in texts.items()
-    }
-    run_dir.mkdir(parents=True, exist_ok=True)
-    config = {"task": TASK, **{name: to_dict(part) for name, part in parts.items()}}
-    write_json(run_dir / "config.json", {**config, "bert": to_dict(cfg), "init_from": source})
-    tokenizer.save(run_dir / "tokenizer.json")
-    report = {
-        "source": corpus.source,
-        "texts": {name: len(s) for name, s in seqs.items()},
-        "tokens": {name: sum(map(len, s)) for name, s in seqs.items()},
-        "test_texts_excluded": len(split["test"]),
-        "vocab_size": tokenizer.vocab_size,
-        "notes": notes,
-    }
-    write_json(run_dir / "data_report.json", report)
-    n_params = sum(p.numel() for p in model.parameters())
-    print(
-        f"data: {corpus.source}; {report['texts']} texts, {report['tokens']} tokens "
-        f"(test split of {len(split['test'])} excluded)\nmodel: BERT {cfg.n_layers} layers, "
-        f"d_model {cfg.d_model}, vocab {cfg.vocab_size}, {n_params / 1e6:.1f}M parameters",
-        file=sys.stderr,
-    )
-    train_data = _data(seqs["train"], tokenizer, dcfg, tcfg.batch_size, tcfg.seed)
-    val_data = _data(seqs["val"], tokenizer, dcfg, dcfg.eval_batch_size, 0)
-    trainer = Trainer(model, tcfg, run_dir, train_data, step, evaluator(val_data, device), device)
-    summary = trainer.fit(resume=resume)
-    load_weights(model, run_dir / "model.safetensors")
-    checkpoint = save_pretrained(run_dir / "checkpoint", model.bert, tokenizer, model.mlm)
-    results = {"summary": summary, "n_params": n_params, "checkpoint": str(checkpoint)}
-    write_json(run_dir / "results.json", results)
-    return results
+@dataclass
+class Prepared:
+    """The tokenizer, the split texts and where the model comes from."""
+
+    model: BertForMaskedLM
+    tokenizer: WordPieceTokenizer
+    report: dict[str, Any]
+
+
+class MLMTask(Task):
+    """Masked-language-model pretraining of BERT."""
+
+    name = "mlm"
+    preset = "bert_mlm"
+    preset_prefix = "bert_mlm"
+    resumable = frozenset({"eval_batch_size"})
+
+    def sections(self) -> dict[str, type]:
+        return SECTIONS
+
+    def derived_sections(self) -> dict[str, type]:
+        return {"bert": BertConfig}  # the architecture trained (the init checkpoint's, or new)
+
+    def setup(self, cfg: RunConfig, run_dir: Path, resume: bool, device: str) -> Setup:
+        dcfg: MLMDataConfig = cfg.data
+        corpus = load_texts(dcfg)
+        ratios = (1.0 - dcfg.val_ratio - dcfg.test_ratio, dcfg.val_ratio, dcfg.test_ratio)
+        split = stratified_split(corpus.labels, ratios, dcfg.split_seed)
+        if not split["val"]:
+            raise ValueError("the validation split is empty; set val_ratio > 0")
+        texts = {name: [corpus.texts[i] for i in split[name]] for name in ("train", "val")}
+        saved = run_dir / "tokenizer.json" if resume else None
+        seed_everything(cfg.train.seed)  # the model is built here, with its tokenizer
+        model, tokenizer, notes, source = build_model(dcfg, cfg.model, texts["train"], saved)
+        bert = model.bert.cfg
+        if dcfg.max_len > bert.context:
+            raise ValueError(f"max_len={dcfg.max_len} exceeds the model's {bert.context} positions")
+        cfg.sections["bert"] = bert
+        seqs = {
+            name: [s for s in tokenizer.encode_batch(t, dcfg.max_len) if len(s) > 2]
+            for name, t in texts.items()
+        }
+        report = {
+            "source": corpus.source,
+            "init_from": source,
+            "texts": {name: len(s) for name, s in seqs.items()},
+            "tokens": {name: sum(map(len, s)) for name, s in seqs.items()},
+            "test_texts_excluded": len(split["test"]),
+            "vocab_size": tokenizer.vocab_size,
+            "notes": notes,
+        }
+        tcfg = cfg.train
+        train_data = _data(seqs["train"], tokenizer, dcfg, tcfg.batch_size, tcfg.seed)
+        val_data = _data(seqs["val"], tokenizer, dcfg, dcfg.eval_batch_size, 0)
+        files = {
+            "tokenizer.json": tokenizer.save,
+            "data_report.json": lambda path: write_json(path, report),
+        }
+        message = (
+            f"data: {corpus.source}; {report['texts']} texts, {report['tokens']} tokens "
+            f"(test split of {len(split['test'])} excluded)"
+        )
+        prep = Prepared(model, tokenizer, report)
+        return Setup(prep, train_data, evaluator(val_data, device), files, [message])
+
+    def build_model(self, cfg: RunConfig, setup: Setup) -> BertForMaskedLM:
+        # built in setup: a new BERT's vocabulary comes from the tokenizer trained there
+        prep: Prepared = setup.prepared
+        model, bert = prep.model, cfg.bert
+        n_params = sum(p.numel() for p in model.parameters())
+        setup.messages.append(
+            f"model: BERT {bert.n_layers} layers, d_model {bert.d_model}, vocab "
+            f"{bert.vocab_size}, {n_params / 1e6:.1f}M parameters"
+        )
+        return model
+
+    def step(self, cfg: RunConfig):
+        return step
+
+    def finish(
+        self, cfg: RunConfig, setup: Setup, model: BertForMaskedLM, run_dir: Path, device: str
+    ) -> dict[str, Any]:
+        prep: Prepared = setup.prepared
+        checkpoint = save_pretrained(run_dir / "checkpoint", model.bert, prep.tokenizer, model.mlm)
+        n_params = sum(p.numel() for p in model.parameters())
+        return {"n_params": n_params, "checkpoint": str(checkpoint)}
+
+    def describe(self, results: Mapping[str, Any], run_dir: Path) -> list[str]:
+        return [f"Hugging Face checkpoint: {results['checkpoint']}"]
+
+    def load(self, run_dir: Path, cfg: RunConfig, device: str) -> MLMRun:
+        return MLMRun(run_dir, cfg)
+
+
+class MLMRun(Run):
+    """A pretraining run: its checkpoint/ folder embeds sentences and seeds fine-tuning."""
+
+    verbs = ("embed",)
+
+    def embed(self, texts: list[str]) -> Any:
+        """Sentence vectors from the run's checkpoint (mean pooling, unit length)."""
+        from attnlab.tasks.bert import SentenceEncoder
+
+        return SentenceEncoder.load(self.run_dir).encode(texts)
+
+
+TASK = MLMTask()

@@ -8,10 +8,9 @@ summary.json, results.json and sample.txt.
 
 from __future__ import annotations
 
-import json
-import os
+import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from attnlab.configs import from_dict, to_dict
 from attnlab.data.bpe import BPETokenizer
 from attnlab.data.io import read_json, write_json
 from attnlab.data.lm_tokenizer import (
@@ -41,11 +39,9 @@ from attnlab.data.text_lm import (
 from attnlab.models.generation import Generation, check_sampling, sample_next
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.models.gpt_hf import load_hf_gpt2
-from attnlab.tasks import sections
-from attnlab.tasks.sections import PRESETS
-from attnlab.train import StepOutput, TrainConfig, Trainer, load_weights, seed_everything
-
-TASK = "lm"
+from attnlab.tasks import runner
+from attnlab.tasks.task import Run, RunConfig, Setup, Task
+from attnlab.train import StepOutput, TrainConfig, load_weights
 
 
 @dataclass
@@ -85,31 +81,9 @@ class LMDataConfig:
 SECTIONS: dict[str, type] = {"data": LMDataConfig, "model": GPTConfig, "train": TrainConfig}
 
 
-@dataclass
-class RunConfig:
-    """The three configs of a language-model run, as saved in config.json."""
-
-    data: LMDataConfig
-    model: GPTConfig
-    train: TrainConfig
-
-    def to_json(self) -> dict[str, Any]:
-        return {"task": TASK, **{name: to_dict(getattr(self, name)) for name in SECTIONS}}
-
-
 def build_config(preset: str | Path | None, overrides: dict[str, Any]) -> RunConfig:
     """Defaults <- presets/lm.toml <- a preset (file or bundled name) <- command-line fields."""
-    sources = [PRESETS / f"{TASK}.toml"]
-    if preset:
-        sources.append(sections.preset_file(preset, TASK))
-    cfg = RunConfig(**sections.build_sections(SECTIONS, sources, overrides))
-    cfg.data.validate()
-    return cfg
-
-
-def resumed_config(saved: dict[str, Any], overrides: dict[str, Any]) -> RunConfig:
-    """A run's saved config with command-line fields (e.g. a larger max_steps) applied."""
-    return RunConfig(**sections.saved_sections(SECTIONS, saved, overrides))
+    return runner.build_config(TASK, preset, overrides)
 
 
 # ---------------------------------------------------------------------------- data
@@ -211,71 +185,87 @@ def evaluator(val: np.ndarray, dcfg: LMDataConfig, context: int, device: str):
     return evaluate
 
 
-def train(
-    run_dir: str | Path,
-    overrides: dict[str, Any] | None = None,
-    preset: str | Path | None = None,
-    resume: bool = False,
-    device: str = "cpu",
-) -> dict[str, Any]:
-    """Train a GPT into ``run_dir``; returns the summary, validation loss and a sample."""
-    run_dir = Path(run_dir)
-    cfg = build_config(preset, overrides or {})
-    main = int(os.environ.get("RANK", "0")) == 0
-    sections.refuse_existing_run(run_dir, resume)
-    if resume and (run_dir / "config.json").exists():  # the run's settings, plus any changes
-        cfg = resumed_config(json.loads((run_dir / "config.json").read_text()), overrides or {})
-    prep = prepare(cfg.data, run_dir, resume)
-    cfg.model.vocab_size = prep.tokenizer.vocab_size
-    train_data = LMData(
-        prep.train, cfg.model.context, cfg.train.batch_size, cfg.train.seed, cfg.data.epoch_windows
-    )
-    if main:
-        write_json(run_dir / "config.json", cfg.to_json())
+class LMTask(Task):
+    """Next-token language modelling with a GPT."""
+
+    name = "lm"
+    preset = "lm"
+    preset_prefix = "lm"
+    resumable = frozenset({"eval_batch_size", "sample_tokens"})
+
+    def sections(self) -> dict[str, type]:
+        return SECTIONS
+
+    def check(self, cfg: RunConfig) -> None:
+        cfg.data.validate()
+
+    def setup(self, cfg: RunConfig, run_dir: Path, resume: bool, device: str) -> Setup:
+        prep = prepare(cfg.data, run_dir, resume)
+        cfg.model.vocab_size = prep.tokenizer.vocab_size
+        train_data = LMData(
+            prep.train,
+            cfg.model.context,
+            cfg.train.batch_size,
+            cfg.train.seed,
+            cfg.data.epoch_windows,
+        )
         tokens = prep.report["tokens"]
-        _say(
+        message = (
             f"tokens: train {tokens['train']:,}, val {tokens['val']:,} "
             f"({prep.report['tokenizer']}, vocabulary {prep.report['vocab_size']:,}); "
             f"an epoch is {train_data.steps_per_epoch:,} steps of {cfg.train.batch_size} windows"
         )
-    seed_everything(cfg.train.seed)
-    model = GPT(cfg.model)
-    if main:
-        m = cfg.model
-        _say(
+        evaluate = evaluator(prep.val, cfg.data, cfg.model.context, device)
+        return Setup(prep, train_data, evaluate, messages=[message])
+
+    def build_model(self, cfg: RunConfig, setup: Setup) -> GPT:
+        model, m = GPT(cfg.model), cfg.model
+        setup.messages.append(
             f"model: {model.num_params() / 1e6:.2f}M parameters; {m.n_layers} layers, "
             f"{m.n_heads} heads ({m.kv_heads} kv), d_model {m.d_model}, context {m.context}, "
             f"pos {m.pos}, {m.norm}-norm, {m.activation}"
         )
-    trainer = Trainer(
-        model,
-        cfg.train,
-        run_dir,
-        train_data,
-        lm_step,
-        evaluate=evaluator(prep.val, cfg.data, cfg.model.context, device),
-        device=device,
-    )
-    summary = trainer.fit(resume=resume)
-    if not main:
-        return summary
-    load_weights(model, run_dir / "model.safetensors")
-    model.to(device).eval()
-    results: dict[str, Any] = {"summary": summary, "n_params": model.num_params()}
-    results["val_loss"] = summary["best_metric"]
-    if cfg.data.sample_tokens:
-        sample = generate_text(
-            model,
-            prep.tokenizer,
-            default_prompt(prep.tokenizer),
-            cfg.data.sample_tokens,
-            seed=cfg.train.seed,
-            device=device,
-        )
-        results["sample"] = sample.texts[0]
-        (run_dir / "sample.txt").write_text(sample.prompt + sample.texts[0] + "\n")
-    write_json(run_dir / "results.json", results)
-    return results
+        return model
+
+    def step(self, cfg: RunConfig):
+        return lm_step
+
+    def finish(
+        self, cfg: RunConfig, setup: Setup, model: GPT, run_dir: Path, device: str
+    ) -> dict[str, Any]:
+        prep: Prepared = setup.prepared
+        results: dict[str, Any] = {"n_params": model.num_params()}
+        results["val_loss"] = mean_loss_of_best(run_dir)
+        if cfg.data.sample_tokens:
+            sample = generate_text(
+                model,
+                prep.tokenizer,
+                default_prompt(prep.tokenizer),
+                cfg.data.sample_tokens,
+                seed=cfg.train.seed,
+                device=device,
+            )
+            results["sample"] = sample.texts[0]
+            (run_dir / "sample.txt").write_text(sample.prompt + sample.texts[0] + "\n")
+        return results
+
+    def describe(self, results: Mapping[str, Any], run_dir: Path) -> list[str]:
+        loss = results["val_loss"]
+        lines = [f"validation perplexity {math.exp(loss):.2f}"]
+        if "sample" in results:
+            lines.append(f"sample:\n{results['sample']}")
+        return lines
+
+    def load(self, run_dir: Path, cfg: RunConfig, device: str) -> LMRun:
+        model = GPT(cfg.model)
+        load_weights(model, run_dir / "model.safetensors")
+        tokenizer = load_tokenizer(run_dir / "tokenizer.json")
+        return LMRun(model.to(device).eval(), tokenizer, "attnlab", run_dir, cfg)
+
+
+def mean_loss_of_best(run_dir: Path) -> float:
+    """The best validation loss of a run, as the engine recorded it in summary.json."""
+    return read_json(run_dir / "summary.json", "summary")["best_metric"]
 
 
 def _say(msg: str) -> None:
@@ -414,36 +404,39 @@ def generate_text(
 # ---------------------------------------------------------------------------- a trained run
 
 
-@dataclass
-class LMRun:
+class LMRun(Run):
     """A trained model and its tokenizer: an attnlab run, or a Hugging Face GPT-2 directory."""
 
-    model: GPT
-    tokenizer: LMTokenizer
-    source: str
+    verbs = ("generate",)
+
+    def __init__(
+        self,
+        model: GPT,
+        tokenizer: LMTokenizer,
+        source: str,
+        run_dir: Path | None = None,
+        config: RunConfig | None = None,
+    ) -> None:
+        super().__init__(run_dir or Path("."), config or RunConfig(TASK.name, {}))
+        self.model, self.tokenizer, self.source = model, tokenizer, source
 
     @classmethod
     def load(cls, run_dir: str | Path, device: str = "cpu") -> LMRun:
+        """An `attnlab train lm` run, or a Hugging Face GPT-2 directory (model_type gpt2)."""
+        from attnlab.tasks.runs import load_run_of
+
         run_dir = Path(run_dir)
         config_path = run_dir / "config.json"
-        if not config_path.exists():
-            raise ValueError(
-                f"{run_dir} has no config.json: give a run directory of `attnlab train lm` "
-                "or a Hugging Face GPT-2 directory (config.json + model.safetensors)"
-            )
-        raw = json.loads(config_path.read_text(encoding="utf-8"))
-        if raw.get("model_type") == "gpt2":
-            return cls(load_hf_gpt2(run_dir).to(device), _hf_tokenizer(run_dir, raw), "hf-gpt2")
-        if raw.get("task") != TASK:
-            raise ValueError(f"{run_dir} holds a {raw.get('task')!r} run, not a language model")
-        if not (run_dir / "model.safetensors").exists():
-            raise ValueError(
-                f"{run_dir} has no model.safetensors yet; training has not reached its first "
-                "evaluation (resume it with `attnlab train lm --out RUN --resume`)"
-            )
-        model = GPT(from_dict(GPTConfig, raw["model"]))
-        load_weights(model, run_dir / "model.safetensors")
-        return cls(model.to(device).eval(), load_tokenizer(run_dir / "tokenizer.json"), "attnlab")
+        if config_path.is_file():
+            raw = read_json(config_path, "config")
+            if isinstance(raw, dict) and raw.get("model_type") == "gpt2":
+                model = load_hf_gpt2(run_dir).to(device)
+                return cls(model, _hf_tokenizer(run_dir, raw), "hf-gpt2", run_dir)
+        return load_run_of(run_dir, cls, "a language model", device)  # type: ignore[return-value]
+
+    def generate(self, prompt: str, max_new_tokens: int, **settings: Any) -> Generated:
+        """Continue ``prompt``; ``settings`` are generate_text's keywords."""
+        return generate_text(self.model, self.tokenizer, prompt, max_new_tokens, **settings)
 
 
 def _hf_tokenizer(directory: Path, config: dict) -> LMTokenizer:
@@ -458,3 +451,6 @@ def _hf_tokenizer(directory: Path, config: dict) -> LMTokenizer:
         f"{directory} has no tokenizer.json and a vocabulary of {config['vocab_size']} tokens, "
         "not GPT-2's 50257; save the tokenizer with the model (tokenizer.save_pretrained)"
     )
+
+
+TASK = LMTask()

@@ -10,12 +10,11 @@ command line.
 from __future__ import annotations
 
 import difflib
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from attnlab.configs import apply_overrides, from_dict, load_toml
+from attnlab.configs import accepted_names, apply_overrides, load_toml, resolve_aliases
 
 PRESETS = Path(__file__).resolve().parent.parent / "presets"
 
@@ -24,7 +23,7 @@ def field_owner(sections: Mapping[str, type]) -> dict[str, str]:
     """Which section each field belongs to; two sections sharing a field name is a bug."""
     owner: dict[str, str] = {}
     for section, cls in sections.items():
-        for name in cls.__dataclass_fields__:
+        for name in accepted_names(cls):  # old spellings too (configs.Alias)
             if name in owner:
                 raise RuntimeError(f"field {name!r} is in both {owner[name]} and {section}")
             owner[name] = section
@@ -59,45 +58,26 @@ def build_sections(
     """One dataclass instance per section: defaults <- each TOML source <- ``overrides``."""
     owner = field_owner(sections)
     values: dict[str, dict[str, Any]] = {name: {} for name in sections}
+    layers: list[dict[str, dict[str, Any]]] = []
     for source in sources:
+        layer: dict[str, dict[str, Any]] = {name: {} for name in sections}
         for key, value in load_toml(source).items():
             if key in sections and isinstance(value, dict):
                 for name, item in value.items():
                     if owner.get(name) != key:
                         raise ValueError(unknown_field(name, owner, f"[{key}] of {source}"))
-                    values[key][name] = item
+                    layer[key][name] = item
             elif key in owner:
-                values[owner[key]][key] = value
+                layer[owner[key]][key] = value
             else:
                 raise ValueError(unknown_field(key, owner, source))
+        layers.append(layer)
+    command_line: dict[str, dict[str, Any]] = {name: {} for name in sections}
     for key, value in overrides.items():
         if key not in owner:
             raise ValueError(unknown_field(key, owner, "the command line"))
-        values[owner[key]][key] = value
+        command_line[owner[key]][key] = value
+    for layer in [*layers, command_line]:  # old names -> new per source: a later source wins
+        for name, cls in sections.items():
+            values[name].update(resolve_aliases(cls, layer[name]))
     return {name: apply_overrides(cls(), values[name]) for name, cls in sections.items()}
-
-
-def saved_sections(
-    sections: Mapping[str, type], saved: Mapping[str, Any], overrides: Mapping[str, Any]
-) -> dict[str, Any]:
-    """A run's saved config.json sections, with command-line fields applied on top."""
-    owner = field_owner(sections)
-    for key in overrides:
-        if key not in owner:
-            raise ValueError(unknown_field(key, owner, "the command line"))
-    return {
-        name: apply_overrides(
-            from_dict(cls, saved[name]), {k: v for k, v in overrides.items() if owner[k] == name}
-        )
-        for name, cls in sections.items()
-    }
-
-
-def refuse_existing_run(run_dir: Path, resume: bool) -> None:
-    """Stop before a new run overwrites an old one (checked by rank 0 only under torchrun,
-    since rank 0 writes config.json and the other ranks could see it appear)."""
-    is_main = int(os.environ.get("RANK", "0")) == 0
-    if is_main and not resume and (run_dir / "config.json").exists():
-        raise ValueError(
-            f"{run_dir} already holds a run; pass --resume to continue it or choose another --out"
-        )

@@ -9,10 +9,10 @@ resume), results.json and test.hyp.txt (the test split's translations, one a lin
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 import unicodedata
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from attnlab.configs import from_dict, to_dict
 from attnlab.data.io import write_json
 from attnlab.data.parallel import (
     Pair,
@@ -32,12 +31,11 @@ from attnlab.data.parallel import (
 )
 from attnlab.models.beam import DecodeSettings, beam_search, greedy_decode
 from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
-from attnlab.tasks import sections
-from attnlab.tasks.sections import PRESETS
-from attnlab.train import StepOutput, TrainConfig, Trainer, load_weights, seed_everything
+from attnlab.tasks import runner
+from attnlab.tasks.task import Run, RunConfig, Setup, Task
+from attnlab.train import StepOutput, TrainConfig, load_weights
 
 BUNDLED = Path(__file__).resolve().parent.parent / "data" / "bible.tsv.gz"
-TASK = "translate"
 LANGS = ("en", "de", "zh")
 
 
@@ -101,26 +99,9 @@ SECTIONS: dict[str, type] = {
 }
 
 
-@dataclass
-class RunConfig:
-    """The three configs of a translation run, as saved in config.json."""
-
-    data: TranslateDataConfig
-    model: Seq2SeqConfig
-    train: TrainConfig
-
-    def to_json(self) -> dict[str, Any]:
-        return {"task": TASK, **{name: to_dict(getattr(self, name)) for name in SECTIONS}}
-
-
 def build_config(preset: str | Path | None, overrides: dict[str, Any]) -> RunConfig:
     """Defaults <- presets/translate.toml <- a preset (file or bundled name) <- fields."""
-    sources = [PRESETS / f"{TASK}.toml"]
-    if preset:
-        sources.append(sections.preset_file(preset, TASK))
-    cfg = RunConfig(**sections.build_sections(SECTIONS, sources, overrides))
-    cfg.data.validate()
-    return cfg
+    return runner.build_config(TASK, preset, overrides)
 
 
 # ---------------------------------------------------------------------------- data
@@ -243,64 +224,77 @@ def mean_nll(model: Seq2SeqTransformer, data: ParallelData, device: str) -> floa
     return total / count
 
 
-def train(
-    run_dir: str | Path,
-    overrides: dict[str, Any] | None = None,
-    preset: str | Path | None = None,
-    resume: bool = False,
-    device: str = "cpu",
-) -> dict[str, Any]:
-    """Train an encoder-decoder into ``run_dir``, then evaluate it on the test split."""
-    run_dir = Path(run_dir)
-    sections.refuse_existing_run(run_dir, resume)
-    cfg = build_config(preset, overrides or {})
-    if resume and (run_dir / "config.json").exists():
-        saved = json.loads((run_dir / "config.json").read_text())
-        cfg = RunConfig(**sections.saved_sections(SECTIONS, saved, overrides or {}))
-    main = int(os.environ.get("RANK", "0")) == 0
-    prep = prepare(cfg, run_dir, resume)
-    cfg.model.src_vocab_size = prep.src_tok.vocab_size
-    cfg.model.tgt_vocab_size = prep.tgt_tok.vocab_size
-    d = cfg.data
-    train_ids = encode_split(prep.splits["train"], prep, d.max_sentence_tokens)
-    dev_ids = encode_split(prep.splits["dev"], prep, None)
-    prep.report["train_pairs_used"] = len(train_ids[0])
-    train_data = ParallelData(*train_ids, d.max_tokens, cfg.train.seed)
-    longest = max(max(len(s), len(t) + 1) for s, t in zip(*dev_ids))
-    dev_data = ParallelData(*dev_ids, max(d.max_tokens, longest), shuffle=False)
-    if main:
-        write_json(run_dir / "config.json", cfg.to_json())
-        write_json(run_dir / "data_report.json", prep.report)
-        _say(f"data: {json.dumps(prep.report, ensure_ascii=False)}")
-    seed_everything(cfg.train.seed)
-    model = Seq2SeqTransformer(cfg.model)
-    if main:
-        m = cfg.model
-        _say(
+class TranslateTask(Task):
+    """Sequence-to-sequence translation with an encoder-decoder Transformer."""
+
+    name = "translate"
+    preset = "translate"
+    preset_prefix = "translate"
+    resumable = frozenset({"beam_size", "length_penalty", "eval_batch_sentences"})
+
+    def sections(self) -> dict[str, type]:
+        return SECTIONS
+
+    def check(self, cfg: RunConfig) -> None:
+        cfg.data.validate()
+
+    def setup(self, cfg: RunConfig, run_dir: Path, resume: bool, device: str) -> Setup:
+        prep = prepare(cfg, run_dir, resume)
+        cfg.model.src_vocab_size = prep.src_tok.vocab_size
+        cfg.model.tgt_vocab_size = prep.tgt_tok.vocab_size
+        d = cfg.data
+        train_ids = encode_split(prep.splits["train"], prep, d.max_sentence_tokens)
+        dev_ids = encode_split(prep.splits["dev"], prep, None)
+        prep.report["train_pairs_used"] = len(train_ids[0])
+        train_data = ParallelData(*train_ids, d.max_tokens, cfg.train.seed)
+        longest = max(max(len(s), len(t) + 1) for s, t in zip(*dev_ids))
+        dev_data = ParallelData(*dev_ids, max(d.max_tokens, longest), shuffle=False)
+
+        def evaluate(net: torch.nn.Module) -> dict[str, float]:
+            return {"val_loss": mean_nll(net, dev_data, device)}  # type: ignore[arg-type]
+
+        files = {"data_report.json": lambda path: write_json(path, prep.report)}
+        message = f"data: {json.dumps(prep.report, ensure_ascii=False)}"
+        return Setup(prep, train_data, evaluate, files, [message])
+
+    def build_model(self, cfg: RunConfig, setup: Setup) -> Seq2SeqTransformer:
+        model, m = Seq2SeqTransformer(cfg.model), cfg.model
+        setup.messages.append(
             f"model: {model.num_params() / 1e6:.2f}M parameters; {m.n_encoder_layers}+"
             f"{m.n_decoder_layers} layers, {m.n_heads} heads, d_model {m.d_model}, d_ff {m.d_ff}"
         )
+        return model
 
-    def evaluate(net: torch.nn.Module) -> dict[str, float]:
-        return {"val_loss": mean_nll(net, dev_data, device)}  # type: ignore[arg-type]
+    def step(self, cfg: RunConfig):
+        return step_fn(cfg.data.label_smoothing)
 
-    trainer = Trainer(
-        model,
-        cfg.train,
-        run_dir,
-        train_data,
-        step_fn(d.label_smoothing),
-        evaluate=evaluate,
-        device=device,
+    def finish(
+        self, cfg: RunConfig, setup: Setup, model: Seq2SeqTransformer, run_dir: Path, device: str
+    ) -> dict[str, Any]:
+        prep: Prepared = setup.prepared
+        run = TranslatorRun(run_dir, cfg, prep.src_tok, prep.tgt_tok, model, device)
+        test = run.evaluate(split="test", pairs=prep.splits["test"])
+        return {"n_params": model.num_params(), "data": prep.report, "test": test}
+
+    def describe(self, results: Mapping[str, Any], run_dir: Path) -> list[str]:
+        return [format_scores(results["test"])]
+
+    def load(self, run_dir: Path, cfg: RunConfig, device: str) -> TranslatorRun:
+        src_path, tgt_path = tokenizer_paths(run_dir, cfg.model.shared_embeddings)
+        model = Seq2SeqTransformer(cfg.model)
+        load_weights(model, run_dir / "model.safetensors")
+        model.to(device).eval()
+        src_tok, tgt_tok = TextTokenizer.load(src_path), TextTokenizer.load(tgt_path)
+        return TranslatorRun(run_dir, cfg, src_tok, tgt_tok, model, device)
+
+
+def format_scores(report: Mapping[str, Any]) -> str:
+    """One line: split, sentences, beam, BLEU, chrF and exact match."""
+    return (
+        f"{report['split']} ({report['n']} sentences, beam {report['beam_size']}): "
+        f"BLEU {report['bleu']:.2f}, chrF {report['chrf']:.2f}, "
+        f"exact match {report['exact_match']:.4f}"
     )
-    summary = trainer.fit(resume=resume)
-    if not main:
-        return summary
-    run = TranslatorRun.load(run_dir, device)
-    results = {"summary": summary, "n_params": model.num_params(), "data": prep.report}
-    results["test"] = run.evaluate("test", prep.splits["test"])
-    write_json(run_dir / "results.json", results)
-    return results
 
 
 def _say(msg: str) -> None:
@@ -308,17 +302,6 @@ def _say(msg: str) -> None:
 
 
 # ---------------------------------------------------------------------------- use a run
-
-
-def read_run_config(run_dir: Path) -> RunConfig:
-    """The config a translation run was trained with (its config.json)."""
-    cfg_path = run_dir / "config.json"
-    if not cfg_path.exists():
-        raise ValueError(f"{run_dir} holds no run (no config.json); train one first")
-    saved = json.loads(cfg_path.read_text())
-    if saved.get("task") != TASK:
-        raise ValueError(f"{run_dir} is a {saved.get('task')!r} run, not a translation run")
-    return RunConfig(**{n: from_dict(c, saved[n]) for n, c in SECTIONS.items()})
 
 
 def run_pairs(cfg: RunConfig, split: str) -> list[Pair]:
@@ -332,8 +315,10 @@ def bleu_tokenize(d: TranslateDataConfig) -> str:
     return "zh" if d.pair.endswith("-zh") and not d.data and not d.synthetic else "13a"
 
 
-class TranslatorRun:
+class TranslatorRun(Run):
     """A trained run: its config, tokenizers and model, ready to translate and evaluate."""
+
+    verbs = ("translate", "evaluate")
 
     def __init__(
         self,
@@ -344,26 +329,26 @@ class TranslatorRun:
         model: Seq2SeqTransformer,
         device: str,
     ) -> None:
-        self.run_dir, self.cfg, self.device = run_dir, cfg, device
+        super().__init__(run_dir, cfg)
+        self.cfg, self.device = cfg, device
         self.src_tok, self.tgt_tok, self.model = src_tok, tgt_tok, model
 
     @classmethod
     def load(cls, run_dir: str | Path, device: str = "cpu") -> TranslatorRun:
-        run_dir = Path(run_dir)
-        cfg = read_run_config(run_dir)
-        src_path, tgt_path = tokenizer_paths(run_dir, cfg.model.shared_embeddings)
-        model = Seq2SeqTransformer(cfg.model)
-        load_weights(model, run_dir / "model.safetensors")
-        model.to(device).eval()
-        src_tok, tgt_tok = TextTokenizer.load(src_path), TextTokenizer.load(tgt_path)
-        return cls(run_dir, cfg, src_tok, tgt_tok, model, device)
+        from attnlab.tasks.runs import load_run_of
+
+        run = load_run_of(run_dir, cls, "a translation run", device)
+        return run  # type: ignore[return-value]
+
+    def report_text(self, report: Mapping[str, Any]) -> str:
+        return format_scores(report)
 
     def translate(self, texts: list[str], beam_size: int | None = None) -> list[str]:
         """Translate sentences (beam search, or greedy with beam_size 1), in batches."""
         d = self.cfg.data
         beam = d.beam_size if beam_size is None else beam_size
         settings = DecodeSettings(1, 2, d.max_len_a, d.max_len_b)
-        limit = self.cfg.model.max_len if self.cfg.model.pos == "learned" else 10_000
+        limit = self.cfg.model.context if self.cfg.model.pos == "learned" else 10_000
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))  # similar lengths
         hyps: dict[int, str] = {}
         for start in range(0, len(order), d.eval_batch_sentences):
@@ -382,14 +367,22 @@ class TranslatorRun:
         return [hyps[i] for i in range(len(texts))]
 
     def evaluate(
-        self, split: str = "test", pairs: list[Pair] | None = None, beam_size: int | None = None
+        self,
+        data: str | None = None,
+        split: str = "test",
+        pairs: list[Pair] | None = None,
+        beam_size: int | None = None,
     ) -> dict[str, Any]:
-        """sacreBLEU and chrF (and exact match) on a split; writes ``{split}.hyp.txt``.
+        """sacreBLEU and chrF (and exact match) on a split of the run (``val`` = dev), on a
+        file of pairs (``data``) or on ``pairs``; writes ``{split}.hyp.txt``.
 
         Both sides are scored after the tokenizers' NFKC normalisation (see below)."""
         import sacrebleu
 
-        if pairs is None:
+        split = {"val": "dev"}.get(split, split)
+        if data is not None:
+            pairs, split = read_pairs(data), Path(data).stem
+        elif pairs is None:
             pairs = run_pairs(self.cfg, split)
         start = time.perf_counter()
         hyps = self.translate([p.src for p in pairs], beam_size)
@@ -419,3 +412,6 @@ class TranslatorRun:
                 {"src": p.src, "ref": p.tgt, "hyp": h} for p, h in list(zip(pairs, hyps))[:3]
             ],
         }
+
+
+TASK = TranslateTask()

@@ -7,9 +7,8 @@ model.safetensors, metrics.jsonl, curves.png, state/, results.json and test_repo
 
 from __future__ import annotations
 
-import json
-import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -18,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.configs import from_dict, to_dict
+from attnlab.configs import to_dict
+from attnlab.data import check_label_counts
 from attnlab.data.images import (
     ImageData,
     ImageSet,
@@ -30,16 +30,15 @@ from attnlab.data.images import (
     load_mnist,
     normalize,
 )
-from attnlab.data.io import write_json
+from attnlab.data.io import read_json, write_json
 from attnlab.data.splits import stratified_split
 from attnlab.metrics import classification_report, format_report
 from attnlab.models.cnn import CNNConfig, ResNetCNN
 from attnlab.models.vit import ViT, ViTConfig
-from attnlab.tasks import sections as config_sections
-from attnlab.tasks.sections import PRESETS
-from attnlab.train import StepOutput, TrainConfig, Trainer, load_weights, seed_everything
+from attnlab.tasks import runner
+from attnlab.tasks.task import Run, RunConfig, Setup, Task
+from attnlab.train import StepOutput, TrainConfig, load_weights
 
-TASK = "vision"
 Arch = Literal["vit", "cnn"]
 MODEL_CONFIGS: dict[str, type] = {"vit": ViTConfig, "cnn": CNNConfig}
 
@@ -65,23 +64,10 @@ class VisionConfig:
     hflip: bool = field(default=True, metadata={"help": "random horizontal flips"})
     label_smoothing: float = 0.1
     eval_batch_size: int = 500
-
-
-@dataclass
-class RunConfig:
-    """A vision run's configs, as saved in config.json."""
-
-    arch: Arch
-    data: VisionConfig
-    model: ViTConfig | CNNConfig
-    train: TrainConfig
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "task": TASK,
-            "arch": self.arch,
-            **{n: to_dict(getattr(self, n)) for n in ("data", "model", "train")},
-        }
+    allow_rare_labels: bool = field(
+        default=False,
+        metadata={"help": "train even with classes of fewer than 5 training examples"},
+    )
 
 
 def sections(arch: Arch) -> dict[str, type]:
@@ -93,10 +79,7 @@ def sections(arch: Arch) -> dict[str, type]:
 
 def build_config(arch: Arch, preset: str | Path | None, overrides: dict[str, Any]) -> RunConfig:
     """Defaults <- presets/<arch>.toml <- a user TOML (sections or flat keys) <- command line."""
-    sources = [PRESETS / f"{arch}.toml"]
-    if preset:
-        sources.append(config_sections.preset_file(preset, arch))
-    return RunConfig(arch, **config_sections.build_sections(sections(arch), sources, overrides))
+    return runner.build_config(TASKS[arch], preset, overrides)
 
 
 # ---------------------------------------------------------------------------- data
@@ -139,6 +122,7 @@ def load_splits(dcfg: VisionConfig) -> tuple[dict[str, ImageSet], str]:
         labels, (1 - dcfg.val_ratio - test_ratio, dcfg.val_ratio, test_ratio), dcfg.split_seed
     )
     train_idx = split["train"]
+    check_label_counts([labels[i] for i in train_idx], dcfg.allow_rare_labels)
     if dcfg.max_train:
         g = torch.Generator().manual_seed(dcfg.split_seed)
         keep = torch.randperm(len(train_idx), generator=g)[: dcfg.max_train].sort().values
@@ -184,77 +168,97 @@ def predict_dataset(
 
 def build_model(cfg: RunConfig) -> nn.Module:
     """The ViT or CNN of a run config."""
-    return ViT(cfg.model) if cfg.arch == "vit" else ResNetCNN(cfg.model)  # type: ignore[arg-type]
+    return ViT(cfg.model) if cfg.task == "vit" else ResNetCNN(cfg.model)
 
 
-def train(
-    arch: Arch,
-    run_dir: str | Path,
-    overrides: dict[str, Any] | None = None,
-    preset: str | Path | None = None,
-    resume: bool = False,
-    device: str = "cpu",
-) -> dict[str, Any]:
-    """Train a ViT or CNN into ``run_dir``; returns results with test metrics."""
-    run_dir = Path(run_dir)
-    cfg = build_config(arch, preset, overrides or {})
-    config_sections.refuse_existing_run(run_dir, resume)
-    splits, source = load_splits(cfg.data)
-    train_set = splits["train"]
-    c, h, w = train_set.images.shape[1:]
-    if h != w:
-        raise ValueError(f"images are {h} × {w}; square images are needed (use --resize N)")
-    cfg.model.in_channels = c
-    cfg.model.n_classes = len(train_set.classes)
-    if isinstance(cfg.model, ViTConfig):
-        cfg.model.image_size = h
-        cfg.model = ViTConfig(**to_dict(cfg.model))  # re-validate patch size against the data
-    mean, std = channel_stats(train_set.images)
-    report = {
-        "source": source,
-        "classes": train_set.classes,
-        "image_shape": [c, h, w],
-        "mean": mean,
-        "std": std,
-        "split_sizes": {k: len(v) for k, v in splits.items()},
-    }
-    print(f"data: {source}; {report['split_sizes']}; images {c}×{h}×{w}", file=sys.stderr)
-    dcfg = cfg.data
-    train_data = ImageData(
-        train_set, mean, std, cfg.train.batch_size, True, cfg.train.seed,
-        dcfg.crop_padding, dcfg.hflip,
-    )  # fmt: skip
-    val_data = ImageData(splits["val"], mean, std, dcfg.eval_batch_size)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if not (run_dir / "config.json").exists():
-        write_json(run_dir / "config.json", cfg.to_json())
-        write_json(run_dir / "data_report.json", report)
-    seed_everything(cfg.train.seed)
-    model = build_model(cfg)
-    n_params = sum(p.numel() for p in model.parameters())
-    print(f"model: {arch}, {n_params / 1e6:.3f}M parameters", file=sys.stderr)
+class VisionTask(Task):
+    """Image classification with a ViT or a CNN (``arch``)."""
 
-    def evaluate(m: nn.Module) -> dict[str, float]:
-        y_true, y_pred, loss = predict_dataset(m, val_data, device)
-        acc = sum(int(a == b) for a, b in zip(y_true, y_pred)) / len(y_true)
-        return {"val_loss": loss, "val_acc": acc}
+    preset_prefix = ""
+    resumable = frozenset({"eval_batch_size"})
 
-    trainer = Trainer(
-        model, cfg.train, run_dir, train_data, step_fn(dcfg.label_smoothing), evaluate, device
-    )
-    summary = trainer.fit(resume=resume)
-    load_weights(model, run_dir / "model.safetensors")
-    model.to(device)
-    test = evaluate_set(model, splits["test"], mean, std, dcfg.eval_batch_size, device)
-    results = {
-        "summary": summary,
-        "test": test,
-        "n_params": n_params,
-        "images_per_s": inference_speed(model, splits["test"], mean, std, device),
-    }
-    (run_dir / "test_report.txt").write_text(format_report(test) + "\n", encoding="utf-8")
-    write_json(run_dir / "results.json", results)
-    return results
+    def __init__(self, arch: Arch) -> None:
+        self.name = self.preset = self.preset_prefix = arch  # type: ignore[misc]
+
+    def sections(self) -> dict[str, type]:
+        return sections(self.name)  # type: ignore[arg-type]
+
+    def setup(self, cfg: RunConfig, run_dir: Path, resume: bool, device: str) -> Setup:
+        splits, source = load_splits(cfg.data)
+        train_set = splits["train"]
+        c, h, w = train_set.images.shape[1:]
+        if h != w:
+            raise ValueError(f"images are {h} × {w}; square images are needed (use --resize N)")
+        cfg.model.in_channels = c
+        cfg.model.n_classes = len(train_set.classes)
+        if isinstance(cfg.model, ViTConfig):
+            cfg.model.image_size = h
+            # re-validate the patch size against the data
+            cfg.sections["model"] = ViTConfig(**to_dict(cfg.model))
+        mean, std = channel_stats(train_set.images)
+        report = {
+            "source": source,
+            "classes": train_set.classes,
+            "image_shape": [c, h, w],
+            "mean": mean,
+            "std": std,
+            "split_sizes": {k: len(v) for k, v in splits.items()},
+        }
+        dcfg = cfg.data
+        train_data = ImageData(
+            train_set, mean, std, cfg.train.batch_size, True, cfg.train.seed,
+            dcfg.crop_padding, dcfg.hflip,
+        )  # fmt: skip
+        val_data = ImageData(splits["val"], mean, std, dcfg.eval_batch_size)
+
+        def evaluate(m: nn.Module) -> dict[str, float]:
+            y_true, y_pred, loss = predict_dataset(m, val_data, device)
+            acc = sum(int(a == b) for a, b in zip(y_true, y_pred)) / len(y_true)
+            return {"val_loss": loss, "val_acc": acc}
+
+        files = {"data_report.json": lambda path: write_json(path, report)}
+        message = f"data: {source}; {report['split_sizes']}; images {c}×{h}×{w}"
+        return Setup((splits, report), train_data, evaluate, files, [message])
+
+    def build_model(self, cfg: RunConfig, setup: Setup) -> nn.Module:
+        model = build_model(cfg)
+        n_params = sum(p.numel() for p in model.parameters())
+        setup.messages.append(f"model: {self.name}, {n_params / 1e6:.3f}M parameters")
+        return model
+
+    def step(self, cfg: RunConfig):
+        return step_fn(cfg.data.label_smoothing)
+
+    def finish(
+        self, cfg: RunConfig, setup: Setup, model: nn.Module, run_dir: Path, device: str
+    ) -> dict[str, Any]:
+        splits, report = setup.prepared
+        mean, std = report["mean"], report["std"]
+        test = evaluate_set(model, splits["test"], mean, std, cfg.data.eval_batch_size, device)
+        (run_dir / "test_report.txt").write_text(format_report(test) + "\n", encoding="utf-8")
+        return {
+            "test": test,
+            "n_params": sum(p.numel() for p in model.parameters()),
+            "images_per_s": inference_speed(model, splits["test"], mean, std, device),
+        }
+
+    def describe(self, results: Mapping[str, Any], run_dir: Path) -> list[str]:
+        test = results["test"]
+        return [
+            f"test accuracy {test['accuracy']:.4f}, macro-F1 {test['macro_f1']:.4f} "
+            f"(n = {test['n']}); {results['n_params']:,} parameters; "
+            f"{results['images_per_s']:.0f} images/s at inference",
+        ]
+
+    def load(self, run_dir: Path, cfg: RunConfig, device: str) -> VisionRun:
+        model = build_model(cfg)
+        load_weights(model, run_dir / "model.safetensors")
+        model.to(device).eval()
+        report = read_json(run_dir / "data_report.json", "data report")
+        return VisionRun(run_dir, cfg, model, report)
+
+
+TASKS = {arch: VisionTask(arch) for arch in ("vit", "cnn")}
 
 
 def evaluate_set(
@@ -284,36 +288,22 @@ def inference_speed(
 # ---------------------------------------------------------------------------- a trained run
 
 
-def is_vision_run(run_dir: str | Path) -> bool:
-    """Whether ``run_dir/config.json`` says task = vision."""
-    path = Path(run_dir) / "config.json"
-    return path.exists() and json.loads(path.read_text(encoding="utf-8")).get("task") == TASK
-
-
-@dataclass
-class VisionRun:
+class VisionRun(Run):
     """A trained vision run loaded for inference."""
 
-    run_dir: Path
-    config: RunConfig
-    model: nn.Module
-    report: dict[str, Any]
+    verbs = ("predict", "evaluate", "attention")
+
+    def __init__(
+        self, run_dir: Path, config: RunConfig, model: nn.Module, report: dict[str, Any]
+    ) -> None:
+        super().__init__(run_dir, config)
+        self.model, self.report = model, report
 
     @classmethod
     def load(cls, run_dir: str | Path, device: str = "cpu") -> VisionRun:
-        run_dir = Path(run_dir)
-        if not is_vision_run(run_dir):
-            raise ValueError(f"{run_dir} is not a vision run (train one with `attnlab train vit`)")
-        if not (run_dir / "model.safetensors").exists():
-            raise ValueError(f"{run_dir} has no model.safetensors yet; resume it with --resume")
-        raw = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
-        parts = sections(raw["arch"])
-        config = RunConfig(raw["arch"], **{n: from_dict(c, raw[n]) for n, c in parts.items()})
-        model = build_model(config)
-        load_weights(model, run_dir / "model.safetensors")
-        model.to(device).eval()
-        report = json.loads((run_dir / "data_report.json").read_text(encoding="utf-8"))
-        return cls(run_dir, config, model, report)
+        from attnlab.tasks.runs import load_run_of
+
+        return load_run_of(run_dir, cls, "a vision run", device)  # type: ignore[return-value]
 
     @property
     def classes(self) -> list[str]:
@@ -336,7 +326,7 @@ class VisionRun:
             out.append({"image": path, "label": self.classes[k], "probs": probs_by_class})
         return out
 
-    def evaluate(self, split: str = "test", data: str | None = None) -> dict[str, Any]:
+    def evaluate(self, data: str | None = None, split: str = "test", **_: Any) -> dict[str, Any]:
         """Report on the run's own split, or on an image folder with the same classes."""
         if data:
             c, h, _ = self.report["image_shape"]
@@ -347,6 +337,21 @@ class VisionRun:
             images = load_splits(self.config.data)[0][split]
         mean, std = self.report["mean"], self.report["std"]
         return evaluate_set(self.model, images, mean, std, self.config.data.eval_batch_size, "cpu")
+
+    def draw_attention(self, image: str, out: str | None, member: int = 1) -> list[str]:
+        """The attention rollout of a ViT over ``image``, drawn over it."""
+        if member != 1:
+            raise ValueError("--member applies to ensemble classifier runs, not vision runs")
+        picture, rollout, pred = self.rollout(image)
+        path = Path(out) if out else self.run_dir / "rollout.png"
+        title = f"{Path(image).name} → {pred['label']} ({pred['probs'][pred['label']]:.2f})"
+        plot_rollout(picture, rollout, path, title)
+        g, k = rollout.shape[0], int(rollout.argmax())
+        return [
+            f"{pred['label']} ({pred['probs'][pred['label']]:.3f}); most attended patch: "
+            f"row {k // g}, column {k % g} of {g}×{g} ({rollout.max():.3f})",
+            f"rollout written to {path}",
+        ]
 
     def rollout(self, path: str) -> tuple[Tensor, Tensor, dict[str, Any]]:
         """The image (C, H, W) uint8, its attention-rollout map (G, G) and the prediction."""

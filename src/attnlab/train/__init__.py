@@ -2,7 +2,7 @@
 
 from attnlab.train.checkpoint import load_weights, save_weights
 from attnlab.train.config import TrainConfig
-from attnlab.train.data import StepOutput, TrainData, shuffled_batches
+from attnlab.train.data import StepOutput, TrainData
 from attnlab.train.distributed import unwrap
 from attnlab.train.engine import Trainer
 from attnlab.train.precision import choose_precision
@@ -19,6 +19,5 @@ __all__ = [
     "lr_factor",
     "save_weights",
     "seed_everything",
-    "shuffled_batches",
     "unwrap",
 ]

@@ -21,35 +21,39 @@ written on a GPU so loads on a CPU and back, bitwise.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 
+from attnlab.tensor_files import (
+    fsync_file,
+    load_tensors_into,
+    model_tensors,
+    read_tensors,
+    write_tensors,
+)
 from attnlab.train.rng import join_rng, split_rng
 
 STATE, TMP, OLD, COMPLETE = "state", "state.tmp", "state.old", "COMPLETE"
 
 
-def _fsync(path: Path) -> None:
-    """Flush `path` to disk so a rename after it never exposes a half-written file."""
-    with open(path, "rb+") as f:
-        os.fsync(f.fileno())
-
-
 def _write_json(path: Path, obj: Any) -> None:
     """Write `obj` as JSON and fsync it."""
     path.write_text(json.dumps(_tag_tuples(obj)))
-    _fsync(path)
+    fsync_file(path)
 
 
 def _read_json(path: Path) -> Any:
-    """Read JSON written by `_write_json` (tuples restored)."""
-    return _untag_tuples(json.loads(path.read_text()))
+    """Read JSON written by `_write_json` (tuples restored); a bad file is a one-line error."""
+    try:
+        return _untag_tuples(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(
+            f"{path}: unreadable checkpoint file ({err}); restore it, or train into a new --out"
+        ) from None
 
 
 def _tag_tuples(obj: Any) -> Any:
@@ -75,27 +79,22 @@ def _untag_tuples(obj: Any) -> Any:
 
 
 def save_weights(model: nn.Module, path: str | Path) -> Path:
-    """Atomically write `model`'s weights as safetensors (temp file + os.replace)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    save_model(model, str(tmp))
-    _fsync(tmp)
-    os.replace(tmp, path)
-    return path
+    """Atomically write `model`'s weights as safetensors with a checksum in the file's metadata.
 
-
-def model_device(model: nn.Module) -> torch.device:
-    """The device of `model`'s first parameter (or buffer); CPU for a model without tensors."""
-    for tensor in (*model.parameters(), *model.buffers()):
-        return tensor.device
-    return torch.device("cpu")
+    Tied weights are stored once; like `safetensors.torch.save_model`, the metadata maps each
+    dropped name to the name it shares storage with.
+    """
+    tensors, tied = model_tensors(model)
+    return write_tensors(tensors, path, metadata=tied)
 
 
 def load_weights(model: nn.Module, path: str | Path) -> None:
-    """Load safetensors weights written by `save_weights` into `model` (strict), read straight
-    onto the model's device."""
-    load_model(model, str(path), strict=True, device=str(model_device(model)))
+    """Load weights written by `save_weights` into `model` (strict), checking the file first.
+
+    A bad file (truncated, checksum mismatch, NaN/inf) or weights that do not fit the model
+    raise a one-line ValueError naming the file and the fix.
+    """
+    load_tensors_into(model, read_tensors(path, "weights"), path)
 
 
 def _optimizer_to_files(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
@@ -167,11 +166,9 @@ def save_checkpoint(
     recover_state_dir(run_dir)
     tmp = run_dir / TMP
     tmp.mkdir(parents=True)
-    save_model(model, str(tmp / "model.safetensors"))
-    _fsync(tmp / "model.safetensors")
+    save_weights(model, tmp / "model.safetensors")
     opt_tensors, opt_meta = _optimizer_to_files(optimizer)
-    save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
-    _fsync(tmp / "optimizer.safetensors")
+    write_tensors(opt_tensors, tmp / "optimizer.safetensors")
     _write_json(tmp / "optimizer.json", opt_meta)
     rng_tensors: dict[str, torch.Tensor] = {}
     rng_meta = []
@@ -179,8 +176,7 @@ def save_checkpoint(
         tensors, meta = split_rng(rng, prefix=f"rank{rank}.")
         rng_tensors |= tensors
         rng_meta.append(meta)
-    save_file(rng_tensors, str(tmp / "rng.safetensors"))
-    _fsync(tmp / "rng.safetensors")
+    write_tensors(rng_tensors, tmp / "rng.safetensors")
     _write_json(tmp / "rng.json", rng_meta)
     _write_json(tmp / "trainer.json", trainer_state)
     _write_json(tmp / COMPLETE, {"step": trainer_state.get("step")})
@@ -208,10 +204,10 @@ def load_checkpoint(
     load_weights(model, state / "model.safetensors")
     _optimizer_from_files(
         optimizer,
-        load_file(str(state / "optimizer.safetensors"), device="cpu"),
+        read_tensors(state / "optimizer.safetensors", "optimizer state"),
         _read_json(state / "optimizer.json"),
     )
-    rng_tensors = load_file(str(state / "rng.safetensors"), device="cpu")  # RNG states: CPU
+    rng_tensors = read_tensors(state / "rng.safetensors", "RNG state")
     rng_states = [
         join_rng(rng_tensors, meta, prefix=f"rank{rank}.")
         for rank, meta in enumerate(_read_json(state / "rng.json"))

@@ -31,8 +31,26 @@ class TrainConfig:
         0.01, "AdamW decoupled decay for params with ndim>=2 that are not nn.Embedding weights"
     )
     betas: tuple[float, float] = _opt((0.9, 0.98), "AdamW betas, e.g. 0.9,0.98")
-    schedule: Literal["cosine", "linear", "noam", "constant"] = _opt(
-        "cosine", "lr schedule after warmup"
+    optimizer: Literal["adamw", "muon"] = _opt(
+        "adamw",
+        "adamw: AdamW for every parameter; muon: Muon for the 2-D hidden weight matrices, AdamW "
+        "(lr, betas, weight_decay) for embeddings, the output head, norms and biases",
+    )
+    muon_lr: float = _opt(0.02, "optimizer=muon: peak lr of the Muon matrices")
+    muon_momentum: float = _opt(0.95, "optimizer=muon: Muon momentum")
+    muon_nesterov: bool = _opt(True, "optimizer=muon: Nesterov momentum")
+    muon_ns_steps: int = _opt(5, "optimizer=muon: Newton-Schulz iterations")
+    muon_weight_decay: float = _opt(0.0, "optimizer=muon: decoupled weight decay of the matrices")
+    muon_ns_dtype: Literal["float32", "bfloat16"] = _opt(
+        "float32",
+        "optimizer=muon: dtype of the Newton-Schulz iteration (torch.optim.Muon uses bfloat16, "
+        "fast only where the hardware has bfloat16 matrix units)",
+    )
+    schedule: Literal["cosine", "linear", "noam", "constant", "wsd"] = _opt(
+        "cosine", "lr schedule after warmup (wsd: warmup-stable-decay)"
+    )
+    decay_ratio: float = _opt(
+        0.2, "wsd: share of the total steps spent in the final linear decay to min_lr_ratio"
     )
     warmup_steps: int = _opt(0, "linear warmup steps")
     warmup_ratio: float = _opt(0.0, "warmup as a fraction of total steps (when warmup_steps=0)")
@@ -55,6 +73,12 @@ class TrainConfig:
     log_every: int = _opt(10, "optimizer steps between train-loss log events")
     tensorboard: bool = _opt(True, "write TensorBoard scalars under run_dir/tensorboard")
     num_threads: int = _opt(0, "torch.set_num_threads; 0 = leave the default")
+    target_loss: float = _opt(
+        0.0,
+        "stop as soon as an evaluation's monitor value reaches this (<= for monitor_mode=min, "
+        ">= for max); 0 = off. The summary records target_reached, target_step, and the training "
+        "time until then without evaluations: target_time_s (wall), target_cpu_s (process CPU)",
+    )
     max_minutes: float = _opt(
         0.0, "stop (evaluating first) once training wall time reaches this; 0 = no time limit"
     )
@@ -89,14 +113,23 @@ class TrainConfig:
             "num_threads": self.num_threads,
             "weight_decay": self.weight_decay,
             "clip_norm": self.clip_norm,
+            "muon_weight_decay": self.muon_weight_decay,
+            "target_loss": self.target_loss,
         }
         for name, value in non_negative.items():
             if value < 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
         if self.max_steps == 0 and self.epochs < 1:
             raise ValueError(f"epochs must be >= 1 when max_steps == 0, got {self.epochs}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
+        for name in ("lr", "muon_lr"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if not 0.0 <= self.muon_momentum < 1.0:
+            raise ValueError(f"muon_momentum must be in [0, 1), got {self.muon_momentum}")
+        if not 1 <= self.muon_ns_steps < 100:
+            raise ValueError(f"muon_ns_steps must be in [1, 100), got {self.muon_ns_steps}")
+        if not 0.0 <= self.decay_ratio <= 1.0:
+            raise ValueError(f"decay_ratio must be in [0, 1], got {self.decay_ratio}")
         if not 0.0 <= self.warmup_ratio < 1.0:
             raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:

@@ -1,4 +1,4 @@
-"""The data contract of the training loop: TrainData, StepOutput, and a shuffling batcher."""
+"""The data contract of the training loop: TrainData and StepOutput."""
 
 from __future__ import annotations
 
@@ -36,15 +36,3 @@ class StepOutput:
     loss: torch.Tensor
     weight: float
     metrics: dict[str, float] = field(default_factory=dict)
-
-
-def shuffled_batches(
-    n: int, batch_size: int, seed: int, epoch: int, drop_last: bool = False
-) -> list[list[int]]:
-    """Split a permutation of range(n) seeded by (seed, epoch) into batches of `batch_size`."""
-    if n < 1 or batch_size < 1:
-        raise ValueError(f"need n >= 1 and batch_size >= 1, got n={n}, batch_size={batch_size}")
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-    order = torch.randperm(n, generator=gen).tolist()
-    stop = n - n % batch_size if drop_last else n
-    return [order[i : i + batch_size] for i in range(0, stop, batch_size)]

@@ -56,7 +56,7 @@ from attnlab.train.distributed import (
 )
 from attnlab.train.meter import LoopState, WeightedSums
 from attnlab.train.metrics_log import MetricsLog, truncate_metrics
-from attnlab.train.optim import build_optimizer
+from attnlab.train.optim import describe_groups, make_optimizer
 from attnlab.train.precision import (
     PRECISION_DTYPES,
     autocast,
@@ -83,7 +83,8 @@ def _log(msg: str) -> None:
 
 
 class Trainer:
-    """Runs `step_fn` over `data` with AdamW, a schedule, clipping, eval, checkpoints and DDP.
+    """Runs `step_fn` over `data` with AdamW or Muon+AdamW, a schedule, clipping, eval,
+    checkpoints and DDP.
 
     `step_fn(model, batch)` receives the (possibly DDP-wrapped) model and a collated batch on
     `device`; call the model through it (use `attnlab.train.unwrap` for attributes).
@@ -111,6 +112,8 @@ class Trainer:
             raise ValueError(f"cfg must be a TrainConfig, got {type(cfg).__name__}")
         if not all(callable(getattr(data, name, None)) for name in ("batches", "collate")):
             raise ValueError("data must provide batches(epoch) and collate(indices); see TrainData")
+        if cfg.target_loss > 0 and evaluate is None:
+            raise ValueError("target_loss needs an evaluate function; pass evaluate= or set it 0")
         self.model = model
         self.cfg = cfg
         self.run_dir = Path(run_dir)
@@ -160,7 +163,9 @@ class Trainer:
         self.dtype, self.precision, self.precision_reason = dtype, precision_name(dtype), reason
         if env.is_main:
             _log(f"precision {self.precision}: {reason}")
-        self.optimizer = build_optimizer(self.model, cfg.lr, cfg.weight_decay, cfg.betas)
+        self.optimizer = make_optimizer(self.model, cfg)
+        if env.is_main and cfg.optimizer == "muon":
+            _log(describe_groups(self.optimizer))
         self.scaler = make_grad_scaler(env.device, dtype)
         self.total_steps = self._count_total_steps()
         self.warmup = resolve_warmup(cfg.warmup_steps, cfg.warmup_ratio, self.total_steps)
@@ -188,7 +193,7 @@ class Trainer:
         if env.is_main:
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
             try:
-                from attnlab.viz_curves import plot_curves  # matplotlib is slow to import
+                from attnlab.train.curves import plot_curves  # matplotlib is slow to import
             except ImportError as err:
                 _log(f"matplotlib is unusable ({err}); skipping curves.png")
             else:
@@ -297,6 +302,7 @@ class Trainer:
         """Run optimizer steps until the run finishes; checkpoint on Ctrl-C (single process)."""
         cfg, env = self.cfg, self.env
         self._t0, self._base_elapsed = time.perf_counter(), state.elapsed_s
+        self._c0, self._base_cpu = time.process_time(), state.cpu_s
         self._window_t0 = self._t0
         self._last_plain_log = self._t0
         boundary = (copy.deepcopy(state), capture_rng())  # state after the last finished step
@@ -336,7 +342,7 @@ class Trainer:
                 _log(f"interrupted ({why}); resume from the last periodic checkpoint")
             else:
                 saved_state, rng = boundary
-                saved_state.elapsed_s = self._elapsed()
+                saved_state.elapsed_s, saved_state.cpu_s = self._elapsed(), self._cpu()
                 save_checkpoint(
                     self.run_dir,
                     self.model,
@@ -351,7 +357,7 @@ class Trainer:
             raise
         finally:
             bar.close()
-        state.elapsed_s = self._elapsed()
+        state.elapsed_s, state.cpu_s = self._elapsed(), self._cpu()
         return state
 
     def _accumulate(self, group: list[list[int]]) -> WeightedSums:
@@ -387,18 +393,22 @@ class Trainer:
         return sums
 
     def _update(self, step: int, total_weight: float) -> tuple[float, float]:
-        """Set the lr, normalise and clip the gradients, step AdamW; return (lr, grad norm)."""
+        """Set the lrs, normalise and clip the gradients, step the optimizer; return (lr, grad
+        norm), lr being the AdamW groups' (`cfg.lr` times the schedule factor). The schedule
+        scales every group alike: Muon groups run at `cfg.muon_lr` times the same factor."""
         cfg = self.cfg
-        lr = cfg.lr * lr_factor(
+        factor = lr_factor(
             self._schedule_step(step),
             schedule=cfg.schedule,
             total_steps=self.total_steps,
             warmup_steps=self.warmup,
             min_lr_ratio=cfg.min_lr_ratio,
             noam_d_model=cfg.noam_d_model,
+            decay_ratio=cfg.decay_ratio,
         )
+        lr = cfg.lr * factor
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = cfg.muon_lr * factor if group.get("use_muon") else lr
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
@@ -517,8 +527,11 @@ class Trainer:
     def _eval_and_track(self, state: LoopState, epoch: int) -> None:
         """Evaluate on rank 0, save the best weights, and update early stopping on all ranks."""
         cfg, env = self.cfg, self.env
+        eval_start, eval_cpu_start = time.perf_counter(), time.process_time()
         metrics = self._run_evaluate() if env.is_main else None
         metrics = broadcast_object(metrics, env)
+        state.eval_s += time.perf_counter() - eval_start
+        state.eval_cpu_s += time.process_time() - eval_cpu_start
         value = metrics[cfg.monitor]
         better = state.best_metric is None or (
             value < state.best_metric if cfg.monitor_mode == "min" else value > state.best_metric
@@ -542,13 +555,30 @@ class Trainer:
                     "precision": self.precision,
                 }
             )
-        if cfg.patience > 0 and state.bad_evals >= cfg.patience:
+        if self._target_reached(value) and state.target_step is None:
+            state.target_step = state.step
+            state.target_time_s = self._elapsed() - state.eval_s
+            state.target_cpu_s = self._cpu() - state.eval_cpu_s
+            state.stop_reason = "target_loss"
+            if env.is_main:
+                _log(
+                    f"target reached at step {state.step}: {cfg.monitor} {value:.4f} (target "
+                    f"{cfg.target_loss}) after {state.target_time_s:.1f} s of training"
+                )
+        elif cfg.patience > 0 and state.bad_evals >= cfg.patience:
             state.stop_reason = "early_stop"
             if env.is_main:
                 _log(
                     f"early stop at step {state.step}: {cfg.monitor} has not improved for "
                     f"{state.bad_evals} evals (best {state.best_metric} at {state.best_step})"
                 )
+
+    def _target_reached(self, value: float) -> bool:
+        """Whether a monitor value reaches `cfg.target_loss` (0 = off) in `monitor_mode`."""
+        target = self.cfg.target_loss
+        if target <= 0 or not math.isfinite(value):
+            return False
+        return value <= target if self.cfg.monitor_mode == "min" else value >= target
 
     def _run_evaluate(self) -> dict[str, float]:
         """Call `evaluate` on the unwrapped model in eval mode; check the monitor key exists."""
@@ -568,7 +598,7 @@ class Trainer:
         rng_states = gather_objects(capture_rng(), self.env)
         if self.env.is_main:
             snapshot = copy.deepcopy(state)
-            snapshot.elapsed_s = self._elapsed()
+            snapshot.elapsed_s, snapshot.cpu_s = self._elapsed(), self._cpu()
             save_checkpoint(
                 self.run_dir,
                 self.model,
@@ -588,6 +618,10 @@ class Trainer:
         }
 
     # ---------------------------------------------------------------- helpers
+
+    def _cpu(self) -> float:
+        """This process's CPU time in training (rank 0's view), including resumed processes."""
+        return self._base_cpu + time.process_time() - self._c0
 
     def _elapsed(self) -> float:
         """Training wall time including earlier (resumed) processes."""
@@ -610,6 +644,14 @@ class Trainer:
             "epochs": state.epoch,
             "final_train_loss": state.last_train_loss,
             "wall_time_s": state.elapsed_s,
+            "eval_time_s": state.eval_s,
+            "cpu_time_s": state.cpu_s,
+            "eval_cpu_s": state.eval_cpu_s,
+            "target_loss": self.cfg.target_loss or None,
+            "target_reached": state.target_step is not None,
+            "target_step": state.target_step,
+            "target_time_s": state.target_time_s,
+            "target_cpu_s": state.target_cpu_s,
             "precision": self.precision,
             "precision_reason": self.precision_reason,
             "tf32": self.tf32,

@@ -58,6 +58,12 @@ class LoopState:
     best_step: int | None = None
     bad_evals: int = 0  # evals since the last improvement (early stopping)
     elapsed_s: float = 0.0  # training wall time before the current process started
+    eval_s: float = 0.0  # wall time spent in evaluations (part of elapsed_s)
+    cpu_s: float = 0.0  # this process's CPU time (time.process_time) like elapsed_s
+    eval_cpu_s: float = 0.0  # CPU time spent in evaluations (part of cpu_s)
+    target_step: int | None = None  # step of the eval that reached TrainConfig.target_loss
+    target_time_s: float | None = None  # wall time without evaluations at that step
+    target_cpu_s: float | None = None  # CPU time without evaluations at that step
     stop_reason: str | None = None  # set once the run has finished
     last_train_loss: float | None = None
     window: WeightedSums = field(default_factory=WeightedSums)  # train sums since the last log

@@ -6,10 +6,12 @@ tensors it is made of (one ``Link`` per parameter): ``copy_links`` loads the ref
 reference gradients. One function per reference module type; the stacks reuse the layer ones.
 Every function checks that its links cover all of attnlab's parameters exactly once, so a
 parameter that is forgotten fails loudly instead of keeping its random initial value.
+Used by the tests and by ``attnlab verify`` (one definition of each mapping).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -18,6 +20,10 @@ from torch import Tensor, nn
 
 from attnlab.attention import MultiHeadAttention
 from attnlab.blocks import DecoderBlock, Encoder, EncoderBlock, FeedForward
+from attnlab.models.vit import ViT
+from attnlab.moe import MoEFeedForward
+from attnlab.positions import T5RelativePositionBias
+from attnlab.ssm import MambaBlock, MambaLM
 
 
 def _same(t: Tensor) -> Tensor:
@@ -46,8 +52,10 @@ def _covers(module: nn.Module, links: Sequence[Link]) -> list[Link]:
     ours = [id(link.ours) for link in links]
     expected = {id(p): n for n, p in module.named_parameters()}
     missing = [n for i, n in expected.items() if i not in ours]
-    assert not missing, f"parameters with no reference: {missing}"
-    assert len(ours) == len(set(ours)) == len(expected), "a parameter is linked twice"
+    if missing:
+        raise ValueError(f"parameters with no reference: {missing}")
+    if not len(ours) == len(set(ours)) == len(expected):
+        raise ValueError("a parameter is linked twice")
     return list(links)
 
 
@@ -55,7 +63,11 @@ def copy_links(links: Sequence[Link]) -> None:
     with torch.no_grad():
         for link in links:
             value = link.join(*link.theirs)
-            assert value.shape == link.ours.shape, (link.name, value.shape, link.ours.shape)
+            if value.shape != link.ours.shape:
+                raise ValueError(
+                    f"{link.name}: reference shape {tuple(value.shape)}, "
+                    f"attnlab's {tuple(link.ours.shape)}"
+                )
             link.ours.copy_(value)
 
 
@@ -64,6 +76,17 @@ def assert_grads_match(links: Sequence[Link], rtol: float = 1e-7, atol: float = 
         assert link.ours.grad is not None, f"no gradient for {link.name}"
         expected = link.join(*(t.grad for t in link.theirs))
         torch.testing.assert_close(link.ours.grad, expected, rtol=rtol, atol=atol, msg=link.name)
+
+
+def max_grad_error(links: Sequence[Link]) -> float:
+    """Largest |attnlab gradient − reference gradient| over all linked parameters."""
+    worst = 0.0
+    for link in links:
+        if link.ours.grad is None:
+            raise ValueError(f"no gradient for {link.name}")
+        expected = link.join(*(t.grad for t in link.theirs))
+        worst = max(worst, (link.ours.grad - expected).abs().max().item())
+    return worst
 
 
 # --------------------------------------------------------------------------- torch.nn
@@ -182,3 +205,91 @@ def llama_model_links(embedding: nn.Embedding, stack: Encoder, theirs: nn.Module
     links += layer_norm_links(stack.norm, theirs.norm, "final_norm")
     _covers(stack, links[1:])
     return links
+
+
+def mamba_mixer_links(ours: MambaBlock, theirs: nn.Module) -> list[Link]:
+    """MambaMixer -> MambaBlock: the same parameters under the same names (conv1d's weight is
+    (D_inner, 1, d_conv) in both)."""
+    mine, ref = dict(ours.named_parameters()), dict(theirs.named_parameters())
+    if sorted(mine) != sorted(ref):
+        raise ValueError(f"Mamba parameters differ: {sorted(mine)} vs {sorted(ref)}")
+    return _covers(ours, [Link(p, (ref[n],), name=n) for n, p in mine.items()])
+
+
+def mamba_lm_links(ours: MambaLM, theirs: nn.Module) -> list[Link]:
+    """MambaForCausalLM -> MambaLM: embeddings (tied head), per layer norm + mixer, norm_f."""
+    backbone = theirs.backbone
+    links = [Link(ours.tok_emb.weight, (backbone.embeddings.weight,), name="embeddings")]
+    for i, (mine, ref) in enumerate(zip(ours.layers, backbone.layers, strict=True)):
+        links += layer_norm_links(mine.norm, ref.norm, f"layers.{i}.norm")
+        links += mamba_mixer_links(mine.mixer, ref.mixer)
+    links += layer_norm_links(ours.norm_f, backbone.norm_f, "norm_f")
+    return _covers(ours, links)
+
+
+def mixtral_moe_links(ours: MoEFeedForward, theirs: nn.Module) -> list[Link]:
+    """MixtralSparseMoeBlock -> MoEFeedForward("swiglu"): router = gate.weight (E, D);
+    w_in = experts.gate_up_proj (E, 2F, D), gate rows first; w_out = experts.down_proj."""
+    links = [
+        Link(ours.router.weight, (theirs.gate.weight,), name="gate"),
+        Link(ours.w_in, (theirs.experts.gate_up_proj,), name="gate_up_proj"),
+        Link(ours.w_out, (theirs.experts.down_proj,), name="down_proj"),
+    ]
+    return _covers(ours, links)
+
+
+@torch.no_grad()
+def copy_t5_attention(ours: MultiHeadAttention, bias: T5RelativePositionBias, theirs: nn.Module):
+    """T5Attention -> MultiHeadAttention(bias=False) + T5RelativePositionBias. T5 does not scale
+    scores by 1/sqrt(d_kv), so the query weights absorb sqrt(d_kv)."""
+    dk = theirs.key_value_proj_dim
+    q = theirs.q.weight * math.sqrt(dk)
+    ours.qkv.weight.copy_(torch.cat([q, theirs.k.weight, theirs.v.weight]))
+    ours.out_proj.weight.copy_(theirs.o.weight)
+    bias.embedding.weight.copy_(theirs.relative_attention_bias.weight)
+
+
+_VIT_V4_NAMES = [  # transformers 4 spelled the same tensors differently
+    ("encoder.layer.", "layers."),
+    ("attention.attention.query", "attention.q_proj"),
+    ("attention.attention.key", "attention.k_proj"),
+    ("attention.attention.value", "attention.v_proj"),
+    ("attention.output.dense", "attention.o_proj"),
+    ("intermediate.dense", "mlp.fc1"),
+    ("output.dense", "mlp.fc2"),
+]
+
+
+def copy_vit(model: ViT, hf: nn.Module) -> None:
+    """ViTForImageClassification (transformers 4 or 5 names) -> attnlab's ViT, every tensor."""
+    src = {}
+    for k, v in hf.state_dict().items():
+        for old, new in _VIT_V4_NAMES:
+            k = k.replace(old, new)
+        src[k.removeprefix("vit.")] = v
+    sd = {
+        "cls_token": src["embeddings.cls_token"],
+        "pos_embed.embedding.weight": src["embeddings.position_embeddings"][0],
+        "patch_embed.proj.weight": src["embeddings.patch_embeddings.projection.weight"],
+        "patch_embed.proj.bias": src["embeddings.patch_embeddings.projection.bias"],
+        "encoder.norm.weight": src["layernorm.weight"],
+        "encoder.norm.bias": src["layernorm.bias"],
+        "head.weight": src["classifier.weight"],
+        "head.bias": src["classifier.bias"],
+    }
+    names = {
+        "self_attn.out_proj": "attention.o_proj",
+        "ff.w_in": "mlp.fc1",
+        "ff.w_out": "mlp.fc2",
+        "norm1": "layernorm_before",
+        "norm2": "layernorm_after",
+    }
+    for i in range(model.cfg.n_layers):
+        ours, theirs = f"encoder.blocks.{i}.", f"layers.{i}."
+        for kind in ("weight", "bias"):
+            sd[ours + f"self_attn.qkv.{kind}"] = torch.cat(
+                [src[theirs + f"attention.{x}_proj.{kind}"] for x in "qkv"]
+            )
+            for a, b in names.items():
+                sd[ours + f"{a}.{kind}"] = src[theirs + f"{b}.{kind}"]
+    model.load_state_dict(sd, strict=True)

@@ -1,0 +1,86 @@
+"""The task registry: every `attnlab train TASK` and every run directory's `task` names one entry.
+
+An entry is a name, a one-line help and the module that implements it; nothing heavy is
+imported until a task is used, so `attnlab --help` and `attnlab train --help` stay fast (no
+torch). The module defines ``TASK``, an instance of :class:`attnlab.tasks.task.Task`.
+Adding a task = one module + one line here (docs/extending.md walks through an example).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from attnlab.tasks.task import Task
+
+
+@dataclass(frozen=True)
+class TaskEntry:
+    """What the command line needs to know about a task before importing it."""
+
+    name: str
+    help: str
+    module: str
+
+
+REGISTRY: dict[str, TaskEntry] = {
+    entry.name: entry
+    for entry in (
+        TaskEntry(
+            "classify",
+            "character-level Transformer text classifier (bundled Chinese reviews by default); "
+            "with --init CHECKPOINT it fine-tunes BERT instead",
+            "attnlab.tasks.classify",
+        ),
+        TaskEntry(
+            "bert_classify",
+            "fine-tune a pretrained BERT (all-MiniLM-L6-v2 by default) as a text classifier",
+            "attnlab.tasks.bert_classify",
+        ),
+        TaskEntry(
+            "mlm",
+            "masked-LM pretraining of BERT on any text (bundled Chinese reviews by default)",
+            "attnlab.tasks.bert_mlm",
+        ),
+        TaskEntry(
+            "lm",
+            "GPT language model (Shakespeare, character level, by default)",
+            "attnlab.tasks.lm",
+        ),
+        TaskEntry(
+            "translate",
+            "encoder-decoder Transformer translation (Bible en->de by default)",
+            "attnlab.tasks.translate",
+        ),
+        TaskEntry(
+            "vit",
+            "Vision Transformer image classifier (Fashion-MNIST by default)",
+            "attnlab.tasks.vision",
+        ),
+        TaskEntry(
+            "cnn",
+            "small ResNet with --attention none|se|eca|cbam|ca (Fashion-MNIST by default)",
+            "attnlab.tasks.vision",
+        ),
+    )
+}
+
+# Names of the same task that older run directories or commands use.
+ALIASES = {"bert-classify": "bert_classify"}
+
+
+def task_names() -> list[str]:
+    """Every registered task name, in registry order."""
+    return list(REGISTRY)
+
+
+def get_task(name: str) -> Task:
+    """The task called ``name``; a ValueError lists the known ones."""
+    name = ALIASES.get(name, name)
+    if name not in REGISTRY:
+        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(REGISTRY)}")
+    module = importlib.import_module(REGISTRY[name].module)
+    tasks = getattr(module, "TASKS", None) or {module.TASK.name: module.TASK}
+    return tasks[name]

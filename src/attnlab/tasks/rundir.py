@@ -1,0 +1,206 @@
+"""The run directory: where it goes, who may write it (a lock), how it is created, its config.
+
+* A new run is assembled in a hidden staging folder next to the target and renamed into place
+  once its config and data files are written, so a failed start leaves nothing behind and two
+  starts into one ``--out`` cannot mix their files: the second finds the folder taken.
+* One process at a time writes a run directory: ``.lock`` holds an advisory ``flock`` for as long
+  as the writer lives (the kernel drops it when the process dies, so a killed run never leaves
+  a stale lock) and says who holds it (pid, host, start time).
+* ``config.json`` records the task and the format of its layout; :func:`read_config` upgrades
+  older layouts and names the file in every error.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from attnlab.tasks.task import FORMAT
+
+LOCK = ".lock"
+CONFIG = "config.json"
+
+
+def is_main_process() -> bool:
+    """Rank 0 under torchrun (or a plain process): the only one that writes run files."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def distributed() -> bool:
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def free_run_dir(base: Path) -> Path:
+    """``base`` if it holds no run yet, else the first free ``base-2``, ``base-3``, ..."""
+    if not base.exists():
+        return base
+    n = 2
+    while (base.parent / f"{base.name}-{n}").exists():
+        n += 1
+    return base.parent / f"{base.name}-{n}"
+
+
+def check_target(out: Path, resume: bool) -> None:
+    """Refuse an --out that cannot hold this run, before anything is written."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a folder; give a folder path for the run")
+    has_run = (out / CONFIG).is_file()
+    if resume and not has_run:
+        raise ValueError(f"--resume: {out} holds no run (no {CONFIG}); start one without --resume")
+    if not resume and has_run:
+        raise ValueError(
+            f"{out} already holds a run; pass --resume to continue it or choose another --out"
+        )
+    if not resume and out.is_dir() and any(out.iterdir()):
+        raise ValueError(
+            f"--out {out} is a folder with other files in it; give a new or empty folder"
+        )
+
+
+class RunLock:
+    """An exclusive, process-lifetime lock on a run directory (see the module docstring)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.path = folder / LOCK
+        self.fd: int | None = None
+
+    def acquire(self) -> RunLock:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ValueError(
+                f"{self.path.parent} is in use by another attnlab process ({holder(self.path)}); "
+                "wait for it to finish or stop it, or choose another --out"
+            ) from None
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "start": _now()}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(info).encode(), 0)
+        self.fd = fd
+        return self
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.ftruncate(self.fd, 0)
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def holder(lock_path: Path) -> str:
+    """Who holds a lock, from what it wrote: 'pid 123 on host, since 2026-...'."""
+    try:
+        info = json.loads(lock_path.read_text() or "{}")
+    except (OSError, ValueError):
+        info = {}
+    if not info:
+        return "holder unknown"
+    return f"pid {info.get('pid')} on {info.get('host')}, since {info.get('start')}"
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
+
+
+class Staging:
+    """A new run's files assembled in ``.{name}.starting-{pid}`` and renamed to ``out``."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.path = out.parent / f".{out.name}.starting-{os.getpid()}"
+        self.lock = RunLock(self.path)
+
+    def __enter__(self) -> Staging:
+        self.path.mkdir(parents=True)
+        self.lock.acquire()  # the flock follows the folder through the rename
+        return self
+
+    def publish(self) -> None:
+        """Rename the staging folder to ``out`` (an existing empty ``out`` is replaced)."""
+        try:
+            if self.out.is_dir() and not any(self.out.iterdir()):
+                self.out.rmdir()
+            os.rename(self.path, self.out)
+        except OSError:
+            taken = self.out / LOCK
+            who = f" ({holder(taken)})" if taken.exists() else ""
+            raise ValueError(
+                f"{self.out} was taken by another run while this one started{who}; "
+                "choose another --out"
+            ) from None
+        self.path = self.out
+        self.lock.path = self.out / LOCK
+
+    def discard(self) -> None:
+        """Remove everything this start wrote (only ever the staging folder)."""
+        self.lock.release()
+        if self.path != self.out:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is not None:
+            self.discard()
+
+
+# ---------------------------------------------------------------------------- config.json
+
+
+def write_config(folder: Path, config: dict[str, Any]) -> None:
+    """Write config.json atomically (temp file + rename)."""
+    tmp = folder / (CONFIG + ".tmp")
+    tmp.write_text(json.dumps(config, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, folder / CONFIG)
+
+
+def read_config(folder: str | Path) -> dict[str, Any]:
+    """A run directory's config.json in the current layout (older layouts are upgraded)."""
+    folder = Path(folder)
+    path = folder / CONFIG
+    if not folder.exists():
+        raise ValueError(f"{folder} does not exist; give the folder of a trained run")
+    if not path.is_file():
+        raise ValueError(
+            f"{folder} is not a run directory (no {CONFIG}); train one with `attnlab train TASK`"
+        )
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); restore it from a backup") from None
+    if not isinstance(raw, dict) or "task" not in raw:
+        raise ValueError(f"{path} does not say which task made the run (no 'task' key)")
+    return upgrade(raw, path)
+
+
+def upgrade(raw: dict[str, Any], path: Path) -> dict[str, Any]:
+    """Bring a config.json of an older layout to the current one, in memory.
+
+    Format 1 (before the task registry): no "format" key; vision runs said task "vision" with
+    "arch" vit|cnn; BERT fine-tuning kept "n_classes", MLM pretraining "init_from" (both are in
+    the run's other files too).
+    """
+    version = raw.get("format", 1)
+    if version == FORMAT:
+        return raw
+    if version != 1:
+        raise ValueError(
+            f"{path} has config format {version}, newer than this attnlab reads ({FORMAT}); "
+            "upgrade attnlab"
+        )
+    out = {k: v for k, v in raw.items() if k not in ("arch", "n_classes", "init_from")}
+    if raw["task"] == "vision":
+        out["task"] = raw.get("arch", "vit")
+    out["format"] = FORMAT
+    return out

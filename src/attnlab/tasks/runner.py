@@ -1,0 +1,192 @@
+"""The one runner: every step that all tasks share, written once.
+
+``train(task, out, overrides, preset, resume, device)``:
+  1. build the config (defaults <- the task's preset <- a user preset <- the command line), or
+     on ``--resume`` read the saved one and accept only the changes that are safe to resume
+     with; validate everything before a file is written;
+  2. take the run directory: a new run is assembled in a staging folder and renamed into place,
+     a resumed one is locked (one writer at a time, see rundir);
+  3. the task prepares its data; the runner writes config.json and the task's files, seeds,
+     builds the model and hands everything to the engine (exact resume, DDP, precision);
+  4. rank 0 reloads the best weights, asks the task for its results and writes results.json.
+Under torchrun only rank 0 writes; the other ranks prepare their data in a private folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from attnlab.configs import apply_overrides, from_dict, load_toml, resolve_aliases, to_dict
+from attnlab.data.io import write_json
+from attnlab.tasks import rundir, sections
+from attnlab.tasks.registry import get_task
+from attnlab.tasks.task import RESUMABLE_FIELDS, RunConfig, Task
+
+
+def build_config(
+    task: Task | str, preset: str | Path | None, overrides: Mapping[str, Any]
+) -> RunConfig:
+    """A new run's config: defaults <- presets/{task.preset}.toml <- ``preset`` <- fields."""
+    task = get_task(task) if isinstance(task, str) else task
+    sources = [sections.PRESETS / f"{task.preset}.toml"]
+    if preset:
+        sources.append(sections.preset_file(preset, task.preset_prefix))
+    cfg = RunConfig(task.name, sections.build_sections(task.sections(), sources, overrides))
+    task.check(cfg)
+    return cfg
+
+
+def saved_config(task: Task, raw: Mapping[str, Any]) -> RunConfig:
+    """The config a run directory was trained with (``raw`` = its upgraded config.json)."""
+    parts = {**task.sections(), **task.derived_sections()}
+    missing = [name for name in parts if name not in raw]
+    if missing:
+        raise ValueError(f"the run's config.json lacks the section(s) {', '.join(missing)}")
+    return RunConfig(task.name, {name: from_dict(cls, raw[name]) for name, cls in parts.items()})
+
+
+def resumed_config(
+    task: Task, raw: Mapping[str, Any], overrides: Mapping[str, Any], preset: str | None
+) -> RunConfig:
+    """The saved config with the command line's safe changes; others are refused by name.
+
+    A ``preset`` given again counts as its fields typed out: what it agrees on is no change."""
+    cfg = saved_config(task, raw)
+    owner = sections.field_owner(task.sections())
+    if preset:
+        overrides = {**preset_fields(preset, task, owner), **overrides}
+    allowed = RESUMABLE_FIELDS | task.resumable
+    changes: dict[str, dict[str, Any]] = {}
+    refused = []
+    for key, value in overrides.items():
+        if key not in owner:
+            raise ValueError(sections.unknown_field(key, owner, "the command line"))
+        part = owner[key]
+        ((key, value),) = resolve_aliases(type(cfg.sections[part]), {key: value}).items()
+        new = apply_overrides(cfg.sections[part], {key: value})  # checked with the saved fields
+        if getattr(new, key) == getattr(cfg.sections[part], key):
+            continue
+        if key not in allowed:
+            refused.append(f"--{key.replace('_', '-')}")
+        changes.setdefault(part, {})[key] = value
+    if refused:
+        raise ValueError(
+            f"{', '.join(refused)} cannot change when resuming (the run was trained with other "
+            f"values); only {', '.join(sorted(allowed))} can. Start a new run to change the rest"
+        )
+    for part, values in changes.items():
+        cfg.sections[part] = from_dict(
+            type(cfg.sections[part]), {**to_dict(cfg.sections[part]), **values}
+        )
+    task.check(cfg)
+    return cfg
+
+
+def preset_fields(preset: str | Path, task: Task, owner: Mapping[str, str]) -> dict[str, Any]:
+    """The fields a preset file sets, flat (sections or flat keys in the TOML)."""
+    path = sections.preset_file(preset, task.preset_prefix)
+    flat: dict[str, Any] = {}
+    for key, value in load_toml(path).items():
+        if isinstance(value, dict) and key not in owner:
+            flat.update(value)
+        else:
+            flat[key] = value
+    return flat
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _take_folder(out: Path, resume: bool) -> Iterator[tuple[Path, rundir.Staging | None]]:
+    """(folder to prepare in, staging) for rank 0; other ranks get a private scratch folder."""
+    if not rundir.is_main_process():
+        with tempfile.TemporaryDirectory(prefix="attnlab-rank-") as scratch:
+            yield Path(scratch), None
+        return
+    if resume:
+        with rundir.RunLock(out):
+            yield out, None
+        return
+    made = [d for d in (out.parent, *out.parent.parents) if not d.exists()]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with rundir.Staging(out) as staging:
+            try:
+                yield staging.path, staging
+            finally:
+                staging.lock.release()
+    except BaseException:
+        for d in made:  # parents this start created, innermost first, if still empty
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        raise
+
+
+def train(
+    task_name: str,
+    out: str | Path,
+    overrides: Mapping[str, Any] | None = None,
+    preset: str | Path | None = None,
+    resume: bool = False,
+    device: str = "cpu",
+) -> dict[str, Any]:
+    """Train ``task_name`` into ``out``; returns results (a summary alone on other ranks)."""
+    from attnlab.train import Trainer, load_weights, seed_everything
+
+    task, out, overrides = get_task(task_name), Path(out), dict(overrides or {})
+    main = rundir.is_main_process()
+    if main:
+        rundir.check_target(out, resume)
+    if resume:
+        raw = rundir.read_config(out)
+        if raw["task"] != task.name:
+            raise ValueError(
+                f"--resume: {out} holds a {raw['task']!r} run, not {task.name!r}; "
+                f"resume it with `attnlab train {raw['task']} --out {out} --resume`"
+            )
+        cfg = resumed_config(task, raw, overrides, preset)
+    else:
+        cfg = build_config(task, preset, overrides)
+    with _take_folder(out, resume) as (folder, staging):
+        setup = task.setup(cfg, folder, resume, device)
+        seed_everything(cfg.train.seed)
+        model = task.build_model(cfg, setup)
+        if main:
+            rundir.write_config(folder, cfg.to_json())
+            if not resume:
+                for name, write in setup.files.items():
+                    write(folder / name)
+            _say(f"run directory: {out}")
+            for line in setup.messages:
+                _say(line)
+            if staging is not None:
+                staging.publish()  # the lock stays held: its flock follows the folder
+        trainer = Trainer(
+            model, cfg.train, out, setup.train_data, task.step(cfg), setup.evaluate, device
+        )
+        summary = trainer.fit(resume=resume)
+        if not main:
+            return {"summary": summary}
+        load_weights(model, out / "model.safetensors")
+        model.to(device).eval()
+        results = {"summary": summary, **task.finish(cfg, setup, model, out, device)}
+        write_json(out / "results.json", results)
+    return results
+
+
+def describe(task_name: str, results: Mapping[str, Any], run_dir: Path) -> list[str]:
+    """What `attnlab train` prints after training: the task's lines and where results are."""
+    s = results["summary"]
+    best = (
+        f"\nbest {s['monitor']} {s['best_metric']:.4f} at step {s['best_step']} of {s['steps']} "
+        f"({s['stop_reason']}); {s['wall_time_s'] / 60:.1f} min, precision {s['precision']}"
+    )
+    lines = get_task(task_name).describe(results, run_dir)
+    return [best, *lines, f"results in {run_dir}/ (results.json, curves.png, metrics.jsonl)"]

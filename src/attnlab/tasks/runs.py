@@ -1,0 +1,40 @@
+"""``load_run(dir)``: any run directory, loaded as the run object of the task that made it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from attnlab.tasks import rundir
+from attnlab.tasks.registry import get_task
+from attnlab.tasks.runner import saved_config
+from attnlab.tasks.task import Run
+
+WEIGHTS = "model.safetensors"
+
+
+def load_run(run_dir: str | Path, device: str = "cpu") -> Run:
+    """The run in ``run_dir`` with the verbs that apply to it (``run.verbs``).
+
+    Folders of older attnlab versions are upgraded in memory (rundir.upgrade); weights are
+    checked on load (checksum, finite values)."""
+    run_dir = Path(run_dir)
+    raw = rundir.read_config(run_dir)
+    task = get_task(raw["task"])
+    try:
+        cfg = saved_config(task, raw)
+    except ValueError as err:
+        raise ValueError(f"{run_dir / rundir.CONFIG}: {err}") from None
+    if not (run_dir / WEIGHTS).is_file():
+        raise ValueError(
+            f"{run_dir} has no {WEIGHTS} yet: training has not finished its first evaluation; "
+            f"continue it with `attnlab train {task.name} --out {run_dir} --resume`"
+        )
+    return task.load(run_dir, cfg, device)
+
+
+def load_run_of(run_dir: str | Path, kind: type, what: str, device: str = "cpu") -> Run:
+    """``load_run`` that insists on one kind of run (``what`` names it in the error)."""
+    run = load_run(run_dir, device)
+    if not isinstance(run, kind):
+        raise ValueError(f"{run_dir} holds a {run.task!r} run, not {what}")
+    return run

@@ -1,0 +1,138 @@
+"""What a task is: its config sections and the few steps that are its own.
+
+The runner (:mod:`attnlab.tasks.runner`) owns every step that all tasks share: the run directory
+and its lock, building and validating the config, resume, seeding, the engine, reloading the
+best weights and writing results. A task only says what is specific to it, by overriding the
+methods of :class:`Task` below. :class:`Run` is a finished run loaded for use; the verbs it
+supports (predict, evaluate, attention, generate, translate, embed) are its methods, and
+``verbs`` lists them, so every command can dispatch through :func:`attnlab.tasks.load_run`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from attnlab.configs import to_dict
+
+FORMAT = 2  # version of the config.json layout; rundir.upgrade reads older ones
+
+# Fields a resumed run may change: they steer how long and how visibly it goes on, not what it
+# learns from or what the model is.
+RESUMABLE_FIELDS = frozenset(
+    {
+        "max_steps",
+        "epochs",
+        "max_minutes",
+        "patience",
+        "eval_every",
+        "checkpoint_every",
+        "log_every",
+        "num_threads",
+        "tensorboard",
+        "target_loss",
+    }
+)
+
+
+@dataclass
+class RunConfig:
+    """A run's config: one dataclass per section (data, model, train, ...), by section name."""
+
+    task: str
+    sections: dict[str, Any]
+
+    def __getattr__(self, name: str) -> Any:
+        sections = self.__dict__.get("sections", {})
+        if name in sections:
+            return sections[name]
+        raise AttributeError(name)
+
+    def to_json(self) -> dict[str, Any]:
+        """The config.json layout: format, task, then each section as a dict."""
+        return {
+            "format": FORMAT,
+            "task": self.task,
+            **{name: to_dict(part) for name, part in self.sections.items()},
+        }
+
+
+@dataclass
+class Setup:
+    """What a task hands the runner for training: data, loss and validation, files to write."""
+
+    prepared: Any  # the task's own prepared data (tokenizers, splits, ...)
+    train_data: Any  # the engine's TrainData
+    evaluate: Callable[[Any], dict[str, float]] | None
+    files: dict[str, Callable[[Path], Any]] = field(default_factory=dict)  # name -> writer
+    messages: list[str] = field(default_factory=list)  # printed by rank 0 before training
+
+
+class Task:
+    """One kind of run. Subclasses set the class attributes and override the hooks."""
+
+    name: ClassVar[str]
+    preset: ClassVar[str]  # the bundled base preset: presets/{preset}.toml
+    preset_prefix: ClassVar[str]  # --config NAME also finds presets/{prefix}_NAME.toml
+    resumable: ClassVar[frozenset[str]] = frozenset()  # more fields a resume may change
+
+    def sections(self) -> dict[str, type]:
+        """Config sections that the command line and presets set, by name."""
+        raise NotImplementedError
+
+    def derived_sections(self) -> dict[str, type]:
+        """Sections the task fills in itself (e.g. a checkpoint's architecture); saved too."""
+        return {}
+
+    def check(self, cfg: RunConfig) -> None:
+        """Cross-section validation that needs no data; raise ValueError naming the fix."""
+
+    def setup(self, cfg: RunConfig, run_dir: Path, resume: bool, device: str) -> Setup:
+        """Load and prepare the data; fill in data-derived config fields (vocab sizes)."""
+        raise NotImplementedError
+
+    def build_model(self, cfg: RunConfig, setup: Setup) -> Any:
+        """The model to train, built after seeding."""
+        raise NotImplementedError
+
+    def step(self, cfg: RunConfig) -> Callable[[Any, dict], Any]:
+        """The engine's step function: loss of one micro-batch."""
+        raise NotImplementedError
+
+    def finish(
+        self, cfg: RunConfig, setup: Setup, model: Any, run_dir: Path, device: str
+    ) -> dict[str, Any]:
+        """Results of the best weights (test metrics, a sample, ...) for results.json."""
+        return {}
+
+    def describe(self, results: Mapping[str, Any], run_dir: Path) -> list[str]:
+        """The lines `attnlab train` prints after training."""
+        return []
+
+    def load(self, run_dir: Path, cfg: RunConfig, device: str) -> Run:
+        """A finished run of this task, loaded for use."""
+        raise NotImplementedError
+
+
+class Run:
+    """A finished run loaded for use. Subclasses implement the verbs that apply to them."""
+
+    verbs: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, run_dir: Path, config: RunConfig) -> None:
+        self.run_dir, self.config = run_dir, config
+
+    @property
+    def task(self) -> str:
+        return self.config.task
+
+    def require(self, verb: str) -> None:
+        """Refuse a verb this kind of run does not have, saying which it has."""
+        if verb not in self.verbs:
+            have = ", ".join(self.verbs) or "none"
+            raise ValueError(
+                f"{self.run_dir} holds a {self.task!r} run, which cannot {verb}; "
+                f"what it can do: {have}"
+            )

@@ -1,0 +1,1 @@
+"""``attnlab verify``: every parity check of the project, rerun against the installed oracles."""

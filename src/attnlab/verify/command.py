@@ -1,0 +1,124 @@
+"""``attnlab verify``: rerun every parity check against the installed oracles, print the table.
+
+Wired into the CLI as ``"verify": (command.add_parser, command.run)``. Exit status 0 when every
+check that could run passed, 1 when any failed or crashed; checks whose oracle is not installed
+are listed with the command that installs it and do not fail the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import secrets
+import sys
+import time
+
+import torch
+
+from attnlab.verify.runner import MISSING, PASS, Row, failed, format_table, run_checks, write_json
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "verify",
+        help="rerun every parity check against PyTorch / Hugging Face oracles; print the table",
+        description="Runs each of attnlab's parity checks (attention, layers, stacks, LLaMA, T5, "
+        "GPT-2, ViT, BERT, MiniLM, Mamba, Mixtral MoE) on fresh random configurations from one "
+        "seed and prints: component, oracle, cases, max abs error, tolerance, pass. Exits 1 if "
+        "any check fails.",
+    )
+    p.add_argument("--seed", type=int, default=None, help="seed (default: a fresh one, printed)")
+    p.add_argument("--json", default=None, metavar="FILE", help="also write the table as JSON")
+    p.add_argument(
+        "--only",
+        default="",
+        help="comma-separated words; run the checks whose component or oracle contains one",
+    )
+    p.add_argument("--num-threads", type=int, default=1, help="torch threads; 0 = default")
+    p.add_argument("--list", action="store_true", help="list the checks and their oracles")
+
+
+def select(only: str) -> list:
+    from attnlab.verify.registry import CHECKS
+
+    words = [w.strip().lower() for w in only.split(",") if w.strip()]
+    if not words:
+        return list(CHECKS)
+    chosen = [
+        c for c in CHECKS if any(w in c.component.lower() or w in c.oracle.lower() for w in words)
+    ]
+    if not chosen:
+        names = ", ".join(c.component for c in CHECKS)
+        raise ValueError(f"--only {only!r} matches no check; the checks are: {names}")
+    return chosen
+
+
+def run(args: argparse.Namespace) -> int:
+    checks = select(args.only)
+    if args.list:
+        for c in checks:
+            print(f"{c.component:36s} {c.oracle:32s} tolerance {c.tolerance:.0e}")
+        return 0
+    if args.num_threads < 0:
+        raise ValueError(
+            f"--num-threads must be >= 0 (0 = torch's default), got {args.num_threads}"
+        )
+    if args.num_threads:
+        torch.set_num_threads(args.num_threads)
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    seed = secrets.randbits(31) if args.seed is None else args.seed
+    print(f"attnlab verify: seed {seed} (replay with --seed {seed}), {len(checks)} checks")
+    start = time.perf_counter()
+    rows = run_checks(checks, seed, progress=_progress(len(checks)))
+    wall = time.perf_counter() - start
+    print()
+    print(format_table(rows))
+    print(summary(rows, wall, seed))
+    if args.json:
+        write_json(rows, args.json, meta(seed, wall))
+        print(f"table written to {args.json}")
+    return 1 if failed(rows) else 0
+
+
+def _progress(total: int):
+    done = [0]
+
+    def show(row: Row) -> None:
+        done[0] += 1
+        print(f"  [{done[0]}/{total}] {row.component}: {row.status}", file=sys.stderr, flush=True)
+
+    return show
+
+
+def summary(rows: list[Row], wall: float, seed: int) -> str:
+    n_pass = sum(r.status == PASS for r in rows)
+    missing = [r for r in rows if r.status == MISSING]
+    bad = [r for r in rows if r.status not in (PASS, MISSING)]
+    lines = [f"{n_pass}/{len(rows)} passed in {wall:.0f} s (seed {seed})"]
+    if missing:
+        lines.append(f"{len(missing)} skipped, oracle not installed:")
+        hints = sorted({n for r in missing for n in r.note.split("; ")})
+        lines += [f"  {h}" for h in hints]
+    if bad:
+        lines.append("FAILED: " + ", ".join(r.component for r in bad))
+    return "\n".join(lines)
+
+
+def meta(seed: int, wall: float) -> dict:
+    try:
+        import transformers
+
+        tf_version = transformers.__version__
+    except ImportError:
+        tf_version = None
+    return {
+        "seed": seed,
+        "wall_s": round(wall, 2),
+        "torch": torch.__version__,
+        "transformers": tf_version,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "threads": torch.get_num_threads(),
+        "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }

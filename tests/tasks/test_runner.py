@@ -1,0 +1,321 @@
+"""The task layer: registry, run-directory format and upgrade, the lock, resume, and the probes
+of issue 13 (bad input -> one line on stderr, exit 2, no files left, earlier runs untouched)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from attnlab.cli import main
+from attnlab.tasks import load_run, rundir
+from attnlab.tasks.registry import REGISTRY, get_task
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "runs_v1"
+TINY = [
+    "--d-model", "16", "--n-heads", "2", "--n-layers", "1", "--d-ff", "32",
+    "--ngram-buckets", "64", "--min-freq", "1", "--batch-size", "16",
+    "--tensorboard", "false", "--precision", "fp32", "--num-threads", "1",
+]  # fmt: skip
+
+
+def write_corpus(path: Path, n: int = 120) -> Path:
+    rows = ["text,label"] + [
+        ("的一是喜在不了有" if i % 2 else "和人这怒中大为上")[i % 5 :]
+        + f"{i},"
+        + ("happy" if i % 2 else "angry")
+        for i in range(n)
+    ]
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Relative path -> sha256 of every file below ``folder``."""
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    return write_corpus(tmp_path_factory.mktemp("data") / "reviews.csv")
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, corpus) -> Path:
+    """A finished tiny classifier run (shared, never modified by the tests)."""
+    run = tmp_path_factory.mktemp("runs") / "done"
+    args = ["train", "classify", "--out", str(run), "--data", str(corpus), *TINY]
+    assert main([*args, "--max-steps", "6", "--eval-every", "3", "--checkpoint-every", "3"]) == 0
+    return run
+
+
+def probe(capsys, argv: list[str], *needles: str) -> str:
+    """Run the CLI, expect exit 2 with one line on stderr naming each needle; return it."""
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("attnlab: error:"), err
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in err, (needle, err)
+    return err
+
+
+# ---------------------------------------------------------------------------- registry / format
+
+
+def test_every_registered_task_loads_and_declares_its_sections() -> None:
+    for name in REGISTRY:
+        task = get_task(name)
+        assert task.name == name
+        assert "train" in task.sections()
+    with pytest.raises(ValueError, match="known tasks"):
+        get_task("nope")
+
+
+def test_config_json_has_one_layout_with_task_and_format(finished) -> None:
+    raw = json.loads((finished / "config.json").read_text())
+    assert raw["format"] == 2 and raw["task"] == "classify"
+    assert {"data", "model", "train"} <= set(raw)
+    run = load_run(finished)
+    assert run.verbs == ("predict", "evaluate", "attention")
+    with pytest.raises(ValueError, match="cannot generate"):
+        run.require("generate")
+
+
+@pytest.mark.parametrize(
+    "task", ["classify", "lm", "translate", "vit", "cnn", "mlm", "bert_classify"]
+)
+def test_run_directories_of_format_1_still_load_and_work(task: str, tmp_path: Path) -> None:
+    """Folders written before the task layer (tests/fixtures/runs_v1, made by the code of
+    commit 63edc76) load through load_run and answer their verbs."""
+    run = load_run(FIXTURES / task)
+    assert run.task == task
+    if task in ("classify", "bert_classify"):
+        pred = run.predict(["some text 喜"])[0]
+        assert abs(sum(pred["probs"].values()) - 1) < 1e-5
+    elif task == "lm":
+        out = run.generate("First", 5, temperature=0.0)
+        assert len(out.texts[0]) >= 1
+    elif task == "translate":
+        assert isinstance(run.translate(["abc"])[0], str)
+    elif task in ("vit", "cnn"):
+        pred = run.predict([str(FIXTURES / "top.png")])[0]
+        assert set(pred["probs"]) == {"top", "bottom"}
+    else:
+        assert run.verbs == ("embed",)
+
+
+def test_a_newer_format_is_refused_with_the_fix(tmp_path: Path, capsys) -> None:
+    run = tmp_path / "future"
+    shutil.copytree(FIXTURES / "classify", run)
+    raw = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**raw, "format": 99}))
+    probe(capsys, ["predict", str(run), "好"], "format 99", "upgrade attnlab")
+    (run / "config.json").write_text("{broken")
+    probe(capsys, ["predict", str(run), "好"], str(run / "config.json"), "not valid JSON")
+
+
+# ---------------------------------------------------------------------------- resume
+
+
+def test_resume_uses_the_saved_config_and_refuses_contradictions(
+    tmp_path, corpus, capsys, monkeypatch
+):
+    from attnlab.tasks import classify
+
+    run = tmp_path / "r"
+    base = ["train", "classify", "--out", str(run), "--data", str(corpus), *TINY]
+    real = classify.step_fn
+
+    def interrupted(smoothing):
+        step, calls = real(smoothing), {"n": 0}
+
+        def wrapped(model, batch):
+            calls["n"] += 1
+            if calls["n"] == 4:
+                raise KeyboardInterrupt
+            return step(model, batch)
+
+        return wrapped
+
+    monkeypatch.setattr(classify, "step_fn", interrupted)
+    assert main([*base, "--max-steps", "5", "--eval-every", "2", "--checkpoint-every", "2"]) == 130
+    monkeypatch.setattr(classify, "step_fn", real)
+    # --resume alone rebuilds the saved model (d_model 16, not the preset's) and may go longer
+    assert main(["train", "classify", "--out", str(run), "--resume", "--max-steps", "6"]) == 0
+    config = json.loads((run / "config.json").read_text())
+    assert config["train"]["max_steps"] == 6 and config["model"]["d_model"] == 16
+    assert json.loads((run / "summary.json").read_text())["steps"] == 6
+    before = snapshot(run)
+    resume = ["train", "classify", "--out", str(run), "--resume"]
+    probe(capsys, [*resume, "--d-model", "32", "--lr", "1"], "--d-model", "--lr", "resuming")
+    probe(capsys, ["train", "lm", "--out", str(run), "--resume"], "'classify' run")
+    probe(capsys, [*base, "--max-steps", "3"], "already holds a run", "--resume")
+    assert snapshot(run) == before  # refused commands changed nothing
+
+
+def test_resume_of_nothing_and_out_as_a_file(tmp_path, corpus, capsys) -> None:
+    probe(capsys, ["train", "classify", "--out", str(tmp_path / "none"), "--resume"], "no run")
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    probe(capsys, ["train", "classify", "--out", str(afile), "--data", str(corpus)], "is a file")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+# ---------------------------------------------------------------------------- validation first
+
+
+@pytest.mark.parametrize(
+    "bad, needle",
+    [
+        (["--d-model", "100", "--n-heads", "3"], "divisible"),
+        (["--n-heads", "0"], "n_heads"),
+        (["--lr", "abc"], "lr"),
+    ],
+)
+def test_invalid_options_leave_no_files(tmp_path, corpus, capsys, bad, needle) -> None:
+    out = tmp_path / "deep" / "run"
+    argv = ["train", "classify", "--out", str(out), "--data", str(corpus), *TINY, *bad]
+    probe(capsys, argv, needle)
+    assert list(tmp_path.iterdir()) == []  # not even the parent folder or a staging folder
+
+
+# ---------------------------------------------------------------------------- the lock
+
+
+def test_the_lock_refuses_a_second_writer_and_names_the_holder(tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    folder.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom attnlab.tasks.rundir import RunLock\n"
+         "lock = RunLock(__import__('pathlib').Path(sys.argv[1])).acquire()\n"
+         "print('held', flush=True)\ntime.sleep(60)", str(folder)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ValueError, match=f"pid {holder.pid} on .* since"):
+            rundir.RunLock(folder).acquire()
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    rundir.RunLock(folder).acquire().release()  # a killed holder leaves no stale lock
+
+
+def test_two_trainings_into_one_out_cannot_mix(tmp_path, corpus, capsys) -> None:
+    """The issue's repro: two `train` into one --out at once. One runs; the other is refused
+    at once (whichever way the race goes) and the winner's run stays consistent."""
+    out = tmp_path / "R"
+    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    common = [*TINY, "--data", str(corpus), "--max-steps", "400", "--checkpoint-every", "5"]
+    first = subprocess.Popen(
+        [sys.executable, "-m", "attnlab", "train", "classify", "--out", str(out), *common],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.time() + 60
+        while not (out / "config.json").exists() and time.time() < deadline:
+            time.sleep(0.1)
+        assert (out / "config.json").exists(), first.stderr.read() if first.poll() else "slow"
+        probe(capsys, ["train", "classify", "--out", str(out), *common], "already holds")
+        probe(capsys, ["train", "classify", "--out", str(out), "--resume"], "in use", "pid")
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    assert not list(tmp_path.glob(".R.starting-*"))
+
+
+def test_a_start_that_loses_the_race_discards_only_its_own_files(tmp_path: Path) -> None:
+    out = tmp_path / "R"
+    staging = rundir.Staging(out).__enter__()
+    (staging.path / "config.json").write_text("{}")
+    out.mkdir()
+    (out / "config.json").write_text('{"task": "other"}')  # another start published first
+    with pytest.raises(ValueError, match="was taken by another run"):
+        staging.publish()
+    staging.discard()
+    assert (out / "config.json").read_text() == '{"task": "other"}'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["R"]
+
+
+# ---------------------------------------------------------------------------- loading and help
+
+
+def test_missing_run_files_give_one_line(tmp_path, finished, capsys) -> None:
+    run = tmp_path / "copy"
+    shutil.copytree(finished, run)
+    (run / "data_report.json").unlink()
+    probe(capsys, ["predict", str(run), "好"], "data_report.json")
+    (run / "model.safetensors").unlink()
+    probe(capsys, ["predict", str(run), "好"], "no model.safetensors", "--resume")
+    probe(capsys, ["predict", str(tmp_path / "nowhere"), "好"], "does not exist")
+
+
+def test_help_shows_the_values_the_command_will_use(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["train", "classify", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    preset = get_task("classify")
+    from attnlab.tasks.runner import build_config
+
+    cfg = build_config(preset, None, {})
+    shown = dict(re.findall(r"--(\w+) \S+ .*?\(default: ([^)]*)\)", text))
+    assert shown["checkpoint_every"] == str(cfg.train.checkpoint_every) != "200"
+    assert shown["ngram_buckets"] == str(cfg.model.ngram_buckets)
+    assert "[model]" in text and "[train]" in text and "BERT fine-tuning" in text
+    with pytest.raises(SystemExit):
+        main(["train", "lm", "--config", "baby", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--bias [BOOL] (default: False)" in text  # the baby preset's, not the dataclass's
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"]])
+def test_top_level_help_does_not_import_torch(argv: list[str]) -> None:
+    code = (
+        f"import sys\nfrom attnlab.cli import main\ntry:\n    main({argv!r})\n"
+        "except SystemExit:\n    pass\nprint('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().endswith("False"), out.stdout[-300:]
+
+
+def test_weights_are_checked_on_load(tmp_path, finished, capsys) -> None:
+    run = tmp_path / "copy"
+    shutil.copytree(finished, run)
+    path = run / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-64:] = bytes(64)  # overwrite tensor bytes, same size
+    path.write_bytes(bytes(data))
+    probe(capsys, ["predict", str(run), "好"], "model.safetensors")
+    path.write_bytes(bytes(data[: len(data) // 2]))
+    probe(capsys, ["predict", str(run), "好"], "model.safetensors")
+
+
+def test_one_class_and_junk_labels_are_refused_before_any_file(tmp_path, corpus, capsys):
+    one = tmp_path / "one.csv"
+    one.write_text("text,label\n" + "".join(f"好{i},positive\n" for i in range(40)))
+    out = tmp_path / "runs" / "x"
+    probe(capsys, ["train", "classify", "--data", str(one), "--out", str(out)], "two classes")
+    junk = tmp_path / "junk.csv"
+    junk.write_text(corpus.read_text() + "坏,?\n差,N/A\n")
+    argv = ["train", "classify", "--data", str(junk), "--out", str(out), *TINY]
+    probe(capsys, argv, "'?'", "'N/A'", "--allow-rare-labels")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["junk.csv", "one.csv"]
+    capsys.readouterr()
+    ok = [*argv, "--allow-rare-labels", "--max-steps", "2", "--eval-every", "2"]
+    ok += ["--test-ratio", "0"]
+    assert main(ok) == 0

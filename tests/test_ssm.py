@@ -1,0 +1,219 @@
+"""Mamba (attnlab.ssm): the two scans agree, the cache decodes what the full forward computes,
+and the whole language model equals Hugging Face's MambaForCausalLM with copied weights.
+
+* chunked (parallel) scan == sequential loop in float64, outputs, last state and the gradients
+  of every input, for lengths that are and are not multiples of the chunk, with an initial state;
+* MambaBlock with either scan: outputs and every parameter gradient equal in float64;
+* MambaCache: prefill + one-token steps + a multi-token chunk == one forward over the whole;
+* MambaLM vs ``transformers.MambaForCausalLM`` (its PyTorch path: no CUDA kernels are installed
+  here, and ``use_associative_scan`` / ``use_mambapy`` are off, so HF runs its sequential loop):
+  logits to 1e-5 in float32, every parameter gradient, greedy continuations token for token.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnlab.ssm import (
+    MambaBlock,
+    MambaCache,
+    MambaLM,
+    MambaLMConfig,
+    selective_scan_chunked,
+    selective_scan_sequential,
+)
+from attnlab.verify.copy_weights import assert_grads_match, copy_links, mamba_lm_links
+
+F64 = torch.float64
+
+
+def scan_inputs(batch: int, T: int, D: int, N: int, dtype=F64) -> list[torch.Tensor]:
+    x = torch.randn(batch, T, D, dtype=dtype)
+    delta = torch.nn.functional.softplus(torch.randn(batch, T, D, dtype=dtype))  # > 0
+    A = -torch.rand(D, N, dtype=dtype) * 4 - 0.1  # < 0
+    B = torch.randn(batch, T, N, dtype=dtype)
+    C = torch.randn(batch, T, N, dtype=dtype)
+    h0 = torch.randn(batch, D, N, dtype=dtype)
+    return [t.requires_grad_() for t in (x, delta, A, B, C, h0)]
+
+
+@pytest.mark.parametrize("T, chunk", [(1, 64), (7, 4), (16, 4), (37, 8), (50, 64), (33, 1)])
+@pytest.mark.parametrize("with_h0", [False, True])
+def test_chunked_scan_equals_sequential_forward_and_backward(T, chunk, with_h0):
+    inputs = scan_inputs(2, T, 5, 3)
+    args = inputs if with_h0 else inputs[:5]
+    y1, h1 = selective_scan_sequential(*args)
+    y2, h2 = selective_scan_chunked(*args, chunk=chunk)
+    torch.testing.assert_close(y2, y1, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(h2, h1, rtol=1e-10, atol=1e-12)
+    gy, gh = torch.randn_like(y1), torch.randn_like(h1)
+    grads1 = torch.autograd.grad((y1 * gy).sum() + (h1 * gh).sum(), args)
+    grads2 = torch.autograd.grad((y2 * gy).sum() + (h2 * gh).sum(), args)
+    for name, g1, g2 in zip(("x", "delta", "A", "B", "C", "h0"), grads1, grads2):
+        torch.testing.assert_close(g2, g1, rtol=1e-9, atol=1e-11, msg=name)
+
+
+def test_chunked_scan_stays_finite_with_large_steps():
+    """Large Δ|A| (fast decay) over long chunks: the parallel scan must not overflow."""
+    x, delta, A, B, C, _ = scan_inputs(1, 300, 4, 2, dtype=torch.float32)
+    with torch.no_grad():
+        delta.mul_(50.0)
+    y1, _ = selective_scan_sequential(x, delta, A, B, C)
+    y2, _ = selective_scan_chunked(x, delta, A, B, C, chunk=128)
+    assert torch.isfinite(y2).all()
+    torch.testing.assert_close(y2, y1, rtol=1e-4, atol=1e-4)
+
+
+def block_pair(**kw) -> tuple[MambaBlock, MambaBlock]:
+    fast = MambaBlock(12, d_state=4, d_conv=3, expand=2, scan="chunked", chunk=8, **kw).double()
+    slow = MambaBlock(12, d_state=4, d_conv=3, expand=2, scan="sequential", **kw).double()
+    with torch.no_grad():
+        for p in fast.parameters():
+            p.add_(torch.randn_like(p) * 0.3)  # off the structured init (A = -(1..N), D = 1)
+    slow.load_state_dict(fast.state_dict())
+    return fast, slow
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_block_scans_agree_on_outputs_and_every_gradient(bias):
+    fast, slow = block_pair(bias=bias)
+    x = torch.randn(3, 21, 12, dtype=F64)
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y1, y2 = fast(x1), slow(x2)
+    torch.testing.assert_close(y1, y2, rtol=1e-10, atol=1e-12)
+    g = torch.randn_like(y1)
+    (y1 * g).sum().backward()
+    (y2 * g).sum().backward()
+    torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-9, atol=1e-11)
+    for (name, p1), p2 in zip(fast.named_parameters(), slow.parameters()):
+        assert p1.grad is not None and p1.grad.abs().sum() > 0, name
+        torch.testing.assert_close(p1.grad, p2.grad, rtol=1e-9, atol=1e-11, msg=name)
+
+
+@pytest.mark.parametrize("scan", ["chunked", "sequential"])
+def test_cached_decoding_equals_the_full_forward(scan):
+    block, _ = block_pair()
+    block.scan = scan
+    x = torch.randn(2, 19, 12, dtype=F64)
+    with torch.no_grad():
+        want = block(x)
+        cache = block.new_cache()
+        pieces = [block(x[:, :5], cache)]  # prefill
+        pieces += [block(x[:, t : t + 1], cache) for t in range(5, 12)]  # recurrent steps
+        pieces.append(block(x[:, 12:], cache))  # several tokens from the cached state
+    torch.testing.assert_close(torch.cat(pieces, dim=1), want, rtol=1e-10, atol=1e-12)
+    assert cache.length == 19
+    assert cache.conv.shape == (2, 24, 2) and cache.ssm.shape == (2, 24, 4)
+    assert cache.nbytes() == (2 * 24 * 2 + 2 * 24 * 4) * 8
+
+
+def test_cache_reorder_keeps_rows():
+    block, _ = block_pair()
+    x = torch.randn(3, 6, 12, dtype=F64)
+    with torch.no_grad():
+        cache = block.new_cache()
+        block(x, cache)
+        nxt = torch.randn(3, 1, 12, dtype=F64)
+        full = block(nxt, cache)
+        cache2 = block.new_cache()
+        block(x, cache2)
+        cache2.reorder(torch.tensor([2, 0]))
+        part = block(nxt[[2, 0]], cache2)
+    torch.testing.assert_close(part, full[[2, 0]], rtol=0, atol=0)
+
+
+def test_bad_configurations_name_the_field():
+    for kw, words in (
+        (dict(d_state=0), "d_state"),
+        (dict(d_conv=0), "d_conv"),
+        (dict(expand=0), "expand"),
+        (dict(dt_rank=-1), "dt_rank"),
+        (dict(scan="fft"), "scan"),
+    ):
+        with pytest.raises(ValueError, match=words):
+            MambaBlock(8, **kw)
+    with pytest.raises(ValueError, match="chunk"):
+        selective_scan_chunked(*scan_inputs(1, 4, 2, 2)[:5], chunk=0)
+    with pytest.raises(ValueError, match=r"\(B, T, d_model\)"):
+        MambaBlock(8)(torch.randn(4, 8))
+
+
+# --------------------------------------------------------------------------- Hugging Face
+
+transformers = pytest.importorskip("transformers")
+
+HF_MAMBA = dict(
+    vocab_size=61,
+    hidden_size=32,
+    state_size=8,
+    num_hidden_layers=2,
+    expand=2,
+    conv_kernel=4,
+    time_step_rank="auto",
+    layer_norm_epsilon=1e-5,
+    use_mambapy=False,
+    use_associative_scan=False,
+)
+
+
+def mamba_pair(scan: str = "chunked"):
+    """A tiny random MambaForCausalLM and attnlab's MambaLM holding the same weights."""
+    hf = transformers.MambaForCausalLM(transformers.MambaConfig(**HF_MAMBA))
+    with torch.no_grad():  # off HF's structured init, so a transposed A or D would show
+        for p in hf.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    c = HF_MAMBA
+    ours = MambaLM(
+        MambaLMConfig(
+            vocab_size=c["vocab_size"],
+            d_model=c["hidden_size"],
+            n_layers=c["num_hidden_layers"],
+            d_state=c["state_size"],
+            d_conv=c["conv_kernel"],
+            expand=c["expand"],
+            norm_eps=c["layer_norm_epsilon"],
+            scan=scan,
+        )
+    )
+    links = mamba_lm_links(ours, hf)
+    copy_links(links)
+    return hf, ours, links
+
+
+@pytest.mark.parametrize("scan", ["chunked", "sequential"])
+def test_mamba_lm_matches_hugging_face_logits_and_gradients(scan):
+    hf, ours, links = mamba_pair(scan)
+    ids = torch.randint(0, HF_MAMBA["vocab_size"], (3, 70))  # 16-step chunks, the last partial
+    want = hf(input_ids=ids).logits
+    got = ours(ids)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    cot = torch.randn_like(want)
+    (got * cot).sum().backward()
+    (want * cot).sum().backward()
+    assert_grads_match(links, rtol=1e-4, atol=1e-5)
+
+
+def test_mamba_lm_greedy_and_cached_decoding_match_hugging_face():
+    hf, ours, _ = mamba_pair()
+    hf.eval()
+    prompt = torch.randint(0, HF_MAMBA["vocab_size"], (2, 6))
+    steps = 24
+    with torch.no_grad():
+        hf.generation_config.eos_token_id = None  # no early stop (nor EOS suppression)
+        want = hf.generate(
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=steps,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    got = ours.greedy(prompt, steps)
+    assert torch.equal(got, want)
+    with torch.no_grad():  # attnlab's cached step-by-step logits == its own full forward
+        full = ours(got)
+        caches = ours.new_caches()
+        pieces = [ours(got[:, :6], caches)]
+        pieces += [ours(got[:, t : t + 1], caches) for t in range(6, got.shape[1])]
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-5, atol=1e-5)
+    assert isinstance(caches[0], MambaCache) and caches[0].length == got.shape[1]
