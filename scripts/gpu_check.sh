@@ -7,8 +7,6 @@
 # Stages, in order, each time-boxed with `timeout` (limits below, in seconds); a stage that
 # fails or runs out of time is recorded (exit code, last lines of its log) and the next one
 # still runs; one global deadline keeps the whole script inside BUDGET_S:
-#   env        nvidia-smi, torch and CUDA versions, GPU name, compute capability, bf16, TF32
-#              flags, the SDPA kernels enabled, what precision=auto would try  -> env.json/.md
 #   install    what is missing: `bash scripts/setup.sh --test` if attnlab's test dependencies
 #              are not importable; then, if torch.cuda.is_available() is false with the CPU
 #              wheel (torch==2.13.0+cpu), the CUDA build of the SAME pinned version from PyPI's
@@ -19,6 +17,8 @@
 #              (--isolated ignores pip.conf, whose extra indexes may prefer the +cpu wheel;
 #              downloading first leaves the working CPU torch in place if the network fails;
 #              never unpinned). Needs network and ~3 GB of downloads.
+#   env        nvidia-smi, torch and CUDA versions, GPU name, compute capability, bf16, TF32
+#              flags, the SDPA kernels enabled, what precision=auto would try  -> env.json/.md
 #   tests      ATTNLAB_TEST_DEVICE=cuda pytest on the device-aware files  -> tests/junit.xml
 #   bench_*    `attnlab bench --device cuda --only SECTION`, one stage per section (kernels,
 #              MHA vs nn.MultiheadAttention, encoder layer, GPT step vs HF GPT-2 with memory,
@@ -26,7 +26,7 @@
 #   classify   the default classifier run, `attnlab train classify --device cuda
 #              --max-minutes 1`  -> runs/classify/
 #   lm         the larger LM preset, `attnlab train lm --config small --device cuda
-#              --batch-size 64 --max-minutes 1.5` (nanoGPT's Shakespeare model with its GPU
+#              --batch-size 64 --max-minutes 1.25` (nanoGPT's Shakespeare model with its GPU
 #              batch)  -> runs/lm/
 # Then summary.md and summary.json: every stage's status, exit code, duration and limit.
 # Per-stage logs in logs/, per-stage results in results/STAGE.json.
@@ -71,9 +71,10 @@ else
   DEVICE=cuda
   BUDGET_S=570  # 9.5 minutes: the limits below add up to more only when install is needed
   BENCH_SECTIONS="kernels mha encoder_layer gpt_step generation scaling"
-  declare -A LIMIT=([env]=30 [install]=150 [tests]=75 [bench_kernels]=25 [bench_mha]=25
-    [bench_encoder_layer]=20 [bench_gpt_step]=45 [bench_generation]=45 [bench_scaling]=75
-    [classify]=100 [lm]=130)
+  # without install: 555 s; scaling starts a fresh process (CUDA context) per point
+  declare -A LIMIT=([env]=20 [install]=150 [tests]=90 [bench_kernels]=20 [bench_mha]=20
+    [bench_encoder_layer]=15 [bench_gpt_step]=40 [bench_generation]=40 [bench_scaling]=100
+    [classify]=90 [lm]=120)
 fi
 START=$(date +%s)
 DEADLINE=$((START + BUDGET_S))
@@ -130,6 +131,10 @@ torch.version.cuda, 'sees CUDA:', torch.cuda.is_available())") || return 1
     echo "  ${put[*]}"
     return 0
   fi
+  if ! command -v nvidia-smi > /dev/null && [ ! -e /dev/nvidia0 ]; then
+    echo "no NVIDIA GPU visible (no nvidia-smi, no /dev/nvidia0): not downloading CUDA torch"
+    return 1
+  fi
   "${get[@]}" || return 1
   "${put[@]}" || return 1
   python3 -c "import torch, sys; print('now', torch.__version__, torch.version.cuda); \
@@ -139,10 +144,10 @@ export -f install_what_is_missing
 export DRY REPO TORCH_VERSION
 
 # ---------------------------------------------------------------- stages
-run_stage env "env.json,env.md" "" -- "${REPORT[@]}" env "$OUT" "$DEVICE"
-
 run_stage install "" "$([ "$DRY" = 1 ] && echo 'dry run: checks only')" -- \
   bash -c install_what_is_missing
+
+run_stage env "env.json,env.md" "" -- "${REPORT[@]}" env "$OUT" "$DEVICE"
 
 if [ "$DRY" = 1 ]; then
   TEST_FILES=(tests/test_fused_backends.py
@@ -170,7 +175,7 @@ if [ "$DRY" = 1 ]; then
   LM=(--config quick --max-steps 4 --eval-every 4 --checkpoint-every 4)
 else
   CLASSIFY=(--max-minutes 1)
-  LM=(--config small --batch-size 64 --max-minutes 1.5)
+  LM=(--config small --batch-size 64 --max-minutes 1.25)
 fi
 run_stage classify "runs/classify/results.json" "" -- \
   python3 -m attnlab train classify --out "$OUT/runs/classify" --device "$DEVICE" "${CLASSIFY[@]}"

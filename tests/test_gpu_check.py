@@ -12,7 +12,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
-DRY_STAGES = ["env", "install", "tests", "bench_kernels", "bench_mha", "classify", "lm"]
+DRY_STAGES = ["install", "env", "tests", "bench_kernels", "bench_mha", "classify", "lm"]
 
 
 def _report_module():
