@@ -30,6 +30,7 @@ from attnlab.blocks import (
     make_norm,
 )
 from attnlab.positions import RotaryEmbedding
+from attnlab.verify.checks_torch import Seq2SeqStacks
 from attnlab.verify.copy_weights import (
     Link,
     assert_grads_match,
@@ -242,21 +243,6 @@ def test_decoder_block_matches_torch_layer(norm_first: bool, activation: str) ->
         compare_backward(got, want, [(y, y_ref), (m, m_ref)], links)
 
 
-class Seq2Seq(nn.Module):
-    """Encoder + Decoder with final LayerNorms, the shape of ``nn.Transformer``."""
-
-    def __init__(self, d: int, H: int, ff: int, n: int, activation: str, norm_first: bool) -> None:
-        super().__init__()
-        position = "pre" if norm_first else "post"
-        cfg = BlockConfig(d, H, ff, dropout=0.0, activation=activation, norm_position=position)
-        self.encoder = Encoder([EncoderBlock(cfg) for _ in range(n)], nn.LayerNorm(d))
-        self.decoder = Decoder([DecoderBlock(cfg) for _ in range(n)], nn.LayerNorm(d))
-
-    def forward(self, src: Tensor, tgt: Tensor, src_mask: Tensor, tgt_mask: Tensor) -> Tensor:
-        memory = self.encoder(src, src_mask)
-        return self.decoder(tgt, memory, tgt_mask, src_mask, is_causal=True)
-
-
 @pytest.mark.filterwarnings("ignore:enable_nested_tensor is True")
 @pytest.mark.parametrize("norm_first, activation", [(False, "relu"), (True, "gelu")])
 def test_encoder_decoder_stack_matches_nn_transformer(norm_first: bool, activation: str) -> None:
@@ -273,7 +259,7 @@ def test_encoder_decoder_stack_matches_nn_transformer(norm_first: bool, activati
         norm_first=norm_first,
         dtype=F64,
     )
-    ours = Seq2Seq(d, H, ff, n, activation, norm_first).double()
+    ours = Seq2SeqStacks(d, H, ff, n, activation, norm_first).double()
     links = transformer_links(ours, theirs)
     copy_links(links)
     src_kpm, tgt_kpm = right_padding(B, Ts), right_padding(B, Tt)
