@@ -16,7 +16,7 @@ import pytest
 SRC = Path(__file__).resolve().parent.parent / "src" / "attnlab"
 LAYERS: list[set[str]] = [
     {"configs", "attention", "positions", "efficient", "blocks", "channel", "ssm", "moe",
-     "metrics", "viz", "tensor_files"},
+     "metrics", "viz", "tensor_files", "errors"},
     {"data"},
     {"models"},
     {"train"},

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from os import PathLike
 
+from attnlab.errors import UserError
 
-class DataError(ValueError):
+
+class DataError(UserError):
     """Bad input data; the message names the file, the line (when known) and the fix."""
 
     def __init__(
