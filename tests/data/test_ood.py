@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from attnlab.data.ood import SPLITS, load_ood, ood_files, ood_texts
+from attnlab.data.ood import load_ood, ood_files, ood_texts
 
 
 def test_ood_files_load_with_their_domain_and_phenomenon_columns(tmp_path):
@@ -22,12 +22,7 @@ def test_ood_files_load_with_their_domain_and_phenomenon_columns(tmp_path):
     assert ood_texts(tmp_path) == {"这部剧真好看", "菜并不差"}
 
 
-def test_the_committed_ood_files_are_balanced_two_class_sets():
-    files = ood_files()
-    for name in files:
-        assert name in SPLITS
+def test_the_committed_ood_files_load_with_a_tag_per_row():
+    for name in ood_files():
         corpus, tags = load_ood(name)
-        counts = corpus.label_counts()
-        assert set(counts) == {"positive", "negative"}
-        assert abs(counts["positive"] - counts["negative"]) <= 0.1 * len(corpus)
-        assert all(tag["domain"] for tag in tags)
+        assert len(tags) == len(corpus) >= 200 and all(tag["domain"] for tag in tags)
