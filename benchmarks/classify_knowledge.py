@@ -221,7 +221,7 @@ def fit_temperature(logp: torch.Tensor, gold: torch.Tensor) -> float:
         return loss
 
     opt.step(closure)
-    return float(log_t.exp())
+    return float(log_t.detach().exp())
 
 
 def calibration(run: ClassifierRun, val_texts: list[str], val_labels: list[str]) -> dict:
@@ -324,7 +324,7 @@ def report() -> None:
                 sum(e["predicted"] == e["expected"] and e["prob"] >= 0.7 for e in r["examples"])
                 for r in recs
             ],
-            "load_average": [r["load_average_before"][0] for r in recs],
+            "load_average": [(r["load_average_before"] or [None])[0] for r in recs],
             "extra_training_examples": recs[0]["extra_training_examples"],
         }
         rows[variant] = row
