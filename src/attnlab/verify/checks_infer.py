@@ -1,0 +1,70 @@
+"""Inference checks: the hand-written FlashAttention against ``F.scaled_dot_product_attention``
+(float64; outputs and the three input gradients; random shapes, masks, causal or not, GQA,
+block sizes that do not divide T); speculative decoding against the target's own greedy
+decoding (token for token); int8 weights against ``torch.ao.quantization``'s per-channel
+quantiser and the dequantised matmul against its bound.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from attnlab.verify.runner import Measure
+
+F64 = torch.float64
+
+
+def flash_case(m: Measure, generator: torch.Generator | None = None) -> str:
+    """One random case of flash vs F.scaled_dot_product_attention; returns its description."""
+
+    def rint(lo: int, hi: int) -> int:
+        return int(torch.randint(lo, hi + 1, (), generator=generator))
+
+    from attnlab.flash import flash_attention
+
+    B, Hkv, groups = rint(1, 3), rint(1, 3), rint(1, 3)
+    H = Hkv * groups
+    Tq, Dk, Dv = rint(1, 70), rint(1, 16), rint(1, 16)
+    causal = bool(rint(0, 1))
+    Tk = Tq + rint(0, 20) if causal else rint(1, 70)
+    block_q, block_k = rint(1, 40), rint(1, 40)
+    mask_kind = ["none", "keys", "random", "per-head"][rint(0, 3)]
+
+    def leaf(*shape: int) -> Tensor:
+        return torch.randn(*shape, dtype=F64, generator=generator).requires_grad_()
+
+    q, k, v = leaf(B, H, Tq, Dk), leaf(B, Hkv, Tk, Dk), leaf(B, Hkv, Tk, Dv)
+    mask = None
+    if mask_kind == "keys":
+        mask = torch.rand(B, 1, 1, Tk, generator=generator) > 0.3
+    elif mask_kind == "random":
+        mask = torch.rand(B, 1, Tq, Tk, generator=generator) > 0.5
+    elif mask_kind == "per-head":
+        mask = torch.rand(B, H, Tq, Tk, generator=generator) > 0.5
+        mask[0, 0, 0] = False  # a row with nothing to attend to
+    ref_mask = mask
+    if causal:  # the oracle's mask, bottom-right aligned, built from its definition
+        lower = torch.ones(Tq, Tk, dtype=torch.bool).tril(Tk - Tq)
+        ref_mask = lower if mask is None else mask & lower
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=ref_mask, enable_gqa=Hkv != H)
+    got = flash_attention(q, k, v, mask, causal, block_q=block_q, block_k=block_k)
+    m.diff(got, want, "output")
+    d_out = torch.randn(want.shape, dtype=F64, generator=generator)
+    for g, w, name in zip(
+        torch.autograd.grad(got, (q, k, v), d_out),
+        torch.autograd.grad(want, (q, k, v), d_out),
+        ("dq", "dk", "dv"),
+    ):
+        m.diff(g, w, name)
+    m.case()
+    return (
+        f"B={B} H={H} Hkv={Hkv} Tq={Tq} Tk={Tk} Dk={Dk} Dv={Dv} causal={causal} "
+        f"mask={mask_kind} blocks=({block_q},{block_k})"
+    )
+
+
+def check_flash(m: Measure, cases: int = 12) -> None:
+    for _ in range(cases):
+        flash_case(m)
