@@ -30,17 +30,15 @@ def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
         raise ValueError(f"--top-p must be in (0, 1] (1 = off), got {top_p}")
 
 
-def sample_next(
-    logits: Tensor,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    generator: torch.Generator | None = None,
+def sampling_probs(
+    logits: Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
 ) -> Tensor:
-    """Next token per row from logits (B, V): greedy at temperature 0, else sampled. -> (B,)."""
+    """The distribution sampled from (B, V): softmax(logits / temperature) after top-k and
+    top-p; at temperature 0, one-hot on the argmax (greedy)."""
     check_sampling(temperature, top_k, top_p)
     if temperature == 0:
-        return logits.argmax(dim=-1)  # (B,)
+        greedy = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
+        return torch.zeros_like(logits, dtype=torch.float).scatter_(-1, greedy, 1.0)
     logits = logits.float() / temperature  # (B, V)
     if 0 < top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1)
@@ -52,7 +50,21 @@ def sample_next(
         drop_sorted = before >= top_p  # the most likely token is always kept
         drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
         logits = logits.masked_fill(drop, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)  # (B, V)
+    return torch.softmax(logits, dim=-1)  # (B, V)
+
+
+def sample_next(
+    logits: Tensor,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Next token per row from logits (B, V): greedy at temperature 0, else sampled. -> (B,)."""
+    check_sampling(temperature, top_k, top_p)
+    if temperature == 0:
+        return logits.argmax(dim=-1)  # (B,)
+    probs = sampling_probs(logits, temperature, top_k, top_p)  # (B, V)
     return torch.multinomial(probs, 1, generator=generator)[:, 0]  # (B,)
 
 

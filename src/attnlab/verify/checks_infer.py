@@ -7,6 +7,8 @@ quantiser and the dequantised matmul against its bound.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -68,3 +70,54 @@ def flash_case(m: Measure, generator: torch.Generator | None = None) -> str:
 def check_flash(m: Measure, cases: int = 12) -> None:
     for _ in range(cases):
         flash_case(m)
+
+
+# --------------------------------------------------------------------------- speculative
+
+
+def plain_greedy(model, prompt: Tensor, n: int) -> list[int]:
+    """The target's own greedy decoding: Generation (KV cache, window), one token per step."""
+    from attnlab.models.generation import Generation
+
+    gen = Generation(model.eval(), prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            gen.append(gen.next_logits().argmax(dim=-1))  # (1,)
+    return gen.ids[0, prompt.shape[1] :].tolist()
+
+
+def speculative_greedy_case(m: Measure, generator: torch.Generator | None = None) -> str:
+    """Random target and draft GPTs (float64), random prompt, length and K: speculative
+    greedy output (draft model, and prompt lookup) vs the target's own greedy output."""
+    from attnlab.models.gpt import GPT, GPTConfig
+    from attnlab.models.speculative import ModelDrafter, NgramDrafter, speculative_decode
+
+    def rint(lo: int, hi: int) -> int:
+        return int(torch.randint(lo, hi + 1, (), generator=generator))
+
+    V, context = rint(3, 30), rint(8, 48)
+
+    def model(layers: int, ctx: int) -> Any:
+        torch.manual_seed(rint(0, 2**30))
+        cfg = GPTConfig(vocab_size=V, context=ctx, n_layers=layers, n_heads=2, d_model=8)
+        net = GPT(cfg).double().eval()
+        with torch.no_grad():
+            for p in net.parameters():
+                p.mul_(6.0)  # peaked distributions, so drafts are sometimes right, sometimes not
+        return net
+
+    target, draft = model(rint(1, 3), context), model(1, rint(4, 48))
+    prompt = torch.randint(0, V, (1, rint(1, context + 5)), generator=generator)
+    n, k = rint(1, 40), rint(1, 8)
+    want = plain_greedy(target, prompt, n)
+    for drafter in (ModelDrafter(draft), NgramDrafter(rint(1, 3))):
+        got, _ = speculative_decode(target, prompt, n, drafter, k)
+        if got != want:
+            m.fail(f"{type(drafter).__name__} V={V} ctx={context} T={prompt.shape[1]} n={n} k={k}")
+        m.case()
+    return f"V={V} context={context} prompt={prompt.shape[1]} n={n} k={k}"
+
+
+def check_speculative(m: Measure, cases: int = 6) -> None:
+    for _ in range(cases):
+        speculative_greedy_case(m)
