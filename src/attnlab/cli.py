@@ -469,6 +469,26 @@ def _run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_quantize(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("quantize", help="copy a run with int8 linear layers (every verb reads it)")
+    p.add_argument("run", help=RUN_HELP)
+    p.add_argument("--out", required=True, help="a new folder for the int8 run")
+    p.add_argument(
+        "--activations",
+        default="none",
+        choices=("none", "dynamic"),
+        help="none = int8 weights only; dynamic = also int8 activations per token",
+    )
+
+
+def _run_quantize(args: argparse.Namespace) -> int:
+    from attnlab.tasks.quantize import quantize_run
+
+    info = quantize_run(args.run, args.out, args.activations)
+    print(f"{args.out}: {info['layers']} linear layers int8, activations {info['activations']}")
+    return 0
+
+
 Command = tuple[Callable[[argparse._SubParsersAction], None], Callable[[argparse.Namespace], int]]
 COMMANDS: dict[str, Command] = {
     "train": (_add_train, _run_train),
@@ -482,6 +502,7 @@ COMMANDS: dict[str, Command] = {
     "search": (_add_search, _run_search),
     "ablate": (_add_ablate, _run_ablate),
     "bench": (_add_bench, _run_bench),
+    "quantize": (_add_quantize, _run_quantize),
     "explore": (explore_command.add_parser, explore_command.run),
     "verify": (verify_command.add_parser, verify_command.run),
 }

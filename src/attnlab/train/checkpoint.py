@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnlab.quant import prepare_for_int8_weights
 from attnlab.tensor_files import (
     fsync_file,
     load_tensors_into,
@@ -94,7 +95,9 @@ def load_weights(model: nn.Module, path: str | Path) -> None:
     A bad file (truncated, checksum mismatch, NaN/inf) or weights that do not fit the model
     raise a one-line ValueError naming the file and the fix.
     """
-    load_tensors_into(model, read_tensors(path, "weights"), path)
+    tensors = read_tensors(path, "weights")
+    prepare_for_int8_weights(model, set(tensors))  # an `attnlab quantize` run: int8 layers
+    load_tensors_into(model, tensors, path)
 
 
 def _optimizer_to_files(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:

@@ -121,3 +121,43 @@ def speculative_greedy_case(m: Measure, generator: torch.Generator | None = None
 def check_speculative(m: Measure, cases: int = 6) -> None:
     for _ in range(cases):
         speculative_greedy_case(m)
+
+
+# --------------------------------------------------------------------------- int8
+
+
+def ao_per_channel(w: Tensor) -> tuple[Tensor, Tensor]:
+    """torch.ao.quantization's symmetric per-channel qint8 weights of w (out, in): the int8
+    values and the scales (float32)."""
+    from torch.ao.quantization import PerChannelMinMaxObserver
+
+    observer = PerChannelMinMaxObserver(
+        ch_axis=0, dtype=torch.qint8, qscheme=torch.per_channel_symmetric
+    )
+    observer(w)
+    scale, zero_point = observer.calculate_qparams()
+    q = torch.quantize_per_channel(w, scale.float(), zero_point, 0, torch.qint8)
+    return q.int_repr(), scale.float()
+
+
+def check_int8(m: Measure, cases: int = 6) -> None:
+    """Int8 weights equal torch.ao's; the dequantised matmul stays within its bound (the
+    error reported is how far past the bound, 0 when within)."""
+    from attnlab.quant import Int8Linear, dynamic_bound, quantize_per_channel, weight_only_bound
+
+    for _ in range(cases):
+        inp, out = (int(t) for t in torch.randint(1, 200, (2,)))
+        linear = torch.nn.Linear(inp, out)
+        q, scale = quantize_per_channel(linear.weight)
+        q_ao, scale_ao = ao_per_channel(linear.weight.detach())
+        if not torch.equal(q, q_ao):
+            m.fail("int8 weights differ from torch.ao's")
+        m.diff(scale, scale_ao, "scales")
+        x = torch.randn(int(torch.randint(1, 9, ())), inp)
+        with torch.no_grad():
+            ref = linear(x)
+            for acts, bound in (("none", weight_only_bound), ("dynamic", dynamic_bound)):
+                layer = Int8Linear.from_linear(linear, acts)
+                excess = (layer(x) - ref).abs() - bound(x, layer) - 1e-5 * (1 + ref.abs())
+                m.value(max(0.0, float(excess.max())))
+        m.case()

@@ -36,6 +36,8 @@ mamba = hf.check_mamba_logits
 CHECKS: list[Check] = [
     Check("scaled_dot_product_attention", "F.scaled_dot_product_attention", 1e-10, pt.check_sdpa),
     Check("flash_attention (by hand)", "F.scaled_dot_product_attention", 1e-10, inf.check_flash),
+    Check("int8 Linear (weights, bound)", "torch.ao per-channel qint8", 0.0, inf.check_int8),
+    Check("speculative greedy", "the target's own greedy", 0.0, inf.check_speculative),
     Check("MultiHeadAttention", "nn.MultiheadAttention", 1e-10, pt.check_mha),
     Check("EncoderBlock", "nn.TransformerEncoderLayer", 1e-10, pt.check_encoder_layer),
     Check("DecoderBlock", "nn.TransformerDecoderLayer", 1e-10, pt.check_decoder_layer),
