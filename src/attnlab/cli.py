@@ -225,6 +225,9 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
         "--prompt-lookup", action="store_true", help="speculative decoding without a draft model"
     )
     p.add_argument("--lookahead", type=int, default=4, help="speculative: tokens drafted per pass")
+    p.add_argument(
+        "--kv-cache", default="float", help="float, or int8 (a scale per token and head)"
+    )
     p.add_argument("--device", default="cpu")
 
 
@@ -235,6 +238,10 @@ def _run_generate(args: argparse.Namespace) -> int:
     check_request(args.max_new_tokens, args.num_samples, args.temperature, args.top_k, args.top_p)
     run = LMRun.load(args.run, args.device)
     drafter = _drafter(args, run)
+    if not args.no_cache:
+        from attnlab.models.generation import new_caches
+
+        new_caches(run.model, args.kv_cache)  # refused before anything is printed
     prompt = default_prompt(run.tokenizer) if args.prompt is None else args.prompt
     streaming = args.num_samples == 1
 
@@ -265,6 +272,7 @@ def _run_generate(args: argparse.Namespace) -> int:
         use_cache=not args.no_cache,
         on_text=on_text if streaming else None,
         device=args.device,
+        kv_cache=args.kv_cache,
         **({} if drafter is None else {"drafter": drafter, "lookahead": args.lookahead}),
     )
     if streaming:

@@ -155,3 +155,83 @@ def dynamic_bound(x: Tensor, layer: Int8Linear) -> Tensor:
     weight_part = x.abs().sum(dim=-1, keepdim=True) * layer.weight_scale / 2  # (N, out)
     act_part = (xs / 2) * layer.weight.abs().sum(dim=1)  # (N, out)
     return weight_part + act_part
+
+
+# --------------------------------------------------------------------------- int8 KV cache
+
+
+def quantize_per_head_token(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Keys or values (B, H, T, D) -> (int8 (B, H, T, D), scales (B, H, T, 1)): one symmetric
+    scale per token and head, s = max_d |x| / 127, so |x − s·q| ≤ s / 2."""
+    scale = (x.abs().amax(dim=-1, keepdim=True).float() / 127.0).clamp_min(EPS)  # (B, H, T, 1)
+    return torch.clamp(torch.round(x.float() / scale), -127, 127).to(torch.int8), scale
+
+
+class Int8KVCache:
+    """A KV cache (the interface of :class:`attnlab.attention.KVCache`) that stores keys and
+    values as int8 with one float32 scale per token and head: D + 4 bytes per token, head and
+    tensor instead of 4·D. Attention reads the dequantised keys and values."""
+
+    def __init__(self) -> None:
+        self._k: tuple[Tensor, Tensor] | None = None  # int8 (B, H, cap, D), scales (B, H, cap, 1)
+        self._v: tuple[Tensor, Tensor] | None = None
+        self.length = 0
+        self.static = False
+        self.dtype = torch.float32
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Add new keys/values (B, Hkv, Tnew, D); return all so far, dequantised."""
+        self.dtype = k.dtype
+        t_new = k.shape[2]
+        end = self.length + t_new
+        if self._k is None or end > self._k[0].shape[2]:
+            capacity = max(16, 2 * end)
+            self._k, self._v = self._grown(self._k, k, capacity), self._grown(self._v, v, capacity)
+        for store, new in ((self._k, k), (self._v, v)):
+            q, s = quantize_per_head_token(new)
+            store[0][:, :, self.length : end] = q
+            store[1][:, :, self.length : end] = s
+        self.length = end
+        return self.keys, self.values
+
+    def _grown(self, old: tuple[Tensor, Tensor] | None, like: Tensor, capacity: int):
+        B, H, _, D = like.shape
+        q = torch.empty(B, H, capacity, D, dtype=torch.int8, device=like.device)
+        s = torch.empty(B, H, capacity, 1, dtype=torch.float32, device=like.device)
+        if old is not None:
+            q[:, :, : self.length] = old[0][:, :, : self.length]
+            s[:, :, : self.length] = old[1][:, :, : self.length]
+        return q, s
+
+    def set_static(self, k: Tensor, v: Tensor) -> None:
+        """Cross-attention keys/values, quantised once."""
+        self.length = 0
+        self._k = self._v = None
+        self.append(k, v)
+        self.static = True
+
+    def _read(self, store: tuple[Tensor, Tensor] | None) -> Tensor:
+        assert store is not None, "empty Int8KVCache"
+        q, s = store[0][:, :, : self.length], store[1][:, :, : self.length]
+        return (q.float() * s).to(self.dtype)  # (B, H, T, D)
+
+    @property
+    def keys(self) -> Tensor:
+        return self._read(self._k)
+
+    @property
+    def values(self) -> Tensor:
+        return self._read(self._v)
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows ``index`` (beam search)."""
+        if self._k is not None and self._v is not None:
+            self._k = tuple(t.index_select(0, index) for t in self._k)  # type: ignore[assignment]
+            self._v = tuple(t.index_select(0, index) for t in self._v)  # type: ignore[assignment]
+
+    def nbytes_per_token(self) -> int:
+        """Bytes one token takes in this cache (keys and values, every head)."""
+        if self._k is None:
+            return 0
+        _, H, _, D = self._k[0].shape
+        return 2 * H * (D + 4)

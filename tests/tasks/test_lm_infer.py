@@ -78,3 +78,15 @@ def test_speculative_bad_input_exits_2_and_prints_nothing(runs, tmp_path, capsys
     assert "vocabulary" in out.err and out.out == ""
     assert main([*generate(str(target)), "--num-samples", "2", "--prompt-lookup"]) == 2
     assert "one sample" in capsys.readouterr().err
+
+
+def test_kv_cache_option(runs, capsys) -> None:
+    target, draft = runs
+    assert main([*generate(str(target)), "--temperature", "0", "--kv-cache", "int8"]) == 0
+    assert capsys.readouterr().out.startswith("anna")
+    assert main([*generate(str(target)), "--temperature", "0", "--kv-cache", "int8",
+                 "--draft", str(draft)]) == 0  # fmt: skip
+    assert capsys.readouterr().out.startswith("anna")
+    assert main([*generate(str(target)), "--kv-cache", "fp8"]) == 2
+    out = capsys.readouterr()
+    assert "--kv-cache must be one of float, int8" in out.err and out.out == ""

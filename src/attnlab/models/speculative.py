@@ -39,8 +39,9 @@ from torch import Tensor
 
 from attnlab.attention import KVCache
 from attnlab.errors import UserError
-from attnlab.models.generation import check_sampling, sampling_probs
+from attnlab.models.generation import check_sampling, new_caches, sampling_probs
 from attnlab.models.gpt import GPT
+from attnlab.quant import Int8KVCache
 
 
 @dataclass
@@ -70,8 +71,8 @@ class SpeculativeStats:
 class _CachedModel:
     """A GPT with its caches over one window of the sequence: ``start`` .. ``cached``."""
 
-    def __init__(self, model: GPT) -> None:
-        self.model = model
+    def __init__(self, model: GPT, kv_cache: str = "float") -> None:
+        self.model, self.kv_cache = model, kv_cache
         self.context = model.cfg.context
         self.caches: list[Any] | None = None
         self.start = 0
@@ -87,7 +88,11 @@ class _CachedModel:
     def logits(self, ids: Tensor, start: int) -> Tensor:
         """Logits (1, n − cached, V) of the positions of ids (1, n) not yet in the caches."""
         if self.caches is None or start != self.start:
-            self.caches, self.start, self.cached = self.model.new_caches(), start, start
+            self.caches, self.start, self.cached = (
+                new_caches(self.model, self.kv_cache),
+                start,
+                start,
+            )
         out = self.model(ids[:, self.cached :], caches=self.caches)  # (1, Tnew, V)
         self.cached = ids.shape[1]
         return out
@@ -99,7 +104,7 @@ class _CachedModel:
         if n <= self.start:  # the window had moved past the kept tokens: start afresh
             self.caches = None
             return
-        if all(type(c) is KVCache for c in self.caches):
+        if all(type(c) in (KVCache, Int8KVCache) for c in self.caches):
             for cache in self.caches:
                 cache.length = n - self.start  # the rest is overwritten by the next append
             self.cached = n
@@ -232,6 +237,7 @@ def speculative_decode(
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
     on_token: Callable[[int], bool] | None = None,
+    kv_cache: str = "float",
 ) -> tuple[list[int], SpeculativeStats]:
     """Continue ids (1, T) by up to ``max_new_tokens`` tokens; returns (tokens, stats).
 
@@ -245,7 +251,7 @@ def speculative_decode(
         raise UserError(f"speculative decoding takes one prompt (1, T), got {tuple(ids.shape)}")
     sampling = (temperature, top_k, top_p)
     greedy = temperature == 0
-    model = _CachedModel(target.eval())
+    model = _CachedModel(target.eval(), kv_cache)
     drafter.reset()
     start = max(0, ids.shape[1] - model.context)
     stats = SpeculativeStats()

@@ -389,6 +389,7 @@ def generate_text(
     device: str = "cpu",
     drafter: Drafter | None = None,
     lookahead: int = 4,
+    kv_cache: str = "float",
 ) -> Generated:
     """Continue ``prompt`` ``num_samples`` times; ``on_text(sample, text)`` streams new text.
 
@@ -402,10 +403,10 @@ def generate_text(
     if drafter is not None:
         return _generate_speculative(
             model, tokenizer, ids, dropped, max_new_tokens, drafter, lookahead,
-            (temperature, top_k, top_p), seed, stops, num_samples, on_text, device,
+            (temperature, top_k, top_p), seed, stops, num_samples, on_text, device, kv_cache,
         )  # fmt: skip
     batch = torch.tensor([ids] * num_samples, dtype=torch.long, device=device)  # (N, T)
-    gen = Generation(model.eval(), batch, use_cache)
+    gen = Generation(model.eval(), batch, use_cache, kv_cache)
     rng = torch.Generator(device=device).manual_seed(seed)
     streams = [_StopText(tokenizer, stops) for _ in range(num_samples)]
     pieces: list[list[str]] = [[] for _ in range(num_samples)]
@@ -450,6 +451,7 @@ def _generate_speculative(
     num_samples: int,
     on_text: Callable[[int, str], None] | None,
     device: str,
+    kv_cache: str,
 ) -> Generated:
     """generate_text's speculative path: one sample, streamed, statistics in ``speculative``."""
     if num_samples != 1:
@@ -476,6 +478,7 @@ def _generate_speculative(
         top_p=top_p,
         generator=torch.Generator(device=device).manual_seed(seed),
         on_token=on_token,
+        kv_cache=kv_cache,
     )
     if not stream.done:
         text = stream.flush()
