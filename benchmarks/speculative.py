@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from attnlab.bench.machine import machine_info
+from attnlab.data.text_lm import open_tokens
 from attnlab.models.generation import Generation, sample_next
 from attnlab.models.speculative import ModelDrafter, NgramDrafter, speculative_decode
 from attnlab.tasks import runner
@@ -70,12 +71,9 @@ def main() -> None:
     target_summary = train(work / "target", TARGET, args.target_minutes, 100000)
     draft_summary = train(work / "draft", DRAFT, args.draft_minutes, 100000)
     target, draft = LMRun.load(work / "target"), LMRun.load(work / "draft")
-    val = (work / "target" / "data" / "val.bin").read_bytes()
-
-    tokens = np.frombuffer(
-        val, dtype=np.uint16 if target.tokenizer.vocab_size < 65536 else np.int32
-    )
-    prompts = [torch.tensor([tokens[s : s + 64].astype(np.int64)]) for s in (1000, 50000, 200000)]
+    tokens = open_tokens(work / "target" / "data" / "val.bin", target.tokenizer.vocab_size)
+    starts = (1000, 50000, 200000)
+    prompts = [torch.from_numpy(tokens[s : s + 64].astype(np.int64))[None] for s in starts]
     load_start = list(os.getloadavg())
     ks = [int(k) for k in args.ks.split(",")]
     modes = [("draft", k) for k in ks] + [("prompt lookup", k) for k in ks]
