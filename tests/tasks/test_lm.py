@@ -172,7 +172,9 @@ def test_presets_build_and_bad_settings_say_what_to_change() -> None:
     assert build_config("llama", {}).model.pos == "rope"
     with pytest.raises(ValueError, match="did you mean n_layers"):
         build_config(None, {"n_layer": "3"})
-    with pytest.raises(ValueError, match="tokenizer must be one of char, gpt2, bpe"):
+    with pytest.raises(
+        ValueError, match="'tokenizer': 'word' is not one of the choices 'char', 'gpt2', 'bpe'"
+    ):
         build_config(None, {"tokenizer": "word"})
     with pytest.raises(ValueError, match="bundled: .*lm_baby"):
         build_config("nonesuch", {})

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from attnlab.attention import padding_mask
 from attnlab.blocks import BlockConfig, Encoder, EncoderBlock
-from attnlab.configs import Alias, ConfigBase, setting
+from attnlab.configs import Alias, ConfigBase, project, setting
 from attnlab.efficient import AttentionKind
 from attnlab.positions import make_positions
 
@@ -47,8 +47,8 @@ class BertConfig(ConfigBase):
     norm_eps: float = setting(1e-12, min=0.0)
     dropout: float = setting(0.1, min=0.0, below=1.0)
     attn_dropout: float = setting(0.1, min=0.0, below=1.0)
-    activation: BertActivation = "gelu"
-    pad_id: int = 0
+    activation: BertActivation = setting("gelu")
+    pad_id: int = setting(0)
     gradient_checkpointing: bool = setting(
         False, "recompute block activations in backward (less memory)"
     )
@@ -67,19 +67,7 @@ class BertConfig(ConfigBase):
 
     def block_config(self) -> BlockConfig:
         """BERT's post-norm encoder block."""
-        return BlockConfig(
-            d_model=self.d_model,
-            n_heads=self.n_heads,
-            d_ff=self.d_ff,
-            activation=self.activation,
-            norm_position="post",
-            norm_eps=self.norm_eps,
-            dropout=self.dropout,
-            attn_dropout=self.attn_dropout,
-            attention=self.attention,
-            window=self.window,
-            n_global=self.n_global,
-        )
+        return project(self, BlockConfig, norm_position="post")
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> BertConfig:

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from attnlab.attention import padding_mask
 from attnlab.blocks import Activation, BlockConfig, Encoder, EncoderBlock, NormKind, NormPosition
-from attnlab.configs import Alias, ConfigBase, setting
+from attnlab.configs import Alias, ConfigBase, project, setting
 from attnlab.efficient import AttentionKind
 from attnlab.positions import make_positions
 
@@ -36,11 +36,11 @@ class ClassifierConfig(ConfigBase):
     dropout: float = setting(0.1, min=0.0, below=1.0)
     attn_dropout: float = setting(0.1, min=0.0, below=1.0)
     emb_dropout: float = setting(0.1, min=0.0, below=1.0)
-    activation: Activation = "gelu"
-    norm: NormKind = "layer"
+    activation: Activation = setting("gelu")
+    norm: NormKind = setting("layer")
     norm_position: NormPosition = setting("pre", "where the norm sits around each sub-layer")
-    pos: Position = "sinusoidal"
-    pooling: Pooling = "mean"
+    pos: Position = setting("sinusoidal")
+    pooling: Pooling = setting("mean")
     context: int = setting(256, "longest input the model accepts (learned positions)", min=1)
     bigram_buckets: int = setting(
         0, ">0 adds hashed character-bigram embeddings to each position", min=0
@@ -52,10 +52,10 @@ class ClassifierConfig(ConfigBase):
     token_dropout: float = setting(
         0.0, "training only: replace this share of tokens with <unk>", min=0.0, below=1.0
     )
-    pad_id: int = 0
-    unk_id: int = 1
-    cls_id: int = 2
-    gradient_checkpointing: bool = False
+    pad_id: int = setting(0)
+    unk_id: int = setting(1)
+    cls_id: int = setting(2)
+    gradient_checkpointing: bool = setting(False)
     attention: AttentionKind = setting(
         "full", "full | local (sliding window) | linear (elu+1 feature map)"
     )
@@ -85,19 +85,7 @@ class ClassifierConfig(ConfigBase):
 
     def block_config(self) -> BlockConfig:
         """The bidirectional encoder block every layer is built from."""
-        return BlockConfig(
-            d_model=self.d_model,
-            n_heads=self.n_heads,
-            d_ff=self.d_ff,
-            activation=self.activation,
-            norm=self.norm,
-            norm_position=self.norm_position,
-            dropout=self.dropout,
-            attn_dropout=self.attn_dropout,
-            attention=self.attention,
-            window=self.window,
-            n_global=self.n_global,
-        )
+        return project(self, BlockConfig)
 
 
 class TextClassifier(nn.Module):

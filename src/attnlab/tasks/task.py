@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from attnlab.configs import to_dict
+from attnlab.configs import ConfigBase, to_dict
 
 FORMAT = 2  # version of the config.json layout; rundir.upgrade reads older ones
 
@@ -42,9 +42,9 @@ class RunConfig:
     """A run's config: one dataclass per section (data, model, train, ...), by section name."""
 
     task: str
-    sections: dict[str, Any]
+    sections: dict[str, ConfigBase]
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> ConfigBase:
         sections = self.__dict__.get("sections", {})
         if name in sections:
             return sections[name]
@@ -78,11 +78,11 @@ class Task:
     preset_prefix: ClassVar[str] = ""  # --config NAME also finds presets/{prefix}_NAME.toml
     resumable: ClassVar[frozenset[str]] = frozenset()  # more fields a resume may change
 
-    def sections(self) -> dict[str, type]:
+    def sections(self) -> dict[str, type[ConfigBase]]:
         """Config sections that the command line and presets set, by name."""
         raise NotImplementedError
 
-    def derived_sections(self) -> dict[str, type]:
+    def derived_sections(self) -> dict[str, type[ConfigBase]]:
         """Sections the task fills in itself (e.g. a checkpoint's architecture); saved too."""
         return {}
 
