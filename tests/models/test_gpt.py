@@ -24,15 +24,6 @@ from attnlab.train import load_weights, save_weights
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread, and a busy shared CPU cannot stall them."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 pytestmark = pytest.mark.usefixtures("on_test_device")  # tests/_device.py: ATTNLAB_TEST_DEVICE
 F64 = torch.float64
 HF_GPT2 = dict(

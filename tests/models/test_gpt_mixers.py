@@ -33,14 +33,6 @@ FFNS = ("dense", "moe")
 V = 41
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def tiny(mixer: str = "attention", ffn: str = "dense", **changes) -> GPTConfig:
     base = dict(
         vocab_size=V, context=16, n_layers=4, n_heads=2, d_model=16, d_ff=24, mixer=mixer,

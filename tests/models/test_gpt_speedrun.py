@@ -34,14 +34,6 @@ F64 = torch.float64
 TIGHT = dict(rtol=1e-10, atol=1e-10)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def tiny(**changes) -> GPTConfig:
     base = dict(vocab_size=53, context=24, n_layers=2, n_heads=4, d_model=32)
     return GPTConfig(**{**base, **changes})

