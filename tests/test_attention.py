@@ -169,7 +169,7 @@ def test_sdpa_matches_torch_forward_and_gradients(c: Case) -> None:
             bias=bias,
             scale=c.scale,
             fused=fused,
-            return_weights=not fused,
+            need_weights=not fused,
         )
         grads = torch.autograd.grad((out * cotangent).sum(), leaves)
         results[fused] = out
@@ -226,7 +226,7 @@ def test_explicit_attention_switch_forces_the_explicit_path() -> None:
         torch.manual_seed(0)
         a, _ = scaled_dot_product_attention(q, k, v, dropout_p=0.5)
         torch.manual_seed(0)
-        b, w = scaled_dot_product_attention(q, k, v, dropout_p=0.5, return_weights=True)
+        b, w = scaled_dot_product_attention(q, k, v, dropout_p=0.5, need_weights=True)
     assert w is not None
     torch.testing.assert_close(a, b, **TIGHT)  # same RNG draws: the same explicit path
     with explicit_attention():
@@ -255,8 +255,8 @@ def test_explicit_dropout_drops_at_rate_p_and_rescales() -> None:
     p = 0.25
     q = torch.randn(8, 4, 16, 8, dtype=F64)
     k, v = torch.randn(8, 4, 32, 8, dtype=F64), torch.randn(8, 4, 32, 8, dtype=F64)
-    _, clean = scaled_dot_product_attention(q, k, v, return_weights=True)
-    out, dropped = scaled_dot_product_attention(q, k, v, dropout_p=p, return_weights=True)
+    _, clean = scaled_dot_product_attention(q, k, v, need_weights=True)
+    out, dropped = scaled_dot_product_attention(q, k, v, dropout_p=p, need_weights=True)
     assert clean is not None and dropped is not None
     kept = dropped != 0
     frac = 1 - kept.double().mean().item()
@@ -885,7 +885,7 @@ def test_sdpa_accepts_any_leading_dimensions(
     cot = torch.randn_like(want)
     want_g = torch.autograd.grad((want * cot).sum(), (q, k, v))
     for fused in (False, True):
-        out, w = scaled_dot_product_attention(q, k, v, mask, fused=fused, return_weights=not fused)
+        out, w = scaled_dot_product_attention(q, k, v, mask, fused=fused, need_weights=not fused)
         assert out.shape == want.shape
         torch.testing.assert_close(out, want, **TIGHT)
         for got, expected in zip(torch.autograd.grad((out * cot).sum(), (q, k, v)), want_g):

@@ -2,13 +2,13 @@
 
 * RMSNorm == ``nn.RMSNorm`` (float32/float64, gradients) and == HF ``LlamaRMSNorm`` in bfloat16;
 * FeedForward gelu_tanh == Linear/GELU(tanh)/Linear; swiglu == HF ``LlamaMLP`` (w_in = [gate; up]);
-* EncoderBlock == ``nn.TransformerEncoderLayer`` and DecoderBlock == ``nn.TransformerDecoderLayer``
+* Block == ``nn.TransformerEncoderLayer`` and DecoderBlock == ``nn.TransformerDecoderLayer``
   with copied weights, post- and pre-norm, relu and gelu, padding and causal masks, forward and
   input/parameter gradients in float64;
-* Encoder + Decoder with final LayerNorms == ``nn.Transformer`` (batch_first, src/tgt/memory
+* BlockStack + Decoder with final LayerNorms == ``nn.Transformer`` (batch_first, src/tgt/memory
   key padding masks, causal tgt mask), forward and gradients;
 * gradient checkpointing changes neither outputs nor gradients (dropout on) and does recompute;
-* KV caches through an Encoder used causally (GQA, RoPE, RMSNorm, SwiGLU) and through a Decoder
+* KV caches through an BlockStack used causally (GQA, RoPE, RMSNorm, SwiGLU) and through a Decoder
   (self cache + static cross cache) == full recomputation.
 """
 
@@ -23,11 +23,11 @@ from torch import Tensor, nn
 from _verify import assert_verified
 from attnlab.attention import KVCache, from_key_padding_mask
 from attnlab.blocks import (
+    Block,
     BlockConfig,
+    BlockStack,
     Decoder,
     DecoderBlock,
-    Encoder,
-    EncoderBlock,
     FeedForward,
     RMSNorm,
     make_norm,
@@ -148,7 +148,7 @@ def test_encoder_block_matches_torch_layer(norm_first: bool, activation: str) ->
             m, 16, 4, 24, 3, 6, norm_first=norm_first, activation=activation, bias=bias,
             padding=padding, causal=causal,
         )  # fmt: skip
-    assert_verified(m, "EncoderBlock")
+    assert_verified(m, "Block (encoder layer)")
 
 
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
@@ -170,7 +170,7 @@ def test_encoder_decoder_stack_matches_nn_transformer(norm_first: bool, activati
     checks_torch.transformer_case(
         m, 16, 4, 32, 2, 3, 7, 5, norm_first=norm_first, activation=activation
     )
-    assert_verified(m, "Encoder + Decoder stacks")
+    assert_verified(m, "BlockStack + Decoder")
 
 
 # --------------------------------------------------------------------------- checkpointing
@@ -186,8 +186,8 @@ def _count_calls(modules: list[nn.Module]) -> list[int]:
 
 def test_gradient_checkpointing_encoder_same_outputs_and_gradients() -> None:
     d, H, B, T, n = 16, 4, 2, 6, 3
-    enc = Encoder(
-        [EncoderBlock(BlockConfig(d, H, 32, dropout=0.2, norm_position="pre")) for _ in range(n)],
+    enc = BlockStack(
+        [Block(BlockConfig(d, H, 32, dropout=0.2, norm_position="pre")) for _ in range(n)],
         nn.LayerNorm(d),
     ).double()
     calls = _count_calls(list(enc.blocks))
@@ -246,7 +246,7 @@ def test_gradient_checkpointing_decoder_same_outputs_and_gradients() -> None:
 def test_gradient_checkpointing_is_skipped_with_caches() -> None:
     """A cache makes a block stateful: recomputing it would append the keys a second time."""
     cfg = BlockConfig(16, 4, 32, dropout=0.0)
-    enc = Encoder([EncoderBlock(cfg) for _ in range(2)]).double()
+    enc = BlockStack([Block(cfg) for _ in range(2)]).double()
     dec = Decoder([DecoderBlock(cfg) for _ in range(2)]).double()
     x = torch.randn(2, 5, 16, dtype=F64, requires_grad=True)
     memory = torch.randn(2, 3, 16, dtype=F64)
@@ -282,9 +282,9 @@ def test_kv_cache_through_a_causal_encoder_stack() -> None:
     d, H, Hkv, B, T = 32, 4, 2, 2, 21  # T > 16: the caches grow
     rope = RotaryEmbedding(d // H)
     stack = (
-        Encoder(
+        BlockStack(
             [
-                EncoderBlock(
+                Block(
                     BlockConfig(
                         d,
                         H,
@@ -354,14 +354,14 @@ def test_kv_cache_through_a_decoder_with_static_cross_cache(norm_first: bool) ->
 def test_stacks_return_attention_weights() -> None:
     d, H, B, T = 16, 4, 2, 5
     cfg = BlockConfig(d, H, 32, dropout=0.0)
-    enc = Encoder([EncoderBlock(cfg) for _ in range(2)]).double()
+    enc = BlockStack([Block(cfg) for _ in range(2)]).double()
     x = torch.randn(B, T, d, dtype=F64)
-    out, weights = enc(x, is_causal=True, return_weights=True)
+    out, weights = enc(x, is_causal=True, need_weights=True)
     assert len(weights) == 2 and all(w.shape == (B, H, T, T) for w in weights)
     torch.testing.assert_close(out, enc(x, is_causal=True), **TIGHT)
     for w in weights:
         torch.testing.assert_close(w.sum(-1), torch.ones(B, H, T, dtype=F64))
         assert (w.triu(1) == 0).all()
     dec = Decoder([DecoderBlock(cfg) for _ in range(2)]).double()
-    out, weights = dec(x, torch.randn(B, 7, d, dtype=F64), return_weights=True)
+    out, weights = dec(x, torch.randn(B, 7, d, dtype=F64), need_weights=True)
     assert [(s.shape, c.shape) for s, c in weights] == [((B, H, T, T), (B, H, T, 7))] * 2

@@ -283,7 +283,7 @@ def scaled_dot_product_attention(
     mask: Tensor | None = None,
     is_causal: bool = False,
     dropout_p: float = 0.0,
-    return_weights: bool = False,
+    need_weights: bool = False,
     *,
     bias: Tensor | None = None,
     scale: float | None = None,
@@ -325,13 +325,11 @@ def scaled_dot_product_attention(
     if bias is not None:
         bias = normalize_mask(bias, target, name="bias")
     if n == 4:
-        return _attention_4d(
-            q, k, v, mask, is_causal, dropout_p, return_weights, bias, scale, fused
-        )
+        return _attention_4d(q, k, v, mask, is_causal, dropout_p, need_weights, bias, scale, fused)
     q4, k4, v4 = (_as_4d(t, n) for t in (q, k, v))  # (N, H, T, D)
     mask4, bias4 = (None if t is None else _as_4d(t, n, q.shape[:-3]) for t in (mask, bias))
     out, weights = _attention_4d(
-        q4, k4, v4, mask4, is_causal, dropout_p, return_weights, bias4, scale, fused
+        q4, k4, v4, mask4, is_causal, dropout_p, need_weights, bias4, scale, fused
     )  # (N, H, Tq, Dv), (N, H, Tq, Tk)
     out = out.reshape(*q.shape[:-1], v.shape[-1])  # (…, Tq, Dv)
     return out, None if weights is None else weights.reshape(target)  # (…, Tq, Tk)
@@ -358,7 +356,7 @@ def _attention_4d(
     mask: Tensor | None,
     is_causal: bool,
     dropout_p: float,
-    return_weights: bool,
+    need_weights: bool,
     bias: Tensor | None,
     scale: float | None,
     fused: bool | None,
@@ -371,7 +369,7 @@ def _attention_4d(
             f"query heads ({H}) must be a multiple of key/value heads (k: {Hkv}, v: {v.shape[1]})"
         )
     scale = 1.0 / math.sqrt(Dk) if scale is None else scale
-    use_fused = (USE_FUSED if fused is None else fused) and not return_weights
+    use_fused = (USE_FUSED if fused is None else fused) and not need_weights
     use_fused = use_fused and _RECORDER is None
     given_causal = is_causal
     if use_fused and is_causal and mask is None and bias is None and Tq == Tk:
@@ -717,7 +715,7 @@ class MultiHeadAttention(nn.Module):
                 mask=mask,
                 is_causal=causal,
                 dropout_p=dropout_p,
-                return_weights=need_weights,
+                need_weights=need_weights,
                 bias=bias,
                 fused=None if self.fused else False,
             )  # (B, H, Tq, Dh)

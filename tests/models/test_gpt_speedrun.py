@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnlab.blocks import BlockConfig, EncoderBlock, FeedForward
+from attnlab.blocks import Block, BlockConfig, FeedForward
 from attnlab.models.generation import Generation, sample_next
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.models.gpt_hf import config_to_hf
@@ -72,7 +72,7 @@ def test_qk_norm_block_matches_a_hand_written_float64_reference() -> None:
         D, H, 48, n_kv_heads=Hkv, dropout=0.0, activation="swiglu", norm="rms",
         norm_position="pre", norm_eps=eps, bias=False, qk_norm=True,
     )  # fmt: skip
-    block = scramble(EncoderBlock(cfg, RotaryEmbedding(Dh))).to(F64)
+    block = scramble(Block(cfg, RotaryEmbedding(Dh))).to(F64)
     x = torch.randn(B, T, D, dtype=F64)
     got, _ = block(x, is_causal=True)
     a = block.self_attn

@@ -1,6 +1,6 @@
 """attnlab pieces assembled into known models == Hugging Face transformers with copied weights.
 
-* LLaMA: nn.Embedding + Encoder of EncoderBlocks (RMSNorm, SwiGLU, no biases, pre-norm, GQA,
+* LLaMA: nn.Embedding + BlockStack of Blocks (RMSNorm, SwiGLU, no biases, pre-norm, GQA,
   RoPE, causal) + final RMSNorm == ``transformers.LlamaModel`` on a tiny random config: hidden
   states and every parameter gradient, float32 (eager and sdpa attention) and float64, with
   left padding (compared on real tokens; see ``test_llama_matches_hugging_face``).
@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from attnlab.attention import MultiHeadAttention
-from attnlab.blocks import BlockConfig, Encoder, EncoderBlock, RMSNorm
+from attnlab.blocks import Block, BlockConfig, BlockStack, RMSNorm
 from attnlab.positions import RotaryEmbedding, T5RelativePositionBias, t5_relative_bucket
 from attnlab.verify.copy_weights import (
     Link,
@@ -53,7 +53,7 @@ LLAMA = dict(
 
 def llama_pair(
     dtype: torch.dtype, attn: str
-) -> tuple[nn.Module, nn.Embedding, Encoder, list[Link]]:
+) -> tuple[nn.Module, nn.Embedding, BlockStack, list[Link]]:
     config = transformers.LlamaConfig(**LLAMA)
     config._attn_implementation = attn
     hf = transformers.LlamaModel(config)
@@ -66,7 +66,7 @@ def llama_pair(
     d, H = config.hidden_size, config.num_attention_heads
     rope = RotaryEmbedding(d // H, base=10000.0)
     blocks = [
-        EncoderBlock(
+        Block(
             BlockConfig(
                 d,
                 H,
@@ -83,7 +83,7 @@ def llama_pair(
         )
         for _ in range(config.num_hidden_layers)
     ]
-    stack = Encoder(blocks, RMSNorm(d, eps=config.rms_norm_eps))
+    stack = BlockStack(blocks, RMSNorm(d, eps=config.rms_norm_eps))
     embedding = nn.Embedding(config.vocab_size, d)
     links = llama_model_links(embedding, stack, hf)
     copy_links(links)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from attnlab.blocks import BlockConfig, EncoderBlock
+from attnlab.blocks import Block, BlockConfig
 from attnlab.models.gpt import GPT, GPTConfig
 
 Step = Callable[[], None]
@@ -21,7 +21,7 @@ BLOCK_KINDS = {
 }
 
 
-def block(kind: str, d_model: int, n_heads: int, window: int) -> EncoderBlock:
+def block(kind: str, d_model: int, n_heads: int, window: int) -> Block:
     """A pre-norm causal GPT block, d_ff = 4·d_model, no dropout, with ``kind`` attention."""
     attention, fused = BLOCK_KINDS[kind]
     cfg = BlockConfig(
@@ -35,7 +35,7 @@ def block(kind: str, d_model: int, n_heads: int, window: int) -> EncoderBlock:
         attention=attention,
         window=window if attention == "local" else 0,
     )
-    return EncoderBlock(cfg)
+    return Block(cfg)
 
 
 def _block_steps(spec: dict, device: torch.device) -> tuple[Step, Step]:

@@ -16,7 +16,7 @@ from torch import nn
 from attnlab.attention import MultiHeadAttention, scaled_dot_product_attention
 from attnlab.bench.memory import run_isolated
 from attnlab.bench.timing import interleaved, median_ms, paired_ratio
-from attnlab.blocks import BlockConfig, EncoderBlock
+from attnlab.blocks import Block, BlockConfig
 from attnlab.efficient import LinearAttention, LocalAttention
 from attnlab.models.generation import Generation
 from attnlab.models.gpt import GPT, GPTConfig
@@ -96,8 +96,8 @@ def bench_mha(device, rounds: int, B: int, T: int) -> dict:
 
 
 def bench_encoder_layer(device, rounds: int, B: int, T: int) -> dict:
-    """attnlab EncoderBlock vs nn.TransformerEncoderLayer (512, 8, 2048, pre-norm, ReLU)."""
-    ours = EncoderBlock(BlockConfig(512, 8, 2048, dropout=0.0, norm_position="pre")).to(device)
+    """attnlab Block vs nn.TransformerEncoderLayer (512, 8, 2048, pre-norm, ReLU)."""
+    ours = Block(BlockConfig(512, 8, 2048, dropout=0.0, norm_position="pre")).to(device)
     theirs = nn.TransformerEncoderLayer(
         512, 8, 2048, dropout=0.0, batch_first=True, norm_first=True
     ).to(device)

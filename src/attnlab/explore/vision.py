@@ -130,7 +130,7 @@ def cnn_examples(source: Source, paths: list[str]) -> dict[str, Any]:
         )
     cfg = run.config.model
     title = f"CNN {source.name} · {cfg.stages} stages × {cfg.blocks_per_stage} blocks · "
-    title += f"attention {cfg.attention}"
+    title += f"attention {cfg.channel_attention}"
     return {"title": title, "examples": examples}
 
 

@@ -1,7 +1,7 @@
 """BERT (Devlin et al. 2019) built from attnlab's core: embeddings, post-norm blocks, heads.
 
 BertModel = word + learned position + token-type embeddings -> LayerNorm -> dropout -> N
-post-norm EncoderBlocks (exact erf GELU) -> hidden states (B, T, D), plus the pooler
+post-norm Blocks (exact erf GELU) -> hidden states (B, T, D), plus the pooler
 tanh(W h_[CLS] + b). BertForMaskedLM adds the MLM head (dense -> GELU -> LayerNorm -> decoder
 tied to the word embeddings + bias); BertClassifier adds dropout and a linear layer on a pooled
 vector. Hugging Face checkpoints load through :mod:`attnlab.models.bert_checkpoint`.
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.attention import padding_mask
-from attnlab.blocks import BlockConfig, Encoder, EncoderBlock
+from attnlab.blocks import Block, BlockConfig, BlockStack
 from attnlab.configs import Alias, ConfigBase, project, setting
 from attnlab.efficient import AttentionKind
 from attnlab.positions import make_positions
@@ -154,7 +154,7 @@ class BertModel(nn.Module):
         self.cfg = cfg
         self.embeddings = BertEmbeddings(cfg)
         block = cfg.block_config()
-        self.encoder = Encoder([EncoderBlock(block) for _ in range(cfg.n_layers)])
+        self.encoder = BlockStack([Block(block) for _ in range(cfg.n_layers)])
         self.encoder.gradient_checkpointing = cfg.gradient_checkpointing
         self.pooler = nn.Linear(cfg.d_model, cfg.d_model)
         init_bert_weights(self)

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.attention import padding_mask
-from attnlab.blocks import Activation, BlockConfig, Encoder, EncoderBlock, NormKind, NormPosition
+from attnlab.blocks import Activation, Block, BlockConfig, BlockStack, NormKind, NormPosition
 from attnlab.configs import Alias, ConfigBase, project, setting
 from attnlab.efficient import AttentionKind
 from attnlab.positions import make_positions
@@ -114,9 +114,9 @@ class TextClassifier(nn.Module):
         self.rel_bias = positions.bias  # T5 / ALiBi, or None
         self.emb_dropout = nn.Dropout(cfg.emb_dropout)
         block = cfg.block_config()
-        blocks = [EncoderBlock(block, positions.rotary) for _ in range(cfg.n_layers)]
+        blocks = [Block(block, positions.rotary) for _ in range(cfg.n_layers)]
         pre = cfg.norm_position == "pre"
-        self.encoder = Encoder(blocks, block.make_norm() if pre else None)
+        self.encoder = BlockStack(blocks, block.make_norm() if pre else None)
         self.encoder.gradient_checkpointing = cfg.gradient_checkpointing
         self.ngram_bag = None
         if cfg.ngram_buckets > 0:
@@ -168,7 +168,7 @@ class TextClassifier(nn.Module):
         return torch.cat([pooled, self.ngram_features(input_ids, lengths)], dim=-1)  # (B, 2D)
 
     def encode(
-        self, input_ids: Tensor, lengths: Tensor, return_weights: bool = False
+        self, input_ids: Tensor, lengths: Tensor, need_weights: bool = False
     ) -> tuple[Tensor, Tensor, list[Tensor]]:
         """ids (B, T), lengths (B,) -> hidden (B, T, D), key mask (B, 1, 1, T), weights."""
         B, T = input_ids.shape
@@ -189,8 +189,8 @@ class TextClassifier(nn.Module):
             x = self.abs_pos(x)
         x = self.emb_dropout(x)
         bias = None if self.rel_bias is None else self.rel_bias(T, T)  # (1, H, T, T)
-        if return_weights:
-            x, weights = self.encoder(x, mask, bias=bias, return_weights=True)
+        if need_weights:
+            x, weights = self.encoder(x, mask, bias=bias, need_weights=True)
         else:
             x, weights = self.encoder(x, mask, bias=bias), []
         return x, mask, weights
@@ -218,7 +218,7 @@ class TextClassifier(nn.Module):
         of (head-averaged attention + identity, row-normalised), read at the rows that pooling
         uses (the ``<cls>`` row, or the mean over real tokens for mean/max pooling).
         """
-        h, mask, weights = self.encode(input_ids, lengths, return_weights=True)
+        h, mask, weights = self.encode(input_ids, lengths, need_weights=True)
         logits = self.head(self.features(h, mask, input_ids, lengths))  # (B, C)
         attn = torch.stack(weights)  # (L, B, H, T, T)
         T = input_ids.shape[1]

@@ -37,7 +37,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from attnlab.blocks import Activation, BlockConfig, Encoder, EncoderBlock, NormKind
+from attnlab.blocks import Activation, Block, BlockConfig, BlockStack, NormKind
 from attnlab.configs import ConfigBase, project, setting
 from attnlab.efficient import AttentionKind
 from attnlab.moe import MoEFeedForward
@@ -162,7 +162,7 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         block = cfg.block_config()
         blocks = [self._layer(block, kind, positions.rotary) for kind in cfg.layer_mixers()]
-        self.stack = Encoder(blocks, block.make_norm())
+        self.stack = BlockStack(blocks, block.make_norm())
         self.stack.gradient_checkpointing = cfg.gradient_checkpointing
         self.value_emb = None  # (V, Hkv·Dh): the values each token adds in every layer
         if cfg.value_embeddings and "attention" in cfg.layer_mixers():
@@ -172,7 +172,7 @@ class GPT(nn.Module):
         if cfg.tie_weights:
             self.head.weight = self.tok_emb.weight
 
-    def _layer(self, block: BlockConfig, kind: str, rotary: nn.Module | None) -> EncoderBlock:
+    def _layer(self, block: BlockConfig, kind: str, rotary: nn.Module | None) -> Block:
         """One layer: attention or Mamba, then a dense or a mixture-of-experts feed-forward."""
         cfg = self.cfg
         mixer = None
@@ -192,7 +192,7 @@ class GPT(nn.Module):
                 cfg.moe_aux_weight,
                 cfg.moe_z_weight,
             )
-        return EncoderBlock(block, rotary, mixer=mixer, ff=ff)
+        return Block(block, rotary, mixer=mixer, ff=ff)
 
     @torch.no_grad()
     def reset_parameters(self) -> None:

@@ -19,11 +19,11 @@ from torch import Tensor, nn
 from attnlab.attention import KVCache, padding_mask_from_ids
 from attnlab.blocks import (
     Activation,
+    Block,
     BlockConfig,
+    BlockStack,
     Decoder,
     DecoderBlock,
-    Encoder,
-    EncoderBlock,
     NormKind,
     NormPosition,
 )
@@ -108,8 +108,8 @@ class Seq2SeqTransformer(nn.Module):
         self.pos = make_positions(cfg.pos, d, cfg.n_heads, cfg.context).absolute
         self.dropout = nn.Dropout(cfg.dropout)
         block = cfg.block_config()
-        self.encoder = Encoder(
-            [EncoderBlock(block) for _ in range(cfg.n_encoder_layers)], block.make_norm()
+        self.encoder = BlockStack(
+            [Block(block) for _ in range(cfg.n_encoder_layers)], block.make_norm()
         )
         self.decoder = Decoder(
             [DecoderBlock(block) for _ in range(cfg.n_decoder_layers)], block.make_norm()

@@ -14,7 +14,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from attnlab.blocks import Activation, BlockConfig, Encoder, EncoderBlock
+from attnlab.blocks import Activation, Block, BlockConfig, BlockStack
 from attnlab.configs import ConfigBase, project, setting
 from attnlab.efficient import AttentionKind
 from attnlab.positions import make_positions, sincos_2d_table
@@ -135,9 +135,7 @@ class ViT(nn.Module):
         self._register_load_state_dict_pre_hook(_read_old_position_table)
         self.dropout = nn.Dropout(cfg.dropout)
         block = cfg.block_config()
-        self.encoder = Encoder(
-            [EncoderBlock(block) for _ in range(cfg.n_layers)], block.make_norm()
-        )
+        self.encoder = BlockStack([Block(block) for _ in range(cfg.n_layers)], block.make_norm())
         self.encoder.gradient_checkpointing = cfg.gradient_checkpointing
         self.head = nn.Linear(cfg.d_model, cfg.n_classes)
         self.apply(_init_weights)

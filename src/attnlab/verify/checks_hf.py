@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.attention import MultiHeadAttention
-from attnlab.blocks import BlockConfig, Encoder, EncoderBlock, RMSNorm
+from attnlab.blocks import Block, BlockConfig, BlockStack, RMSNorm
 from attnlab.models.bert import BertConfig, BertModel
 from attnlab.models.bert_checkpoint import load_bert_weights
 from attnlab.models.gpt_hf import load_hf_gpt2
@@ -67,7 +67,7 @@ def backward_both(got: Tensor, want: Tensor, weight: Tensor | None = None) -> No
 
 
 def check_llama(m: Measure, cases: int = 3, gradients: bool = False) -> None:
-    """LlamaModel == nn.Embedding + Encoder(RMSNorm, SwiGLU, RoPE, GQA, causal) + RMSNorm,
+    """LlamaModel == nn.Embedding + BlockStack(RMSNorm, SwiGLU, RoPE, GQA, causal) + RMSNorm,
     float32, with left padding: hidden states on real tokens, or every parameter gradient."""
     tf = _transformers()
     for _ in range(cases):
@@ -100,8 +100,8 @@ def check_llama(m: Measure, cases: int = 3, gradients: bool = False) -> None:
             dropout=0.0,
             bias=False,
         )
-        blocks = [EncoderBlock(block, rope) for _ in range(config.num_hidden_layers)]
-        stack = Encoder(blocks, RMSNorm(d, eps=config.rms_norm_eps))
+        blocks = [Block(block, rope) for _ in range(config.num_hidden_layers)]
+        stack = BlockStack(blocks, RMSNorm(d, eps=config.rms_norm_eps))
         embedding = nn.Embedding(config.vocab_size, d)
         links = llama_model_links(embedding, stack, hf)
         copy_links(links)

@@ -5,9 +5,9 @@
   ``torch.nn.attention.bias.causal_lower_right``, random masks, additive bias, GQA);
 * ``MultiHeadAttention`` vs ``nn.MultiheadAttention`` (self, cross, kdim≠d_model; key padding
   and attention masks; averaged weights);
-* ``EncoderBlock`` / ``DecoderBlock`` vs ``nn.TransformerEncoderLayer`` / ``DecoderLayer``
+* ``Block`` / ``DecoderBlock`` vs ``nn.TransformerEncoderLayer`` / ``DecoderLayer``
   (post- and pre-norm, relu/gelu, padding and causal masks);
-* ``Encoder`` + ``Decoder`` stacks vs ``nn.Transformer``.
+* ``BlockStack`` + ``Decoder`` stacks vs ``nn.Transformer``.
 Outputs, input gradients and every parameter gradient are compared.
 """
 
@@ -25,7 +25,7 @@ from attnlab.attention import (
     from_key_padding_mask,
     scaled_dot_product_attention,
 )
-from attnlab.blocks import BlockConfig, Decoder, DecoderBlock, Encoder, EncoderBlock
+from attnlab.blocks import Block, BlockConfig, BlockStack, Decoder, DecoderBlock
 from attnlab.verify.copy_weights import (
     copy_links,
     decoder_layer_links,
@@ -194,10 +194,10 @@ def encoder_layer_case(
     m: Measure, d: int, H: int, ff: int, B: int, T: int, *, norm_first: bool, activation: str,
     bias: bool, padding: bool, causal: bool,
 ) -> None:  # fmt: skip
-    """One EncoderBlock == nn.TransformerEncoderLayer comparison: output and every gradient."""
+    """One Block == nn.TransformerEncoderLayer comparison: output and every gradient."""
     kw = dict(dropout=0.0, activation=activation, norm_first=norm_first, bias=bias)
     theirs = nn.TransformerEncoderLayer(d, H, ff, batch_first=True, dtype=F64, **kw)
-    ours = EncoderBlock(_block(d, H, ff, **kw)).double()
+    ours = Block(_block(d, H, ff, **kw)).double()
     links = encoder_layer_links(ours, theirs)
     copy_links(links)
     kpm = right_padding(B, T) if padding else None
@@ -267,12 +267,12 @@ def check_decoder_layer(m: Measure, cases: int = 8) -> None:
 
 
 class Seq2SeqStacks(nn.Module):
-    """attnlab's Encoder + Decoder with final LayerNorms: the shape of ``nn.Transformer``."""
+    """attnlab's BlockStack + Decoder with final LayerNorms: the shape of ``nn.Transformer``."""
 
     def __init__(self, d: int, H: int, ff: int, n: int, activation: str, norm_first: bool) -> None:
         super().__init__()
         cfg = _block(d, H, ff, dropout=0.0, activation=activation, norm_first=norm_first)
-        self.encoder = Encoder([EncoderBlock(cfg) for _ in range(n)], nn.LayerNorm(d))
+        self.encoder = BlockStack([Block(cfg) for _ in range(n)], nn.LayerNorm(d))
         self.decoder = Decoder([DecoderBlock(cfg) for _ in range(n)], nn.LayerNorm(d))
 
     def forward(self, src: Tensor, tgt: Tensor, src_mask: Tensor, tgt_mask: Tensor) -> Tensor:
@@ -284,7 +284,7 @@ def transformer_case(
     m: Measure, d: int, H: int, ff: int, n: int, B: int, Ts: int, Tt: int, *,
     norm_first: bool, activation: str,
 ) -> None:  # fmt: skip
-    """Encoder + Decoder stacks == nn.Transformer (padded source and target, causal target)."""
+    """BlockStack + Decoder stacks == nn.Transformer (padded source and target, causal target)."""
     theirs = nn.Transformer(
         d,
         H,

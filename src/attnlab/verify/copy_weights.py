@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.attention import MultiHeadAttention
-from attnlab.blocks import DecoderBlock, Encoder, EncoderBlock, FeedForward
+from attnlab.blocks import Block, BlockStack, DecoderBlock, FeedForward
 from attnlab.models.vit import ViT
 from attnlab.moe import MoEFeedForward
 from attnlab.positions import T5RelativePositionBias
@@ -139,7 +139,7 @@ def _ff_links(ours: FeedForward, theirs: nn.Module) -> list[Link]:
     ) + linear_links(ours.w_out, theirs.linear2.weight, theirs.linear2.bias, "linear2")
 
 
-def encoder_layer_links(ours: EncoderBlock, theirs: nn.TransformerEncoderLayer) -> list[Link]:
+def encoder_layer_links(ours: Block, theirs: nn.TransformerEncoderLayer) -> list[Link]:
     links = mha_links(ours.self_attn, theirs.self_attn) + _ff_links(ours.ff, theirs)
     links += layer_norm_links(ours.norm1, theirs.norm1, "norm1")
     links += layer_norm_links(ours.norm2, theirs.norm2, "norm2")
@@ -156,7 +156,7 @@ def decoder_layer_links(ours: DecoderBlock, theirs: nn.TransformerDecoderLayer) 
 
 
 def transformer_links(ours: nn.Module, theirs: nn.Transformer) -> list[Link]:
-    """nn.Transformer -> a module with ``encoder`` (Encoder) and ``decoder`` (Decoder)."""
+    """nn.Transformer -> a module with ``encoder`` (BlockStack) and ``decoder`` (Decoder)."""
     links: list[Link] = []
     for mine, ref in zip(ours.encoder.blocks, theirs.encoder.layers, strict=True):
         links += encoder_layer_links(mine, ref)
@@ -179,8 +179,8 @@ def llama_mlp_links(ours: FeedForward, theirs: nn.Module) -> list[Link]:
     return _covers(ours, links)
 
 
-def llama_layer_links(ours: EncoderBlock, theirs: nn.Module) -> list[Link]:
-    """LlamaDecoderLayer -> EncoderBlock(norm="rms", activation="swiglu", bias=False)."""
+def llama_layer_links(ours: Block, theirs: nn.Module) -> list[Link]:
+    """LlamaDecoderLayer -> Block(norm="rms", activation="swiglu", bias=False)."""
     a = theirs.self_attn
     links = [
         Link(
@@ -197,8 +197,8 @@ def llama_layer_links(ours: EncoderBlock, theirs: nn.Module) -> list[Link]:
     return _covers(ours, links)
 
 
-def llama_model_links(embedding: nn.Embedding, stack: Encoder, theirs: nn.Module) -> list[Link]:
-    """LlamaModel -> (nn.Embedding, Encoder of LLaMA-style blocks with a final RMSNorm)."""
+def llama_model_links(embedding: nn.Embedding, stack: BlockStack, theirs: nn.Module) -> list[Link]:
+    """LlamaModel -> (nn.Embedding, BlockStack of LLaMA-style blocks with a final RMSNorm)."""
     links = [Link(embedding.weight, (theirs.embed_tokens.weight,), name="embed_tokens")]
     for mine, ref in zip(stack.blocks, theirs.layers, strict=True):
         links += llama_layer_links(mine, ref)
