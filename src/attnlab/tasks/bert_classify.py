@@ -251,6 +251,7 @@ class BertClassifierRun(Run):
     """A fine-tuned BERT run directory loaded for inference."""
 
     verbs = ("predict", "evaluate")
+    explore_page = "bert"
 
     def __init__(
         self,

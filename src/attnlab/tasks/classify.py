@@ -277,6 +277,7 @@ class ClassifyTask(Task):
     preset = "classify"
     preset_prefix = "classify"
     resumable = frozenset({"eval_batch_size"})
+    redirect = ("init", "bert_classify", "BERT fine-tuning from a checkpoint")
 
     def sections(self) -> dict[str, type[ConfigBase]]:
         return SECTIONS
@@ -395,6 +396,7 @@ class ClassifierRun(Run):
     """A trained classifier: predict, evaluate, attention."""
 
     verbs = ("predict", "evaluate", "attention")
+    explore_page = "classifier"
 
     def __init__(
         self,

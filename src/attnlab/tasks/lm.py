@@ -407,6 +407,7 @@ class LMRun(Run):
     """A trained model and its tokenizer: an attnlab run, or a Hugging Face GPT-2 directory."""
 
     verbs = ("generate",)
+    explore_page = "gpt"
 
     def __init__(
         self,

@@ -291,6 +291,7 @@ class TranslatorRun(Run):
     """A trained run: its config, tokenizers and model, ready to translate and evaluate."""
 
     verbs = ("translate", "evaluate")
+    explore_page = "translate"
 
     def __init__(
         self,

@@ -311,6 +311,11 @@ class VisionRun(Run):
         super().__init__(run_dir, config)
         self.model, self.report = model, report
 
+    @property
+    def explore_page(self) -> str:  # type: ignore[override]
+        """The explorer's page of the architecture: "vit" or "cnn"."""
+        return self.task
+
     @classmethod
     def load(cls, run_dir: str | Path, device: str = "cpu") -> VisionRun:
         from attnlab.tasks.runs import load_run_of
