@@ -51,6 +51,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.attention import MultiHeadAttention
+from attnlab.verify.copy_weights import copy_links, mha_links
 
 D_MODEL, N_HEADS = 512, 8
 SHAPES = [(32, 128), (8, 512), (2, 2048)]
@@ -85,10 +86,7 @@ def make_contenders(B: int, T: int, causal: bool) -> dict[str, Callable[[], None
     torch.manual_seed(0)
     ours = MultiHeadAttention(D_MODEL, N_HEADS)
     theirs = nn.MultiheadAttention(D_MODEL, N_HEADS, batch_first=True)
-    with torch.no_grad():  # same weights: same numbers, nothing data-dependent differs
-        ours.qkv.weight.copy_(theirs.in_proj_weight)
-        ours.qkv.bias.copy_(theirs.in_proj_bias)
-        ours.out_proj.load_state_dict(theirs.out_proj.state_dict())
+    copy_links(mha_links(ours, theirs))  # same weights: same numbers, nothing data-dependent
     x = torch.randn(B, T, D_MODEL, requires_grad=True)
     cot = torch.randn(B, T, D_MODEL)
     blocked = torch.ones(T, T, dtype=torch.bool).triu(1) if causal else None

@@ -472,7 +472,6 @@ def test_mha_matches_torch_multihead_attention(kind: str, bias: bool) -> None:
         kdim += 1
     ours, theirs = _torch_mha(d, H, bias=bias, kdim=kdim, vdim=kdim)
     links = mha_links(ours, theirs)
-    assert hasattr(ours, "qkv") == (kind != "cross_kdim")
 
     for name, kpm, attn_mask in _random_masks(B, H, t_q, t_k):
         mask = combine_masks(
@@ -521,15 +520,16 @@ def test_mha_gqa_equals_mha_with_repeated_kv_heads() -> None:
     d, H, Hkv, hd = 24, 6, 2, 4
     gqa = MultiHeadAttention(d, H, Hkv).double()
     full = MultiHeadAttention(d, H).double()
-    q_w, k_w, v_w = gqa.qkv.weight.split((H * hd, Hkv * hd, Hkv * hd))
-    q_b, k_b, v_b = gqa.qkv.bias.split((H * hd, Hkv * hd, Hkv * hd))
+    k_w, v_w = gqa.kv_proj.weight.chunk(2)
+    k_b, v_b = gqa.kv_proj.bias.chunk(2)
 
     def rep(t: Tensor) -> Tensor:
         return t.view(Hkv, hd, *t.shape[1:]).repeat_interleave(H // Hkv, 0).flatten(0, 1)
 
     with torch.no_grad():
-        full.qkv.weight.copy_(torch.cat([q_w, rep(k_w), rep(v_w)]))
-        full.qkv.bias.copy_(torch.cat([q_b, rep(k_b), rep(v_b)]))
+        full.q_proj.load_state_dict(gqa.q_proj.state_dict())
+        full.kv_proj.weight.copy_(torch.cat([rep(k_w), rep(v_w)]))
+        full.kv_proj.bias.copy_(torch.cat([rep(k_b), rep(v_b)]))
         full.out_proj.load_state_dict(gqa.out_proj.state_dict())
     x = torch.randn(2, 5, d, dtype=F64)
     mask = torch.rand(2, 1, 5, 5) < 0.7
@@ -539,6 +539,29 @@ def test_mha_gqa_equals_mha_with_repeated_kv_heads() -> None:
         torch.testing.assert_close(a, b, **TIGHT)
         if need_weights:
             torch.testing.assert_close(wa, wb, **TIGHT)
+
+
+@pytest.mark.parametrize("kdim", [None, 7])
+def test_weights_saved_in_the_old_projection_layouts_load(kdim: int | None) -> None:
+    """Runs saved before q_proj + kv_proj (one packed ``qkv``; ``q/k/v_proj`` when kdim !=
+    d_model) load into the same function, through load_state_dict and load_tensors_into."""
+    from attnlab.tensor_files import load_tensors_into
+
+    d, H, Hkv = 12, 4, 2
+    mha = MultiHeadAttention(d, H, Hkv, kdim=kdim, vdim=kdim).double().eval()
+    old = {k: v for k, v in mha.state_dict().items() if k.startswith("out_proj")}
+    for kind in ("weight", "bias"):
+        q, (k, v) = mha.state_dict()[f"q_proj.{kind}"], mha.state_dict()[f"kv_proj.{kind}"].chunk(2)
+        if kdim is None:
+            old[f"qkv.{kind}"] = torch.cat([q, k, v])
+        else:
+            old |= {f"q_proj.{kind}": q, f"k_proj.{kind}": k, f"v_proj.{kind}": v}
+    x, ctx = torch.randn(2, 5, d, dtype=F64), torch.randn(2, 3, kdim or d, dtype=F64)
+    want, _ = mha(x, ctx)
+    for load in (lambda m: m.load_state_dict(dict(old)), lambda m: load_tensors_into(m, old, "f")):
+        fresh = MultiHeadAttention(d, H, Hkv, kdim=kdim, vdim=kdim).double().eval()
+        load(fresh)
+        torch.testing.assert_close(fresh(x, ctx)[0], want, rtol=0, atol=0)
 
 
 # --------------------------------------------------------------------------- KV cache

@@ -75,7 +75,8 @@ def test_loaded_gpt2_matches_hugging_face_logits_and_gradients(tmp_path, dtype, 
     (want * cot).sum().backward()
     block, ref = ours.stack.blocks[1], hf.transformer.h[1]
     pairs = [
-        (block.self_attn.qkv.weight.grad, ref.attn.c_attn.weight.grad.t()),
+        (block.self_attn.q_proj.weight.grad, ref.attn.c_attn.weight.grad.t()[:48]),
+        (block.self_attn.kv_proj.weight.grad, ref.attn.c_attn.weight.grad.t()[48:]),
         (block.ff.w_out.weight.grad, ref.mlp.c_proj.weight.grad.t()),
         (block.norm2.bias.grad, ref.ln_2.bias.grad),
         (ours.tok_emb.weight.grad, hf.transformer.wte.weight.grad),  # embedding + tied head
@@ -165,8 +166,8 @@ def test_llama_layout_matches_hugging_face_llama() -> None:
         ours.stack.norm.weight.copy_(hf.model.norm.weight)
         for mine, ref in zip(ours.stack.blocks, hf.model.layers, strict=True):
             a = ref.self_attn
-            qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
-            mine.self_attn.qkv.weight.copy_(qkv)
+            mine.self_attn.q_proj.weight.copy_(a.q_proj.weight)
+            mine.self_attn.kv_proj.weight.copy_(torch.cat([a.k_proj.weight, a.v_proj.weight]))
             mine.self_attn.out_proj.weight.copy_(a.o_proj.weight)
             mine.ff.w_in.weight.copy_(torch.cat([ref.mlp.gate_proj.weight, ref.mlp.up_proj.weight]))
             mine.ff.w_out.weight.copy_(ref.mlp.down_proj.weight)

@@ -175,8 +175,9 @@ def test_dense_attention_gpt_keeps_its_weight_names() -> None:
     names = set(GPT(tiny(n_layers=1)).state_dict())
     assert names == {
         "tok_emb.weight", "pos_emb.embedding.weight", "head.weight", "stack.norm.weight",
-        "stack.norm.bias", "stack.blocks.0.self_attn.qkv.weight",
-        "stack.blocks.0.self_attn.qkv.bias", "stack.blocks.0.self_attn.out_proj.weight",
+        "stack.norm.bias", "stack.blocks.0.self_attn.q_proj.weight",
+        "stack.blocks.0.self_attn.q_proj.bias", "stack.blocks.0.self_attn.kv_proj.weight",
+        "stack.blocks.0.self_attn.kv_proj.bias", "stack.blocks.0.self_attn.out_proj.weight",
         "stack.blocks.0.self_attn.out_proj.bias", "stack.blocks.0.ff.w_in.weight",
         "stack.blocks.0.ff.w_in.bias", "stack.blocks.0.ff.w_out.weight",
         "stack.blocks.0.ff.w_out.bias", "stack.blocks.0.norm1.weight",

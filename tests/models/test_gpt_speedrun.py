@@ -77,7 +77,8 @@ def test_qk_norm_block_matches_a_hand_written_float64_reference() -> None:
     got, _ = block(x, is_causal=True)
     a = block.self_attn
     h = _rms(x, block.norm1.weight, eps)
-    q, k, v = (h @ a.qkv.weight.T).split((H * Dh, Hkv * Dh, Hkv * Dh), dim=-1)
+    q = h @ a.q_proj.weight.T
+    k, v = (h @ a.kv_proj.weight.T).chunk(2, dim=-1)
     q = q.view(B, T, H, Dh).transpose(1, 2)
     k = k.view(B, T, Hkv, Dh).transpose(1, 2).repeat_interleave(H // Hkv, dim=1)
     v = v.view(B, T, Hkv, Dh).transpose(1, 2).repeat_interleave(H // Hkv, dim=1)
@@ -122,8 +123,8 @@ def test_qk_norm_gpt_matches_hugging_face_qwen3() -> None:
         ours.stack.norm.weight.copy_(hf.model.norm.weight)
         for mine, ref in zip(ours.stack.blocks, hf.model.layers, strict=True):
             a = ref.self_attn
-            qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
-            mine.self_attn.qkv.weight.copy_(qkv)
+            mine.self_attn.q_proj.weight.copy_(a.q_proj.weight)
+            mine.self_attn.kv_proj.weight.copy_(torch.cat([a.k_proj.weight, a.v_proj.weight]))
             mine.self_attn.out_proj.weight.copy_(a.o_proj.weight)
             mine.self_attn.q_norm.weight.copy_(a.q_norm.weight)
             mine.self_attn.k_norm.weight.copy_(a.k_norm.weight)
@@ -189,7 +190,7 @@ def test_value_embeddings_of_one_repeated_token_act_as_a_value_bias() -> None:
     kv = 2 * (cfg.d_model // cfg.n_heads)
     with torch.no_grad():
         for mine, ref in zip(model.stack.blocks, plain.stack.blocks, strict=True):
-            ref.self_attn.qkv.bias[-kv:] += mine.value_gate * model.value_emb.weight[token]
+            ref.self_attn.kv_proj.bias[-kv:] += mine.value_gate * model.value_emb.weight[token]
         ids = torch.full((2, T), token)
         torch.testing.assert_close(model(ids), plain(ids), **TIGHT)
         mixed = torch.randint(0, 53, (2, T))
