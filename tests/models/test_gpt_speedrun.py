@@ -28,6 +28,8 @@ from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.models.gpt_hf import config_to_hf
 from attnlab.positions import RotaryEmbedding
 from attnlab.train import load_weights, save_weights
+from attnlab.verify.checks_hf import scramble
+from attnlab.verify.copy_weights import copy_links, llama_gpt_links
 
 transformers = pytest.importorskip("transformers")
 F64 = torch.float64
@@ -37,14 +39,6 @@ TIGHT = dict(rtol=1e-10, atol=1e-10)
 def tiny(**changes) -> GPTConfig:
     base = dict(vocab_size=53, context=24, n_layers=2, n_heads=4, d_model=32)
     return GPTConfig(**{**base, **changes})
-
-
-def scramble(model: torch.nn.Module) -> torch.nn.Module:
-    """Weights far from init (std 0.2, gains and gates around 1) so every switch matters."""
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.2) if p.dim() == 2 else p.normal_(1.0, 0.2)
-    return model
 
 
 # --------------------------------------------------------------------------- qk_norm
@@ -117,21 +111,7 @@ def test_qk_norm_gpt_matches_hugging_face_qwen3() -> None:
         norm_eps=1e-6, qk_norm=True,
     )  # fmt: skip
     ours = GPT(cfg).eval()
-    with torch.no_grad():
-        ours.tok_emb.weight.copy_(hf.model.embed_tokens.weight)
-        ours.head.weight.copy_(hf.lm_head.weight)
-        ours.stack.norm.weight.copy_(hf.model.norm.weight)
-        for mine, ref in zip(ours.stack.blocks, hf.model.layers, strict=True):
-            a = ref.self_attn
-            mine.self_attn.q_proj.weight.copy_(a.q_proj.weight)
-            mine.self_attn.kv_proj.weight.copy_(torch.cat([a.k_proj.weight, a.v_proj.weight]))
-            mine.self_attn.out_proj.weight.copy_(a.o_proj.weight)
-            mine.self_attn.q_norm.weight.copy_(a.q_norm.weight)
-            mine.self_attn.k_norm.weight.copy_(a.k_norm.weight)
-            mine.ff.w_in.weight.copy_(torch.cat([ref.mlp.gate_proj.weight, ref.mlp.up_proj.weight]))
-            mine.ff.w_out.weight.copy_(ref.mlp.down_proj.weight)
-            mine.norm1.weight.copy_(ref.input_layernorm.weight)
-            mine.norm2.weight.copy_(ref.post_attention_layernorm.weight)
+    copy_links(llama_gpt_links(ours, hf))
     ids = torch.randint(0, 61, (2, 19))
     with torch.no_grad():
         torch.testing.assert_close(ours(ids), hf(ids).logits, rtol=1e-5, atol=1e-5)

@@ -185,16 +185,33 @@ def llama_mlp_links(ours: FeedForward, theirs: nn.Module) -> list[Link]:
 
 
 def llama_layer_links(ours: Block, theirs: nn.Module) -> list[Link]:
-    """LlamaDecoderLayer -> Block(norm="rms", activation="swiglu", bias=False)."""
+    """LlamaDecoderLayer (or Qwen3's, with QK-norm) -> Block(norm="rms", activation="swiglu",
+    bias=False)."""
     a = theirs.self_attn
     links = [
         Link(ours.self_attn.q_proj.weight, (a.q_proj.weight,), name="q_proj"),
         Link(ours.self_attn.kv_proj.weight, (a.k_proj.weight, a.v_proj.weight), _cat, "kv_proj"),
         Link(ours.self_attn.out_proj.weight, (a.o_proj.weight,), name="o_proj"),
     ]
+    if ours.self_attn.q_norm is not None:  # Qwen3's QK-norm
+        links += layer_norm_links(ours.self_attn.q_norm, a.q_norm, "q_norm")
+        links += layer_norm_links(ours.self_attn.k_norm, a.k_norm, "k_norm")
     links += llama_mlp_links(ours.ff, theirs.mlp)
     links += layer_norm_links(ours.norm1, theirs.input_layernorm, "input_layernorm")
     links += layer_norm_links(ours.norm2, theirs.post_attention_layernorm, "post_attn_norm")
+    return _covers(ours, links)
+
+
+def llama_gpt_links(ours: nn.Module, theirs: nn.Module) -> list[Link]:
+    """LlamaForCausalLM / Qwen3ForCausalLM -> attnlab GPT (rope, rms, swiglu, no biases,
+    untied head): embeddings, every layer, the final norm and the head."""
+    links = [
+        Link(ours.tok_emb.weight, (theirs.model.embed_tokens.weight,), name="embed_tokens"),
+        Link(ours.head.weight, (theirs.lm_head.weight,), name="lm_head"),
+    ]
+    for mine, ref in zip(ours.stack.blocks, theirs.model.layers, strict=True):
+        links += llama_layer_links(mine, ref)
+    links += layer_norm_links(ours.stack.norm, theirs.model.norm, "final_norm")
     return _covers(ours, links)
 
 
