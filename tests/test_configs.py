@@ -209,8 +209,10 @@ def test_help_survives_percent_signs_and_shows_factory_defaults() -> None:
 
 
 def test_every_section_of_every_task_is_a_config_base_declared_with_setting() -> None:
-    """One way to declare a setting: each field a preset or the command line can set comes from
-    ``configs.setting`` and is validated by ``ConfigBase`` (break it: a plain default fails)."""
+    """One way to declare a setting: each section a preset or the command line can set is a
+    ``ConfigBase``, and a field with help or a range has it from ``configs.setting`` (a bare
+    default is ``setting(default)`` without them); ``field(metadata=...)`` or another helper
+    fails here."""
     import dataclasses
 
     from attnlab.configs import SETTING, ConfigBase
@@ -222,6 +224,7 @@ def test_every_section_of_every_task_is_a_config_base_declared_with_setting() ->
         for section, cls in {**task.sections(), **task.derived_sections()}.items():
             assert issubclass(cls, ConfigBase), f"{name}.{section}: {cls.__name__}"
             for f in dataclasses.fields(cls):
-                assert f.metadata.get(SETTING), f"{cls.__name__}.{f.name} is not a setting()"
+                declared = f.metadata.get(SETTING) or not f.metadata
+                assert declared, f"{cls.__name__}.{f.name}: declare it with configs.setting()"
                 checked += 1
     assert checked > 150
