@@ -34,8 +34,9 @@ def test_weights_equal_torch_ao_per_channel_int8(trial: int) -> None:
 
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_int8_matmul_within_the_bound_of_its_scales(dynamic: bool) -> None:
-    for _ in range(10):
+    for trial in range(12):
         inp, out = torch.randint(1, 300, (2,)).tolist()
+        inp = 1 if trial == 0 else inp  # an inner size of 1 (torch's _int_mm gets it wrong)
         linear = nn.Linear(inp, out)
         layer = Int8Linear.from_linear(linear, "dynamic" if dynamic else "none")
         x = torch.randn(int(torch.randint(1, 9, ())), inp) * 2
@@ -89,11 +90,12 @@ def test_tied_head_stays_float_and_model_round_trips(tmp_path) -> None:
     cfg = GPTConfig(vocab_size=13, context=16, n_layers=2, n_heads=2, d_model=16)
     model = GPT(cfg).eval()
     names = quantize_model(model, "dynamic")
-    assert "head" not in names and type(model.head) is nn.Linear and len(names) == 8
+    assert "head" not in names and type(model.head) is nn.Linear
+    assert len(names) == 2 * 5  # q_proj, kv_proj, out_proj, w_in, w_out per layer
     save_weights(model, tmp_path / "w.safetensors")
     fresh = GPT(cfg).eval()
     load_weights(fresh, tmp_path / "w.safetensors")
-    assert isinstance(fresh.stack.blocks[0].self_attn.qkv, Int8Linear)
-    assert fresh.stack.blocks[0].self_attn.qkv.dynamic
+    assert isinstance(fresh.stack.blocks[0].self_attn.kv_proj, Int8Linear)
+    assert fresh.stack.blocks[0].self_attn.kv_proj.dynamic
     ids = torch.randint(0, 13, (2, 10))
     torch.testing.assert_close(fresh(ids), model(ids), rtol=0, atol=0)

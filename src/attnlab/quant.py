@@ -87,8 +87,11 @@ class Int8Linear(nn.Module):
         if self.dynamic:
             flat = x.reshape(-1, self.in_features).float()  # (N, in)
             xq, xs = quantize_per_token(flat)  # (N, in) int8, (N, 1)
-            acc = torch._int_mm(xq, self.weight_int8.t())  # (N, out) int32, exact
-            y = acc.float() * xs * self.weight_scale  # (N, out)
+            if self.in_features > 1:
+                acc = torch._int_mm(xq, self.weight_int8.t()).float()  # (N, out) int32, exact
+            else:  # torch's CPU _int_mm is wrong for an inner size of 1; the products are exact
+                acc = xq.float() @ self.weight_int8.float().t()  # (N, out)
+            y = acc * xs * self.weight_scale  # (N, out)
             y = y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
         else:
             y = F.linear(x, self.weight_int8.to(x.dtype)) * self.weight_scale.to(x.dtype)
