@@ -115,7 +115,7 @@ def main() -> None:
         "",
         f"Target of benchmarks/speculative.py (6 × 384, context {T}), float32, one thread; "
         f"validation loss teacher-forced one token per step through the cache over "
-        f"{len(windows)} windows of {T} tokens (uncached full forward: {reference:.4f}); "
+        f"{len(windows)} windows of {T} tokens (uncached full forward: {reference:.6f}); "
         f"decoding: greedy, {args.tokens} tokens, median of {args.repeats}. Load average "
         f"{load_start[0]:.1f} at start, {info['load_average_at_end'][0]:.1f} at end.",
         "",
@@ -123,7 +123,7 @@ def main() -> None:
         "|---|---:|---:|---:|",
     ]
     for kind, r in rows.items():
-        lines.append(f"| {kind} | {r['bytes_per_token']:,} | {r['val_loss_cached']:.4f} | "
+        lines.append(f"| {kind} | {r['bytes_per_token']:,} | {r['val_loss_cached']:.6f} | "
                      f"{r['tokens_per_s']:.1f} |")  # fmt: skip
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
