@@ -93,6 +93,8 @@ def main() -> None:
     parser.add_argument("--translate-steps", type=int, default=700)
     parser.add_argument("--lm-windows", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--lm-latency-tokens", type=int, default=32, help="tokens per row")
+    parser.add_argument("--tasks", default="classify,lm,translate")
     parser.add_argument("--out", default="docs/results/int8")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -104,7 +106,20 @@ def main() -> None:
     load_start = list(os.getloadavg())
     table: dict[str, dict[str, dict]] = {}
 
-    # classify
+    tasks = args.tasks.split(",")
+    if "classify" in tasks:
+        table["classify"] = bench_classify(work, args)
+        print("classify", table["classify"], flush=True)
+    if "lm" in tasks:
+        table["lm"] = bench_lm(args)
+        print("lm", table["lm"], flush=True)
+    if "translate" in tasks:
+        table["translate"] = bench_translate(work)
+        print("translate", table["translate"], flush=True)
+    write(table, args, load_start)
+
+
+def bench_classify(work: Path, args: argparse.Namespace) -> dict:
     run = load_run(work / "classify")
     base = run.model
     models = {n: variant(base, n) for n in VARIANTS}
@@ -121,10 +136,10 @@ def main() -> None:
         lat = latency_ms(models, lambda n, ids=ids, lengths=lengths: (ids, lengths), args.repeats)
         for name in models:
             rows[name][f"ms_batch{batch}"] = lat[name]
-    table["classify"] = rows
-    print("classify", rows, flush=True)
+    return rows
 
-    # lm
+
+def bench_lm(args: argparse.Namespace) -> dict:
     from attnlab.data.text_lm import eval_starts, open_tokens
     from attnlab.tasks.lm import mean_loss
 
@@ -139,14 +154,15 @@ def main() -> None:
         rows[name] = {"size_mib": size_mib(model, name),
                       "val_loss": mean_loss(model, val, starts, 16)}  # fmt: skip
     for batch in (1, 32):
-        ids = torch.randint(0, base.cfg.vocab_size, (batch, base.cfg.context))
+        ids = torch.randint(0, base.cfg.vocab_size, (batch, args.lm_latency_tokens))
         lat = latency_ms(models, lambda n, ids=ids: (ids,), args.repeats)
         for name in models:
             rows[name][f"ms_batch{batch}"] = lat[name]
-    table["lm"] = rows
-    print("lm", rows, flush=True)
+    return rows
 
-    # translate (quality and size only)
+
+def bench_translate(work: Path) -> dict:
+    """Quality and size only."""
     run = load_run(work / "translate")
     base = run.model
     rows = {}
@@ -159,13 +175,17 @@ def main() -> None:
                           "chrf": report["chrf"]}  # fmt: skip
         except Exception as err:  # noqa: BLE001 - a variant the decoder cannot run is reported
             rows[name] = {"size_mib": size_mib(model, name), "error": str(err).splitlines()[0]}
-    table["translate"] = rows
-    print("translate", rows, flush=True)
+    return rows
 
+
+def write(table: dict, args: argparse.Namespace, load_start: list[float]) -> None:
     info = machine_info()
     info["load_average_at_start"] = load_start
     info["load_average_at_end"] = list(os.getloadavg())
-    command = "python benchmarks/int8.py"
+    command = (
+        f"python benchmarks/int8.py --tasks {args.tasks} --lm-windows {args.lm_windows} "
+        f"--repeats {args.repeats} --lm-latency-tokens {args.lm_latency_tokens}"
+    )
     result = {"command": command, "table": table, "machine": info,
               "settings": vars(args)}  # fmt: skip
     out = Path(args.out)
@@ -187,6 +207,8 @@ def main() -> None:
         ("lm", ("val_loss",)),
         ("translate", ("bleu", "chrf")),
     ):
+        if task not in table:
+            continue
         rows = table[task]
         lat = task != "translate"
         head = ["variant", "size MiB", *cols] + (["ms batch 1", "ms batch 32"] if lat else [])
