@@ -146,11 +146,7 @@ def init_t5_weights(model: T5) -> None:
         elif isinstance(m, T5RelativePositionBias):
             nn.init.normal_(m.embedding.weight, std=D**-0.5)
     for name, p in model.named_parameters():
-        if name.endswith("qkv.weight"):
-            nn.init.normal_(p, std=D**-0.5)
-        elif name.endswith("out_proj.weight"):
-            nn.init.normal_(p, std=D**-0.5)
-        elif name.endswith("ff.w_in.weight"):
+        if name.endswith(("qkv.weight", "out_proj.weight", "ff.w_in.weight")):
             nn.init.normal_(p, std=D**-0.5)
         elif name.endswith("ff.w_out.weight"):
             nn.init.normal_(p, std=F_**-0.5)
