@@ -50,6 +50,11 @@ REGISTRY: dict[str, TaskEntry] = {
             "attnlab.tasks.bert_mlm",
         ),
         TaskEntry(
+            "electra",
+            "ELECTRA pretraining (replaced-token detection) of a BERT encoder on any text",
+            "attnlab.tasks.electra",
+        ),
+        TaskEntry(
             "lm",
             "GPT language model (Shakespeare, character level, by default)",
             "attnlab.tasks.lm",
