@@ -17,6 +17,7 @@ KINDS: tuple[str, ...] = ("classifier", "bert", "gpt", "translate", "vit", "cnn"
 # task name -> kind of page
 TASK_KINDS: dict[str, Kind] = {
     "classify": "classifier",
+    "distill": "classifier",
     "bert_classify": "bert",
     "lm": "gpt",
     "translate": "translate",
