@@ -58,6 +58,9 @@ def test_the_pruned_run_works_with_every_verb(trained, tmp_path, capsys):
         if verb == "attention":
             args.append(str(tmp_path / "a.png"))
         assert main([verb, str(out), *args]) == 0, verb
+    page = tmp_path / "page.html"
+    assert main(["explore", str(out), "喜喜平", "--out", str(page)]) == 0
+    assert page.stat().st_size > 1000
     acc = report["val_after"]["accuracy"]
     assert 0.0 <= acc <= 1.0
 
