@@ -56,7 +56,8 @@ def test_removed_heads_equal_the_masked_model(norm_position, pos):
     torch.testing.assert_close(pruned, masked, rtol=0, atol=1e-12)
     removed = 5 * (3 * 6 * 24 + 3 * 6 + 24 * 6)  # 5 heads: q/k/v rows and out_proj columns
     assert before - sum(p.numel() for p in model.parameters()) == removed
-    assert [a.qkv.weight.shape[0] for a in attention_layers(model)] == [36, 72, 18]
+    assert [a.q_proj.weight.shape[0] for a in attention_layers(model)] == [12, 24, 6]
+    assert [a.kv_proj.weight.shape[0] for a in attention_layers(model)] == [24, 48, 12]
 
 
 def test_the_mask_gradient_is_the_derivative_of_the_loss():

@@ -34,16 +34,16 @@ def test_t5_without_the_output_scale_fails(monkeypatch, seed):
 
 
 def test_t5_with_the_bias_in_the_first_layer_only_fails(monkeypatch, seed):
-    from attnlab.blocks import EncoderBlock
+    from attnlab.blocks import Block
 
     calls = []
-    original = EncoderBlock.forward
+    original = Block.forward
 
     def forward(self, x, mask=None, *, bias=None, **kwargs):
         calls.append(1)
         return original(self, x, mask, bias=bias if len(calls) == 1 else None, **kwargs)
 
-    monkeypatch.setattr(EncoderBlock, "forward", forward)
+    monkeypatch.setattr(Block, "forward", forward)
     assert run_check(CHECKS["t5"], seed).status != PASS
 
 

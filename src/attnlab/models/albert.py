@@ -4,7 +4,7 @@ What it changes relative to attnlab's BERT (:mod:`attnlab.models.bert`):
 
 * **factorised embedding** (§3.1): tokens are embedded in E ≪ D dimensions and projected to D,
   V·E + E·D parameters instead of V·D (``AlbertModel.project``);
-* **cross-layer sharing** (§3.1): one post-norm :class:`attnlab.blocks.EncoderBlock` is applied
+* **cross-layer sharing** (§3.1): one post-norm :class:`attnlab.blocks.Block` is applied
   ``n_layers`` times (``AlbertModel.forward``'s loop), so depth adds compute, not parameters.
 
 The block, the embeddings (word + position + type, LayerNorm) and the [CLS] pooler are BERT's.
@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.attention import padding_mask
-from attnlab.blocks import EncoderBlock
+from attnlab.blocks import Block
 from attnlab.models.bert import BertEmbeddings, init_bert_weights
 from attnlab.models.electra import ElectraConfig, embedding_config
 
@@ -39,7 +39,7 @@ class AlbertModel(nn.Module):
         self.cfg = cfg
         self.embeddings = BertEmbeddings(embedding_config(cfg, cfg.emb))
         self.project = nn.Linear(cfg.emb, cfg.d_model)
-        self.layer = EncoderBlock(cfg.block_config())  # the one block every depth reuses
+        self.layer = Block(cfg.block_config())  # the one block every depth reuses
         self.pooler = nn.Linear(cfg.d_model, cfg.d_model)
         init_bert_weights(self)
 

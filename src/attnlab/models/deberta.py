@@ -119,7 +119,7 @@ class DisentangledSelfAttention(nn.Module):
         self.n_heads, self.head_dim = cfg.n_heads, D // cfg.n_heads
         self.span = cfg.span
         self.c2p, self.p2c = "c2p" in cfg.pos_att, "p2c" in cfg.pos_att
-        self.qkv = nn.Linear(D, 3 * D)  # rows: queries, keys, values (as the core's attention)
+        self.qkv = nn.Linear(D, 3 * D)  # rows: queries, keys, values
         self.out_proj = nn.Linear(D, D)
         self.pos_key = nn.Linear(D, D) if self.c2p and not cfg.share_att_key else None
         self.pos_query = nn.Linear(D, D) if self.p2c and not cfg.share_att_key else None
@@ -164,7 +164,7 @@ class DisentangledSelfAttention(nn.Module):
             v,
             mask=mask,
             dropout_p=self.attn_dropout if self.training else 0.0,
-            return_weights=need_weights,
+            need_weights=need_weights,
             bias=bias * scale,
             scale=scale,
         )  # (B, H, T, Dh)
@@ -244,7 +244,7 @@ class DebertaModel(nn.Module):
         input_ids: Tensor,
         lengths: Tensor | None = None,
         token_type_ids: Tensor | None = None,
-        return_weights: bool = False,
+        need_weights: bool = False,
     ) -> Tensor | tuple[Tensor, list[Tensor]]:
         """ids (B, T) right-padded to ``lengths`` (B,) -> hidden (B, T, D) [, weights]."""
         T = input_ids.shape[1]
@@ -259,7 +259,7 @@ class DebertaModel(nn.Module):
         rel_pos = relative_positions(T, self.cfg, input_ids.device)  # (T, T)
         weights = []
         for layer in self.layers:
-            x, w = layer(x, table, rel_pos, mask, return_weights)
+            x, w = layer(x, table, rel_pos, mask, need_weights)
             if w is not None:
                 weights.append(w)
-        return (x, weights) if return_weights else x
+        return (x, weights) if need_weights else x

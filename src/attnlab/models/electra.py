@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.attention import padding_mask
-from attnlab.blocks import Encoder, EncoderBlock, apply_activation
+from attnlab.blocks import Block, BlockStack, apply_activation
 from attnlab.configs import setting
 from attnlab.models.bert import BertConfig, BertEmbeddings, init_bert_weights
 
@@ -59,7 +59,7 @@ class ElectraModel(nn.Module):
         self.embeddings = BertEmbeddings(embedding_config(cfg, cfg.emb))
         self.project = nn.Linear(cfg.emb, cfg.d_model) if cfg.emb != cfg.d_model else None
         block = cfg.block_config()
-        self.encoder = Encoder([EncoderBlock(block) for _ in range(cfg.n_layers)])
+        self.encoder = BlockStack([Block(block) for _ in range(cfg.n_layers)])
         self.encoder.gradient_checkpointing = cfg.gradient_checkpointing
         init_bert_weights(self)
 

@@ -127,22 +127,18 @@ def smaller_attention(layer: MultiHeadAttention, n_heads: int) -> MultiHeadAtten
 
 @torch.no_grad()
 def cut_heads(layer: MultiHeadAttention, remove: list[int]) -> MultiHeadAttention:
-    """``layer`` without the heads ``remove``: their q/k/v rows and out_proj columns dropped."""
+    """``layer`` without the heads ``remove``: their rows of q_proj and kv_proj (keys and
+    values) and their out_proj columns dropped."""
     H, dh = layer.n_heads, layer.head_dim
     keep = [h for h in range(H) if h not in set(remove)]
     small = smaller_attention(layer, len(keep))
     cols = torch.cat([torch.arange(h * dh, (h + 1) * dh) for h in keep])  # (H'·Dh,)
-    if hasattr(layer, "qkv"):
-        rows = torch.cat([cols + part * H * dh for part in range(3)])  # q, k, v blocks
-        small.qkv.weight.copy_(layer.qkv.weight[rows])
-        if layer.qkv.bias is not None:
-            small.qkv.bias.copy_(layer.qkv.bias[rows])
-    else:
-        for name in ("q_proj", "k_proj", "v_proj"):
-            big, new = getattr(layer, name), getattr(small, name)
-            new.weight.copy_(big.weight[cols])
-            if big.bias is not None:
-                new.bias.copy_(big.bias[cols])
+    kv_rows = torch.cat([cols, cols + H * dh])  # keys, then values (kv_proj's row order)
+    for name, rows in (("q_proj", cols), ("kv_proj", kv_rows)):
+        big, new = getattr(layer, name), getattr(small, name)
+        new.weight.copy_(big.weight[rows])
+        if big.bias is not None:
+            new.bias.copy_(big.bias[rows])
     small.out_proj.weight.copy_(layer.out_proj.weight[:, cols])
     if layer.out_proj.bias is not None:
         small.out_proj.bias.copy_(layer.out_proj.bias)

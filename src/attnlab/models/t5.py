@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.attention import padding_mask
-from attnlab.blocks import BlockConfig, Decoder, DecoderBlock, Encoder, EncoderBlock, RMSNorm
+from attnlab.blocks import Block, BlockConfig, BlockStack, Decoder, DecoderBlock, RMSNorm
 from attnlab.configs import ConfigBase, setting
 from attnlab.positions import T5RelativePositionBias
 
@@ -78,8 +78,8 @@ class T5(nn.Module):
         block = cfg.block_config()
         n_dec = cfg.n_decoder_layers or cfg.n_layers
         self.shared = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.encoder = Encoder(
-            [EncoderBlock(block) for _ in range(cfg.n_layers)], RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.encoder = BlockStack(
+            [Block(block) for _ in range(cfg.n_layers)], RMSNorm(cfg.d_model, cfg.norm_eps)
         )
         self.decoder = Decoder(
             [DecoderBlock(block) for _ in range(n_dec)], RMSNorm(cfg.d_model, cfg.norm_eps)
@@ -146,7 +146,7 @@ def init_t5_weights(model: T5) -> None:
         elif isinstance(m, T5RelativePositionBias):
             nn.init.normal_(m.embedding.weight, std=D**-0.5)
     for name, p in model.named_parameters():
-        if name.endswith(("qkv.weight", "out_proj.weight", "ff.w_in.weight")):
+        if name.endswith(("q_proj.weight", "kv_proj.weight", "out_proj.weight", "ff.w_in.weight")):
             nn.init.normal_(p, std=D**-0.5)
         elif name.endswith("ff.w_out.weight"):
             nn.init.normal_(p, std=F_**-0.5)

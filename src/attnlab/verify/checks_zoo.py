@@ -75,16 +75,18 @@ def _padded_batch(vocab: int, B: int = 0, pad: int = 0) -> tuple[Tensor, Tensor,
 
 
 def t5_attention_links(ours: nn.Module, theirs: nn.Module, name: str) -> list[Link]:
-    """T5Attention -> MultiHeadAttention(bias=False): qkv = [√d_k·q; k; v], out_proj = o."""
+    """T5Attention -> MultiHeadAttention(bias=False): q_proj = √d_k·q, kv_proj = [k; v],
+    out_proj = o."""
     c = theirs.key_value_proj_dim**0.5
-    qkv = ZLink(
-        ours.qkv.weight,
-        (theirs.q.weight, theirs.k.weight, theirs.v.weight),
-        lambda q, k, v: torch.cat([q * c, k, v]),
-        f"{name}.qkv",
-        grad_join=lambda q, k, v: torch.cat([q / c, k, v]),
+    q = ZLink(
+        ours.q_proj.weight,
+        (theirs.q.weight,),
+        lambda w: w * c,
+        f"{name}.q",
+        grad_join=lambda g: g / c,
     )
-    return [qkv, Link(ours.out_proj.weight, (theirs.o.weight,), name=f"{name}.o")]
+    kv = Link(ours.kv_proj.weight, (theirs.k.weight, theirs.v.weight), _cat, f"{name}.kv")
+    return [q, kv, Link(ours.out_proj.weight, (theirs.o.weight,), name=f"{name}.o")]
 
 
 def t5_ff_links(ours: nn.Module, theirs: nn.Module, name: str) -> list[Link]:
@@ -233,7 +235,17 @@ def bert_embedding_links(ours: nn.Module, theirs: nn.Module, name: str = "emb") 
     return links + _norm(ours.norm, theirs.LayerNorm, f"{name}.norm")
 
 
+def _mha(ours: nn.Module, q: nn.Linear, k: nn.Linear, v: nn.Linear, name: str) -> list[Link]:
+    """HF query/key/value -> MultiHeadAttention's q_proj and kv_proj (keys, then values)."""
+    return [
+        *_lin(ours.q_proj, q, f"{name}.q"),
+        Link(ours.kv_proj.weight, (k.weight, v.weight), _cat, f"{name}.kv.weight"),
+        Link(ours.kv_proj.bias, (k.bias, v.bias), _cat, f"{name}.kv.bias"),
+    ]
+
+
 def _qkv(ours: nn.Linear, q: nn.Linear, k: nn.Linear, v: nn.Linear, name: str) -> list[Link]:
+    """HF query/key/value -> one packed Linear (rows q, k, v), as DeBERTa's attention has."""
     return [
         Link(ours.weight, (q.weight, k.weight, v.weight), _cat, f"{name}.qkv.weight"),
         Link(ours.bias, (q.bias, k.bias, v.bias), _cat, f"{name}.qkv.bias"),
@@ -241,9 +253,9 @@ def _qkv(ours: nn.Linear, q: nn.Linear, k: nn.Linear, v: nn.Linear, name: str) -
 
 
 def bert_layer_links(ours: nn.Module, theirs: nn.Module, name: str) -> list[Link]:
-    """BertLayer / ElectraLayer -> a post-norm EncoderBlock."""
+    """BertLayer / ElectraLayer -> a post-norm Block."""
     a = theirs.attention
-    links = _qkv(ours.self_attn.qkv, a.self.query, a.self.key, a.self.value, name)
+    links = _mha(ours.self_attn, a.self.query, a.self.key, a.self.value, name)
     links += _lin(ours.self_attn.out_proj, a.output.dense, f"{name}.out")
     links += _norm(ours.norm1, a.output.LayerNorm, f"{name}.norm1")
     links += _lin(ours.ff.w_in, theirs.intermediate.dense, f"{name}.ff.in")
@@ -281,7 +293,7 @@ def albert_links(ours: nn.Module, theirs: nn.Module) -> list[Link]:
     links += _lin(ours.project, theirs.encoder.embedding_hidden_mapping_in, "mapping_in")
     ref = theirs.encoder.albert_layer_groups[0].albert_layers[0]
     a, mine = ref.attention, ours.layer
-    links += _qkv(mine.self_attn.qkv, a.query, a.key, a.value, "layer")
+    links += _mha(mine.self_attn, a.query, a.key, a.value, "layer")
     links += _lin(mine.self_attn.out_proj, a.dense, "layer.out")
     links += _norm(mine.norm1, a.LayerNorm, "layer.norm1")
     links += _lin(mine.ff.w_in, ref.ffn, "layer.ffn")
