@@ -1,12 +1,14 @@
 """Knowledge distillation table: teacher, student from scratch, distilled student.
 
-The two students have the same small architecture and the same training budget (wall minutes,
-trained at the same time, one thread each, so that they share the machine's load alike);
-the distilled one learns from the teacher run's soft labels as well (`attnlab train distill`).
+The two students have the same small architecture and the same training budget: the same
+number of optimizer steps on the same batches (a wall-clock budget is unfair on a machine
+whose load changes under the runs); the distilled one learns from the teacher run's soft
+labels as well (`attnlab train distill`; the teacher's one pass over the training texts is
+its extra cost, in its CPU seconds).
 All three are then scored on the test split and their forward pass timed on the same 256 test
 texts (fp32, one thread, side by side in this process).
 
-    python benchmarks/distill.py --teacher RUN [--minutes 5] [--temperature 2] [--alpha 0.5]
+    python benchmarks/distill.py --teacher RUN [--steps 600] [--temperature 2] [--alpha 0.5]
         -> docs/results/distill.{json,md}
 """
 
@@ -29,8 +31,7 @@ from prune_heads import latency_ms, test_batches, timing_batch  # noqa: E402
 ROOT = Path("/tmp/attnlab_distill")
 STUDENT = ["--d-model", "64", "--n-heads", "2", "--n-layers", "1", "--d-ff", "256",
            "--ngram-buckets", "0"]  # fmt: skip
-COMMON = ["--tensorboard", "false", "--precision", "fp32", "--num-threads", "1",
-          "--schedule-by-time", "true", "--epochs", "6"]  # fmt: skip
+COMMON = ["--tensorboard", "false", "--precision", "fp32", "--num-threads", "1"]
 
 
 def score(run_dir: Path, rounds: int) -> dict:
@@ -53,7 +54,7 @@ def score(run_dir: Path, rounds: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--teacher", required=True)
-    parser.add_argument("--minutes", type=float, default=5.0)
+    parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--temperature", type=float, default=2.0)
     parser.add_argument("--alpha", type=float, default=0.5)
     parser.add_argument("--rounds", type=int, default=5)
@@ -61,7 +62,7 @@ def main() -> None:
     shutil.rmtree(ROOT, ignore_errors=True)
     ROOT.mkdir(parents=True)
     load_start = os.getloadavg()[0]
-    budget = ["--max-minutes", str(args.minutes)]
+    budget = ["--max-steps", str(args.steps)]
     soft = ["--teacher", args.teacher, "--temperature", str(args.temperature),
             "--alpha", str(args.alpha)]  # fmt: skip
     commands = {
@@ -92,12 +93,12 @@ def main() -> None:
         "load_start": load_start,
         "load_end": os.getloadavg()[0],
         "student": STUDENT,
-        "minutes": args.minutes,
+        "steps": args.steps,
         "temperature": args.temperature,
         "alpha": args.alpha,
     }
     command = (
-        f"python benchmarks/distill.py --teacher {args.teacher} --minutes {args.minutes} "
+        f"python benchmarks/distill.py --teacher {args.teacher} --steps {args.steps} "
         f"--temperature {args.temperature} --alpha {args.alpha}"
     )
     out = Path("docs/results")
@@ -111,8 +112,8 @@ def main() -> None:
         "",
         f"`{command}`",
         "",
-        f"Students: `{' '.join(STUDENT)}`, {args.minutes} min each (trained at the same time, "
-        f"fp32, one thread, lr schedule run by the clock), T = {args.temperature}, "
+        f"Students: `{' '.join(STUDENT)}`, {args.steps} steps of batch 64 each (trained at the "
+        f"same time, fp32, one thread), T = {args.temperature}, "
         f"α = {args.alpha}. Test split of the bundled Chinese reviews. Latency: median of "
         f"{args.rounds} forward passes over the same 256 test texts, one thread; {meta['cpus']} "
         f"logical CPUs shared with other jobs (load average {load_start:.1f} at start, "
