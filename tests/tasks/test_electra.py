@@ -84,3 +84,6 @@ def test_pretrain_then_finetune_through_classify(tmp_path, capsys):
     results = json.loads((out / "results.json").read_text())
     assert results["test"]["accuracy"] >= 0.8, results["test"]
     assert main(["embed", str(run), "a film"]) == 0
+    page = tmp_path / "page.html"
+    assert main(["explore", str(run), "a great film", "--out", str(page)]) == 0  # a BERT page
+    assert page.stat().st_size > 1000
