@@ -114,3 +114,14 @@ def test_quantized_lm_and_translation_runs(tmp_path, capsys) -> None:
     assert capsys.readouterr().out.strip() != ""
     assert main(["eval", str(tmp_path / "tr8"), "--json"]) == 0
     assert "chrf" in json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("kind", ["lm", "classify", "translate", "vit", "cnn", "bert_classify"])
+def test_every_run_kind_quantizes_and_loads(kind, tmp_path) -> None:
+    """The format-1 fixture runs (written by an older attnlab, upgraded on load)."""
+    from attnlab.tasks.quantize import quantize_run
+
+    fixture = Path(__file__).resolve().parent.parent / "fixtures" / "runs_v1" / kind
+    info = quantize_run(fixture, tmp_path / "q")
+    model = load_run(tmp_path / "q").model
+    assert sum(isinstance(m, Int8Linear) for m in model.modules()) == info["layers"] > 0

@@ -4,7 +4,7 @@ OUT holds everything RUN holds (config, tokenizer, data report, results, plots) 
 training state (state/: a quantised run is for inference, it cannot be trained further) and
 the weights, rewritten with every nn.Linear as an :class:`attnlab.quant.Int8Linear` (a head
 tied to the embedding stays float). ``quantization.json`` records the scheme and the source.
-Every verb loads OUT as it loads RUN: ``load_weights`` sees the int8 tensors and swaps the
+Every verb loads OUT as it loads RUN: ``load_tensors_into`` sees the int8 tensors and swaps the
 layers in before loading (attnlab.quant.prepare_for_int8_weights).
 """
 
@@ -38,11 +38,13 @@ def check_not_quantized(run_dir: Path, doing: str) -> None:
 
 def _weights_module(run: object, keys: set[str]) -> nn.Module:
     """The module of ``run`` that model.safetensors was loaded into."""
-    found = [
-        v for v in vars(run).values() if isinstance(v, nn.Module) and keys <= set(v.state_dict())
-    ]
+    modules = [v for v in vars(run).values() if isinstance(v, nn.Module)]
+    found = modules if len(modules) == 1 else [m for m in modules if keys <= set(m.state_dict())]
     if len(found) != 1:
-        raise UserError(f"{getattr(run, 'run_dir', run)}: cannot tell which model to quantise")
+        raise UserError(
+            f"{getattr(run, 'run_dir', run)}: a {type(run).__name__} does not hold one model "
+            "that attnlab quantize can reach; quantise its classifier or LM runs instead"
+        )
     return found[0]
 
 

@@ -28,7 +28,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnlab.quant import prepare_for_int8_weights
 from attnlab.tensor_files import (
     fsync_file,
     load_tensors_into,
@@ -95,9 +94,7 @@ def load_weights(model: nn.Module, path: str | Path) -> None:
     A bad file (truncated, checksum mismatch, NaN/inf) or weights that do not fit the model
     raise a one-line ValueError naming the file and the fix.
     """
-    tensors = read_tensors(path, "weights")
-    prepare_for_int8_weights(model, set(tensors))  # an `attnlab quantize` run: int8 layers
-    load_tensors_into(model, tensors, path)
+    load_tensors_into(model, read_tensors(path, "weights"), path)
 
 
 def _optimizer_to_files(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
