@@ -83,16 +83,25 @@ NOTES = {
     "hownet+dutir+phrases_3ep": "+ both lexicons, a quarter negated, a quarter intensified; "
     "3 epochs",
 }
+# Runs that trained side by side (started together, one thread each, the same precision): only
+# their times compare. (variant, seed) pairs; the report gives the ratio of the second to the first.
+SIDE_BY_SIDE: list[tuple[tuple[str, int], tuple[str, int]]] = [
+    (("default", 0), ("hownet+phrases_3ep", 0)),
+    (("default", 2), ("hownet", 1)),
+]
 
 
-def overrides_of(variant: str, seed: int) -> dict[str, Any]:
-    """The full set of overrides of one run."""
+def overrides_of(variant: str, seed: int, precision: str = "auto") -> dict[str, Any]:
+    """The full set of overrides of one run (precision pinned only when asked, so auto's
+    load-dependent choice does not confound the timings of a side-by-side comparison)."""
+    pinned = {} if precision == "auto" else {"precision": precision}
     return {
         **OLD_DEFAULT,
         **VARIANTS[variant],
         "seed": seed,
         "num_threads": 1,
         "tensorboard": False,
+        **pinned,
     }
 
 
@@ -116,7 +125,12 @@ def logits_of(run: ClassifierRun, texts: list[str], batch: int = 256) -> torch.T
 
 
 def record_run(
-    variant: str, seed: int, out: Path, wall_s: float | None = None, load_before=None
+    variant: str,
+    seed: int,
+    out: Path,
+    wall_s: float | None = None,
+    load_before=None,
+    precision: str = "auto",
 ) -> dict:
     """Scores of one finished run, written to out/record.json (a rerun keeps the old timing)."""
     old_path = out / "record.json"
@@ -124,6 +138,7 @@ def record_run(
         old = json.loads(old_path.read_text(encoding="utf-8"))
         wall_s = old["process_wall_time_s"] if wall_s is None else wall_s
         load_before = old["load_average_before"] if load_before is None else load_before
+        precision = old["overrides"].get("precision", precision)
     results = json.loads((out / "results.json").read_text(encoding="utf-8"))
     run = ClassifierRun.load(out)
     ood = {}
@@ -141,7 +156,7 @@ def record_run(
     record = {
         "variant": variant,
         "seed": seed,
-        "overrides": overrides_of(variant, seed),
+        "overrides": overrides_of(variant, seed, precision),
         "test": {k: results["test"][k] for k in ("accuracy", "macro_f1", "n")},
         "val": {k: results["val"][k] for k in ("accuracy", "macro_f1", "n")},
         "ood": ood,
@@ -162,7 +177,7 @@ def record_run(
     return record
 
 
-def train(variants: list[str], seeds: list[int]) -> None:
+def train(variants: list[str], seeds: list[int], precision: str = "auto") -> None:
     for variant in variants:
         if variant not in VARIANTS:
             raise SystemExit(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}")
@@ -174,13 +189,14 @@ def train(variants: list[str], seeds: list[int]) -> None:
                 continue
             if (out / "results.json").exists():
                 print(f"{out}: trained already, scoring it", flush=True)
-                record_run(variant, seed, out)
+                record_run(variant, seed, out, precision=precision)
                 continue
             load_before = os.getloadavg()
             started = time.perf_counter()
             print(f"{out}: training", flush=True)
-            runner.train("classify", out, overrides_of(variant, seed), resume=False)
-            record = record_run(variant, seed, out, time.perf_counter() - started, load_before)
+            runner.train("classify", out, overrides_of(variant, seed, precision), resume=False)
+            wall = time.perf_counter() - started
+            record = record_run(variant, seed, out, wall, load_before, precision)
             print(json.dumps({k: record[k] for k in ("variant", "seed", "test", "ood")}))
 
 
@@ -308,6 +324,7 @@ def report() -> None:
             "overrides": VARIANTS[variant],
             "seeds": [r["seed"] for r in recs],
             "test_accuracy": mean_std([r["test"]["accuracy"] for r in recs]),
+            "val_accuracy": mean_std([r["val"]["accuracy"] for r in recs]),
             "ood": {
                 name: mean_std([r["ood"][name]["accuracy"] for r in recs if name in r["ood"]])
                 for name in ("dev", "test")
@@ -319,6 +336,8 @@ def report() -> None:
             "train_minutes": mean_std([r["train_wall_time_s"] / 60 for r in recs]),
             "train_minutes_each": [round(r["train_wall_time_s"] / 60, 1) for r in recs],
             "precision_each": [r["precision"] for r in recs],
+            "train_cpu_minutes_each": [round(cpu_seconds(r) / 60, 1) for r in recs],
+            "steps_each": [r["steps"] for r in recs],
             "examples": [
                 [f"{e['predicted'][:3]} {e['prob']:.2f}" for e in r["examples"]] for r in recs
             ],
@@ -331,12 +350,14 @@ def report() -> None:
         }
         rows[variant] = row
     extras = ensembles_and_calibration(records)
+    pairs = side_by_side(records)
     baselines = tfidf_rows(list(VARIANTS))  # every source set, trained neurally or not
     record = {
         "command": "python benchmarks/classify_knowledge.py train ...; "
         "python benchmarks/classify_knowledge.py report",
         "variants": rows,
         "ensembles_and_calibration": extras,
+        "side_by_side": pairs,
         "tfidf": baselines,
         "machine": machine_info(),
         "load_average_at_report": os.getloadavg(),
@@ -348,6 +369,37 @@ def report() -> None:
     )
     (RESULTS / "classify_knowledge.md").write_text(render(record), encoding="utf-8")
     print(render(record))
+
+
+def cpu_seconds(rec: dict) -> float:
+    """CPU time the training loop used (less swayed by other jobs than wall time)."""
+    results = json.loads((run_dir(rec["variant"], rec["seed"]) / "results.json").read_text())
+    return results["summary"]["cpu_time_s"]
+
+
+def side_by_side(records: dict[str, list[dict]]) -> list[dict[str, Any]]:
+    """Wall and CPU time of each SIDE_BY_SIDE pair whose runs both exist, as ratios."""
+    by_key = {(r["variant"], r["seed"]): r for recs in records.values() for r in recs}
+    out = []
+    for a, b in SIDE_BY_SIDE:
+        if a not in by_key or b not in by_key:
+            continue
+        ra, rb = by_key[a], by_key[b]
+        wall = [ra["train_wall_time_s"] / 60, rb["train_wall_time_s"] / 60]
+        cpu = [cpu_seconds(ra) / 60, cpu_seconds(rb) / 60]
+        out.append(
+            {
+                "runs": [f"{a[0]}-s{a[1]}", f"{b[0]}-s{b[1]}"],
+                "precision": [ra["precision"], rb["precision"]],
+                "steps": [ra["steps"], rb["steps"]],
+                "wall_minutes": [round(w, 1) for w in wall],
+                "cpu_minutes": [round(c, 1) for c in cpu],
+                "wall_ratio": round(wall[1] / wall[0], 2),
+                "cpu_ratio": round(cpu[1] / cpu[0], 2),
+                "load_average_before": [ra["load_average_before"], rb["load_average_before"]],
+            }
+        )
+    return out
 
 
 def ensembles_and_calibration(records: dict[str, list[dict]]) -> dict[str, Any]:
@@ -422,20 +474,24 @@ def render(record: dict) -> str:
         "hand-written out-of-domain sets in `src/attnlab/data/sentiment_ood/` (dev chooses, "
         "test is only scored). Mean ± std over seeds (n shown).",
         "",
-        "| variant | seeds | in-domain test acc | OOD dev acc | OOD test acc | OOD test F1 | "
-        "tutorial (3 sentences) | right with p≥0.7 | train min per seed (precision) | "
+        "| variant | seeds | in-domain val acc | in-domain test acc | OOD dev acc | OOD test acc | "
+        "OOD test F1 | tutorial (3 sentences) | right with p≥0.7 | "
+        "train wall min per seed (precision) | train CPU min per seed | steps | "
         "extra examples |",
-        "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|",
     ]
     for name, row in record["variants"].items():
         examples = " / ".join(row["examples"][0])
         lines.append(
-            f"| {name} | {len(row['seeds'])} | {fmt(row['test_accuracy'])} | "
+            f"| {name} | {len(row['seeds'])} | {fmt(row['val_accuracy'])} | "
+            f"{fmt(row['test_accuracy'])} | "
             f"{fmt(row['ood']['dev'])} | {fmt(row['ood']['test'])} | "
             f"{fmt(row['ood_macro_f1']['test'])} | {examples} | "
             f"{'/'.join(map(str, row['tutorial_right_p07']))} | "
             f"{', '.join(map(str, row['train_minutes_each']))} "
             f"({', '.join(row['precision_each'])}) | "
+            f"{', '.join(map(str, row['train_cpu_minutes_each']))} | "
+            f"{', '.join(map(str, row['steps_each']))} | "
             f"{row['extra_training_examples']} |"
         )
     lines += [
@@ -479,15 +535,33 @@ def render(record: dict) -> str:
             f"{row.get('ood_dev', {}).get('accuracy', float('nan')):.3f} | "
             f"{row.get('ood_test', {}).get('accuracy', float('nan')):.3f} | {ex} |"
         )
+    lines += [
+        "",
+        "## Training time of runs that ran side by side",
+        "",
+        "| runs (first, second) | precision | steps | wall min | CPU min | wall ratio | "
+        "CPU ratio | 1-min load at start |",
+        "|---|---|---|---|---|---:|---:|---|",
+    ]
+    for pair in record["side_by_side"]:
+        loads = " / ".join(f"{la[0]:.1f}" if la else "?" for la in pair["load_average_before"])
+        lines.append(
+            f"| {' + '.join(pair['runs'])} | {' / '.join(pair['precision'])} | "
+            f"{' / '.join(map(str, pair['steps']))} | "
+            f"{' / '.join(map(str, pair['wall_minutes']))} | "
+            f"{' / '.join(map(str, pair['cpu_minutes']))} | {pair['wall_ratio']:.2f} | "
+            f"{pair['cpu_ratio']:.2f} | {loads} |"
+        )
     info = record["machine"]
     lines += [
         "",
         f"Machine: {info['cpu']}, {info['logical_cpus']} logical CPUs shared with other jobs, "
         f"1 thread per run, Python {info['python']}, torch {info['torch']}. The 1-minute load "
-        "average when each run started is in the JSON (`load_average`); times are comparable "
-        "only between runs that ran side by side: `default` seed 0 (57.5 min) ran beside "
-        "`hownet+phrases_3ep` (50.7 min) at load 8-21; the others overlapped in varying pairs "
-        "at load 9-18.",
+        "average when each run started is in the JSON (`load_average`); wall times compare "
+        "only between runs that ran side by side (the table above); the others overlapped in "
+        "varying pairs at load 8-21. `precision=auto` chose fp32 or bf16 by a load-swayed probe "
+        "in the earlier runs; the side-by-side `default` seed 2 / `hownet` seed 1 pair and "
+        "`hownet` seed 2 were pinned with `train --precision fp32`.",
         "",
     ]
     return "\n".join(lines)
@@ -499,6 +573,12 @@ def main() -> int:
     tr = sub.add_parser("train")
     tr.add_argument("--variants", default=",".join(VARIANTS))
     tr.add_argument("--seeds", default="0,1,2")
+    tr.add_argument(
+        "--precision",
+        default="auto",
+        choices=["auto", "fp32", "bf16"],
+        help="pin the training precision (auto picks by a timing probe, which load sways)",
+    )
     sub.add_parser("report")
     explore = sub.add_parser("tfidf-dev", help="TF-IDF per variant on validation and OOD dev")
     explore.add_argument("--variants", default=",".join(VARIANTS))
@@ -512,7 +592,7 @@ def main() -> int:
                 flush=True,
             )
     elif args.command == "train":
-        train(args.variants.split(","), [int(s) for s in args.seeds.split(",")])
+        train(args.variants.split(","), [int(s) for s in args.seeds.split(",")], args.precision)
     else:
         report()
     return 0
