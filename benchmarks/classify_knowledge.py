@@ -406,7 +406,7 @@ def ensembles_and_calibration(records: dict[str, list[dict]]) -> dict[str, Any]:
     """Per variant with several seeds: the seeds' averaged probabilities as one ensemble; per
     variant: temperature scaling of seed 0's (or the first) run."""
     out: dict[str, Any] = {}
-    cfg = classify.build_config(None, {})
+    cfg = classify.build_config(None, {"lexicons": ""})  # only val/test are read
     prep = classify.prepare(cfg, RUNS / "_prep", resume=False)
     val_texts, val_labels = prep.texts_of("val")
     test_texts, test_labels = prep.texts_of("test")

@@ -282,6 +282,19 @@ def test_lexicons_need_a_positive_negative_corpus(tmp_path, toy_knowledge):
         classify.build_config(None, {"lexicons": "hownet,wordnet"})
 
 
+def test_the_preset_adds_hownet_to_the_bundled_reviews_only(tmp_path, toy_knowledge):
+    """lexicons = "auto" (the preset): HowNet for the bundled reviews, nothing for a user's
+    file, which may have other labels; naming a lexicon still applies it to a file."""
+    assert classify.build_config(None, {}).data.lexicon_names == ["hownet"]
+    data = write_corpus(tmp_path / "three.csv", n=60)  # three labels: lexicons would refuse it
+    cfg = classify.build_config(None, {"data": str(data)})
+    assert cfg.data.lexicons == "auto" and cfg.data.lexicon_names == []
+    prep = classify.prepare(cfg, tmp_path / "r", False)
+    assert "extra_training" not in prep.report
+    named = classify.build_config(None, {"data": str(data), "lexicons": "hownet,dutir"})
+    assert named.data.lexicon_names == ["hownet", "dutir"]
+
+
 def test_training_reports_out_of_domain_accuracy_and_eval_scores_the_ood_files(
     tmp_path, toy_knowledge, capsys
 ):
