@@ -325,6 +325,7 @@ def report() -> None:
             "seeds": [r["seed"] for r in recs],
             "test_accuracy": mean_std([r["test"]["accuracy"] for r in recs]),
             "val_accuracy": mean_std([r["val"]["accuracy"] for r in recs]),
+            "ood_dev_each": [round(r["ood"]["dev"]["accuracy"], 3) for r in recs],
             "ood": {
                 name: mean_std([r["ood"][name]["accuracy"] for r in recs if name in r["ood"]])
                 for name in ("dev", "test")
@@ -500,6 +501,13 @@ def render(record: dict) -> str:
         "情节紧凑。(positive) / 剧情拖沓，演员演技一言难尽。(negative) / "
         "电影前半段很无聊，但是结局让我感动 (positive); the next column counts, per seed, the "
         "sentences right with p ≥ 0.7.",
+        "",
+        "OOD dev accuracy per seed: "
+        + "; ".join(
+            f"{name} {' / '.join(f'{a:.3f}' for a in row['ood_dev_each'])}"
+            for name, row in record["variants"].items()
+        )
+        + ".",
         "",
         "## Seed ensembles and temperature scaling",
         "",
