@@ -68,6 +68,12 @@ class Seq2SeqConfig(ConfigBase):
         0, 'attention="local": leading tokens that see and are seen by all', min=0
     )
 
+    arch: Literal["transformer", "t5"] = setting(
+        "transformer",
+        "transformer (Vaswani et al.) | t5 (models/t5.py: relative bias, RMSNorm; needs "
+        "shared_embeddings, activation relu or geglu_tanh; ignores norm, pos, tie_weights)",
+    )
+
     ALIASES = (
         Alias("norm_first", "norm_position", convert=_norm_first_to_position),
         Alias("max_len", "context"),
@@ -81,6 +87,13 @@ class Seq2SeqConfig(ConfigBase):
                 f"{self.src_vocab_size} and {self.tgt_vocab_size}; set shared_embeddings=false"
             )
         self.block_config()  # head counts, attention kernel
+        if self.arch == "t5":
+            if not self.shared_embeddings:
+                raise ValueError("arch=t5 has one embedding for both sides: shared_embeddings")
+            if self.activation not in ("relu", "geglu_tanh"):
+                raise ValueError("arch=t5 takes activation relu (v1.0) or geglu_tanh (v1.1)")
+            if self.attention != "full":
+                raise ValueError("arch=t5 takes attention=full")
 
     def block_config(self) -> BlockConfig:
         """The block of both stacks (the decoder adds cross-attention; it is always full)."""

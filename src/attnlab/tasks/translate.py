@@ -31,6 +31,7 @@ from attnlab.data.parallel import (
 )
 from attnlab.models.beam import DecodeSettings, beam_search, greedy_decode
 from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
+from attnlab.models.t5 import T5Translator, t5_from_seq2seq
 from attnlab.tasks import runner
 from attnlab.tasks.task import Run, RunConfig, Setup, Task
 from attnlab.train import StepOutput, TrainConfig, load_weights
@@ -203,6 +204,13 @@ def mean_nll(model: Seq2SeqTransformer, data: ParallelData, device: str) -> floa
     return total / count
 
 
+def build_translator(cfg: Seq2SeqConfig) -> Seq2SeqTransformer:
+    """The model section's architecture: attnlab's Transformer, or T5 (``arch = "t5"``)."""
+    if cfg.arch == "t5":
+        return T5Translator(t5_from_seq2seq(cfg))  # type: ignore[return-value]
+    return Seq2SeqTransformer(cfg)
+
+
 class TranslateTask(Task):
     """Sequence-to-sequence translation with an encoder-decoder Transformer."""
 
@@ -234,9 +242,10 @@ class TranslateTask(Task):
         return Setup(prep, train_data, evaluate, files, [message])
 
     def build_model(self, cfg: RunConfig, setup: Setup) -> Seq2SeqTransformer:
-        model, m = Seq2SeqTransformer(cfg.model), cfg.model
+        model, m = build_translator(cfg.model), cfg.model
         setup.messages.append(
-            f"model: {model.num_params() / 1e6:.2f}M parameters; {m.n_encoder_layers}+"
+            f"model: {'T5, ' if m.arch == 't5' else ''}"
+            f"{model.num_params() / 1e6:.2f}M parameters; {m.n_encoder_layers}+"
             f"{m.n_decoder_layers} layers, {m.n_heads} heads, d_model {m.d_model}, d_ff {m.d_ff}"
         )
         return model
@@ -257,7 +266,7 @@ class TranslateTask(Task):
 
     def load(self, run_dir: Path, cfg: RunConfig, device: str) -> TranslatorRun:
         src_path, tgt_path = tokenizer_paths(run_dir, cfg.model.shared_embeddings)
-        model = Seq2SeqTransformer(cfg.model)
+        model = build_translator(cfg.model)
         load_weights(model, run_dir / "model.safetensors")
         model.to(device).eval()
         src_tok, tgt_tok = TextTokenizer.load(src_path), TextTokenizer.load(tgt_path)
