@@ -87,7 +87,7 @@ def bert_examples(source: Source, texts: list[str]) -> dict[str, Any]:
     ids, lengths = pad_batch(seqs, run.tokenizer.pad_id)  # (B, T), (B,)
     with record_attention(bert) as rec:
         bert(ids, lengths)
-    calls = calls_named(rec.calls, "self_attn")
+    calls = calls_named(rec.calls, "attn")  # self_attn; DeBERTa's attn
     pooling = getattr(run.model, "pooling", "mean")
     preds = run.predict(texts) if hasattr(run, "predict") else None
     vectors = None if preds is not None else run.encode(texts)  # (B, D) unit sentence vectors

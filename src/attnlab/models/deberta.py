@@ -113,6 +113,8 @@ def relative_positions(t: int, cfg: DebertaConfig, device: torch.device | None =
 class DisentangledSelfAttention(nn.Module):
     """Self-attention whose scores add content-to-position and position-to-content terms."""
 
+    is_attention = True  # record_attention labels its calls with this module's name
+
     def __init__(self, cfg: DebertaConfig) -> None:
         super().__init__()
         D = cfg.d_model

@@ -34,6 +34,13 @@ class SentenceEncoder:
     @classmethod
     def load(cls, checkpoint: str | Path = "minilm") -> SentenceEncoder:
         """From a checkpoint directory (or ``"minilm"``), in eval mode on the CPU."""
+        zoo = Path(checkpoint) / "config.json"
+        if zoo.is_file() and '"arch": "' in zoo.read_text(encoding="utf-8"):
+            raw = json.loads(zoo.read_text(encoding="utf-8"))
+            if raw.get("task") == "mlm" and raw["model"].get("arch", "bert") != "bert":
+                from attnlab.tasks.runs import load_run  # an ALBERT/DeBERTa `train mlm` run
+
+                return load_run(checkpoint).encoder  # type: ignore[attr-defined]
         path = resolve_checkpoint(checkpoint)
         model, _, tokenizer, _ = load_pretrained(path)
         max_len = model.cfg.context

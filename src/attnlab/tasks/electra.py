@@ -132,6 +132,10 @@ class ElectraTask(MLMTask):
     def sections(self) -> dict[str, type]:
         return {**SECTIONS, "electra": ElectraSettings}
 
+    def check(self, cfg: RunConfig) -> None:
+        if cfg.model.arch != "bert":
+            raise ValueError("ELECTRA's discriminator is a BERT: leave arch at bert")
+
     def setup(self, cfg: RunConfig, run_dir: Path, resume: bool, device: str) -> Setup:
         setup = super().setup(cfg, run_dir, resume, device)  # data, tokenizer, a BERT
         bert: BertModel = setup.prepared.model.bert
