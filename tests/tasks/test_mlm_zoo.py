@@ -1,5 +1,6 @@
 """ALBERT and DeBERTa as runs (`attnlab train mlm --arch albert|deberta`): pretrained on a tiny
-synthetic corpus, then loaded by `explore` (the BERT page) and `embed`."""
+synthetic corpus, loaded by `explore` (the BERT page) and `embed`, then fine-tuned with
+`train classify --init RUN` into classifiers that `predict`, `eval` and `explore` take."""
 
 from __future__ import annotations
 
@@ -24,9 +25,13 @@ WORDS = ["the", "a", "movie", "film", "plot", "was", "very", "great", "awful", "
 
 
 def write_texts(root: Path, n: int = 160) -> Path:
+    """Texts (``texts.txt``) and the same texts labelled by their last sentiment word (csv)."""
     rng = random.Random(0)
     lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 12))) for _ in range(n)]
+    lines = [f"{line} {'great' if i % 2 else 'awful'}" for i, line in enumerate(lines)]
+    rows = [f"{line},{'pos' if i % 2 else 'neg'}" for i, line in enumerate(lines)]
     (root / "texts.txt").write_text("\n".join(lines) + "\n")
+    (root / "texts.csv").write_text("text,label\n" + "\n".join(rows) + "\n")
     return root / "texts.txt"
 
 
@@ -61,6 +66,19 @@ def test_zoo_mlm_run_trains_explores_and_embeds(
     vectors = [json.loads(line)["vector"] for line in capsys.readouterr().out.splitlines()]
     assert len(vectors) == 2 and len(vectors[0]) == 32
     assert abs(torch.tensor(vectors[0]).norm().item() - 1) < 1e-5
+
+    tuned = tmp_path / f"{arch}-classify"
+    args = ["train", "classify", "--init", str(run), "--data", str(tmp_path / "texts.csv")]
+    args += ["--out", str(tuned), "--max-steps", "4", "--batch-size", "16", *TINY[-6:]]
+    assert main(args) == 0
+    capsys.readouterr()
+    assert main(["predict", str(tuned), "--json", "the film was great"]) == 0
+    assert json.loads(capsys.readouterr().out)["label"] in ("pos", "neg")
+    assert main(["eval", str(tuned), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["accuracy"] >= 0.0
+    tuned_source = load_source(tuned)
+    assert isinstance(tuned_source.run.model.bert, type(encoder))
+    assert main(["explore", str(tuned), "the film", "--out", str(tmp_path / "q.html")]) == 0
 
 
 def test_arch_refuses_init_and_electra(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -117,6 +117,36 @@ class Prepared:
     report: dict[str, Any]
 
 
+def zoo_run(init: str) -> Any:
+    """The ALBERT/DeBERTa pretraining run (``train mlm --arch``) ``init`` names, else None."""
+    config = Path(init) / "config.json"
+    if not config.is_file() or '"arch": "' not in config.read_text(encoding="utf-8"):
+        return None
+    raw = read_json(config, "run config")
+    if raw.get("task") != "mlm" or raw["model"].get("arch", "bert") == "bert":
+        return None
+    from attnlab.tasks.runs import load_run
+
+    return load_run(init)
+
+
+def encoder_of(mlm_cfg: RunConfig) -> dict[str, Any]:
+    return {"arch": mlm_cfg.model.arch, "embedding_size": mlm_cfg.model.embedding_size}
+
+
+def classifier(cfg: RunConfig, n_classes: int, encoder: dict[str, Any] | None) -> BertClassifier:
+    """BertClassifier around a BERT, or around the ALBERT/DeBERTa encoder of ``encoder``."""
+    model = BertClassifier(cfg.model, n_classes, cfg.data.pooling)
+    if encoder is not None and encoder["arch"] != "bert":
+        from attnlab.models.zoo_mlm import ZooForMaskedLM
+
+        if cfg.data.pooling == "cls" and encoder["arch"] == "deberta":
+            raise ValueError("DeBERTa has no [CLS] pooler: use pooling=mean")
+        zoo = ZooForMaskedLM(encoder["arch"], cfg.model, encoder["embedding_size"])
+        model.bert = zoo.bert  # type: ignore[assignment]
+    return model
+
+
 class BertClassifyTask(Task):
     """Fine-tuning a pretrained BERT encoder with a classification head."""
 
@@ -133,8 +163,14 @@ class BertClassifyTask(Task):
 
     def setup(self, cfg: RunConfig, run_dir: Path, resume: bool, device: str) -> Setup:
         dcfg: BertClassifyConfig = cfg.data
-        checkpoint = resolve_checkpoint(dcfg.init)
-        encoder, _, tokenizer, notes = load_pretrained(checkpoint)
+        zoo = zoo_run(dcfg.init)
+        if zoo is not None:  # an ALBERT/DeBERTa `train mlm --arch` run
+            encoder, tokenizer, notes, checkpoint = zoo.model, zoo.tokenizer, [], Path(dcfg.init)
+            shape, arch = zoo.config.bert, encoder_of(zoo.config)
+        else:
+            checkpoint = resolve_checkpoint(dcfg.init)
+            encoder, _, tokenizer, notes = load_pretrained(checkpoint)
+            shape, arch = encoder.cfg, {"arch": "bert", "embedding_size": 0}
         corpus = load_corpus(dcfg)
         split_path = run_dir / "split.json"
         if resume and split_path.exists():
@@ -151,11 +187,11 @@ class BertClassifyTask(Task):
         check_label_counts(labels_str["train"], dcfg.allow_rare_labels)
         labels = LabelVocab.build(labels_str["train"])
         train_lengths = tokenizer.lengths(texts["train"])
-        cap = min(dcfg.max_truncate_len, encoder.cfg.context)
+        cap = min(dcfg.max_truncate_len, shape.context)
         max_len = min(dcfg.truncate_len, cap) or choose_max_len(
             train_lengths, dcfg.len_percentile, cap
         )
-        cfg.sections["model"] = BertConfig(**{**to_dict(encoder.cfg), "dropout": dcfg.dropout})
+        cfg.sections["model"] = BertConfig(**{**to_dict(shape), "dropout": dcfg.dropout})
         report = {
             "source": corpus.source,
             "corpus_stats": corpus.stats,
@@ -169,6 +205,7 @@ class BertClassifyTask(Task):
             "vocab_size": tokenizer.vocab_size,
             "max_len": max_len,
             "truncation": str(truncation_report(train_lengths, max_len)),
+            "encoder": arch,
         }
         ids = {name: labels.encode(v) for name, v in labels_str.items()}
         prep = Prepared(texts, ids, labels, tokenizer, max_len, encoder, report)
@@ -193,14 +230,16 @@ class BertClassifyTask(Task):
 
     def build_model(self, cfg: RunConfig, setup: Setup) -> BertClassifier:
         prep: Prepared = setup.prepared
-        model = BertClassifier(cfg.model, len(prep.labels), cfg.data.pooling)
+        model = classifier(cfg, len(prep.labels), prep.report["encoder"])
         if not cfg.data.from_scratch:
             model.bert.load_state_dict(prep.encoder.state_dict())
-        if cfg.data.pooling == "mean":  # the [CLS] pooler is unused: no gradient, so frozen
+        # with mean pooling the [CLS] pooler is unused: no gradient, so frozen (DeBERTa: none)
+        if cfg.data.pooling == "mean" and hasattr(model.bert, "pooler"):
             model.bert.pooler.requires_grad_(False)
         n_params = sum(p.numel() for p in model.parameters())
         setup.messages.append(
-            f"model: BERT {cfg.model.n_layers} layers, d_model {cfg.model.d_model}, "
+            f"model: {prep.report['encoder']['arch'].upper()} {cfg.model.n_layers} layers, "
+            f"d_model {cfg.model.d_model}, "
             f"{n_params / 1e6:.1f}M parameters, {prep.report['init']} from "
             f"{prep.report['checkpoint']}"
         )
@@ -236,10 +275,11 @@ class BertClassifyTask(Task):
 
     def load(self, run_dir: Path, cfg: RunConfig, device: str) -> BertClassifierRun:
         labels = LabelVocab.load(run_dir / "labels.json")
-        model = BertClassifier(cfg.model, len(labels), cfg.data.pooling)
+        report = read_json(run_dir / "data_report.json", "data report")
+        model = classifier(cfg, len(labels), report.get("encoder"))
         load_weights(model, run_dir / "model.safetensors")
         model.to(device).eval()
-        max_len = read_json(run_dir / "data_report.json", "data report")["max_len"]
+        max_len = report["max_len"]
         tokenizer = WordPieceTokenizer.load(run_dir / "tokenizer.json")
         return BertClassifierRun(run_dir, cfg, model, tokenizer, labels, max_len)
 
