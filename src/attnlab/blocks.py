@@ -20,7 +20,7 @@ from attnlab.attention import KVCache, MultiHeadAttention, RotaryHook
 from attnlab.configs import ConfigBase, setting
 from attnlab.efficient import AttentionKind, check_attention_config, make_kernel
 
-NormKind = Literal["layer", "rms"]
+NormKind = Literal["layer", "rms", "dyt"]
 NormPosition = Literal["pre", "post"]
 Activation = Literal["relu", "gelu", "gelu_tanh", "swiglu", "relu2"]
 
@@ -41,13 +41,35 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(dtype)
 
 
+class DyT(nn.Module):
+    """Dynamic Tanh, DyT(x) = γ ⊙ tanh(α·x) + β  (Zhu et al. 2025, "Transformers without
+    Normalization", eq. 1): a drop-in for LayerNorm with no statistics over the channels.
+
+    α is one learned scalar, initialised to ``alpha0`` (the paper's default 0.5); γ starts at
+    ones and β at zeros, as LayerNorm's affine parameters do.
+    """
+
+    def __init__(self, d_model: int, alpha0: float = 0.5, bias: bool = True) -> None:
+        super().__init__()
+        self.alpha = nn.Parameter(torch.tensor(float(alpha0)))
+        self.weight = nn.Parameter(torch.ones(d_model))
+        self.bias = nn.Parameter(torch.zeros(d_model)) if bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.weight * torch.tanh(self.alpha * x)  # (..., D)
+        return h if self.bias is None else h + self.bias
+
+
 def make_norm(kind: NormKind, d_model: int, eps: float = 1e-5, bias: bool = True) -> nn.Module:
-    """LayerNorm (Ba et al. 2016: (x − μ)/σ · g + b, PyTorch's kernel) or RMSNorm."""
+    """LayerNorm (Ba et al. 2016: (x − μ)/σ · g + b, PyTorch's kernel), RMSNorm or DyT (which
+    has no eps: it divides by nothing)."""
     if kind == "layer":
         return nn.LayerNorm(d_model, eps=eps, bias=bias)
     if kind == "rms":
         return RMSNorm(d_model, eps=eps)
-    raise ValueError(f"norm must be 'layer' or 'rms', got {kind!r}")
+    if kind == "dyt":
+        return DyT(d_model, bias=bias)
+    raise ValueError(f"norm must be one of {', '.join(get_args(NormKind))}, got {kind!r}")
 
 
 def apply_activation(h: Tensor, activation: Activation) -> Tensor:

@@ -9,6 +9,13 @@ or, with ``attention = "local"`` or ``"linear"``, through :mod:`attnlab.efficien
 window of ``window`` keys and ``n_global`` global tokens, or elu+1 linear attention); each
 kind decodes with its own cache (:meth:`GPT.new_caches`).
 
+More positions (docs/positions.md): fixed sinusoids (Vaswani 2017), T5's bucketed relative bias
+(one-sided, causal) or none at all (``pos = "none"``, NoPE: the causal mask alone carries
+order); RoPE can be stretched at inference by ``rope_factor`` (``rope_scaling`` linear =
+position interpolation, or ntk). The learned table has ``context`` rows: the model refuses
+inputs past it, and weights with a learned table do not load into a model built with a larger
+context (no vector exists for those positions). ``norm = "dyt"`` is Dynamic Tanh.
+
 Speedrun switches (modded-nanogpt; each off by default, so the ablation can turn it off):
 ``qk_norm`` (RMSNorm of each head's queries and keys before RoPE), ``activation = "relu2"``
 (squared ReLU, Primer), ``value_embeddings`` (a second token table whose rows are added, gated
@@ -41,7 +48,7 @@ from attnlab.blocks import Activation, BlockConfig, Encoder, EncoderBlock, NormK
 from attnlab.configs import ConfigBase, setting
 from attnlab.efficient import AttentionKind
 from attnlab.moe import MoEFeedForward
-from attnlab.positions import make_positions
+from attnlab.positions import LearnedPositionalEmbedding, RopeScaling, make_positions
 from attnlab.ssm import MambaBlock
 
 
@@ -58,7 +65,9 @@ class GPTConfig(ConfigBase):
     d_ff: int = setting(
         0, "0 = 4·d_model, or LLaMA's 2/3·4·d_model rounded to 64 with swiglu", min=0
     )
-    pos: Literal["learned", "rope", "alibi"] = "learned"
+    pos: Literal["learned", "rope", "alibi", "sinusoidal", "t5", "none"] = setting(
+        "learned", "positions: learned table, rope, alibi, sinusoidal, t5 bias, none (NoPE)"
+    )
     norm: NormKind = "layer"
     activation: Activation = "gelu_tanh"
     bias: bool = setting(True, "biases in linear layers and LayerNorm")
@@ -66,6 +75,10 @@ class GPTConfig(ConfigBase):
     dropout: float = setting(0.0, min=0.0, below=1.0)
     norm_eps: float = setting(1e-5, min=0.0)
     rope_base: float = setting(10000.0, min=1.0)
+    rope_scaling: RopeScaling = setting(
+        "none", "inference-time RoPE stretch: linear (position interpolation) or ntk"
+    )
+    rope_factor: float = setting(1.0, "RoPE stretch factor s (context · s)", min=1.0)
     gradient_checkpointing: bool = False
     attention: AttentionKind = setting(
         "full", "full | local (sliding window) | linear (elu+1 feature map)"
@@ -109,10 +122,10 @@ class GPTConfig(ConfigBase):
                 f"mixer='hybrid' with attn_every={self.attn_every} > n_layers={self.n_layers} "
                 "has no attention layer; lower attn_every or use mixer='mamba'"
             )
-        if self.attention == "linear" and self.pos == "alibi":
+        if self.attention == "linear" and self.pos in ("alibi", "t5"):
             raise ValueError(
-                "pos='alibi' adds a bias to attention scores, which linear attention does not "
-                "form; use pos='learned' or 'rope' with attention='linear'"
+                f"pos={self.pos!r} adds a bias to attention scores, which linear attention does "
+                "not form; use pos='learned', 'sinusoidal' or 'rope' with attention='linear'"
             )
         if self.pos == "rope" and (self.d_model // self.n_heads) % 2:
             raise ValueError("pos='rope' needs an even head size d_model / n_heads")
@@ -171,10 +184,17 @@ class GPT(nn.Module):
         D = cfg.d_model
         self.tok_emb = nn.Embedding(cfg.vocab_size, D)
         positions = make_positions(
-            cfg.pos, D, cfg.n_heads, cfg.context, rope_base=cfg.rope_base, causal=True
+            cfg.pos,
+            D,
+            cfg.n_heads,
+            cfg.context,
+            rope_base=cfg.rope_base,
+            rope_scaling=cfg.rope_scaling,
+            rope_factor=cfg.rope_factor,
+            causal=True,
         )
-        self.pos_emb = positions.absolute  # learned table, or None
-        self.rel_bias = positions.bias  # ALiBi, or None
+        self.pos_emb = positions.absolute  # learned or sinusoidal table, or None
+        self.rel_bias = positions.bias  # ALiBi or T5 bias, or None
         self.drop = nn.Dropout(cfg.dropout)
         block = cfg.block_config()
         blocks = [self._layer(block, kind, positions.rotary) for kind in cfg.layer_mixers()]
@@ -301,7 +321,7 @@ class GPT(nn.Module):
     def num_params(self, non_embedding: bool = True) -> int:
         """Parameter count; without the position table by default (as nanoGPT counts for MFU)."""
         n = sum(p.numel() for p in self.parameters())
-        if non_embedding and self.pos_emb is not None:
+        if non_embedding and isinstance(self.pos_emb, LearnedPositionalEmbedding):
             n -= self.pos_emb.embedding.weight.numel()
         if non_embedding and self.value_emb is not None:  # a lookup, like the position table
             n -= self.value_emb.weight.numel()

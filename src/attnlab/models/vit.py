@@ -14,7 +14,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from attnlab.blocks import Activation, BlockConfig, Encoder, EncoderBlock
+from attnlab.blocks import Activation, BlockConfig, Encoder, EncoderBlock, NormKind
 from attnlab.configs import ConfigBase, setting
 from attnlab.efficient import AttentionKind
 from attnlab.positions import make_positions, sincos_2d_table
@@ -35,6 +35,7 @@ class ViTConfig(ConfigBase):
     attn_dropout: float = setting(0.0, min=0.0, below=1.0)
     activation: Activation = "gelu"
     norm_eps: float = setting(1e-6, min=0.0)
+    norm: NormKind = setting("layer", "layer | rms | dyt (Dynamic Tanh, no statistics)")
     pooling: Literal["cls", "mean"] = "cls"
     pos: Literal["learned", "sincos2d"] = "learned"
     stem: Literal["patch", "conv"] = "patch"
@@ -81,6 +82,7 @@ class ViTConfig(ConfigBase):
             n_heads=self.n_heads,
             d_ff=self.d_ff,
             activation=self.activation,
+            norm=self.norm,
             norm_position="pre",
             norm_eps=self.norm_eps,
             dropout=self.dropout,
