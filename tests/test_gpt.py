@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -405,3 +407,16 @@ def test_t5_and_alibi_refuse_linear_attention_and_nope_counts_every_parameter() 
         tiny(pos="t5", attention="linear").validate()
     model = GPT(tiny(pos="sinusoidal"))
     assert model.num_params() == GPT(tiny(pos="none")).num_params()
+
+
+def test_sinusoidal_positions_scale_the_embeddings_as_vaswani() -> None:
+    """Vaswani §3.4: the stack sees E[ids]·√d + PE(pos)."""
+    from attnlab.positions import sinusoid_table
+
+    model = GPT(tiny(pos="sinusoidal")).eval()
+    seen = {}
+    model.stack.blocks[0].register_forward_pre_hook(lambda m, args: seen.update(x=args[0]))
+    ids = torch.randint(0, 53, (2, 10))
+    model(ids)
+    want = model.tok_emb(ids) * math.sqrt(32) + sinusoid_table(10, 32)
+    torch.testing.assert_close(seen["x"], want)

@@ -22,6 +22,8 @@ TASK_KINDS: dict[str, Kind] = {
     "translate": "translate",
     "vit": "vit",
     "cnn": "cnn",
+    "swin": "vit",
+    "deit": "vit",
 }
 
 

@@ -14,7 +14,9 @@ More positions (docs/positions.md): fixed sinusoids (Vaswani 2017), T5's buckete
 order); RoPE can be stretched at inference by ``rope_factor`` (``rope_scaling`` linear =
 position interpolation, or ntk). The learned table has ``context`` rows: the model refuses
 inputs past it, and weights with a learned table do not load into a model built with a larger
-context (no vector exists for those positions). ``norm = "dyt"`` is Dynamic Tanh.
+context (no vector exists for those positions). With sinusoids the token embeddings are
+multiplied by √d_model (Vaswani et al. 2017, §3.4): at GPT-2's N(0, 0.02) init the unit-amplitude
+sinusoids would otherwise swamp them. ``norm = "dyt"`` is Dynamic Tanh.
 
 Speedrun switches (modded-nanogpt; each off by default, so the ablation can turn it off):
 ``qk_norm`` (RMSNorm of each head's queries and keys before RoPE), ``activation = "relu2"``
@@ -304,6 +306,8 @@ class GPT(nn.Module):
                 "crop the input to the last context tokens"
             )
         x = self.tok_emb(ids)  # (B, T, D)
+        if self.cfg.pos == "sinusoidal":  # Vaswani §3.4: embeddings · √d beside unit sinusoids
+            x = x * math.sqrt(self.cfg.d_model)
         if self.pos_emb is not None:
             x = self.pos_emb(x, past)  # (B, T, D)
         x = self.drop(x)

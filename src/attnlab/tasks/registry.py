@@ -60,6 +60,16 @@ REGISTRY: dict[str, TaskEntry] = {
             "attnlab.tasks.vision",
         ),
         TaskEntry(
+            "swin",
+            "Swin Transformer image classifier: shifted windows, patch merging (Fashion-MNIST)",
+            "attnlab.tasks.vision",
+        ),
+        TaskEntry(
+            "deit",
+            "DeiT: a ViT with a distillation token taught by --teacher RUN (Fashion-MNIST)",
+            "attnlab.tasks.vision",
+        ),
+        TaskEntry(
             "cnn",
             "small ResNet with --attention none|se|eca|cbam|ca (Fashion-MNIST by default)",
             "attnlab.tasks.vision",

@@ -14,6 +14,7 @@ from functools import partial
 from attnlab.verify import checks_hf as hf
 from attnlab.verify import checks_optim as opt
 from attnlab.verify import checks_torch as pt
+from attnlab.verify import checks_vision as vis
 from attnlab.verify.checks_minilm import check_minilm
 from attnlab.verify.runner import Check, Oracle
 
@@ -44,6 +45,15 @@ CHECKS: list[Check] = [
     Check("GPT, GPT-2 layout", "HF GPT2LMHeadModel", 1e-10, hf.check_gpt2, HF),
     Check("ViT (f32)", "HF ViTForImageClassification", 1e-5, hf.check_vit, HF),
     Check("BERT", "HF BertModel", 1e-10, hf.check_bert, HF),
+    Check("Swin", "HF SwinForImageClassification", 1e-10, vis.check_swin, HF),
+    Check("Swin attention (f32)", "HF SwinModel eager", 5e-5, vis.check_swin_f32, HF),
+    Check(
+        "DeiT (distillation token)",
+        "HF DeiTForImageClassificationWithTeacher",
+        1e-10,
+        vis.check_deit,
+        HF,
+    ),
     Check(
         "MiniLM embeddings (real weights)",
         "sentence-transformers",

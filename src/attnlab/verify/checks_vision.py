@@ -1,0 +1,256 @@
+"""Parity checks of the vision models beyond the ViT: Swin, DeiT and MAE against Hugging Face.
+
+Each builds a tiny random HF configuration, randomises every HF parameter (far from init, so a
+transposed or swapped tensor shows), copies the weights into attnlab's model by name and
+compares hidden states, attention and outputs. float64 with HF's ``sdpa`` attention where HF
+then computes in the input's dtype (its eager path softmaxes in float32); float32 with eager
+attention where the attention weights themselves are compared.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.models.swin import Swin, SwinConfig
+from attnlab.models.vit import ViT, ViTConfig
+from attnlab.verify.checks_hf import _transformers
+from attnlab.verify.checks_torch import choice, randint
+from attnlab.verify.runner import Measure
+
+F64 = torch.float64
+
+
+def randomise(model: nn.Module, std: float = 0.3) -> nn.Module:
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, std) if p.dim() >= 2 else p.normal_(1.0, std)
+    return model
+
+
+def _qkv(src: dict[str, Tensor], prefix: str, kind: str) -> Tensor:
+    return torch.cat([src[f"{prefix}{x}_proj.{kind}"] for x in "qkv"])
+
+
+def swin_state_dict(model: Swin, hf: nn.Module) -> dict[str, Tensor]:
+    """attnlab Swin weights from HF ``SwinForImageClassification`` (transformers 5 names)."""
+    src = {k.removeprefix("swin."): v for k, v in hf.state_dict().items()}
+    sd = {
+        "patch_embed.proj.weight": src["embeddings.patch_embeddings.projection.weight"],
+        "patch_embed.proj.bias": src["embeddings.patch_embeddings.projection.bias"],
+        "embed_norm.weight": src["embeddings.norm.weight"],
+        "embed_norm.bias": src["embeddings.norm.bias"],
+        "norm.weight": src["layernorm.weight"],
+        "norm.bias": src["layernorm.bias"],
+        "head.weight": src["classifier.weight"],
+        "head.bias": src["classifier.bias"],
+    }
+    names = {
+        "norm1": "layernorm_before",
+        "norm2": "layernorm_after",
+        "self_attn.out_proj": "attention.o_proj",
+        "ff.w_in": "mlp.fc1",
+        "ff.w_out": "mlp.fc2",
+    }
+    for i, stage in enumerate(model.stages):
+        for j in range(len(stage.blocks)):
+            ours, theirs = f"stages.{i}.blocks.{j}.", f"encoder.layers.{i}.blocks.{j}."
+            for kind in ("weight", "bias"):
+                sd[ours + f"self_attn.qkv.{kind}"] = _qkv(src, theirs + "attention.", kind)
+                for a, b in names.items():
+                    sd[ours + f"{a}.{kind}"] = src[theirs + f"{b}.{kind}"]
+            table = "attention.relative_position_bias.relative_position_bias_table"
+            sd[ours + "rel_bias.table"] = src[theirs + table]
+        if stage.merge is not None:
+            down = f"encoder.layers.{i}.downsample."
+            sd[f"stages.{i}.merge.reduction.weight"] = src[down + "reduction.weight"]
+            sd[f"stages.{i}.merge.norm.weight"] = src[down + "norm.weight"]
+            sd[f"stages.{i}.merge.norm.bias"] = src[down + "norm.bias"]
+    return sd
+
+
+def hf_swin_config(cfg: SwinConfig, attn: str) -> Any:
+    return _transformers().SwinConfig(
+        image_size=cfg.image_size,
+        patch_size=cfg.patch_size,
+        num_channels=cfg.in_channels,
+        embed_dim=cfg.d_model,
+        depths=list(cfg.depths),
+        num_heads=list(cfg.stage_heads),
+        window_size=cfg.window,
+        mlp_ratio=cfg.mlp_ratio,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        drop_path_rate=0.0,
+        hidden_act="gelu",
+        layer_norm_eps=cfg.norm_eps,
+        num_labels=cfg.n_classes,
+        attn_implementation=attn,
+    )
+
+
+# Shapes HF can run: a stage's grid must be >= the window (HF keeps the window's bias table
+# when it clamps), unless it equals it; (image, patch, window, depths) with stage grids.
+SWIN_SHAPES = [
+    (16, 2, 4, (2, 2)),  # 8x8 (shifted, 4 windows) -> 4x4 (one window, no shift)
+    (20, 2, 4, (2, 2)),  # 10x10 padded to 12 and shifted -> 5x5 padded to 8 and shifted
+    (12, 1, 3, (2, 1)),  # 12x12, 16 windows shifted by 1 -> 6x6
+    (24, 2, 3, (1, 2, 2)),  # three stages: 12x12 -> 6x6 -> 3x3
+]
+
+
+def random_swin_config(shape: tuple) -> SwinConfig:
+    image, patch, window, depths = shape
+    heads = choice([1, 2])
+    return SwinConfig(
+        image_size=image,
+        in_channels=choice([1, 3]),
+        patch_size=patch,
+        d_model=heads * 2 * randint(2, 4),
+        depths=depths,
+        stage_heads=tuple(heads * 2**i for i in range(len(depths))),
+        window=window,
+        mlp_ratio=choice([1.0, 2.0]),
+        dropout=0.0,
+        n_classes=randint(2, 5),
+    )
+
+
+def check_swin(m: Measure, f64: bool = True) -> None:
+    """SwinForImageClassification == attnlab's Swin: the stem, every stage's output (after
+    patch merging), the final states, the pooled output and the logits; float64 through HF's
+    sdpa path, or float32 through its eager path with every block's attention weights too."""
+    tf = _transformers()
+    for shape in SWIN_SHAPES:
+        cfg = random_swin_config(shape)
+        hf = tf.SwinForImageClassification(hf_swin_config(cfg, "sdpa" if f64 else "eager"))
+        randomise(hf).eval()
+        model = Swin(cfg).eval()
+        model.load_state_dict(swin_state_dict(model, hf), strict=True)
+        images = torch.randn(randint(1, 3), cfg.in_channels, cfg.image_size, cfg.image_size)
+        if f64:
+            hf, model, images = hf.to(F64), model.to(F64), images.to(F64)
+        with torch.no_grad():
+            ref = hf.swin(images, output_hidden_states=True, output_attentions=not f64)
+            ref_logits = hf(images).logits
+            ours = model.inspect(images)
+        B = images.shape[0]
+        for a, b in zip(ours["hidden_states"], ref.reshaped_hidden_states, strict=True):
+            m.diff(a, b.flatten(2).transpose(1, 2), "stage output")
+        m.diff(ours["last_hidden_state"], ref.last_hidden_state, "last hidden state")
+        m.diff(ours["last_hidden_state"].mean(1), ref.pooler_output, "pooled")
+        m.diff(ours["logits"], ref_logits, "logits")
+        if not f64:  # HF returns the last block's attention of each stage, (B·nW, H, M², M²)
+            last = [w for k, w in enumerate(ours["attention"]) if _last_of_stage(model, k)]
+            for a, b in zip(last, ref.attentions, strict=True):
+                m.diff(a.reshape(-1, *a.shape[2:]), b, "attention")
+            assert all(w.shape[0] == B for w in ours["attention"])
+        m.case()
+
+
+def _last_of_stage(model: Swin, k: int) -> bool:
+    ends, n = set(), 0
+    for stage in model.stages:
+        n += len(stage.blocks)
+        ends.add(n - 1)
+    return k in ends
+
+
+def check_swin_f32(m: Measure) -> None:
+    check_swin(m, f64=False)
+
+
+# --------------------------------------------------------------------------- DeiT
+
+
+def deit_state_dict(model: ViT, hf: nn.Module) -> dict[str, Tensor]:
+    """attnlab ViT (distill = true) weights from HF ``DeiTForImageClassificationWithTeacher``."""
+    src = {k.removeprefix("deit."): v for k, v in hf.state_dict().items()}
+    sd = {
+        "cls_token": src["embeddings.cls_token"],
+        "dist_token": src["embeddings.distillation_token"],
+        "pos_embed.embedding.weight": src["embeddings.position_embeddings"][0],
+        "patch_embed.proj.weight": src["embeddings.patch_embeddings.projection.weight"],
+        "patch_embed.proj.bias": src["embeddings.patch_embeddings.projection.bias"],
+        "encoder.norm.weight": src["layernorm.weight"],
+        "encoder.norm.bias": src["layernorm.bias"],
+        "head.weight": src["cls_classifier.weight"],
+        "head.bias": src["cls_classifier.bias"],
+        "head_dist.weight": src["distillation_classifier.weight"],
+        "head_dist.bias": src["distillation_classifier.bias"],
+    }
+    sd.update(_vit_layers(src, model.cfg.n_layers, "encoder.blocks.", "layers."))
+    return sd
+
+
+def _vit_layers(src: dict[str, Tensor], n: int, ours: str, theirs: str) -> dict[str, Tensor]:
+    """Pre-norm encoder layers in HF ViT/DeiT/ViTMAE names (transformers 5) -> attnlab's."""
+    names = {
+        "self_attn.out_proj": "attention.o_proj",
+        "ff.w_in": "mlp.fc1",
+        "ff.w_out": "mlp.fc2",
+        "norm1": "layernorm_before",
+        "norm2": "layernorm_after",
+    }
+    sd = {}
+    for i in range(n):
+        a, b = f"{ours}{i}.", f"{theirs}{i}."
+        for kind in ("weight", "bias"):
+            sd[a + f"self_attn.qkv.{kind}"] = _qkv(src, b + "attention.", kind)
+            for x, y in names.items():
+                sd[a + f"{x}.{kind}"] = src[b + f"{y}.{kind}"]
+    return sd
+
+
+def check_deit(m: Measure, cases: int = 3) -> None:
+    """DeiTForImageClassificationWithTeacher == attnlab's ViT with ``distill``: every hidden
+    state, the class and distillation logits and their mean, float64 (HF's sdpa path)."""
+    tf = _transformers()
+    for _ in range(cases):
+        H, patch = randint(1, 3), choice([2, 4])
+        cfg = ViTConfig(
+            image_size=patch * randint(1, 4),
+            in_channels=choice([1, 3]),
+            patch_size=patch,
+            d_model=H * randint(2, 6),
+            n_layers=randint(1, 2),
+            n_heads=H,
+            d_ff=randint(8, 32),
+            dropout=0.0,
+            norm_eps=1e-12,
+            distill=True,
+            n_classes=randint(2, 5),
+        )
+        hf_cfg = tf.DeiTConfig(
+            hidden_size=cfg.d_model,
+            num_hidden_layers=cfg.n_layers,
+            num_attention_heads=cfg.n_heads,
+            intermediate_size=cfg.d_ff,
+            hidden_act="gelu",
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+            image_size=cfg.image_size,
+            patch_size=cfg.patch_size,
+            num_channels=cfg.in_channels,
+            layer_norm_eps=cfg.norm_eps,
+            num_labels=cfg.n_classes,
+            attn_implementation="sdpa",
+        )
+        hf = randomise(tf.DeiTForImageClassificationWithTeacher(hf_cfg)).eval().to(F64)
+        model = ViT(cfg).eval()
+        model.load_state_dict(deit_state_dict(model, hf), strict=True)
+        model = model.to(F64)
+        images = torch.randn(randint(1, 3), cfg.in_channels, cfg.image_size, cfg.image_size)
+        images = images.to(F64)
+        with torch.no_grad():
+            ref = hf(images, output_hidden_states=True)
+            ours = model.inspect(images)
+            cls_logits, dist_logits = model.heads(ours["last_hidden_state"])
+        for a, b in zip(ours["hidden_states"], ref.hidden_states, strict=True):
+            m.diff(a, b, "hidden state")
+        m.diff(cls_logits, ref.cls_logits, "class head")
+        m.diff(dist_logits, ref.distillation_logits, "distillation head")
+        m.diff(ours["logits"], ref.logits, "logits")
+        m.case()
