@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from attnlab.models.mae import MAE, MAEConfig
 from attnlab.models.swin import Swin, SwinConfig
 from attnlab.models.vit import ViT, ViTConfig
 from attnlab.verify.checks_hf import _transformers
@@ -254,3 +255,128 @@ def check_deit(m: Measure, cases: int = 3) -> None:
         m.diff(dist_logits, ref.distillation_logits, "distillation head")
         m.diff(ours["logits"], ref.logits, "logits")
         m.case()
+
+
+# --------------------------------------------------------------------------- MAE
+
+
+def mae_state_dict(model: MAE, hf: nn.Module) -> dict[str, Tensor]:
+    """attnlab MAE weights from HF ``ViTMAEForPreTraining``; the ViT head (unused by MAE) keeps
+    its own values. The fixed position tables are buffers here and are set by the caller."""
+    src = {k.removeprefix("vit."): v for k, v in hf.state_dict().items()}
+    sd = {
+        "encoder.cls_token": src["embeddings.cls_token"],
+        "encoder.patch_embed.proj.weight": src["embeddings.patch_embeddings.projection.weight"],
+        "encoder.patch_embed.proj.bias": src["embeddings.patch_embeddings.projection.bias"],
+        "encoder.encoder.norm.weight": src["layernorm.weight"],
+        "encoder.encoder.norm.bias": src["layernorm.bias"],
+        "encoder.head.weight": model.encoder.head.weight.detach(),
+        "encoder.head.bias": model.encoder.head.bias.detach(),
+        "mask_token": src["decoder.mask_token"],
+        "decoder_embed.weight": src["decoder.decoder_embed.weight"],
+        "decoder_embed.bias": src["decoder.decoder_embed.bias"],
+        "decoder.norm.weight": src["decoder.decoder_norm.weight"],
+        "decoder.norm.bias": src["decoder.decoder_norm.bias"],
+        "decoder_pred.weight": src["decoder.decoder_pred.weight"],
+        "decoder_pred.bias": src["decoder.decoder_pred.bias"],
+    }
+    sd.update(_vit_layers(src, model.cfg.n_layers, "encoder.encoder.blocks.", "layers."))
+    layers = model.cfg.decoder_layers
+    sd.update(_vit_layers(src, layers, "decoder.blocks.", "decoder.decoder_layers."))
+    return sd
+
+
+def copy_mae(model: MAE, hf: nn.Module) -> None:
+    """Every HF tensor into attnlab's MAE, the two fixed sin-cos tables included (HF lays the
+    channels out [sin|cos] per axis, attnlab interleaves them: the same values permuted)."""
+    model.load_state_dict(mae_state_dict(model, hf), strict=True)
+    with torch.no_grad():
+        model.encoder.pos_embed.table.copy_(hf.vit.embeddings.position_embeddings[0])
+        model.decoder_pos.table.copy_(hf.decoder.decoder_pos_embed[0])
+
+
+def check_mae(m: Measure, cases: int = 3) -> None:
+    """ViTMAEModel / ViTMAEForPreTraining == attnlab's MAE with the same noise: the mask and
+    restore order, the encoder's hidden states and output, the decoder's per-patch predictions
+    and the loss (with and without per-patch normalised targets), float64 (sdpa), and every
+    parameter gradient of the loss."""
+    tf = _transformers()
+    for _ in range(cases):
+        H, Hd, patch = randint(1, 2), randint(1, 2), choice([2, 4])
+        cfg = MAEConfig(
+            image_size=patch * randint(2, 4),
+            in_channels=choice([1, 3]),
+            patch_size=patch,
+            d_model=4 * H * randint(1, 2),
+            n_layers=randint(1, 2),
+            n_heads=H,
+            d_ff=randint(8, 24),
+            decoder_d_model=4 * Hd * randint(1, 2),
+            decoder_layers=randint(1, 2),
+            decoder_heads=Hd,
+            decoder_d_ff=randint(8, 24),
+            mask_ratio=choice([0.75, 0.5]),
+            norm_pix_loss=choice([True, False]),
+            norm_eps=1e-12,
+        )
+        hf_cfg = tf.ViTMAEConfig(
+            hidden_size=cfg.d_model,
+            num_hidden_layers=cfg.n_layers,
+            num_attention_heads=cfg.n_heads,
+            intermediate_size=cfg.d_ff,
+            decoder_hidden_size=cfg.decoder_d_model,
+            decoder_num_hidden_layers=cfg.decoder_layers,
+            decoder_num_attention_heads=cfg.decoder_heads,
+            decoder_intermediate_size=cfg.decoder_d_ff,
+            hidden_act="gelu",
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+            image_size=cfg.image_size,
+            patch_size=cfg.patch_size,
+            num_channels=cfg.in_channels,
+            layer_norm_eps=cfg.norm_eps,
+            mask_ratio=cfg.mask_ratio,
+            norm_pix_loss=cfg.norm_pix_loss,
+            attn_implementation="sdpa",
+        )
+        hf = tf.ViTMAEForPreTraining(hf_cfg).eval()
+        with torch.no_grad():  # randomise all but the fixed position tables
+            for p in hf.parameters():
+                if p.requires_grad:
+                    p.normal_(0.0, 0.3) if p.dim() >= 2 else p.normal_(1.0, 0.3)
+        hf = hf.to(F64)
+        model = MAE(cfg).eval()
+        copy_mae(model, hf)
+        model = model.to(F64)
+        n = (cfg.image_size // cfg.patch_size) ** 2
+        images = torch.randn(randint(1, 3), cfg.in_channels, cfg.image_size, cfg.image_size)
+        images, noise = images.to(F64), torch.rand(images.shape[0], n, dtype=F64)
+        ref = hf(images, noise=noise, output_hidden_states=True)
+        enc = hf.vit(images, noise=noise, output_hidden_states=True)
+        ours = model(images, noise)
+        if not torch.equal(ours["mask"], ref.mask.to(F64)):
+            m.fail("mask differs")
+        m.diff(ours["latent"], enc.last_hidden_state, "encoder output")
+        m.diff(ours["pred"], ref.logits, "decoder predictions")
+        m.diff(ours["loss"], ref.loss, "loss")
+        ours["loss"].backward()
+        ref.loss.backward()
+        theirs = {k: p.grad for k, p in hf.named_parameters() if p.requires_grad}
+        grads = mae_state_dict(model, _Grads(theirs, hf))
+        for name, p in model.named_parameters():
+            if name.startswith("encoder.head."):
+                continue
+            m.diff(p.grad, grads[name], f"gradient of {name}")
+        m.case()
+
+
+class _Grads(nn.Module):
+    """Stands in for the HF model so that :func:`mae_state_dict` maps gradients, not weights."""
+
+    def __init__(self, grads: dict[str, Tensor], hf: nn.Module) -> None:
+        super().__init__()
+        self._grads = grads
+        self.hf = hf
+
+    def state_dict(self, *args, **kwargs):  # noqa: ANN002, ANN003 - mirrors nn.Module
+        return self._grads

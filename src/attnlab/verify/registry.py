@@ -55,6 +55,13 @@ CHECKS: list[Check] = [
         HF,
     ),
     Check(
+        "MAE encoder + decoder, loss, gradients",
+        "HF ViTMAEForPreTraining",
+        1e-10,
+        vis.check_mae,
+        HF,
+    ),
+    Check(
         "MiniLM embeddings (real weights)",
         "sentence-transformers",
         1e-5,
