@@ -96,3 +96,28 @@ def test_deit_distils_from_a_cnn_run(tmp_path: Path, capsys) -> None:
     assert main([*args, "--teacher", str(teacher)]) == 2
     assert not bad.exists()
     torch.manual_seed(0)
+
+
+def test_mae_pretrains_draws_reconstructions_and_initialises_a_vit(tmp_path: Path, capsys) -> None:
+    from attnlab.tensor_files import read_tensors
+
+    root = _image_folder(tmp_path / "imgs")
+    run = tmp_path / "mae"
+    shape = ["--patch-size", "4", "--d-model", "16", "--n-layers", "1", "--n-heads", "2"]
+    shape += ["--d-ff", "32", "--decoder-d-model", "8", "--decoder-layers", "1"]
+    shape += ["--decoder-heads", "2", "--decoder-d-ff", "16"]
+    results = _train("mae", run, root, *shape)
+    assert results["test_loss"] > 0 and (run / "reconstructions.png").stat().st_size > 1000
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    losses = [m["loss"] for m in metrics if m.get("split") == "train"]
+    assert losses[-1] < losses[0]  # it learns to reconstruct
+    vit = tmp_path / "vit"
+    capsys.readouterr()
+    _train("vit", vit, root, "--init", str(run), "--max-steps", "1", "--lr", "1e-9")
+    assert "init: the encoder of MAE run" in capsys.readouterr().err
+    config = json.loads((vit / "config.json").read_text())["model"]
+    assert (config["d_model"], config["pos"], config["stem"]) == (16, "sincos2d", "patch")
+    mae_w, vit_w = read_tensors(run / "model.safetensors"), read_tensors(vit / "model.safetensors")
+    q = "encoder.blocks.0.self_attn.qkv.weight"
+    assert (mae_w["encoder." + q] - vit_w[q]).abs().max() < 1e-6  # lr 1e-9: still the encoder
+    assert main(["train", "cnn", "--out", str(tmp_path / "c"), "--init", str(run)]) == 2

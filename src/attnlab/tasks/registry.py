@@ -70,6 +70,11 @@ REGISTRY: dict[str, TaskEntry] = {
             "attnlab.tasks.vision",
         ),
         TaskEntry(
+            "mae",
+            "masked-autoencoder pretraining of a ViT encoder on images (Fashion-MNIST)",
+            "attnlab.tasks.mae",
+        ),
+        TaskEntry(
             "cnn",
             "small ResNet with --attention none|se|eca|cbam|ca (Fashion-MNIST by default)",
             "attnlab.tasks.vision",

@@ -80,6 +80,9 @@ class VisionConfig:
     teacher: str = field(
         default="", metadata={"help": "deit: the run folder of the teacher (e.g. a CNN+SE run)"}
     )
+    init: str = field(
+        default="", metadata={"help": "vit: start from the encoder of this MAE run (fine-tune)"}
+    )
     eval_batch_size: int = 500
     allow_rare_labels: bool = field(
         default=False,
@@ -218,6 +221,39 @@ def deit_step_fn(label_smoothing: float, teacher: VisionRun, mean: list[float], 
     return step
 
 
+MAE_SHAPE = ("patch_size", "d_model", "n_layers", "n_heads", "d_ff", "activation", "norm")
+
+
+def adopt_mae_shape(cfg: RunConfig) -> str:
+    """Give the ViT of ``cfg`` the shape of the MAE run ``cfg.data.init``'s encoder (patch stem,
+    sin-cos positions, class token); returns the line that says so."""
+    from attnlab.tasks.rundir import read_config
+
+    raw = read_config(Path(cfg.data.init))
+    if raw.get("task") != "mae":
+        raise UserError(f"--init {cfg.data.init}: not an MAE run (task {raw.get('task')!r})")
+    for name in MAE_SHAPE:
+        setattr(cfg.model, name, raw["model"][name])
+    cfg.model.norm_eps = raw["model"]["norm_eps"]
+    cfg.model.pos, cfg.model.stem, cfg.model.pooling = "sincos2d", "patch", "cls"
+    shape = ", ".join(f"{n} {raw['model'][n]}" for n in MAE_SHAPE)
+    return f"init: the encoder of MAE run {cfg.data.init} ({shape})"
+
+
+def load_mae_encoder(model: nn.Module, run_dir: Path) -> None:
+    """The pretrained encoder's weights into ``model`` (a ViT of the same shape); the head and
+    nothing else stays as initialised."""
+    tensors = read_tensors(run_dir / "model.safetensors")
+    encoder = {
+        k.removeprefix("encoder."): v
+        for k, v in tensors.items()
+        if k.startswith("encoder.") and not k.startswith("encoder.head.")
+    }
+    missing, unexpected = model.load_state_dict(encoder, strict=False)
+    if unexpected or set(missing) != {"head.weight", "head.bias"}:
+        raise UserError(f"--init {run_dir}: weights do not fit this ViT ({missing or unexpected})")
+
+
 def load_teacher(cfg: RunConfig, classes: list[str], shape: list[int]) -> VisionRun:
     """The teacher run of a deit config, checked against the student's data."""
     if not cfg.data.teacher:
@@ -249,6 +285,9 @@ class VisionTask(Task):
     def setup(self, cfg: RunConfig, run_dir: Path, resume: bool, device: str) -> Setup:
         if cfg.data.teacher and self.name != "deit":
             raise UserError(f"--teacher applies to the deit task, not {self.name}")
+        if cfg.data.init and self.name != "vit":
+            raise UserError(f"--init (an MAE run) applies to the vit task, not {self.name}")
+        init_message = adopt_mae_shape(cfg) if cfg.data.init else None
         splits, source = load_splits(cfg.data)
         train_set = splits["train"]
         c, h, w = train_set.images.shape[1:]
@@ -285,6 +324,8 @@ class VisionTask(Task):
         files = {"data_report.json": lambda path: write_json(path, report)}
         message = f"data: {source}; {report['split_sizes']}; images {c}×{h}×{w}"
         setup = Setup((splits, report), train_data, evaluate, files, [message])
+        if init_message:
+            setup.messages.append(init_message)
         if self.name == "deit":
             self.teacher = load_teacher(cfg, train_set.classes, [c, h, w])
             setup.messages.append(f"teacher: {cfg.data.teacher} ({self.teacher.config.task})")
@@ -292,6 +333,8 @@ class VisionTask(Task):
 
     def build_model(self, cfg: RunConfig, setup: Setup) -> nn.Module:
         model = build_model(cfg)
+        if cfg.data.init:  # (on --resume the checkpoint's weights replace these)
+            load_mae_encoder(model, Path(cfg.data.init))
         n_params = sum(p.numel() for p in model.parameters())
         setup.messages.append(f"model: {self.name}, {n_params / 1e6:.3f}M parameters")
         return model
