@@ -121,16 +121,17 @@ def plot(result: dict, path: Path, L: int) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for name, row in result["rows"].items():
+    for i, (name, row) in enumerate(result["rows"].items()):
+        color = f"C{i}"  # the same colour in both panels
         xs = [n * L for n in MULTIPLES if row["mean"][str(n)] is not None]
         ys = [row["mean"][str(n)] for n in MULTIPLES if row["mean"][str(n)] is not None]
         style = "--" if name.startswith("rope +") else "-"
-        ax.plot(xs, ys, style, marker="o", label=name)
+        ax.plot(xs, ys, style, marker="o", label=name, color=color)
         if row["by_position"]:
             pos = np.asarray(row["by_position"])
             k = 32
             smooth = pos[: len(pos) // k * k].reshape(-1, k).mean(axis=1)
-            bx.plot(np.arange(len(smooth)) * k + k / 2, smooth, style, label=name)
+            bx.plot(np.arange(len(smooth)) * k + k / 2, smooth, style, label=name, color=color)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("evaluation length (characters)")
     ax.set_ylabel("validation loss (nats / character, mean over positions)")
@@ -169,9 +170,15 @@ def write_markdown(result: dict, path: Path, command: str) -> None:
         + ", ".join(f"{k} {v:.1f}" for k, v in result["train_minutes"].items())
         + ".",
         "",
-        head,
-        "|---|" + "---:|" * len(MULTIPLES),
     ]
+    if info.get("reruns"):
+        lines += [
+            "Rows rerun after the first pass, merged into these files (`--methods M --merge`, "
+            "same settings): " + "; ".join(info["reruns"]) + ". The machine line above is the "
+            "rerun's.",
+            "",
+        ]
+    lines += [head, "|---|" + "---:|" * len(MULTIPLES)]
     for name, row in result["rows"].items():
         cells = []
         for n in MULTIPLES:
@@ -191,10 +198,24 @@ def main() -> None:
     parser.add_argument("--out", default=str(RESULTS / "extrapolation"))
     parser.add_argument("--runs", default="runs/bench-extrapolation")
     parser.add_argument(
+        "--replot", action="store_true", help="redraw the png and md from the existing json only"
+    )
+    parser.add_argument(
         "--merge", action="store_true", help="keep the other methods' rows of the existing json"
     )
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.replot:
+        out = Path(args.out)
+        result = json.loads(out.with_suffix(".json").read_text())
+        s = result["settings"]
+        command = (
+            f"python benchmarks/extrapolation.py --steps {s['steps']} --seeds "
+            f"{','.join(map(str, s['seeds']))} --windows {s['eval_tokens'] // (16 * s['context'])}"
+        )
+        write_markdown(result, out.with_suffix(".md"), command)
+        plot(result, out.with_suffix(".png"), s["context"])
+        return
     info = machine_info()
     L = 64
     n_tokens = args.windows * MULTIPLES[-1] * L
