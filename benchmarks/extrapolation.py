@@ -185,6 +185,19 @@ def write_markdown(result: dict, path: Path, command: str) -> None:
             v = row["mean"][str(n)]
             cells.append("refused" if v is None else f"{v:.3f}")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    n = MULTIPLES[-1] * L
+    lines += [
+        "",
+        f"By position inside a {n}-character window (mean loss over the positions named):",
+        "",
+        f"| method | 0..{L - 1} | {L}..{2 * L - 1} | {n - L}..{n - 1} |",
+        "|---|---:|---:|---:|",
+    ]
+    for name, row in result["rows"].items():
+        pos = row["by_position"]
+        if pos:
+            parts = [pos[:L], pos[L : 2 * L], pos[-L:]]
+            lines.append(f"| {name} | " + " | ".join(f"{sum(p) / L:.3f}" for p in parts) + " |")
     lines += ["", "Plot: `extrapolation.png` (left: by length; right: by position at 16x L)."]
     path.write_text("\n".join(lines) + "\n")
 
