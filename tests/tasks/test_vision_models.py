@@ -118,6 +118,6 @@ def test_mae_pretrains_draws_reconstructions_and_initialises_a_vit(tmp_path: Pat
     config = json.loads((vit / "config.json").read_text())["model"]
     assert (config["d_model"], config["pos"], config["stem"]) == (16, "sincos2d", "patch")
     mae_w, vit_w = read_tensors(run / "model.safetensors"), read_tensors(vit / "model.safetensors")
-    q = "encoder.blocks.0.self_attn.qkv.weight"
+    q = "encoder.blocks.0.self_attn.kv_proj.weight"
     assert (mae_w["encoder." + q] - vit_w[q]).abs().max() < 1e-6  # lr 1e-9: still the encoder
     assert main(["train", "cnn", "--out", str(tmp_path / "c"), "--init", str(run)]) == 2

@@ -8,7 +8,7 @@ per-sample shuffling (§3: argsort of uniform noise; the first 25% are kept), so
 sees the visible patches (plus the class token). The light decoder (§3) embeds the encoded
 tokens to its own width, appends a shared learned mask token for every dropped patch, restores
 the original order, adds its own fixed sin-cos positions, runs a few pre-norm blocks (again
-:class:`EncoderBlock`), and predicts each patch's p²·C pixel values. The loss is the mean
+:class:`Block`), and predicts each patch's p²·C pixel values. The loss is the mean
 squared error on the masked patches only, optionally against per-patch normalised pixels
 (``norm_pix_loss``, §3 "Reconstruction target").
 """
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from attnlab.blocks import Activation, BlockConfig, Encoder, EncoderBlock, NormKind
+from attnlab.blocks import Activation, Block, BlockConfig, BlockStack, NormKind
 from attnlab.configs import ConfigBase, setting
 from attnlab.models.vit import ViT, ViTConfig, _init_weights
 from attnlab.positions import SinCos2DPositionalEncoding
@@ -134,8 +134,8 @@ class MAE(nn.Module):
         self.mask_token = nn.Parameter(torch.zeros(1, 1, Dd))
         self.decoder_pos = SinCos2DPositionalEncoding(grid, Dd, n_prefix=1)
         block = cfg.decoder_block()
-        self.decoder = Encoder(
-            [EncoderBlock(block) for _ in range(cfg.decoder_layers)], block.make_norm()
+        self.decoder = BlockStack(
+            [Block(block) for _ in range(cfg.decoder_layers)], block.make_norm()
         )
         self.decoder_pred = nn.Linear(Dd, cfg.patch_size**2 * cfg.in_channels)
         for module in (self.decoder_embed, self.decoder, self.decoder_pred):

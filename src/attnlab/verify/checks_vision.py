@@ -31,8 +31,12 @@ def randomise(model: nn.Module, std: float = 0.3) -> nn.Module:
     return model
 
 
-def _qkv(src: dict[str, Tensor], prefix: str, kind: str) -> Tensor:
-    return torch.cat([src[f"{prefix}{x}_proj.{kind}"] for x in "qkv"])
+def _attention(src: dict[str, Tensor], ours: str, theirs: str, kind: str) -> dict[str, Tensor]:
+    """attnlab's q_proj and kv_proj (keys then values) from HF's q/k/v projections."""
+    return {
+        f"{ours}q_proj.{kind}": src[f"{theirs}q_proj.{kind}"],
+        f"{ours}kv_proj.{kind}": torch.cat([src[f"{theirs}{x}_proj.{kind}"] for x in "kv"]),
+    }
 
 
 def swin_state_dict(model: Swin, hf: nn.Module) -> dict[str, Tensor]:
@@ -59,7 +63,7 @@ def swin_state_dict(model: Swin, hf: nn.Module) -> dict[str, Tensor]:
         for j in range(len(stage.blocks)):
             ours, theirs = f"stages.{i}.blocks.{j}.", f"encoder.layers.{i}.blocks.{j}."
             for kind in ("weight", "bias"):
-                sd[ours + f"self_attn.qkv.{kind}"] = _qkv(src, theirs + "attention.", kind)
+                sd.update(_attention(src, ours + "self_attn.", theirs + "attention.", kind))
                 for a, b in names.items():
                     sd[ours + f"{a}.{kind}"] = src[theirs + f"{b}.{kind}"]
             table = "attention.relative_position_bias.relative_position_bias_table"
@@ -199,7 +203,7 @@ def _vit_layers(src: dict[str, Tensor], n: int, ours: str, theirs: str) -> dict[
     for i in range(n):
         a, b = f"{ours}{i}.", f"{theirs}{i}."
         for kind in ("weight", "bias"):
-            sd[a + f"self_attn.qkv.{kind}"] = _qkv(src, b + "attention.", kind)
+            sd.update(_attention(src, a + "self_attn.", b + "attention.", kind))
             for x, y in names.items():
                 sd[a + f"{x}.{kind}"] = src[b + f"{y}.{kind}"]
     return sd
