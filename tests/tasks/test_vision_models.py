@@ -71,7 +71,7 @@ def test_swin_end_to_end_with_windows_on_the_explorer(tmp_path: Path, capsys) ->
 def test_deit_distils_from_a_cnn_run(tmp_path: Path, capsys) -> None:
     root = _image_folder(tmp_path / "imgs")
     teacher = tmp_path / "cnn"
-    _train("cnn", teacher, root, "--attention", "se", "--width", "8", "--stages", "2")
+    _train("cnn", teacher, root, "--channel-attention", "se", "--width", "8", "--stages", "2")
     vit = ["--patch-size", "4", "--d-model", "16", "--n-layers", "1", "--n-heads", "2"]
     vit += ["--d-ff", "32"]
     run = tmp_path / "deit"
