@@ -121,11 +121,12 @@ class MoEFeedForward(nn.Module):
         self.w_in = nn.Parameter(torch.empty(experts, width_in, d_model))
         self.w_out = nn.Parameter(torch.empty(experts, d_model, d_ff))
         self.stats: MoEStats | None = None
-        self.reset_parameters()
+        self.init_weights()
 
     @torch.no_grad()
-    def reset_parameters(self, std: float = 0.02, out_std: float | None = None) -> None:
-        """N(0, std) router and input weights, N(0, out_std or std) output weights."""
+    def init_weights(self, std: float = 0.02, out_std: float | None = None) -> None:
+        """N(0, std) router and input weights, N(0, out_std or std) output weights (the
+        sublayer interface the GPT initialises through)."""
         nn.init.normal_(self.router.weight, std=std)
         nn.init.normal_(self.w_in, std=std)
         nn.init.normal_(self.w_out, std=std if out_std is None else out_std)
@@ -179,7 +180,8 @@ class MoEFeedForward(nn.Module):
         ]
         y = torch.cat(outs, dim=0) if outs else x2[:0]  # (M, D)
         y = y * weight_of[order, None].to(y.dtype)  # (M, D)
-        out = torch.zeros_like(x2).index_add_(0, tokens, y)  # (N, D)
+        # y is in the experts' compute dtype (bf16 under autocast, while x may be float32)
+        out = y.new_zeros(x2.shape).index_add_(0, tokens, y)  # (N, D)
         self._record(logits, expert_sorted[kept], tokens, mask)
         return out.reshape(shape)
 
