@@ -42,7 +42,7 @@ def true_sums(state):
     return num * m.exp(), den * m.exp()
 
 
-@pytest.mark.parametrize("T, chunk", [(1, 16), (7, 4), (16, 4), (37, 8), (5, 16), (33, 1)])
+@pytest.mark.parametrize("T, chunk", [(1, 16), (7, 4), (16, 4), (37, 8), (5, 16), (33, 1), (90, 0)])
 @pytest.mark.parametrize("with_state", [False, True])
 def test_chunked_wkv_equals_the_recurrence_forward_and_backward(T, chunk, with_state):
     args, state = wkv_inputs(2, T, 5)
@@ -128,7 +128,7 @@ def test_init_follows_rwkv4_by_depth():
     assert torch.all(first.time_mix_key <= last.time_mix_key + 1e-7)  # upper layers mix less
     assert first.time_decay[0] == -5 and first.time_decay[-1] == 3  # -5 + 8 h^(0.7+1.3 r)
     with pytest.raises(ValueError, match="chunk"):
-        wkv_chunked(*wkv_inputs(1, 3, 2)[0], chunk=0)
+        wkv_chunked(*wkv_inputs(1, 3, 2)[0], chunk=-1)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -102,10 +102,12 @@ def wkv_chunked(
     k: Tensor,
     v: Tensor,
     state: tuple[Tensor, Tensor, Tensor] | None = None,
-    chunk: int = 16,
+    chunk: int = 0,
 ) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor]]:
     """wkv in parallel inside chunks of ``chunk`` positions: same arguments and results as
-    :func:`wkv_sequential`.
+    :func:`wkv_sequential`. ``chunk = 0`` picks T/16 between 4 and 16 (the work inside chunks
+    grows with the chunk, the loop over chunks with their number; measured by
+    benchmarks/mixers_speed.py).
 
     In a chunk (positions j, l = 0..L−1) the exponent of token l at output j is
     k_l − (j−1−l) w for l < j, u + k_j for l = j; the state carried in from before the chunk
@@ -114,21 +116,20 @@ def wkv_chunked(
     contribution to the state at its end is formed at once too; only the combination of those
     states runs as a loop, one step per chunk.
     """
-    if chunk < 1:
-        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    if chunk < 0:
+        raise ValueError(f"chunk must be >= 1 (0 = automatic), got {chunk}")
     B, T, D = k.shape
-    L = min(chunk, T)
+    L = min(chunk or min(16, max(4, T // 16)), T)
     pad = -T % L
     n = (T + pad) // L
     kc = F.pad(k, (0, 0, 0, pad), value=NEG).view(B, n, L, D)  # padding: weight e^NEG = 0
     vc = F.pad(v, (0, 0, 0, pad)).view(B, n, L, D)
     j = torch.arange(L, device=k.device, dtype=k.dtype)
     lag = j[:, None] - 1 - j[None, :]  # (L, L) j−1−l
-    # exponents (B, n, L_j, L_l, D): past tokens decay, the current one gets the bonus u
-    score = kc[:, :, None, :, :] - lag[..., None] * w  # (B, n, L, L, D)
-    eye = torch.eye(L, dtype=torch.bool, device=k.device)[..., None]  # (L, L, 1)
-    score = torch.where(eye, kc[:, :, :, None, :] + u, score)
-    score = score.masked_fill((lag < -1)[..., None], float("-inf"))  # l > j: the future
+    # what output j adds to key l's exponent: −(j−1−l) w for l < j, u for l = j, −inf after
+    add = torch.where(lag[..., None] == -1, u, -lag[..., None] * w)  # (L, L, D)
+    add = add.masked_fill((lag < -1)[..., None], float("-inf"))
+    score = kc[:, :, None, :, :] + add  # (B, n, L_j, L_l, D) exponents
     # each chunk's own sums at its end (exponent k_l − (L−1−l) w), for the carried state
     end = kc - (L - 1 - j)[:, None] * w  # (B, n, L, D)
     m_end = end.amax(dim=2).detach()  # (B, n, D)
@@ -178,7 +179,7 @@ class TimeMix(nn.Module):
     """RWKV's time-mix: x (B, T, d_model) -> (B, T, d_model), the sequence mixer."""
 
     def __init__(
-        self, d_model: int, layer: int = 0, n_layers: int = 1, d_att: int = 0, chunk: int = 16
+        self, d_model: int, layer: int = 0, n_layers: int = 1, d_att: int = 0, chunk: int = 0
     ) -> None:
         super().__init__()
         d_att = d_att or d_model
