@@ -67,7 +67,7 @@ def measure(context: int, rounds: int, names: list[str]) -> dict:
     ids = torch.randint(0, VOCAB, (batch, context + 1))
     built = {n: build(n, context) for n in names}
     times: dict[str, list[float]] = {n: [] for n in names}
-    for n, (model, opt) in built.items():
+    for model, opt in built.values():
         step(model, opt, ids)  # warm-up
     for _ in range(rounds):
         for n, (model, opt) in built.items():
