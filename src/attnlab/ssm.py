@@ -76,7 +76,7 @@ def selective_scan_chunked(
     B: Tensor,
     C: Tensor,
     h0: Tensor | None = None,
-    chunk: int = 32,
+    chunk: int = 8,
 ) -> tuple[Tensor, Tensor]:
     """The same recurrence as :func:`selective_scan_sequential`, computed chunk by chunk.
 
@@ -239,7 +239,7 @@ class MambaBlock(nn.Module):
         bias: bool = False,
         conv_bias: bool = True,
         scan: str = "chunked",
-        chunk: int = 32,
+        chunk: int = 8,
     ) -> None:
         super().__init__()
         check_mamba_config(d_model, d_state, d_conv, expand, dt_rank)
