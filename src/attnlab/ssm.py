@@ -76,14 +76,15 @@ def selective_scan_chunked(
     B: Tensor,
     C: Tensor,
     h0: Tensor | None = None,
-    chunk: int = 8,
+    chunk: int = 16,
 ) -> tuple[Tensor, Tensor]:
     """The same recurrence as :func:`selective_scan_sequential`, computed chunk by chunk.
 
     Time is cut into chunks of ``chunk`` steps. Inside a chunk the decays a_t = exp(Δ_t A) and
     inputs b_t = Δ_t x_t B_t are formed for all its steps in one tensor operation each, the
     recurrence h_t = a_t h_{t-1} + b_t runs as one fused multiply-add per step in place (time
-    major, so each step is one contiguous block), and y_t = C_t h_t is one batched matmul; each
+    major, the state laid out (N, D), so each step is one contiguous block and each sum over N
+    or D a batched matmul over contiguous rows), and y_t = C_t h_t is one batched matmul; each
     chunk starts from the previous chunk's last state. Only the chunk boundaries' states are
     kept: the backward pass recomputes each chunk's states and runs the adjoint recurrence
     g_t = C_t ∂y_t + a_{t+1} g_{t+1} the same way, reversed, so memory grows with T·D, not
@@ -100,74 +101,76 @@ def selective_scan_chunked(
 
 
 def _chunk_states(a: Tensor, bx: Tensor, h: Tensor) -> Tensor:
-    """States of h_t = a_t h_{t-1} + b_t over one chunk, time major: a, bx (L, b, D, N), h
-    (b, D, N) the state before the chunk -> the states (L, b, D, N), written over ``bx``."""
+    """States of h_t = a_t h_{t-1} + b_t over one chunk, time major: a, bx (L, b, N, D), h
+    (b, N, D) the state before the chunk -> the states (L, b, N, D), written over ``bx``."""
     for t in range(bx.shape[0]):
-        h = torch.addcmul(bx[t], a[t], h, out=bx[t])  # (b, D, N)
+        h = torch.addcmul(bx[t], a[t], h, out=bx[t])  # (b, N, D)
     return bx
 
 
-def _decays_and_inputs(d: Tensor, u: Tensor, A: Tensor, Bc: Tensor) -> tuple[Tensor, Tensor]:
-    """a = exp(Δ A), b = Δ x B for one chunk, time major: d, u (L, b, D); Bc (L, b, N)."""
-    a = torch.mul(d[..., None], A).exp_()  # (L, b, D, N)
-    bx = (d * u)[..., None] * Bc[:, :, None, :]  # (L, b, D, N)
+def _decays_and_inputs(d: Tensor, u: Tensor, A_t: Tensor, Bc: Tensor) -> tuple[Tensor, Tensor]:
+    """a = exp(Δ A), b = Δ x B for one chunk: d, u (L, b, D); A_t (N, D); Bc (L, b, N)."""
+    a = torch.mul(d[:, :, None, :], A_t).exp_()  # (L, b, N, D)
+    bx = (d * u)[:, :, None, :] * Bc[..., None]  # (L, b, N, D)
     return a, bx
 
 
 class _ChunkedScan(torch.autograd.Function):
     """Forward: chunk by chunk, keeping the state at each chunk start. Backward: chunks in
     reverse, recomputing their states, with the adjoint recurrence and the local derivatives
-    ∂a/∂(ΔA) = a, b = Δ x B. Everything runs time major: (T, b, ·)."""
+    ∂a/∂(ΔA) = a, b = Δ x B. Everything runs time major with the state as (N, D): (T, b, N, D),
+    so each reduction over N or D is a batched matmul along contiguous rows of D."""
 
     @staticmethod
     def forward(ctx, x, delta, A, B, C, h0, chunk):
         xs, ds, Bs, Cs = (t.transpose(0, 1).contiguous() for t in (x, delta, B, C))  # (T, b, ·)
+        A_t = A.t().contiguous()  # (N, D)
         T = xs.shape[0]
         y = torch.empty_like(xs)  # (T, b, D)
-        h, starts = h0, []
+        h, starts = h0.transpose(1, 2).contiguous(), []  # (b, N, D)
         for t0 in range(0, T, chunk):
             sl = slice(t0, t0 + chunk)
             starts.append(h)
-            a, bx = _decays_and_inputs(ds[sl], xs[sl], A, Bs[sl])  # (L, b, D, N) each
-            hs = _chunk_states(a, bx, h)  # (L, b, D, N)
-            y[sl] = torch.matmul(hs, Cs[sl, :, :, None])[..., 0]  # (L, b, D)
-            h = hs[-1].clone()  # (b, D, N)
-        ctx.save_for_backward(xs, ds, A, Bs, Cs, torch.stack(starts))
+            a, bx = _decays_and_inputs(ds[sl], xs[sl], A_t, Bs[sl])  # (L, b, N, D) each
+            hs = _chunk_states(a, bx, h)  # (L, b, N, D)
+            torch.matmul(Cs[sl, :, None, :], hs, out=y[sl, :, None, :])  # (L, b, 1, D) C h
+            h = hs[-1].clone()  # (b, N, D)
+        ctx.save_for_backward(xs, ds, A_t, Bs, Cs, torch.stack(starts))
         ctx.chunk = chunk
-        return y.transpose(0, 1), h  # (b, T, D), (b, D, N)
+        return y.transpose(0, 1), h.transpose(1, 2)  # (b, T, D), (b, D, N)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, gy, gh):
-        xs, ds, A, Bs, Cs, starts = ctx.saved_tensors
+        xs, ds, A_t, Bs, Cs, starts = ctx.saved_tensors
         L = ctx.chunk
         gys = torch.zeros_like(xs) if gy is None else gy.transpose(0, 1).contiguous()  # (T, b, D)
-        carry = torch.zeros_like(starts[0]) if gh is None else gh  # (b, D, N) ∂/∂(chunk's end)
+        # ∂/∂(state at the end of the chunk), (b, N, D)
+        carry = torch.zeros_like(starts[0]) if gh is None else gh.transpose(1, 2).contiguous()
         gx, gd, gB, gC = (torch.empty_like(t) for t in (xs, ds, Bs, Cs))
-        gA = torch.zeros_like(A)
+        gA = torch.zeros_like(A_t)  # (N, D)
         for c in reversed(range(starts.shape[0])):
             sl = slice(c * L, (c + 1) * L)
             d, u, Bc, Cc, g_y = ds[sl], xs[sl], Bs[sl], Cs[sl], gys[sl]
-            a, hs = _decays_and_inputs(d, u, A, Bc)
-            hs = _chunk_states(a, hs, starts[c])  # (L, b, D, N) recomputed
-            gC[sl] = torch.matmul(g_y[:, :, None, :], hs)[:, :, 0]  # (L, b, N)  Σ_d ∂y h
+            a, hs = _decays_and_inputs(d, u, A_t, Bc)
+            hs = _chunk_states(a, hs, starts[c])  # (L, b, N, D) recomputed
+            torch.matmul(hs, g_y[..., None], out=gC[sl, ..., None])  # (L, b, N, 1) Σ_d h ∂y
             # adjoint: g_t = C_t ∂y_t + a_{t+1} g_{t+1}, the chunk's end fed by ``carry``
-            g = g_y[..., None] * Cc[:, :, None, :]  # (L, b, D, N)
+            g = Cc[..., None] * g_y[:, :, None, :]  # (L, b, N, D)
             g[-1] += carry
             for t in range(g.shape[0] - 2, -1, -1):
                 torch.addcmul(g[t], a[t + 1], g[t + 1], out=g[t])
             carry = a[0] * g[0]  # ∂/∂(state before the chunk)
-            g_logA = g * a  # (L, b, D, N)  ∂/∂(Δ A) = g a h_{t-1}
+            g_logA = g * a  # (L, b, N, D)  ∂/∂(Δ A) = g a h_{t-1}
             g_logA[1:].mul_(hs[:-1])
             g_logA[0].mul_(starts[c])
-            gA += torch.einsum("lbdn,lbd->dn", g_logA, d)
-            gBx = torch.matmul(g, Bc[..., None])[..., 0]  # (L, b, D)  Σ_n g B
-            gd[sl] = (g_logA * A).sum(-1) + gBx * u
+            gA += (g_logA * d[:, :, None, :]).sum((0, 1))  # (N, D)
+            gBx = torch.matmul(Bc[:, :, None, :], g)[:, :, 0]  # (L, b, D)  Σ_n B g
+            gd[sl] = (g_logA * A_t).sum(2) + gBx * u
             gx[sl] = gBx * d
-            gB[sl] = torch.matmul((d * u)[:, :, None, :], g)[:, :, 0]  # (L, b, N)
-        grads = (t.transpose(0, 1) for t in (gx, gd, gB, gC))  # (b, T, ·)
-        gx, gd, gB, gC = grads
-        return gx, gd, gA, gB, gC, carry, None
+            torch.matmul(g, (d * u)[..., None], out=gB[sl, ..., None])  # (L, b, N, 1)
+        gx, gd, gB, gC = (t.transpose(0, 1) for t in (gx, gd, gB, gC))  # (b, T, ·)
+        return gx, gd, gA.t(), gB, gC, carry.transpose(1, 2), None
 
 
 def _check_scan_shapes(x: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor) -> None:
@@ -239,7 +242,7 @@ class MambaBlock(nn.Module):
         bias: bool = False,
         conv_bias: bool = True,
         scan: str = "chunked",
-        chunk: int = 8,
+        chunk: int = 16,
     ) -> None:
         super().__init__()
         check_mamba_config(d_model, d_state, d_conv, expand, dt_rank)
