@@ -302,7 +302,7 @@ def plot_moe_usage(runs: Path, name: str) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=5.0)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], choices=sorted(PAIRS))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], choices=sorted(PAIRS))
     parser.add_argument("--eval-windows", type=int, default=200)
     parser.add_argument("--runs", type=Path, default=Path("runs/lm-mixers"))
     parser.add_argument("--name", default="lm_mixers", help="results file stem")

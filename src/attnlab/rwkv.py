@@ -105,9 +105,8 @@ def wkv_chunked(
     chunk: int = 0,
 ) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor]]:
     """wkv in parallel inside chunks of ``chunk`` positions: same arguments and results as
-    :func:`wkv_sequential`. ``chunk = 0`` picks T/16 between 4 and 16 (the work inside chunks
-    grows with the chunk, the loop over chunks with their number; measured by
-    benchmarks/mixers_speed.py).
+    :func:`wkv_sequential`. ``chunk = 0`` picks T/32 between 4 and 8 (the work inside chunks
+    grows with the chunk, the steps of the loop over chunks with their number).
 
     In a chunk (positions j, l = 0..L−1) the exponent of token l at output j is
     k_l − (j−1−l) w for l < j, u + k_j for l = j; the state carried in from before the chunk
@@ -119,7 +118,7 @@ def wkv_chunked(
     if chunk < 0:
         raise ValueError(f"chunk must be >= 1 (0 = automatic), got {chunk}")
     B, T, D = k.shape
-    L = min(chunk or min(16, max(4, T // 16)), T)
+    L = min(chunk or min(8, max(4, T // 32)), T)
     pad = -T % L
     n = (T + pad) // L
     kc = F.pad(k, (0, 0, 0, pad), value=NEG).view(B, n, L, D)  # padding: weight e^NEG = 0
