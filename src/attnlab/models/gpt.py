@@ -226,6 +226,7 @@ class GPT(nn.Module):
         return EncoderBlock(block, rotary, mixer=mixer, ff=ff, feed_forward=cfg.ffn != "none")
 
     def _moe(self) -> MoEFeedForward:
+        """One mixture-of-experts feed-forward of this config."""
         cfg = self.cfg
         return MoEFeedForward(
             cfg.d_model,
