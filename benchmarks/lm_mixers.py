@@ -164,6 +164,7 @@ def measure(row: dict) -> dict:
             "train_wall_s": train_s,
             "eval_wall_s": summary["eval_time_s"],
             "engine_cpu_s": summary["cpu_time_s"],
+            "eval_cpu_s": summary["eval_cpu_s"],
             "tokens_per_s": summary["steps"] * t["batch_size"] * m["context"] / train_s,
             "val_loss": summary["best_metric"],
             "eval_windows": config["data"]["eval_windows"],
@@ -199,6 +200,7 @@ def summarise(rows: list[dict]) -> dict:
             "val_loss_mean": statistics.fmean(vals),
             "val_loss_seed_spread": max(vals) - min(vals),
             "tokens_per_s_mean": statistics.fmean(r["tokens_per_s"] for r in mine),
+            "tokens_per_cpu_s_mean": statistics.fmean(tokens_per_cpu_s(r) for r in mine),
             "steps_mean": statistics.fmean(r["steps"] for r in mine),
             "train_loss_at_common_step_mean": _mean_or_none(
                 [r["train_loss_at_common_step"] for r in mine]
@@ -215,6 +217,13 @@ def summarise(rows: list[dict]) -> dict:
         }
     out["winner"] = min(out["variants"], key=lambda k: out["variants"][k]["val_loss_mean"])
     return out
+
+
+def tokens_per_cpu_s(r: dict) -> float:
+    """Training tokens per CPU second of the training loop (the engine's CPU time less its
+    evaluation's): the speed with the machine's load taken out, where tokens per wall-clock
+    second measure the load too."""
+    return r["tokens_per_s"] * r["train_wall_s"] / (r["engine_cpu_s"] - r["eval_cpu_s"])
 
 
 def _fmt(x: float | None) -> str:
@@ -235,9 +244,9 @@ def write_markdown(res: dict, path: Path) -> None:
         f"(1 min) per run below.",
         "",
         "| variant | seed | layers | width | params total | params active | steps | "
-        "train tok/s | val loss | train loss @ step "
+        "train tok/s | tok per CPU s | val loss | train loss @ step "
         f"{s['common_step']} | CPU s | load start→end | ran beside |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in sorted(res["runs"], key=lambda r: (list(VARIANTS).index(r["variant"]), r["seed"])):
         letter = {"attention": "A", "mamba": "M", "rwkv": "R"}
@@ -245,7 +254,7 @@ def write_markdown(res: dict, path: Path) -> None:
         lines.append(
             f"| {r['variant']} | {r['seed']} | {mixers} | {r['d_model']} | "
             f"{r['params_total']:,} | {r['params_active']:,} | {r['steps']} | "
-            f"{r['tokens_per_s']:.0f} | {r['val_loss']:.4f} | "
+            f"{r['tokens_per_s']:.0f} | {tokens_per_cpu_s(r):.0f} | {r['val_loss']:.4f} | "
             f"{_fmt(r['train_loss_at_common_step'])} | {r['process_cpu_s']:.0f} | "
             f"{r['load_average_start'][0]:.1f}→{r['load_average_end'][0]:.1f} | "
             f"{r['partner']} |"
@@ -257,8 +266,8 @@ def write_markdown(res: dict, path: Path) -> None:
         "CPU s: the whole process (start-up, data preparation, training, evaluation).",
         "",
         "| variant | mean val loss | seed spread (max − min) | − dense (mean) | − dense "
-        "(per seed) | mean tok/s | mean steps |",
-        "|---|---|---|---|---|---|---|",
+        "(per seed) | mean tok/s | mean tok per CPU s | mean steps |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, v in s["variants"].items():
         per_seed = ", ".join(
@@ -267,7 +276,7 @@ def write_markdown(res: dict, path: Path) -> None:
         lines.append(
             f"| {name} | {v['val_loss_mean']:.4f} | {v['val_loss_seed_spread']:.4f} | "
             f"{v['val_loss_minus_dense']:+.4f} | {per_seed} | {v['tokens_per_s_mean']:.0f} | "
-            f"{v['steps_mean']:.0f} |"
+            f"{v['tokens_per_cpu_s_mean']:.0f} | {v['steps_mean']:.0f} |"
         )
     lines += [
         "",
@@ -315,6 +324,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.render:
         res = json.loads((RESULTS / f"{args.name}.json").read_text())
+        for r in res["runs"]:  # rows written before eval_cpu_s was recorded
+            if "eval_cpu_s" not in r:
+                summary = json.loads((Path(r["run_dir"]) / "summary.json").read_text())
+                r["eval_cpu_s"] = summary["eval_cpu_s"]
         res["summary"] = summarise(res["runs"])
         (RESULTS / f"{args.name}.json").write_text(json.dumps(res, indent=2) + "\n")
         write_markdown(res, RESULTS / f"{args.name}.md")

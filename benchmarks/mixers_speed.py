@@ -15,9 +15,11 @@ cross-entropy, backward, AdamW step, zero_grad on random tokens (vocabulary 65):
 
 Each context T gets batches of max(1, 768 // T) sequences (768 tokens at T <= 768, one sequence
 above). The models take turns step by step, ``rounds`` times after one untimed warm-up step each,
-so background load hits all of them alike; a model's figure is its median step. Reported:
-training tokens/s of each model, and the ratios the issue asks for (mamba / attention,
-rwkv / attention, moe step time / dense2x step time). Writes OUT.json and OUT.md.
+so background load hits all of them alike; a model's figure is its median step in CPU seconds
+of this one-thread process (time.process_time: on a shared machine wall-clock time measures
+the other jobs too; the wall times are kept in the JSON). Reported: training tokens per CPU
+second of each model, and the ratios the issue asks for (mamba / attention, rwkv / attention,
+moe step time / dense2x step time). Writes OUT.json and OUT.md.
 """
 
 from __future__ import annotations
@@ -67,23 +69,26 @@ def measure(context: int, rounds: int, names: list[str]) -> dict:
     ids = torch.randint(0, VOCAB, (batch, context + 1))
     built = {n: build(n, context) for n in names}
     times: dict[str, list[float]] = {n: [] for n in names}
+    cpu: dict[str, list[float]] = {n: [] for n in names}
     for model, opt in built.values():
         step(model, opt, ids)  # warm-up
     for _ in range(rounds):
         for n, (model, opt) in built.items():
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             step(model, opt, ids)
             times[n].append(time.perf_counter() - t0)
+            cpu[n].append(time.process_time() - c0)
     tokens = batch * context
     row = {"context": context, "batch": batch, "tokens_per_step": tokens, "models": {}}
     for n in names:
-        med = statistics.median(times[n])
+        med = statistics.median(cpu[n])
         row["models"][n] = {
             "params": built[n][0].num_params(),
             "active_params": built[n][0].active_params(),
-            "step_s_median": med,
-            "step_s_all": times[n],
-            "tokens_per_s": tokens / med,
+            "step_cpu_s_median": med,
+            "step_cpu_s_all": cpu[n],
+            "step_wall_s_all": times[n],
+            "tokens_per_s": tokens / med,  # per CPU second of the (one-thread) process
         }
     m = row["models"]
     row["ratios"] = {
@@ -93,7 +98,7 @@ def measure(context: int, rounds: int, names: list[str]) -> dict:
     }
     if "moe" in m and "dense2x" in m:
         row["ratios"]["moe_over_dense2x_step_time"] = (
-            m["moe"]["step_s_median"] / m["dense2x"]["step_s_median"]
+            m["moe"]["step_cpu_s_median"] / m["dense2x"]["step_cpu_s_median"]
         )
     return row
 
@@ -101,14 +106,15 @@ def measure(context: int, rounds: int, names: list[str]) -> dict:
 def markdown(result: dict) -> str:
     names = list(MODELS)
     lines = [
-        "# Training speed of the mixers (tokens/s, one thread, fp32)",
+        "# Training speed of the mixers (tokens per CPU second, one thread, fp32)",
         "",
         f"Command: `{result['command']}`",
         "",
         f"Machine: {result['machine']['cpu']}, torch {result['machine']['torch']}, "
         f"{result['machine']['threads']} thread; load average {result['load_before']} before, "
-        f"{result['load_after']} after (a shared machine: read the ratios, measured side by "
-        "side, not the absolute rates).",
+        f"{result['load_after']} after. Each step is timed in CPU seconds of this one-thread "
+        "process (time.process_time), which the machine's load (other jobs) does not inflate "
+        "as it does wall-clock time; the models take turns step by step.",
         "",
         "| context | batch | " + " | ".join(names) + " | mamba / attn | rwkv / attn | "
         "moe / dense2x step time |",
