@@ -76,10 +76,10 @@ def task_parser(name: str, argv: list[str]) -> argparse.ArgumentParser:
         group = p.add_argument_group(f"[{section}]")
         add_dataclass_arguments(group, cls, defaults=values.get(section))
         taken.update(f.name for f in dataclasses.fields(cls))
-    if task.name == "classify":  # `train classify --init CHECKPOINT` fine-tunes BERT
-        bert = get_task("bert_classify")
-        group = p.add_argument_group("BERT fine-tuning (with --init CHECKPOINT)")
-        for cls in bert.sections().values():
+    if task.redirect is not None:  # e.g. `train classify --init CHECKPOINT` fine-tunes BERT
+        option, other, what = task.redirect
+        group = p.add_argument_group(f"{what} (with --{option.replace('_', '-')})")
+        for cls in get_task(other).sections().values():
             add_dataclass_arguments(group, cls, skip=taken)
     return p
 
@@ -90,8 +90,7 @@ def _run_train(args: argparse.Namespace) -> int:
 
     name = ALIASES.get(args.task, args.task)
     opts = task_parser(name, args.rest).parse_args(args.rest)
-    if name == "classify" and "init" in vars(opts):
-        name = _bert_instead(opts)
+    name = _redirected(name, opts)
     overrides = parse_key_values(opts.overrides)
     for cls in get_task(name).sections().values():
         overrides.update(collect_overrides(opts, cls))
@@ -109,20 +108,25 @@ def _run_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bert_instead(opts: argparse.Namespace) -> str:
-    """`train classify --init X` is BERT fine-tuning: refuse the char-level model's options."""
+def _redirected(name: str, opts: argparse.Namespace) -> str:
+    """The task to run: ``name``, or the one its ``redirect`` option names when given (refusing
+    the options that only ``name`` has)."""
     from attnlab.tasks.registry import get_task
 
-    bert = {f.name for cls in get_task("bert_classify").sections().values() for f in
-            dataclasses.fields(cls)}  # fmt: skip
-    unused = sorted(set(vars(opts)) - bert - set(GENERAL))
+    task = get_task(name)
+    if task.redirect is None or task.redirect[0] not in vars(opts):
+        return name
+    option, other, what = task.redirect
+    theirs = {f.name for cls in get_task(other).sections().values() for f in
+              dataclasses.fields(cls)}  # fmt: skip
+    unused = sorted(set(vars(opts)) - theirs - set(GENERAL))
     if unused:
         flags = ", ".join("--" + name.replace("_", "-") for name in unused)
         raise ValueError(
-            f"{flags} do not apply with --init: BERT fine-tuning takes its architecture and "
-            "tokenizer from the checkpoint (see the --init options in --help)"
+            f"{flags} do not apply with --{option.replace('_', '-')}: that is {what} "
+            f"(`attnlab train {other}`; see its options in --help)"
         )
-    return "bert_classify"
+    return other
 
 
 # ---------------------------------------------------------------------------- run verbs
@@ -297,6 +301,26 @@ def _run_translate(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------- BERT checkpoints
 
 
+def _add_prune(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("prune", help="remove the N least important attention heads of a classifier")
+    p.add_argument("run", help=RUN_HELP)
+    p.add_argument("--heads", type=int, required=True, help="how many heads to remove")
+    p.add_argument("--out", required=True, help="the new run folder")
+
+
+def _run_prune(args: argparse.Namespace) -> int:
+    from attnlab.tasks.prune import prune_run
+
+    r = prune_run(args.run, args.heads, args.out)
+    print(
+        f"removed {args.heads} heads, kept {r['heads_per_layer']} per layer; val accuracy "
+        f"{r['val_before']['accuracy']:.4f} -> {r['val_after']['accuracy']:.4f}; attention "
+        f"parameters {r['parameters_before']['attention']} -> "
+        f"{r['parameters_after']['attention']}; run in {args.out} (prune.json)"
+    )
+    return 0
+
+
 def _add_embed(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("embed", help="sentence vectors from a BERT checkpoint (JSON or .npy)")
     p.add_argument("checkpoint", help=CHECKPOINT_HELP)
@@ -438,6 +462,7 @@ COMMANDS: dict[str, Command] = {
     "search": (_add_search, _run_search),
     "ablate": (_add_ablate, _run_ablate),
     "bench": (_add_bench, _run_bench),
+    "prune": (_add_prune, _run_prune),
     "explore": (explore_command.add_parser, explore_command.run),
     "verify": (verify_command.add_parser, verify_command.run),
 }

@@ -256,7 +256,7 @@ class LocalAttention:
             v,
             mask=combine_masks(band, mask),
             dropout_p=dropout_p,
-            return_weights=need_weights,
+            need_weights=need_weights,
             bias=bias,
         )
 

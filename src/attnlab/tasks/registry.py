@@ -35,6 +35,11 @@ REGISTRY: dict[str, TaskEntry] = {
             "attnlab.tasks.classify",
         ),
         TaskEntry(
+            "distill",
+            "a classifier trained on a teacher run's soft labels (knowledge distillation)",
+            "attnlab.tasks.distill",
+        ),
+        TaskEntry(
             "bert_classify",
             "fine-tune a pretrained BERT (all-MiniLM-L6-v2 by default) as a text classifier",
             "attnlab.tasks.bert_classify",
@@ -43,6 +48,11 @@ REGISTRY: dict[str, TaskEntry] = {
             "mlm",
             "masked-LM pretraining of BERT on any text (bundled Chinese reviews by default)",
             "attnlab.tasks.bert_mlm",
+        ),
+        TaskEntry(
+            "electra",
+            "ELECTRA pretraining (replaced-token detection) of a BERT encoder on any text",
+            "attnlab.tasks.electra",
         ),
         TaskEntry(
             "lm",
@@ -61,7 +71,7 @@ REGISTRY: dict[str, TaskEntry] = {
         ),
         TaskEntry(
             "cnn",
-            "small ResNet with --attention none|se|eca|cbam|ca (Fashion-MNIST by default)",
+            "small ResNet with --channel-attention none|se|eca|cbam|ca (Fashion-MNIST by default)",
             "attnlab.tasks.vision",
         ),
     )

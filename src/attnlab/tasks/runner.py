@@ -99,7 +99,8 @@ def preset_fields(preset: str | Path, task: Task, owner: Mapping[str, str]) -> d
     return flat
 
 
-def _say(msg: str) -> None:
+def say(msg: str) -> None:
+    """A progress line on stderr (what `attnlab train` tells the user while it works)."""
     print(msg, file=sys.stderr, flush=True)
 
 
@@ -168,9 +169,9 @@ def train(
             if not resume:
                 for name, write in setup.files.items():
                     write(folder / name)
-            _say(f"run directory: {out}")
+            say(f"run directory: {out}")
             for line in setup.messages:
-                _say(line)
+                say(line)
             if staging is not None:
                 staging.publish()  # the lock stays held: its flock follows the folder
         trainer = Trainer(

@@ -15,6 +15,7 @@ from attnlab.verify import checks_hf as hf
 from attnlab.verify import checks_mixers as mx
 from attnlab.verify import checks_optim as opt
 from attnlab.verify import checks_torch as pt
+from attnlab.verify import checks_zoo as zoo
 from attnlab.verify.checks_minilm import check_minilm
 from attnlab.verify.runner import Check, Oracle
 
@@ -35,9 +36,9 @@ moe_grads = partial(hf.check_mixtral, gradients=True)
 CHECKS: list[Check] = [
     Check("scaled_dot_product_attention", "F.scaled_dot_product_attention", 1e-10, pt.check_sdpa),
     Check("MultiHeadAttention", "nn.MultiheadAttention", 1e-10, pt.check_mha),
-    Check("EncoderBlock", "nn.TransformerEncoderLayer", 1e-10, pt.check_encoder_layer),
+    Check("Block (encoder layer)", "nn.TransformerEncoderLayer", 1e-10, pt.check_encoder_layer),
     Check("DecoderBlock", "nn.TransformerDecoderLayer", 1e-10, pt.check_decoder_layer),
-    Check("Encoder + Decoder stacks", "nn.Transformer", 1e-10, pt.check_transformer),
+    Check("BlockStack + Decoder", "nn.Transformer", 1e-10, pt.check_transformer),
     Check("LLaMA stack (f32)", "HF LlamaModel", 1e-5, hf.check_llama, HF),
     Check("LLaMA stack gradients (f32)", "HF LlamaModel", 5e-4, llama_grads, HF),
     Check("T5 attention + relative bias", "HF T5Attention", 1e-10, hf.check_t5, HF),
@@ -66,6 +67,10 @@ CHECKS: list[Check] = [
     Check("MoEFeedForward (f32)", "HF MixtralSparseMoeBlock", 1e-6, hf.check_mixtral, HF),
     Check("MoEFeedForward gradients (f32)", "HF MixtralSparseMoeBlock", 1e-5, moe_grads, HF),
     Check("MoE balance loss", "HF load_balancing_loss_func", 2e-6, hf.check_balance_loss, HF),
+    Check("T5 v1.0/v1.1 + gradients", "HF T5ForConditionalGeneration", 1e-9, zoo.check_t5, HF),
+    Check("ELECTRA + gradients", "HF ElectraForPreTraining/MaskedLM", 1e-10, zoo.check_electra, HF),
+    Check("ALBERT + gradients", "HF AlbertModel", 1e-10, zoo.check_albert, HF),
+    Check("DeBERTa-v2/v3 + gradients", "HF DebertaV2Model", 1e-10, zoo.check_deberta, HF),
     Check("Muon", "torch.optim.Muon", 1e-6, opt.check_muon, (TORCH_MUON,)),
     Check("MuonAdamW", "torch.optim.Muon + AdamW", 1e-6, opt.check_muon_adamw, (TORCH_MUON,)),
 ]
