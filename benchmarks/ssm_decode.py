@@ -63,7 +63,14 @@ def models(max_len: int) -> dict[str, nn.Module]:
         )
     )  # fmt: skip
     rwkv = GPT(  # RWKV-4: time-mix and channel-mix per layer, as many layers as the GPT
-        GPTConfig(vocab_size=VOCAB, context=max_len + 1, n_layers=4, d_model=D_MODEL, mixer="rwkv")
+        GPTConfig(
+            vocab_size=VOCAB,
+            context=max_len + 1,
+            n_layers=4,
+            n_heads=4,
+            d_model=D_MODEL,
+            mixer="rwkv",
+        )
     )
     return {"gpt_kv_cache": gpt.eval(), "mamba_state": mamba.eval(), "rwkv_state": rwkv.eval()}
 
