@@ -12,6 +12,7 @@ from __future__ import annotations
 from functools import partial
 
 from attnlab.verify import checks_hf as hf
+from attnlab.verify import checks_infer as inf
 from attnlab.verify import checks_mixers as mx
 from attnlab.verify import checks_optim as opt
 from attnlab.verify import checks_torch as pt
@@ -35,6 +36,9 @@ moe_grads = partial(hf.check_mixtral, gradients=True)
 
 CHECKS: list[Check] = [
     Check("scaled_dot_product_attention", "F.scaled_dot_product_attention", 1e-10, pt.check_sdpa),
+    Check("flash_attention (by hand)", "F.scaled_dot_product_attention", 1e-10, inf.check_flash),
+    Check("int8 Linear (weights, bound)", "torch.ao per-channel qint8", 0.0, inf.check_int8),
+    Check("speculative greedy", "the target's own greedy", 0.0, inf.check_speculative),
     Check("MultiHeadAttention", "nn.MultiheadAttention", 1e-10, pt.check_mha),
     Check("Block (encoder layer)", "nn.TransformerEncoderLayer", 1e-10, pt.check_encoder_layer),
     Check("DecoderBlock", "nn.TransformerDecoderLayer", 1e-10, pt.check_decoder_layer),
