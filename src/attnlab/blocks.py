@@ -209,7 +209,8 @@ class Block(nn.Module):
     Other sublayers can be given: ``mixer`` replaces self-attention by another causal sequence
     mixer, called as ``mixer(h, cache)`` with its own cache (``mixer.new_cache()``), e.g. a Mamba
     block (Jamba's layers: Lieber et al. 2024); ``ff`` replaces the feed-forward layer, e.g. a
-    mixture of experts. The residual wiring and the norms stay the same.
+    mixture of experts; ``feed_forward=False`` leaves it out (Mamba's layers: the mixer alone).
+    The residual wiring and the norms stay the same.
     """
 
     def __init__(
@@ -219,15 +220,16 @@ class Block(nn.Module):
         *,
         mixer: nn.Module | None = None,
         ff: nn.Module | None = None,
+        feed_forward: bool = True,
     ) -> None:
         super().__init__()
         cfg.validate()
         self.cfg = cfg
         self.self_attn = cfg.self_attention(rotary) if mixer is None else None
         self.mixer = mixer
-        self.ff = cfg.feed_forward() if ff is None else ff
+        self.ff = (cfg.feed_forward() if ff is None else ff) if feed_forward else None
         self.norm1 = cfg.make_norm()
-        self.norm2 = cfg.make_norm()
+        self.norm2 = cfg.make_norm() if feed_forward else None
         self.dropout1 = nn.Dropout(cfg.dropout)
         self.dropout2 = nn.Dropout(cfg.dropout)
         gated = cfg.value_embeddings and mixer is None  # only attention reads value embeddings
@@ -275,11 +277,13 @@ class Block(nn.Module):
         if self.cfg.norm_position == "pre":
             a, weights = attend(self.norm1(x))
             x = x + a  # (B, T, D)
-            x = x + self.dropout2(self.ff(self.norm2(x)))
+            if self.ff is not None:
+                x = x + self.dropout2(self.ff(self.norm2(x)))
         else:
             a, weights = attend(x)
             x = self.norm1(x + a)
-            x = self.norm2(x + self.dropout2(self.ff(x)))
+            if self.ff is not None:
+                x = self.norm2(x + self.dropout2(self.ff(x)))
         return x, weights
 
 

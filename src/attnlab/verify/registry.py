@@ -13,6 +13,7 @@ from functools import partial
 
 from attnlab.verify import checks_hf as hf
 from attnlab.verify import checks_infer as inf
+from attnlab.verify import checks_mixers as mx
 from attnlab.verify import checks_optim as opt
 from attnlab.verify import checks_torch as pt
 from attnlab.verify import checks_vision as vis
@@ -33,7 +34,6 @@ TORCH_MUON = Oracle("torch.optim", "torch >= 2.9 has torch.optim.Muon", attr="Mu
 HF = (TRANSFORMERS,)
 llama_grads = partial(hf.check_llama, gradients=True)
 moe_grads = partial(hf.check_mixtral, gradients=True)
-mamba = hf.check_mamba_logits
 
 CHECKS: list[Check] = [
     Check("scaled_dot_product_attention", "F.scaled_dot_product_attention", 1e-10, pt.check_sdpa),
@@ -74,9 +74,17 @@ CHECKS: list[Check] = [
         (TRANSFORMERS, SENTENCE_TRANSFORMERS, MINILM),
     ),
     Check(
-        "MambaLM logits/greedy/cache (f32)", "HF MambaForCausalLM", 1e-5, hf.check_mamba_logits, HF
+        "Mamba GPT logits/greedy/cache (f32)",
+        "HF MambaForCausalLM",
+        1e-5,
+        mx.check_mamba_logits,
+        HF,
     ),
-    Check("MambaLM gradients (f32)", "HF MambaForCausalLM", 1e-4, hf.check_mamba_grads, HF),
+    Check("Mamba GPT gradients (f32)", "HF MambaForCausalLM", 1e-4, mx.check_mamba_grads, HF),
+    Check(
+        "RWKV GPT logits/greedy/cache (f32)", "HF RwkvForCausalLM", 1e-5, mx.check_rwkv_logits, HF
+    ),
+    Check("RWKV GPT gradients (f32)", "HF RwkvForCausalLM", 1e-4, mx.check_rwkv_grads, HF),
     Check("MoEFeedForward (f32)", "HF MixtralSparseMoeBlock", 1e-6, hf.check_mixtral, HF),
     Check("MoEFeedForward gradients (f32)", "HF MixtralSparseMoeBlock", 1e-5, moe_grads, HF),
     Check("MoE balance loss", "HF load_balancing_loss_func", 2e-6, hf.check_balance_loss, HF),
