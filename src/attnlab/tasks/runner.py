@@ -150,6 +150,9 @@ def train(
     if main:
         rundir.check_target(out, resume)
     if resume:
+        from attnlab.tasks.quantize import check_not_quantized
+
+        check_not_quantized(out, "train --resume")
         raw = rundir.read_config(out)
         if raw["task"] != task.name:
             raise ValueError(
