@@ -274,13 +274,16 @@ def make_positions(
     causal: bool = False,
     grid: int = 0,
     n_prefix: int = 0,
+    num_buckets: int = 32,
+    max_distance: int = 128,
 ) -> Positions:
     """The positional modules for a config's ``pos``: the one factory every model uses.
 
     ``context`` sizes the learned table (and the first sinusoid/RoPE table, which grow on
     demand); ``causal`` makes T5 buckets one-sided; ``sincos2d`` needs the patch ``grid`` and
     the number of ``n_prefix`` tokens before the patches; ``rope_scaling``/``rope_factor``
-    stretch RoPE to longer inputs (see :class:`RotaryEmbedding`).
+    stretch RoPE to longer inputs (see :class:`RotaryEmbedding`); ``num_buckets``/``max_distance``
+    size the T5 bias's buckets.
     """
     if kind == "sinusoidal":
         return Positions(absolute=SinusoidalPositionalEncoding(d_model, context))
@@ -297,7 +300,8 @@ def make_positions(
         rotary = RotaryEmbedding(d_model // n_heads, rope_base, context, rope_scaling, rope_factor)
         return Positions(rotary=rotary)
     if kind == "t5":
-        return Positions(bias=T5RelativePositionBias(n_heads, bidirectional=not causal))
+        bias = T5RelativePositionBias(n_heads, num_buckets, max_distance, bidirectional=not causal)
+        return Positions(bias=bias)
     if kind == "alibi":
         return Positions(bias=ALiBi(n_heads))
     if kind == "none":

@@ -70,7 +70,9 @@ class ClassifierConfig(ConfigBase):
     members: int = setting(
         1, ">1: an ensemble of this many classifiers, probabilities averaged", min=1
     )
-    heads_per_layer: str = setting("", "set by `attnlab prune`: heads each layer keeps, e.g. 4,2")
+    heads_per_layer: tuple[int, ...] = setting(
+        (), "set by `attnlab prune`: heads each attention layer keeps (empty: all)"
+    )
 
     ALIASES = (
         Alias("norm", "norm_position", only=("pre", "post")),

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from attnlab.blocks import Activation, Block, BlockConfig, BlockStack, NormKind
 from attnlab.configs import ConfigBase, setting
 from attnlab.models.vit import ViT, ViTConfig, _init_weights
-from attnlab.positions import SinCos2DPositionalEncoding
+from attnlab.positions import make_positions
 
 
 @dataclass
@@ -132,7 +132,7 @@ class MAE(nn.Module):
         Dd, grid = cfg.decoder_d_model, cfg.image_size // cfg.patch_size
         self.decoder_embed = nn.Linear(cfg.d_model, Dd)
         self.mask_token = nn.Parameter(torch.zeros(1, 1, Dd))
-        self.decoder_pos = SinCos2DPositionalEncoding(grid, Dd, n_prefix=1)
+        self.decoder_pos = make_positions("sincos2d", Dd, 1, 0, grid=grid, n_prefix=1).absolute
         block = cfg.decoder_block()
         self.decoder = BlockStack(
             [Block(block) for _ in range(cfg.decoder_layers)], block.make_norm()

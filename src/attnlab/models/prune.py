@@ -164,23 +164,17 @@ def prune_heads(model: nn.Module, remove: list[list[int]]) -> list[int]:
     return [layer.n_heads for layer in attention_layers(model)]
 
 
-def parse_head_counts(text: str, n_layers: int) -> list[int]:
-    """``"4,2"`` -> [4, 2] (one per attention layer); ValueError if the count is wrong."""
-    counts = [int(part) for part in text.split(",")]
-    if len(counts) != n_layers or min(counts) < 1:
-        raise ValueError(
-            f"heads_per_layer={text!r} must list {n_layers} counts of at least 1, comma separated"
-        )
-    return counts
-
-
-def apply_head_counts(model: nn.Module, text: str) -> None:
-    """Rebuild the attention layers with the head counts ``text`` ("4,2"; "" = leave as is),
-    as a pruned run was saved; the weights are loaded afterwards."""
-    if not text:
+def apply_head_counts(model: nn.Module, counts: tuple[int, ...]) -> None:
+    """Rebuild the attention layers with ``counts`` heads each (one per attention layer; empty =
+    leave as is), as a pruned run was saved; the weights are loaded afterwards."""
+    if not counts:
         return
     layers = attention_layers(model)
-    for layer, n in zip(layers, parse_head_counts(text, len(layers))):
+    if len(counts) != len(layers) or min(counts) < 1:
+        raise ValueError(
+            f"heads_per_layer={list(counts)} must list {len(layers)} counts of at least 1"
+        )
+    for layer, n in zip(layers, counts):
         if n > layer.n_heads:
             raise ValueError(f"heads_per_layer asks for {n} heads in a layer of {layer.n_heads}")
         if n != layer.n_heads:

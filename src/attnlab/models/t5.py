@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from attnlab.attention import KVCache, padding_mask, padding_mask_from_ids
 from attnlab.blocks import Block, BlockConfig, BlockStack, Decoder, DecoderBlock, RMSNorm
 from attnlab.configs import ConfigBase, setting
-from attnlab.positions import T5RelativePositionBias
+from attnlab.positions import T5RelativePositionBias, make_positions
 
 
 @dataclass
@@ -84,12 +84,11 @@ class T5(nn.Module):
         self.decoder = Decoder(
             [DecoderBlock(block) for _ in range(n_dec)], RMSNorm(cfg.d_model, cfg.norm_eps)
         )
-        self.encoder_bias = T5RelativePositionBias(
-            cfg.n_heads, cfg.num_buckets, cfg.max_distance, bidirectional=True
-        )
-        self.decoder_bias = T5RelativePositionBias(
-            cfg.n_heads, cfg.num_buckets, cfg.max_distance, bidirectional=False
-        )
+        buckets = {"num_buckets": cfg.num_buckets, "max_distance": cfg.max_distance}
+        self.encoder_bias = make_positions("t5", cfg.d_model, cfg.n_heads, 0, **buckets).bias
+        self.decoder_bias = make_positions(
+            "t5", cfg.d_model, cfg.n_heads, 0, causal=True, **buckets
+        ).bias
         self.dropout = nn.Dropout(cfg.dropout)
         init_t5_weights(self)
 
