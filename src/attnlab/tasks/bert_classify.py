@@ -35,6 +35,7 @@ from attnlab.data import (
     stratified_split,
     truncation_report,
 )
+from attnlab.data.coverage import reach
 from attnlab.data.english_sentiment import CORPORA, balanced_subsample, load_english_sentiment
 from attnlab.data.io import read_json, write_json
 from attnlab.data.wordpiece import WordPieceTokenizer
@@ -284,7 +285,8 @@ class BertClassifierRun(Run):
 
     @torch.no_grad()
     def predict(self, texts: list[str]) -> list[dict[str, Any]]:
-        """Label and per-class probabilities for each text (the classifier run's format)."""
+        """Label, per-class probabilities and the share of [UNK] pieces for each text (the
+        classifier run's format)."""
         for i, text in enumerate(texts):
             if not text.strip():
                 raise ValueError(f"text {i + 1} is empty; give some words to classify")
@@ -293,13 +295,15 @@ class BertClassifierRun(Run):
         seqs = self.tokenizer.encode_batch(texts, self.max_len)
         ids, lengths = pad_batch(seqs, self.tokenizer.pad_id)
         probs = torch.softmax(self.model(ids, lengths), dim=-1)  # (B, C)
+        tok = self.tokenizer
         return [
             {
                 "text": text,
                 "label": self.labels.labels[int(p.argmax())],
                 "probs": {label: float(p[i]) for i, label in enumerate(self.labels.labels)},
+                **reach(seq, tok.unk_id, {tok.cls_id, tok.sep_id}, unit="word pieces"),
             }
-            for text, p in zip(texts, probs)
+            for text, p, seq in zip(texts, probs, seqs)
         ]
 
     def evaluate(
