@@ -1,7 +1,8 @@
 """Fine-tuning a pretrained BERT for text classification (`attnlab train classify --init`).
 
 The encoder and its WordPiece tokenizer come from a checkpoint (all-MiniLM-L6-v2 by default,
-or an `attnlab train mlm` run); a dropout + linear head on the pooled vector is added and the
+a Hugging Face BERT directory the user downloaded such as bert-base-chinese, or an
+`attnlab train mlm` run); a dropout + linear head on the pooled vector is added and the
 whole network is trained with the generic engine. ``from_scratch`` keeps the checkpoint's
 architecture and tokenizer but starts from BERT's random initialisation: the control arm of a
 fair pretrained-vs-scratch comparison. The run directory mirrors the char-level classifier's
@@ -57,7 +58,11 @@ class BertClassifyConfig:
 
     init: str = _help("minilm", "BERT checkpoint dir, `train mlm` run, or minilm")
     from_scratch: bool = _help(False, "with --init: its architecture, random weights")
-    data: str = _help("pang_lee", "pang_lee, imdb, chinese_reviews or a CSV/TSV/JSONL file")
+    data: str = _help(
+        "auto",
+        "pang_lee, imdb, chinese_reviews, a CSV/TSV/JSONL file, or auto: chinese_reviews when "
+        "the checkpoint's vocabulary is Chinese, else pang_lee",
+    )
     text_col: str = "text"
     label_col: str = "label"
     max_examples: int = _help(0, "with --init: balanced random subsample first; 0 = all")
@@ -77,6 +82,17 @@ class BertClassifyConfig:
 
 
 SECTIONS: dict[str, type] = {"data": BertClassifyConfig, "train": TrainConfig}
+
+# data="auto" picks the bundled Chinese reviews for a vocabulary with at least this share of
+# single CJK characters (bert-base-chinese), else the English Pang & Lee sentences (MiniLM).
+CHINESE_VOCAB_SHARE = 0.25
+
+
+def resolve_data(data: str, tokenizer: WordPieceTokenizer) -> str:
+    """The corpus ``data="auto"`` means for this tokenizer; any other value as given."""
+    if data != "auto":
+        return data
+    return "chinese_reviews" if tokenizer.cjk_share() >= CHINESE_VOCAB_SHARE else "pang_lee"
 
 
 def load_corpus(dcfg: BertClassifyConfig) -> LabeledCorpus:
@@ -140,6 +156,7 @@ class BertClassifyTask(Task):
         dcfg: BertClassifyConfig = cfg.data
         checkpoint = resolve_checkpoint(dcfg.init)
         encoder, _, tokenizer, notes = load_pretrained(checkpoint)
+        dcfg.data = resolve_data(dcfg.data, tokenizer)  # config.json records the corpus used
         corpus = load_corpus(dcfg)
         split_path = run_dir / "split.json"
         if resume and split_path.exists():

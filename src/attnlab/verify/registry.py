@@ -14,6 +14,7 @@ from functools import partial
 from attnlab.verify import checks_hf as hf
 from attnlab.verify import checks_optim as opt
 from attnlab.verify import checks_torch as pt
+from attnlab.verify.checks_bert_dir import check_chinese_bert_dir
 from attnlab.verify.checks_minilm import check_minilm
 from attnlab.verify.runner import Check, Oracle
 
@@ -50,6 +51,13 @@ CHECKS: list[Check] = [
         1e-5,
         check_minilm,
         (TRANSFORMERS, SENTENCE_TRANSFORMERS, MINILM),
+    ),
+    Check(
+        "Chinese BERT dir: WordPiece ids + hidden states",
+        "HF BertTokenizer(Fast), BertModel",
+        1e-10,
+        check_chinese_bert_dir,
+        HF,
     ),
     Check(
         "MambaLM logits/greedy/cache (f32)", "HF MambaForCausalLM", 1e-5, hf.check_mamba_logits, HF
