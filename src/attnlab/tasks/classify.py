@@ -302,7 +302,9 @@ class ClassifyTask(Task):
         )
         val_data = make_dataset(prep, "val", add_cls, cfg.data.eval_batch_size, False, 0)
         lengths = [len(s) for s in train_data.sequences]
-        prep.report["padding_fraction_bucketed"] = padding_fraction(train_data.batches(0), lengths)
+        prep.report["padding_fraction_bucketed"] = padding_fraction(
+            train_data.batches(0), lengths, train_data.pad_multiple
+        )
         files = {
             "tokenizer.json": prep.tokenizer.save,
             "labels.json": prep.labels.save,
