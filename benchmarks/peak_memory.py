@@ -80,7 +80,9 @@ class Run:
 
     def _watch(self) -> None:
         metrics = self.dir / "run" / "metrics.jsonl"
-        while self.proc.poll() is None:
+        # waitid with WNOWAIT looks without reaping: wait4 must reap, to read the child's peak
+        flags = os.WEXITED | os.WNOHANG | os.WNOWAIT
+        while os.waitid(os.P_PID, self.proc.pid, flags) is None:
             rss = _rss_mb(self.proc.pid)
             step = _last_step(metrics)
             if rss is not None:
@@ -95,7 +97,10 @@ class Run:
         self.proc.returncode = os.waitstatus_to_exitcode(status)
         wall = time.perf_counter() - self.start
         self.thread.join()
-        error = None
+        error, precision = None, "auto"
+        with contextlib.suppress(OSError, json.JSONDecodeError, IndexError):
+            lines = (self.dir / "run" / "metrics.jsonl").read_text().splitlines()
+            precision = json.loads(lines[-1]).get("precision", precision)
         if self.proc.returncode != 0:
             error = (self.dir / "stderr.txt").read_text().strip().splitlines()[-1:]
         return {
@@ -103,6 +108,7 @@ class Run:
             "task": self.task,
             "command": "attnlab " + " ".join(a for a in self.argv if not a.startswith("/")),
             "returncode": self.proc.returncode,
+            "precision": precision,
             "error": error,
             "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),  # Linux: kilobytes
             "rss_before_first_log_mb": round(self.first_rss, 1),
@@ -158,15 +164,16 @@ def write_report(rows: list[dict], meta: dict, out: Path) -> None:
         "high-water mark (ru_maxrss, as `/usr/bin/time -v`); the curve is its resident memory "
         "(VmRSS) when the given step was the last one logged. MB = MiB.",
         "",
-        "| run | task | steps | peak RSS MB | RSS at first log | wall s | note |",
-        "|---|---|---:|---:|---:|---:|---|",
+        "| run | task | precision | steps | peak RSS MB | RSS at first log | wall s | note |",
+        "|---|---|---|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         first = next(iter(r["rss_by_step_mb"].values()), "")
         note = "; ".join(r["error"]) if r["error"] else ""
         steps = max((int(k) for k in r["rss_by_step_mb"]), default=0)
         lines.append(
-            f"| {r['label']} | {r['task']} | {steps} | {r['peak_rss_mb']:.0f} | {first} | "
+            f"| {r['label']} | {r['task']} | {r.get('precision', 'auto')} | {steps} | "
+            f"{r['peak_rss_mb']:.0f} | {first} | "
             f"{r['wall_s']:.0f} | {note} |"
         )
     classify = [r for r in rows if r["task"] == "classify"]
@@ -192,6 +199,11 @@ def main() -> None:
     parser.add_argument("--tasks", default=",".join(CASES), help="comma-separated tasks")
     parser.add_argument("--steps", type=int, default=0, help="override every task's step count")
     parser.add_argument("--before", default="", help="another src/ tree to run classify from")
+    parser.add_argument(
+        "--precision",
+        default="auto",
+        help="passed to every run; auto times fp32 against bf16, a noisy choice under load",
+    )
     parser.add_argument("--out", default=str(ROOT / "docs" / "results"))
     parser.add_argument("--report-only", action="store_true", help="rewrite the md from the json")
     args = parser.parse_args()
@@ -206,7 +218,7 @@ def main() -> None:
     runs = []
     for task in args.tasks.split(","):
         steps, extra = CASES[task]
-        steps = args.steps or steps
+        steps, extra = args.steps or steps, [*extra, "--precision", args.precision]
         runs.append(Run(f"{task} (this tree)", task, steps, extra, ROOT / "src"))
         if args.before and task == "classify":
             runs.append(Run(f"{task} (before)", task, steps, extra, Path(args.before)))
