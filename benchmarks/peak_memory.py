@@ -82,7 +82,12 @@ class Run:
         metrics = self.dir / "run" / "metrics.jsonl"
         # waitid with WNOWAIT looks without reaping: wait4 must reap, to read the child's peak
         flags = os.WEXITED | os.WNOHANG | os.WNOWAIT
-        while os.waitid(os.P_PID, self.proc.pid, flags) is None:
+        while True:
+            try:
+                if os.waitid(os.P_PID, self.proc.pid, flags) is not None:
+                    return
+            except ChildProcessError:  # wait4 reaped it meanwhile
+                return
             rss = _rss_mb(self.proc.pid)
             step = _last_step(metrics)
             if rss is not None:
@@ -179,7 +184,9 @@ def write_report(rows: list[dict], meta: dict, out: Path) -> None:
     classify = [r for r in rows if r["task"] == "classify"]
     if classify:
         top = max(int(k) for r in classify for k in r["rss_by_step_mb"]) if classify else 0
-        marks = [s for s in (10, 20, 50, 100, 150, 200, 250, 300, 400, 500) if s <= top]
+        logged = sorted({int(k) for r in classify for k in r["rss_by_step_mb"]})
+        fixed = [s for s in (10, 20, 50, 100, 150, 200, 250, 300, 400, 500) if s <= top]
+        marks = logged if len(logged) <= 10 else fixed
         lines += [
             "",
             "Resident memory (MB) of classify over training steps (an epoch is about 218 "
