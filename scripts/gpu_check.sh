@@ -155,7 +155,7 @@ if [ "$DRY" = 1 ]; then
     "tests/train/test_precision.py::test_step_timing_synchronises_around_every_timed_step")
 else
   TEST_FILES=(tests/test_fused_backends.py tests/test_attention.py tests/test_blocks.py
-    tests/test_efficient.py tests/test_gpt.py tests/test_hf_parity.py tests/train/test_engine.py
+    tests/test_efficient.py tests/models/test_gpt.py tests/verify/test_hf_parity.py tests/train/test_engine.py
     tests/train/test_checkpoint.py tests/train/test_precision.py)
 fi
 run_stage tests "tests/junit.xml" "ATTNLAB_TEST_DEVICE=$DEVICE" -- \

@@ -1,13 +1,17 @@
-"""Transformer building blocks: norms, feed-forward, encoder and decoder blocks, and stacks.
+"""Transformer building blocks: norms, feed-forward, blocks and their stacks.
 
-Every block takes (B, T, D) and returns (B, T, D) plus the attention weights when asked, and
-is built from one :class:`BlockConfig`.
+:class:`Block` (self-attention + feed-forward) is the layer of every encoder (bidirectional)
+and of every decoder-only model (``is_causal=True``); :class:`BlockStack` stacks them.
+:class:`DecoderBlock` adds cross-attention for encoder-decoder models; :class:`Decoder` stacks
+those. Every block takes (B, T, D) and returns (B, T, D) plus the attention weights when asked
+(``need_weights``), and is built from one :class:`BlockConfig`.
 Post-norm (the original Transformer): x = Norm(x + Sublayer(x)).
 Pre-norm (GPT-2, LLaMA):               x = x + Sublayer(Norm(x)), with a final norm on the stack.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -20,9 +24,10 @@ from attnlab.attention import KVCache, MultiHeadAttention, RotaryHook
 from attnlab.configs import ConfigBase, setting
 from attnlab.efficient import AttentionKind, check_attention_config, make_kernel
 
-NormKind = Literal["layer", "rms"]
+NormKind = Literal["layer", "rms", "dyt"]
 NormPosition = Literal["pre", "post"]
-Activation = Literal["relu", "gelu", "gelu_tanh", "swiglu", "relu2"]
+Activation = Literal["relu", "gelu", "gelu_tanh", "swiglu", "relu2", "geglu", "geglu_tanh"]
+GATED: tuple[Activation, ...] = ("swiglu", "geglu", "geglu_tanh")  # w_in holds gate and up rows
 
 
 class RMSNorm(nn.Module):
@@ -41,21 +46,46 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(dtype)
 
 
+class DyT(nn.Module):
+    """Dynamic Tanh, DyT(x) = γ ⊙ tanh(α·x) + β  (Zhu et al. 2025, "Transformers without
+    Normalization", eq. 1): a drop-in for LayerNorm with no statistics over the channels.
+
+    α is one learned scalar, initialised to ``alpha0`` (the paper's default 0.5); γ starts at
+    ones and β at zeros, as LayerNorm's affine parameters do.
+    """
+
+    def __init__(self, d_model: int, alpha0: float = 0.5, bias: bool = True) -> None:
+        super().__init__()
+        self.alpha = nn.Parameter(torch.tensor(float(alpha0)))
+        self.weight = nn.Parameter(torch.ones(d_model))
+        self.bias = nn.Parameter(torch.zeros(d_model)) if bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.weight * torch.tanh(self.alpha * x)  # (..., D)
+        return h if self.bias is None else h + self.bias
+
+
 def make_norm(kind: NormKind, d_model: int, eps: float = 1e-5, bias: bool = True) -> nn.Module:
-    """LayerNorm (Ba et al. 2016: (x − μ)/σ · g + b, PyTorch's kernel) or RMSNorm."""
+    """LayerNorm (Ba et al. 2016: (x − μ)/σ · g + b, PyTorch's kernel), RMSNorm or DyT (which
+    has no eps: it divides by nothing)."""
     if kind == "layer":
         return nn.LayerNorm(d_model, eps=eps, bias=bias)
     if kind == "rms":
         return RMSNorm(d_model, eps=eps)
-    raise ValueError(f"norm must be 'layer' or 'rms', got {kind!r}")
+    if kind == "dyt":
+        return DyT(d_model, bias=bias)
+    raise ValueError(f"norm must be one of {', '.join(get_args(NormKind))}, got {kind!r}")
 
 
 def apply_activation(h: Tensor, activation: Activation) -> Tensor:
     """The hidden activation of a feed-forward layer (or of one MoE expert): h (..., W) ->
-    (..., W), or (..., W/2) for swiglu, whose first half gates the second (SiLU(g) ⊙ u)."""
-    if activation == "swiglu":
+    (..., W), or (..., W/2) for the gated ones, whose first half gates the second: swiglu
+    SiLU(g) ⊙ u; geglu GELU(g) ⊙ u, geglu_tanh with tanh-GELU (T5 v1.1's gated-gelu)."""
+    if activation in GATED:
         gate, up = h.chunk(2, dim=-1)
-        return F.silu(gate) * up
+        if activation == "swiglu":
+            return F.silu(gate) * up
+        return F.gelu(gate, approximate="tanh" if activation == "geglu_tanh" else "none") * up
     if activation == "relu":
         return F.relu(h)
     if activation == "relu2":
@@ -91,7 +121,7 @@ class FeedForward(nn.Module):
                 f"activation must be one of {', '.join(get_args(Activation))}, got {activation!r}"
             )
         self.activation = activation
-        width = 2 * d_ff if activation == "swiglu" else d_ff
+        width = 2 * d_ff if activation in GATED else d_ff
         self.w_in = nn.Linear(d_model, width, bias=bias)
         self.w_out = nn.Linear(d_ff, d_model, bias=bias)
         self.dropout = nn.Dropout(dropout)
@@ -121,7 +151,7 @@ class BlockConfig(ConfigBase):
     n_global: int = setting(0, min=0)
     fused: bool = True  # PyTorch's fused attention kernel when no weights are asked for
     qk_norm: bool = False  # RMSNorm (eps norm_eps) of each head's queries and keys, before RoPE
-    value_embeddings: bool = False  # a gate for values added by the model (EncoderBlock.forward)
+    value_embeddings: bool = False  # a gate for values added by the model (Block.forward)
 
     def check(self) -> None:
         if self.d_model % self.n_heads:
@@ -165,10 +195,11 @@ class BlockConfig(ConfigBase):
         return make_norm(self.norm, self.d_model, self.norm_eps, self.bias)
 
 
-class EncoderBlock(nn.Module):
+class Block(nn.Module):
     """Self-attention then feed-forward, each wrapped in a residual and a norm.
 
-    With ``causal=True`` and no cross-attention this is also the GPT/LLaMA decoder block.
+    Bidirectional it is an encoder layer (BERT, ViT); with ``is_causal=True`` it is the
+    GPT/LLaMA decoder-only block.
     ``attention`` chooses full, local (sliding ``window``, ``n_global`` global tokens) or
     linear self-attention (:mod:`attnlab.efficient`); the parameters are the same for all three.
     With ``value_embeddings`` the block has a learned gate λ (init 0.5) and its self-attention
@@ -178,7 +209,8 @@ class EncoderBlock(nn.Module):
     Other sublayers can be given: ``mixer`` replaces self-attention by another causal sequence
     mixer, called as ``mixer(h, cache)`` with its own cache (``mixer.new_cache()``), e.g. a Mamba
     block (Jamba's layers: Lieber et al. 2024); ``ff`` replaces the feed-forward layer, e.g. a
-    mixture of experts. The residual wiring and the norms stay the same.
+    mixture of experts; ``feed_forward=False`` leaves it out (Mamba's layers: the mixer alone).
+    The residual wiring and the norms stay the same.
     """
 
     def __init__(
@@ -188,16 +220,16 @@ class EncoderBlock(nn.Module):
         *,
         mixer: nn.Module | None = None,
         ff: nn.Module | None = None,
+        feed_forward: bool = True,
     ) -> None:
         super().__init__()
         cfg.validate()
         self.cfg = cfg
-        self.norm_first = cfg.norm_position == "pre"
         self.self_attn = cfg.self_attention(rotary) if mixer is None else None
         self.mixer = mixer
-        self.ff = cfg.feed_forward() if ff is None else ff
+        self.ff = (cfg.feed_forward() if ff is None else ff) if feed_forward else None
         self.norm1 = cfg.make_norm()
-        self.norm2 = cfg.make_norm()
+        self.norm2 = cfg.make_norm() if feed_forward else None
         self.dropout1 = nn.Dropout(cfg.dropout)
         self.dropout2 = nn.Dropout(cfg.dropout)
         gated = cfg.value_embeddings and mixer is None  # only attention reads value embeddings
@@ -242,21 +274,23 @@ class EncoderBlock(nn.Module):
             )
             return self.dropout1(out), w
 
-        if self.norm_first:
+        if self.cfg.norm_position == "pre":
             a, weights = attend(self.norm1(x))
             x = x + a  # (B, T, D)
-            x = x + self.dropout2(self.ff(self.norm2(x)))
+            if self.ff is not None:
+                x = x + self.dropout2(self.ff(self.norm2(x)))
         else:
             a, weights = attend(x)
             x = self.norm1(x + a)
-            x = self.norm2(x + self.dropout2(self.ff(x)))
+            if self.ff is not None:
+                x = self.norm2(x + self.dropout2(self.ff(x)))
         return x, weights
 
 
 class DecoderBlock(nn.Module):
     """Causal self-attention, cross-attention over the encoder output, feed-forward.
 
-    ``attention``/``window``/``n_global`` choose the self-attention kernel as in EncoderBlock;
+    ``attention``/``window``/``n_global`` choose the self-attention kernel as in Block;
     cross-attention is always full (every target position may read the whole source).
     """
 
@@ -270,7 +304,6 @@ class DecoderBlock(nn.Module):
         super().__init__()
         cfg.validate()
         self.cfg = cfg
-        self.norm_first = cfg.norm_position == "pre"
         self.self_attn = cfg.self_attention(rotary)
         self.cross_attn = MultiHeadAttention(
             cfg.d_model,
@@ -322,7 +355,7 @@ class DecoderBlock(nn.Module):
             )
             return self.dropout2(out), w
 
-        if self.norm_first:
+        if self.cfg.norm_position == "pre":
             a, w_self = self_block(self.norm1(x))
             x = x + a
             c, w_cross = cross_block(self.norm2(x))
@@ -337,14 +370,15 @@ class DecoderBlock(nn.Module):
         return x, (w_self, w_cross)
 
 
-class Encoder(nn.Module):
-    """A stack of EncoderBlocks with an optional final norm (needed after pre-norm blocks).
+class BlockStack(nn.Module):
+    """A stack of Blocks with an optional final norm (needed after pre-norm blocks): an
+    encoder, or the body of a decoder-only model.
 
     ``gradient_checkpointing = True`` recomputes each block's activations in the backward
     pass instead of storing them: less memory, about one extra forward of compute.
     """
 
-    def __init__(self, blocks: list[EncoderBlock], final_norm: nn.Module | None = None) -> None:
+    def __init__(self, blocks: list[Block], final_norm: nn.Module | None = None) -> None:
         super().__init__()
         self.blocks = nn.ModuleList(blocks)
         self.norm = final_norm
@@ -357,11 +391,11 @@ class Encoder(nn.Module):
         *,
         is_causal: bool = False,
         bias: Tensor | None = None,
-        return_weights: bool = False,
+        need_weights: bool = False,
         caches: list[KVCache] | None = None,
         values: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, list[Tensor]]:
-        """x: (B, T, D) -> (B, T, D); with ``return_weights`` also a list of (B, H, T, T).
+        """x: (B, T, D) -> (B, T, D); with ``need_weights`` also a list of (B, H, T, T).
 
         ``values`` (value embeddings, (B, T, Hkv·Dh)) go to every block."""
         weights: list[Tensor] = []
@@ -380,7 +414,7 @@ class Encoder(nn.Module):
                     mask,
                     is_causal=is_causal,
                     bias=bias,
-                    need_weights=return_weights,
+                    need_weights=need_weights,
                     cache=cache,
                     values=values,
                     use_reentrant=False,
@@ -391,7 +425,7 @@ class Encoder(nn.Module):
                     mask,
                     is_causal=is_causal,
                     bias=bias,
-                    need_weights=return_weights,
+                    need_weights=need_weights,
                     cache=cache,
                     values=values,
                 )
@@ -399,7 +433,7 @@ class Encoder(nn.Module):
                 weights.append(w)
         if self.norm is not None:
             x = self.norm(x)
-        return (x, weights) if return_weights else x
+        return (x, weights) if need_weights else x
 
 
 class Decoder(nn.Module):
@@ -419,16 +453,21 @@ class Decoder(nn.Module):
         memory_mask: Tensor | None = None,
         *,
         is_causal: bool = True,
-        return_weights: bool = False,
+        bias: Tensor | None = None,
+        need_weights: bool = False,
         caches: list[KVCache] | None = None,
         cross_caches: list[KVCache] | None = None,
     ) -> Tensor | tuple[Tensor, list[tuple[Tensor | None, Tensor | None]]]:
-        """x: (B, Tq, D), memory: (B, Tk, Dm) -> (B, Tq, D) [, per-layer (self, cross) weights]."""
+        """x: (B, Tq, D), memory: (B, Tk, Dm) -> (B, Tq, D) [, per-layer (self, cross) weights].
+
+        ``bias`` (1|B, H, Tq, Tk): an additive self-attention score bias given to every block
+        (T5's relative positions, computed once and shared by the layers)."""
         weights: list[tuple[Tensor | None, Tensor | None]] = []
         for i, block in enumerate(self.blocks):
             kwargs = dict(
                 is_causal=is_causal,
-                need_weights=return_weights,
+                bias=bias,
+                need_weights=need_weights,
                 cache=None if caches is None else caches[i],
                 cross_cache=None if cross_caches is None else cross_caches[i],
             )
@@ -448,4 +487,16 @@ class Decoder(nn.Module):
             weights.append(w)
         if self.norm is not None:
             x = self.norm(x)
-        return (x, weights) if return_weights else x
+        return (x, weights) if need_weights else x
+
+
+_RENAMED = {"EncoderBlock": "Block", "Encoder": "BlockStack"}  # old name -> new name
+
+
+def __getattr__(name: str) -> Any:
+    """Old class names still import, with one line of deprecation."""
+    if name in _RENAMED:
+        new = _RENAMED[name]
+        warnings.warn(f"attnlab.blocks.{name} is now {new}", DeprecationWarning, stacklevel=2)
+        return globals()[new]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -76,10 +76,10 @@ def task_parser(name: str, argv: list[str]) -> argparse.ArgumentParser:
         group = p.add_argument_group(f"[{section}]")
         add_dataclass_arguments(group, cls, defaults=values.get(section))
         taken.update(f.name for f in dataclasses.fields(cls))
-    if task.name == "classify":  # `train classify --init CHECKPOINT` fine-tunes BERT
-        bert = get_task("bert_classify")
-        group = p.add_argument_group("BERT fine-tuning (with --init CHECKPOINT)")
-        for cls in bert.sections().values():
+    if task.redirect is not None:  # e.g. `train classify --init CHECKPOINT` fine-tunes BERT
+        option, other, what = task.redirect
+        group = p.add_argument_group(f"{what} (with --{option.replace('_', '-')})")
+        for cls in get_task(other).sections().values():
             add_dataclass_arguments(group, cls, skip=taken)
     return p
 
@@ -90,8 +90,7 @@ def _run_train(args: argparse.Namespace) -> int:
 
     name = ALIASES.get(args.task, args.task)
     opts = task_parser(name, args.rest).parse_args(args.rest)
-    if name == "classify" and "init" in vars(opts):
-        name = _bert_instead(opts)
+    name = _redirected(name, opts)
     overrides = parse_key_values(opts.overrides)
     for cls in get_task(name).sections().values():
         overrides.update(collect_overrides(opts, cls))
@@ -109,20 +108,25 @@ def _run_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bert_instead(opts: argparse.Namespace) -> str:
-    """`train classify --init X` is BERT fine-tuning: refuse the char-level model's options."""
+def _redirected(name: str, opts: argparse.Namespace) -> str:
+    """The task to run: ``name``, or the one its ``redirect`` option names when given (refusing
+    the options that only ``name`` has)."""
     from attnlab.tasks.registry import get_task
 
-    bert = {f.name for cls in get_task("bert_classify").sections().values() for f in
-            dataclasses.fields(cls)}  # fmt: skip
-    unused = sorted(set(vars(opts)) - bert - set(GENERAL))
+    task = get_task(name)
+    if task.redirect is None or task.redirect[0] not in vars(opts):
+        return name
+    option, other, what = task.redirect
+    theirs = {f.name for cls in get_task(other).sections().values() for f in
+              dataclasses.fields(cls)}  # fmt: skip
+    unused = sorted(set(vars(opts)) - theirs - set(GENERAL))
     if unused:
         flags = ", ".join("--" + name.replace("_", "-") for name in unused)
         raise ValueError(
-            f"{flags} do not apply with --init: BERT fine-tuning takes its architecture and "
-            "tokenizer from the checkpoint (see the --init options in --help)"
+            f"{flags} do not apply with --{option.replace('_', '-')}: that is {what} "
+            f"(`attnlab train {other}`; see its options in --help)"
         )
-    return "bert_classify"
+    return other
 
 
 # ---------------------------------------------------------------------------- run verbs
@@ -225,6 +229,16 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
         "--stop", action="append", default=[], help="end a sample before this text (repeatable)"
     )
     p.add_argument("--no-cache", action="store_true", help="recompute the window at every step")
+    p.add_argument(
+        "--draft", default=None, help="speculative decoding: a small LM run, same tokenizer"
+    )
+    p.add_argument(
+        "--prompt-lookup", action="store_true", help="speculative decoding without a draft model"
+    )
+    p.add_argument("--lookahead", type=int, default=4, help="speculative: tokens drafted per pass")
+    p.add_argument(
+        "--kv-cache", default="float", help="float, or int8 (a scale per token and head)"
+    )
     p.add_argument("--device", default="cpu")
 
 
@@ -234,6 +248,11 @@ def _run_generate(args: argparse.Namespace) -> int:
 
     check_request(args.max_new_tokens, args.num_samples, args.temperature, args.top_k, args.top_p)
     run = LMRun.load(args.run, args.device)
+    drafter = _drafter(args, run)
+    if not args.no_cache:
+        from attnlab.models.generation import new_caches
+
+        new_caches(run.model, args.kv_cache)  # refused before anything is printed
     prompt = default_prompt(run.tokenizer) if args.prompt is None else args.prompt
     streaming = args.num_samples == 1
 
@@ -264,13 +283,50 @@ def _run_generate(args: argparse.Namespace) -> int:
         use_cache=not args.no_cache,
         on_text=on_text if streaming else None,
         device=args.device,
+        kv_cache=args.kv_cache,
+        **({} if drafter is None else {"drafter": drafter, "lookahead": args.lookahead}),
     )
     if streaming:
         sys.stdout.write("\n")
     else:
         for i, text in enumerate(out.texts):
             print(f"--- sample {i + 1} ---\n{shown}{text}")
+    if out.speculative is not None:
+        s = out.speculative
+        print(
+            f"attnlab: speculative: {s['rounds']} passes of the model for {s['emitted']} tokens "
+            f"({s['tokens_per_round']:.2f} per pass), {s['accepted']}/{s['proposed']} drafted "
+            f"tokens accepted ({s['acceptance_rate']:.0%})",
+            file=sys.stderr,
+        )
     return 0
+
+
+def _drafter(args: argparse.Namespace, run: Any) -> Any:
+    """The speculative drafter --draft / --prompt-lookup ask for, or None."""
+    from attnlab.models.speculative import (
+        ModelDrafter,
+        NgramDrafter,
+        check_draft,
+        check_lookahead,
+    )
+    from attnlab.tasks.lm import LMRun
+
+    if args.draft is None and not args.prompt_lookup:
+        return None
+    if args.draft is not None and args.prompt_lookup:
+        raise ValueError("--draft and --prompt-lookup are two drafters: choose one")
+    check_lookahead(args.lookahead)
+    if args.prompt_lookup:
+        return NgramDrafter()
+    draft = LMRun.load(args.draft, args.device)
+    check_draft(run.model, draft.model)
+    if draft.tokenizer.to_json() != run.tokenizer.to_json():
+        raise ValueError(
+            f"the draft {args.draft} has another tokenizer than {args.run}: a draft must use the "
+            "target's tokenizer"
+        )
+    return ModelDrafter(draft.model)
 
 
 def _add_translate(sub: argparse._SubParsersAction) -> None:
@@ -302,6 +358,26 @@ def _run_translate(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------- BERT checkpoints
+
+
+def _add_prune(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("prune", help="remove the N least important attention heads of a classifier")
+    p.add_argument("run", help=RUN_HELP)
+    p.add_argument("--heads", type=int, required=True, help="how many heads to remove")
+    p.add_argument("--out", required=True, help="the new run folder")
+
+
+def _run_prune(args: argparse.Namespace) -> int:
+    from attnlab.tasks.prune import prune_run
+
+    r = prune_run(args.run, args.heads, args.out)
+    print(
+        f"removed {args.heads} heads, kept {r['heads_per_layer']} per layer; val accuracy "
+        f"{r['val_before']['accuracy']:.4f} -> {r['val_after']['accuracy']:.4f}; attention "
+        f"parameters {r['parameters_before']['attention']} -> "
+        f"{r['parameters_after']['attention']}; run in {args.out} (prune.json)"
+    )
+    return 0
 
 
 def _add_embed(sub: argparse._SubParsersAction) -> None:
@@ -432,6 +508,26 @@ def _run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_quantize(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("quantize", help="copy a run with int8 linear layers (every verb reads it)")
+    p.add_argument("run", help=RUN_HELP)
+    p.add_argument("--out", required=True, help="a new folder for the int8 run")
+    p.add_argument(
+        "--activations",
+        default="none",
+        choices=("none", "dynamic"),
+        help="none = int8 weights only; dynamic = also int8 activations per token",
+    )
+
+
+def _run_quantize(args: argparse.Namespace) -> int:
+    from attnlab.tasks.quantize import quantize_run
+
+    info = quantize_run(args.run, args.out, args.activations)
+    print(f"{args.out}: {info['layers']} linear layers int8, activations {info['activations']}")
+    return 0
+
+
 Command = tuple[Callable[[argparse._SubParsersAction], None], Callable[[argparse.Namespace], int]]
 COMMANDS: dict[str, Command] = {
     "train": (_add_train, _run_train),
@@ -445,6 +541,8 @@ COMMANDS: dict[str, Command] = {
     "search": (_add_search, _run_search),
     "ablate": (_add_ablate, _run_ablate),
     "bench": (_add_bench, _run_bench),
+    "quantize": (_add_quantize, _run_quantize),
+    "prune": (_add_prune, _run_prune),
     "explore": (explore_command.add_parser, explore_command.run),
     "verify": (verify_command.add_parser, verify_command.run),
 }

@@ -1,4 +1,4 @@
-"""Steps measured in a fresh process (:mod:`attnlab.bench.memory`): a block, a GPT."""
+"""Steps measured in a fresh process (:mod:`attnlab.bench.memory`): attention, a block, a GPT."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from attnlab.blocks import BlockConfig, EncoderBlock
+from attnlab.attention import MultiHeadAttention
+from attnlab.blocks import Block, BlockConfig
 from attnlab.models.gpt import GPT, GPTConfig
 
 Step = Callable[[], None]
@@ -21,7 +22,7 @@ BLOCK_KINDS = {
 }
 
 
-def block(kind: str, d_model: int, n_heads: int, window: int) -> EncoderBlock:
+def block(kind: str, d_model: int, n_heads: int, window: int) -> Block:
     """A pre-norm causal GPT block, d_ff = 4·d_model, no dropout, with ``kind`` attention."""
     attention, fused = BLOCK_KINDS[kind]
     cfg = BlockConfig(
@@ -35,7 +36,7 @@ def block(kind: str, d_model: int, n_heads: int, window: int) -> EncoderBlock:
         attention=attention,
         window=window if attention == "local" else 0,
     )
-    return EncoderBlock(cfg)
+    return Block(cfg)
 
 
 def _block_steps(spec: dict, device: torch.device) -> tuple[Step, Step]:
@@ -83,9 +84,66 @@ def _gpt_steps(spec: dict, device: torch.device) -> tuple[Step, Step]:
     return make(1), make(spec["batch"])
 
 
+def _attention_steps(spec: dict, device: torch.device) -> tuple[Step, Step]:
+    """Causal attention alone, forward + backward, q, k, v (B, H, T, d) float32: ``kind`` is
+    explicit (the T×T path), fused (F.scaled_dot_product_attention) or flash (attnlab.flash)."""
+    from attnlab.attention import scaled_dot_product_attention
+    from attnlab.flash import flash_attention
+
+    kernels = {
+        "explicit": lambda q, k, v: scaled_dot_product_attention(
+            q, k, v, is_causal=True, fused=False
+        )[0],
+        "fused": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        "flash": lambda q, k, v: flash_attention(
+            q, k, v, is_causal=True, block_q=spec["block"], block_k=spec["block"]
+        ),
+    }
+    attend = kernels[spec["kind"]]
+    torch.manual_seed(0)
+
+    def make(T: int) -> Step:
+        shape = (spec["batch"], spec["n_heads"], T, spec["head_dim"])
+        q, k, v = (torch.randn(shape, device=device, requires_grad=True) for _ in range(3))
+        cot = torch.randn(shape, device=device)
+
+        def step() -> None:
+            attend(q, k, v).backward(cot)  # (B, H, T, d)
+            q.grad = k.grad = v.grad = None
+
+        return step
+
+    return make(min(spec["T"], 256)), make(spec["T"])
+
+
+def _mha_steps(spec: dict, device: torch.device) -> tuple[Step, Step]:
+    """MultiHeadAttention forward + backward on its ``path``: "explicit" or "fused"."""
+    torch.manual_seed(0)
+    d = spec["d_model"]
+    mha = MultiHeadAttention(d, spec["n_heads"], fused=spec["path"] == "fused").to(device)
+
+    def make(B: int, T: int) -> Step:
+        x = torch.randn(B, T, d, device=device, requires_grad=True)
+        cot = torch.ones(B, T, d, device=device)
+
+        def step() -> None:
+            out, _ = mha(x, is_causal=spec["causal"])  # (B, T, D)
+            out.backward(cot)
+
+        return step
+
+    return make(1, 64), make(spec["B"], spec["T"])
+
+
 def build_case(spec: dict, device: torch.device) -> tuple[Step, Step]:
-    """(warm-up step, measured step) for ``spec["case"]`` in {"block", "gpt"}."""
-    builders = {"block": _block_steps, "gpt": _gpt_steps}
+    """(warm-up step, measured step) for ``spec["case"]`` in {"mha", "block", "gpt",
+    "attention"}."""
+    builders = {
+        "mha": _mha_steps,
+        "block": _block_steps,
+        "gpt": _gpt_steps,
+        "attention": _attention_steps,
+    }
     if spec["case"] not in builders:
         raise ValueError(f"unknown case {spec['case']!r}; one of {', '.join(builders)}")
     return builders[spec["case"]](spec, device)

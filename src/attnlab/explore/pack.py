@@ -63,7 +63,7 @@ def build_group(
             f"no softmax attention was recorded for {name}; this model's attention (linear "
             "attention?) forms no weights to show"
         )
-    weights = torch.stack([c.weights[row] for c in calls])  # (L, H, Tq, Tk)
+    weights = _stack_layers([c.weights[row] for c in calls])  # (L, H, Tq, Tk)
     L, H, Tq, Tk = weights.shape
     if (Tq, Tk) != (len(query_tokens), len(key_tokens)):
         raise AssertionError(f"{name}: {Tq}x{Tk} weights for {len(query_tokens)}x{len(key_tokens)}")
@@ -90,9 +90,9 @@ def build_group(
         "scores_note": "",
     }
     if L * H * Tq * Tk <= SCORE_BUDGET:
-        group["scores"] = f32(torch.stack([c.scores[row] for c in calls]))  # (L, H, Tq, Tk)
+        group["scores"] = f32(_stack_layers([c.scores[row] for c in calls]))  # (L, H, Tq, Tk)
         if calls[0].bias is not None:
-            bias = torch.stack(
+            bias = _stack_layers(
                 [c.bias.expand(c.weights.shape)[row] for c in calls if c.bias is not None]
             )  # (L, H, Tq, Tk)
             group["bias"] = f32(bias)
@@ -102,6 +102,15 @@ def build_group(
             f"{SCORE_BUDGET:,}; explore a shorter input to use the scale slider"
         )
     return group
+
+
+def _stack_layers(layers: list[Tensor]) -> Tensor:
+    """Per-layer (H_l, Tq, Tk) -> (L, H, Tq, Tk); a layer with fewer heads (a pruned model,
+    `attnlab prune`) is padded with all-zero heads after its own."""
+    H = max(t.shape[0] for t in layers)
+    return torch.stack(
+        [torch.nn.functional.pad(t, (0, 0, 0, 0, 0, H - t.shape[0])) for t in layers]
+    )
 
 
 def _mask_of(call: AttentionCall, row: int, H: int, Tq: int, Tk: int) -> Tensor:

@@ -9,12 +9,14 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.attention import padding_mask
-from attnlab.blocks import Activation, BlockConfig, Encoder, EncoderBlock, NormKind, NormPosition
-from attnlab.configs import Alias, ConfigBase, setting
+from attnlab.blocks import Activation, Block, BlockConfig, BlockStack, NormKind, NormPosition
+from attnlab.configs import Alias, ConfigBase, project, setting
 from attnlab.efficient import AttentionKind
+from attnlab.models.prune import apply_head_counts
 from attnlab.positions import make_positions
 
 Position = Literal["sinusoidal", "learned", "rope", "t5", "alibi", "none"]
@@ -36,11 +38,11 @@ class ClassifierConfig(ConfigBase):
     dropout: float = setting(0.1, min=0.0, below=1.0)
     attn_dropout: float = setting(0.1, min=0.0, below=1.0)
     emb_dropout: float = setting(0.1, min=0.0, below=1.0)
-    activation: Activation = "gelu"
-    norm: NormKind = "layer"
+    activation: Activation = setting("gelu")
+    norm: NormKind = setting("layer")
     norm_position: NormPosition = setting("pre", "where the norm sits around each sub-layer")
-    pos: Position = "sinusoidal"
-    pooling: Pooling = "mean"
+    pos: Position = setting("sinusoidal")
+    pooling: Pooling = setting("mean")
     context: int = setting(256, "longest input the model accepts (learned positions)", min=1)
     bigram_buckets: int = setting(
         0, ">0 adds hashed character-bigram embeddings to each position", min=0
@@ -52,10 +54,10 @@ class ClassifierConfig(ConfigBase):
     token_dropout: float = setting(
         0.0, "training only: replace this share of tokens with <unk>", min=0.0, below=1.0
     )
-    pad_id: int = 0
-    unk_id: int = 1
-    cls_id: int = 2
-    gradient_checkpointing: bool = False
+    pad_id: int = setting(0)
+    unk_id: int = setting(1)
+    cls_id: int = setting(2)
+    gradient_checkpointing: bool = setting(False)
     attention: AttentionKind = setting(
         "full", "full | local (sliding window) | linear (elu+1 feature map)"
     )
@@ -68,6 +70,7 @@ class ClassifierConfig(ConfigBase):
     members: int = setting(
         1, ">1: an ensemble of this many classifiers, probabilities averaged", min=1
     )
+    heads_per_layer: str = setting("", "set by `attnlab prune`: heads each layer keeps, e.g. 4,2")
 
     ALIASES = (
         Alias("norm", "norm_position", only=("pre", "post")),
@@ -85,19 +88,7 @@ class ClassifierConfig(ConfigBase):
 
     def block_config(self) -> BlockConfig:
         """The bidirectional encoder block every layer is built from."""
-        return BlockConfig(
-            d_model=self.d_model,
-            n_heads=self.n_heads,
-            d_ff=self.d_ff,
-            activation=self.activation,
-            norm=self.norm,
-            norm_position=self.norm_position,
-            dropout=self.dropout,
-            attn_dropout=self.attn_dropout,
-            attention=self.attention,
-            window=self.window,
-            n_global=self.n_global,
-        )
+        return project(self, BlockConfig)
 
 
 class TextClassifier(nn.Module):
@@ -126,9 +117,9 @@ class TextClassifier(nn.Module):
         self.rel_bias = positions.bias  # T5 / ALiBi, or None
         self.emb_dropout = nn.Dropout(cfg.emb_dropout)
         block = cfg.block_config()
-        blocks = [EncoderBlock(block, positions.rotary) for _ in range(cfg.n_layers)]
+        blocks = [Block(block, positions.rotary) for _ in range(cfg.n_layers)]
         pre = cfg.norm_position == "pre"
-        self.encoder = Encoder(blocks, block.make_norm() if pre else None)
+        self.encoder = BlockStack(blocks, block.make_norm() if pre else None)
         self.encoder.gradient_checkpointing = cfg.gradient_checkpointing
         self.ngram_bag = None
         if cfg.ngram_buckets > 0:
@@ -136,6 +127,7 @@ class TextClassifier(nn.Module):
             nn.init.normal_(self.ngram_bag.weight, std=0.02)
         self.head_dropout = nn.Dropout(cfg.dropout)
         self.head = nn.Linear(2 * D if self.ngram_bag is not None else D, cfg.n_classes)
+        apply_head_counts(self, cfg.heads_per_layer)  # a pruned run's smaller attention layers
 
     def bigram_ids(self, input_ids: Tensor) -> Tensor:
         """Hash each (previous, current) id pair into ``bigram_buckets`` ids: (B, T) -> (B, T)."""
@@ -180,7 +172,7 @@ class TextClassifier(nn.Module):
         return torch.cat([pooled, self.ngram_features(input_ids, lengths)], dim=-1)  # (B, 2D)
 
     def encode(
-        self, input_ids: Tensor, lengths: Tensor, return_weights: bool = False
+        self, input_ids: Tensor, lengths: Tensor, need_weights: bool = False
     ) -> tuple[Tensor, Tensor, list[Tensor]]:
         """ids (B, T), lengths (B,) -> hidden (B, T, D), key mask (B, 1, 1, T), weights."""
         B, T = input_ids.shape
@@ -201,8 +193,8 @@ class TextClassifier(nn.Module):
             x = self.abs_pos(x)
         x = self.emb_dropout(x)
         bias = None if self.rel_bias is None else self.rel_bias(T, T)  # (1, H, T, T)
-        if return_weights:
-            x, weights = self.encoder(x, mask, bias=bias, return_weights=True)
+        if need_weights:
+            x, weights = self.encoder(x, mask, bias=bias, need_weights=True)
         else:
             x, weights = self.encoder(x, mask, bias=bias), []
         return x, mask, weights
@@ -228,15 +220,17 @@ class TextClassifier(nn.Module):
 
         The share comes from attention rollout (Abnar & Zuidema 2020): the product over layers
         of (head-averaged attention + identity, row-normalised), read at the rows that pooling
-        uses (the ``<cls>`` row, or the mean over real tokens for mean/max pooling).
+        uses (the ``<cls>`` row, or the mean over real tokens for mean/max pooling). In a
+        pruned model a layer's kept heads come first and its removed ones are all zeros.
         """
-        h, mask, weights = self.encode(input_ids, lengths, return_weights=True)
+        h, mask, weights = self.encode(input_ids, lengths, need_weights=True)
         logits = self.head(self.features(h, mask, input_ids, lengths))  # (B, C)
-        attn = torch.stack(weights)  # (L, B, H, T, T)
+        H = self.cfg.n_heads
+        attn = torch.stack([F.pad(w, (0, 0, 0, 0, 0, H - w.shape[1])) for w in weights])
         T = input_ids.shape[1]
         eye = torch.eye(T, dtype=attn.dtype)
         rollout = eye.expand(input_ids.shape[0], T, T)  # (B, T, T)
-        for layer in attn:
+        for layer in weights:  # (B, H_l, T, T): the mean over the heads the layer has
             a = layer.mean(dim=1) + eye  # (B, T, T)
             a = a / a.sum(dim=-1, keepdim=True)
             rollout = a @ rollout

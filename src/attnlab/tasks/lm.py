@@ -9,20 +9,19 @@ summary.json, results.json and sample.txt.
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from attnlab.configs import ConfigBase, setting
 from attnlab.data.bpe import BPETokenizer
 from attnlab.data.io import read_json, write_json
 from attnlab.data.lm_tokenizer import (
-    KINDS,
     CharLMTokenizer,
     LMTokenizer,
     load_tokenizer,
@@ -36,49 +35,35 @@ from attnlab.data.text_lm import (
     open_tokens,
     write_tokens,
 )
+from attnlab.errors import UserError
 from attnlab.models.generation import Generation, check_sampling, sample_next
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.models.gpt_hf import load_hf_gpt2
+from attnlab.models.speculative import Drafter, speculative_decode
 from attnlab.tasks import runner
 from attnlab.tasks.task import Run, RunConfig, Setup, Task
 from attnlab.train import StepOutput, TrainConfig, load_weights
 
 
 @dataclass
-class LMDataConfig:
+class LMDataConfig(ConfigBase):
     """Corpus, tokenizer and evaluation options of the language-model task."""
 
-    data: str = field(default="", metadata={"help": "UTF-8 file or folder; empty = Shakespeare"})
-    tokenizer: str = field(default="char", metadata={"help": "char | gpt2 | bpe (trained here)"})
-    bpe_vocab_size: int = field(default=4096, metadata={"help": "vocabulary of tokenizer=bpe"})
-    val_fraction: float = field(
-        default=0.1, metadata={"help": "tail of every file kept for validation"}
-    )
-    eval_windows: int = field(
-        default=200, metadata={"help": "evenly spaced validation windows per eval; 0 = all"}
-    )
-    eval_batch_size: int = 32
-    epoch_windows: int = field(
-        default=0, metadata={"help": "training windows per epoch; 0 = train tokens / context"}
-    )
-    sample_tokens: int = field(
-        default=300, metadata={"help": "tokens sampled after training (0 = none)"}
-    )
-
-    def validate(self) -> None:
-        """Raise ValueError naming the field and what is allowed."""
-        if self.tokenizer not in KINDS:
-            raise ValueError(f"tokenizer must be one of {', '.join(KINDS)}, got {self.tokenizer!r}")
-        if not 0.0 < self.val_fraction < 1.0:
-            raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
-        for name in ("eval_windows", "epoch_windows", "sample_tokens"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.eval_batch_size < 1:
-            raise ValueError(f"eval_batch_size must be >= 1, got {self.eval_batch_size}")
+    data: str = setting("", "UTF-8 file or folder; empty = Shakespeare")
+    tokenizer: Literal["char", "gpt2", "bpe"] = setting("char", "char | gpt2 | bpe (trained here)")
+    bpe_vocab_size: int = setting(4096, "vocabulary of tokenizer=bpe")
+    val_fraction: float = setting(0.1, "tail of every file kept for validation", above=0, below=1)
+    eval_windows: int = setting(200, "evenly spaced validation windows per eval; 0 = all", min=0)
+    eval_batch_size: int = setting(32, min=1)
+    epoch_windows: int = setting(0, "training windows per epoch; 0 = train tokens / context", min=0)
+    sample_tokens: int = setting(300, "tokens sampled after training (0 = none)", min=0)
 
 
-SECTIONS: dict[str, type] = {"data": LMDataConfig, "model": GPTConfig, "train": TrainConfig}
+SECTIONS: dict[str, type[ConfigBase]] = {
+    "data": LMDataConfig,
+    "model": GPTConfig,
+    "train": TrainConfig,
+}
 
 
 def build_config(preset: str | Path | None, overrides: dict[str, Any]) -> RunConfig:
@@ -122,7 +107,7 @@ def prepare(dcfg: LMDataConfig, run_dir: Path, resume: bool) -> Prepared:
         report = read_json(report_path, "data report")
     else:
         files = corpus_files(dcfg.data)
-        _say(f"data: {len(files)} file(s) from {dcfg.data or 'the shakespeare package'}")
+        runner.say(f"data: {len(files)} file(s) from {dcfg.data or 'the shakespeare package'}")
         tokenizer = build_tokenizer(dcfg, files)
         counts = {
             split: write_tokens(iter_split(files, split, dcfg.val_fraction), tokenizer, path)
@@ -209,11 +194,8 @@ class LMTask(Task):
     preset_prefix = "lm"
     resumable = frozenset({"eval_batch_size", "sample_tokens"})
 
-    def sections(self) -> dict[str, type]:
+    def sections(self) -> dict[str, type[ConfigBase]]:
         return SECTIONS
-
-    def check(self, cfg: RunConfig) -> None:
-        cfg.data.validate()
 
     def setup(self, cfg: RunConfig, run_dir: Path, resume: bool, device: str) -> Setup:
         prep = prepare(cfg.data, run_dir, resume)
@@ -291,10 +273,6 @@ def mean_loss_of_best(run_dir: Path) -> float:
     return read_json(run_dir / "summary.json", "summary")["best_metric"]
 
 
-def _say(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
 # ---------------------------------------------------------------------------- generation
 
 
@@ -322,6 +300,7 @@ class Generated:
     texts: list[str]
     dropped: int  # prompt tokens cropped away to fit the context
     new_tokens: int  # tokens generated, all samples together
+    speculative: dict[str, float] | None = None  # speculative decoding's statistics
 
 
 class _StopText:
@@ -384,16 +363,26 @@ def generate_text(
     use_cache: bool = True,
     on_text: Callable[[int, str], None] | None = None,
     device: str = "cpu",
+    drafter: Drafter | None = None,
+    lookahead: int = 4,
+    kv_cache: str = "float",
 ) -> Generated:
     """Continue ``prompt`` ``num_samples`` times; ``on_text(sample, text)`` streams new text.
 
     A sample ends after ``max_new_tokens`` tokens or just before its first stop string.
+    With ``drafter`` (one sample) decoding is speculative (attnlab.models.speculative): the
+    same distribution, several tokens per pass of the model.
     """
     check_request(max_new_tokens, num_samples, temperature, top_k, top_p)
     stops = [s for s in (stops or []) if s]
     ids, dropped = encode_prompt(tokenizer, prompt, model.cfg.context)
+    if drafter is not None:
+        return _generate_speculative(
+            model, tokenizer, ids, dropped, max_new_tokens, drafter, lookahead,
+            (temperature, top_k, top_p), seed, stops, num_samples, on_text, device, kv_cache,
+        )  # fmt: skip
     batch = torch.tensor([ids] * num_samples, dtype=torch.long, device=device)  # (N, T)
-    gen = Generation(model.eval(), batch, use_cache)
+    gen = Generation(model.eval(), batch, use_cache, kv_cache)
     rng = torch.Generator(device=device).manual_seed(seed)
     streams = [_StopText(tokenizer, stops) for _ in range(num_samples)]
     pieces: list[list[str]] = [[] for _ in range(num_samples)]
@@ -424,6 +413,60 @@ def generate_text(
     return Generated(tokenizer.decode(ids), ["".join(p) for p in pieces], dropped, new_tokens)
 
 
+def _generate_speculative(
+    model: GPT,
+    tokenizer: LMTokenizer,
+    ids: list[int],
+    dropped: int,
+    max_new_tokens: int,
+    drafter: Drafter,
+    lookahead: int,
+    sampling: tuple[float, int, float],
+    seed: int,
+    stops: list[str],
+    num_samples: int,
+    on_text: Callable[[int, str], None] | None,
+    device: str,
+    kv_cache: str,
+) -> Generated:
+    """generate_text's speculative path: one sample, streamed, statistics in ``speculative``."""
+    if num_samples != 1:
+        raise UserError(f"speculative decoding makes one sample at a time, got {num_samples}")
+    stream, pieces = _StopText(tokenizer, stops), []
+
+    def on_token(token: int) -> bool:
+        text = stream.add(token)
+        if text:
+            pieces.append(text)
+            if on_text is not None:
+                on_text(0, text)
+        return stream.done
+
+    temperature, top_k, top_p = sampling
+    tokens, stats = speculative_decode(
+        model.eval(),
+        torch.tensor([ids], dtype=torch.long, device=device),
+        max_new_tokens,
+        drafter,
+        lookahead,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        generator=torch.Generator(device=device).manual_seed(seed),
+        on_token=on_token,
+        kv_cache=kv_cache,
+    )
+    if not stream.done:
+        text = stream.flush()
+        if text:
+            pieces.append(text)
+            if on_text is not None:
+                on_text(0, text)
+    out = Generated(tokenizer.decode(ids), ["".join(pieces)], dropped, len(tokens))
+    out.speculative = stats.as_dict()
+    return out
+
+
 # ---------------------------------------------------------------------------- a trained run
 
 
@@ -431,6 +474,7 @@ class LMRun(Run):
     """A trained model and its tokenizer: an attnlab run, or a Hugging Face GPT-2 directory."""
 
     verbs = ("generate",)
+    explore_page = "gpt"
 
     def __init__(
         self,

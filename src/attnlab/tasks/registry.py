@@ -35,6 +35,11 @@ REGISTRY: dict[str, TaskEntry] = {
             "attnlab.tasks.classify",
         ),
         TaskEntry(
+            "distill",
+            "a classifier trained on a teacher run's soft labels (knowledge distillation)",
+            "attnlab.tasks.distill",
+        ),
+        TaskEntry(
             "bert_classify",
             "fine-tune a pretrained BERT (all-MiniLM-L6-v2 by default) as a text classifier",
             "attnlab.tasks.bert_classify",
@@ -43,6 +48,11 @@ REGISTRY: dict[str, TaskEntry] = {
             "mlm",
             "masked-LM pretraining of BERT on any text (bundled Chinese reviews by default)",
             "attnlab.tasks.bert_mlm",
+        ),
+        TaskEntry(
+            "electra",
+            "ELECTRA pretraining (replaced-token detection) of a BERT encoder on any text",
+            "attnlab.tasks.electra",
         ),
         TaskEntry(
             "lm",
@@ -60,8 +70,23 @@ REGISTRY: dict[str, TaskEntry] = {
             "attnlab.tasks.vision",
         ),
         TaskEntry(
+            "swin",
+            "Swin Transformer image classifier: shifted windows, patch merging (Fashion-MNIST)",
+            "attnlab.tasks.vision",
+        ),
+        TaskEntry(
+            "deit",
+            "DeiT: a ViT with a distillation token taught by --teacher RUN (Fashion-MNIST)",
+            "attnlab.tasks.vision",
+        ),
+        TaskEntry(
+            "mae",
+            "masked-autoencoder pretraining of a ViT encoder on images (Fashion-MNIST)",
+            "attnlab.tasks.mae",
+        ),
+        TaskEntry(
             "cnn",
-            "small ResNet with --attention none|se|eca|cbam|ca (Fashion-MNIST by default)",
+            "small ResNet with --channel-attention none|se|eca|cbam|ca (Fashion-MNIST by default)",
             "attnlab.tasks.vision",
         ),
     )

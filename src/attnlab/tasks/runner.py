@@ -99,7 +99,8 @@ def preset_fields(preset: str | Path, task: Task, owner: Mapping[str, str]) -> d
     return flat
 
 
-def _say(msg: str) -> None:
+def say(msg: str) -> None:
+    """A progress line on stderr (what `attnlab train` tells the user while it works)."""
     print(msg, file=sys.stderr, flush=True)
 
 
@@ -149,6 +150,9 @@ def train(
     if main:
         rundir.check_target(out, resume)
     if resume:
+        from attnlab.tasks.quantize import check_not_quantized
+
+        check_not_quantized(out, "train --resume")
         raw = rundir.read_config(out)
         if raw["task"] != task.name:
             raise ValueError(
@@ -168,9 +172,9 @@ def train(
             if not resume:
                 for name, write in setup.files.items():
                     write(folder / name)
-            _say(f"run directory: {out}")
+            say(f"run directory: {out}")
             for line in setup.messages:
-                _say(line)
+                say(line)
             if staging is not None:
                 staging.publish()  # the lock stays held: its flock follows the folder
         trainer = Trainer(

@@ -4,8 +4,8 @@ Each check builds a tiny random configuration, scrambles HF's weights (far from 
 a transposed or swapped tensor shows), copies them into attnlab's module through
 :mod:`attnlab.verify.copy_weights` (or attnlab's own checkpoint loaders), and compares outputs
 and, where the check says so, gradients. float64 where HF computes in the input's dtype;
-float32 where HF rounds through float32 whatever the input (LLaMA's RMSNorm, Mamba's scan,
-Mixtral's router), with the tolerance set for float32.
+float32 where HF rounds through float32 whatever the input (LLaMA's RMSNorm, Mixtral's
+router), with the tolerance set for float32.
 """
 
 from __future__ import annotations
@@ -17,14 +17,13 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.attention import MultiHeadAttention
-from attnlab.blocks import BlockConfig, Encoder, EncoderBlock, RMSNorm
+from attnlab.blocks import Block, BlockConfig, BlockStack, RMSNorm
 from attnlab.models.bert import BertConfig, BertModel
 from attnlab.models.bert_checkpoint import load_bert_weights
 from attnlab.models.gpt_hf import load_hf_gpt2
 from attnlab.models.vit import ViT, ViTConfig
 from attnlab.moe import MoEFeedForward, load_balancing_loss
 from attnlab.positions import RotaryEmbedding, T5RelativePositionBias
-from attnlab.ssm import MambaLM, MambaLMConfig
 from attnlab.verify.checks_torch import choice, randint
 from attnlab.verify.copy_weights import (
     Link,
@@ -32,7 +31,6 @@ from attnlab.verify.copy_weights import (
     copy_t5_attention,
     copy_vit,
     llama_model_links,
-    mamba_lm_links,
     max_grad_error,
     mixtral_moe_links,
 )
@@ -66,8 +64,35 @@ def backward_both(got: Tensor, want: Tensor, weight: Tensor | None = None) -> No
 # --------------------------------------------------------------------------- LLaMA
 
 
+def llama_stack_pair(tf: Any, config: Any) -> tuple[nn.Module, nn.Embedding, BlockStack, list]:
+    """A ``LlamaModel`` of ``config`` (weights scrambled off HF's init, std 0.15) and attnlab's
+    nn.Embedding + BlockStack(RMSNorm, SwiGLU, RoPE, GQA) + RMSNorm holding the same weights,
+    with the links between them."""
+    hf = scramble(tf.LlamaModel(config), 0.15)
+    d, H = config.hidden_size, config.num_attention_heads
+    block = BlockConfig(
+        d,
+        H,
+        config.intermediate_size,
+        n_kv_heads=config.num_key_value_heads,
+        activation="swiglu",
+        norm="rms",
+        norm_position="pre",
+        norm_eps=config.rms_norm_eps,
+        dropout=0.0,
+        bias=False,
+    )
+    rope = RotaryEmbedding(d // H, base=config.rope_parameters["rope_theta"])
+    blocks = [Block(block, rope) for _ in range(config.num_hidden_layers)]
+    stack = BlockStack(blocks, RMSNorm(d, eps=config.rms_norm_eps))
+    embedding = nn.Embedding(config.vocab_size, d)
+    links = llama_model_links(embedding, stack, hf)
+    copy_links(links)
+    return hf, embedding, stack, links
+
+
 def check_llama(m: Measure, cases: int = 3, gradients: bool = False) -> None:
-    """LlamaModel == nn.Embedding + Encoder(RMSNorm, SwiGLU, RoPE, GQA, causal) + RMSNorm,
+    """LlamaModel == nn.Embedding + BlockStack(RMSNorm, SwiGLU, RoPE, GQA, causal) + RMSNorm,
     float32, with left padding: hidden states on real tokens, or every parameter gradient."""
     tf = _transformers()
     for _ in range(cases):
@@ -85,26 +110,7 @@ def check_llama(m: Measure, cases: int = 3, gradients: bool = False) -> None:
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         )
         config._attn_implementation = choice(["eager", "sdpa"])
-        hf = scramble(tf.LlamaModel(config), 0.15)
-        d = config.hidden_size
-        rope = RotaryEmbedding(head, base=10000.0)
-        block = BlockConfig(
-            d,
-            H,
-            config.intermediate_size,
-            n_kv_heads=kv,
-            activation="swiglu",
-            norm="rms",
-            norm_position="pre",
-            norm_eps=config.rms_norm_eps,
-            dropout=0.0,
-            bias=False,
-        )
-        blocks = [EncoderBlock(block, rope) for _ in range(config.num_hidden_layers)]
-        stack = Encoder(blocks, RMSNorm(d, eps=config.rms_norm_eps))
-        embedding = nn.Embedding(config.vocab_size, d)
-        links = llama_model_links(embedding, stack, hf)
-        copy_links(links)
+        hf, embedding, stack, links = llama_stack_pair(tf, config)
         B, T = randint(1, 3), randint(2, 10)
         ids = torch.randint(0, config.vocab_size, (B, T))
         pads = torch.randint(0, T, (B,))
@@ -304,85 +310,8 @@ def check_bert(m: Measure, cases: int = 3) -> None:
         m.case()
 
 
-# --------------------------------------------------------------------------- Mamba, Mixtral
-
-
-def _mamba_pair(tf, scan: str) -> tuple[nn.Module, MambaLM, list[Link]]:
-    d = 8 * randint(2, 5)
-    config = tf.MambaConfig(
-        vocab_size=randint(20, 70),
-        hidden_size=d,
-        state_size=randint(2, 12),
-        num_hidden_layers=randint(1, 2),
-        expand=randint(1, 2),
-        conv_kernel=randint(2, 4),
-        time_step_rank=choice(["auto", randint(1, 6)]),
-        layer_norm_epsilon=1e-5,
-        use_mambapy=False,
-        use_associative_scan=False,  # HF's sequential loop, the CPU path
-    )
-    hf = tf.MambaForCausalLM(config)
-    with torch.no_grad():  # off HF's structured init (A = -(1..N), D = 1)
-        for p in hf.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
-    ours = MambaLM(
-        MambaLMConfig(
-            vocab_size=config.vocab_size,
-            d_model=d,
-            n_layers=config.num_hidden_layers,
-            d_state=config.state_size,
-            d_conv=config.conv_kernel,
-            expand=config.expand,
-            dt_rank=config.time_step_rank,
-            norm_eps=config.layer_norm_epsilon,
-            scan=scan,
-        )
-    )
-    links = mamba_lm_links(ours, hf)
-    copy_links(links)
-    return hf, ours, links
-
-
-def check_mamba_logits(m: Measure, cases: int = 4) -> None:
-    """MambaForCausalLM (PyTorch path) == MambaLM, float32: logits (chunked and sequential
-    scans), greedy continuations token for token, and the cached step-by-step decode."""
-    tf = _transformers()
-    for i in range(cases):
-        hf, ours, _ = _mamba_pair(tf, "chunked" if i % 2 == 0 else "sequential")
-        hf.eval()
-        ids = torch.randint(0, hf.config.vocab_size, (randint(1, 3), randint(1, 80)))
-        with torch.no_grad():
-            m.diff(ours(ids), hf(input_ids=ids).logits, "logits")
-            prompt, steps = ids[:, : randint(1, 6)], randint(4, 16)
-            hf.generation_config.eos_token_id = None  # no early stop: every step is compared
-            want = hf.generate(
-                prompt,
-                attention_mask=torch.ones_like(prompt),
-                max_new_tokens=steps,
-                do_sample=False,
-                pad_token_id=0,
-            )
-            got = ours.greedy(prompt, steps)
-            if not torch.equal(got, want):
-                m.fail("greedy continuation differs from HF generate")
-            caches = ours.new_caches()
-            split = randint(1, ids.shape[1])
-            pieces = [ours(ids[:, :split], caches)]
-            pieces += [ours(ids[:, t : t + 1], caches) for t in range(split, ids.shape[1])]
-            m.diff(torch.cat(pieces, dim=1), ours(ids), "cached decode")
-        m.case()
-
-
-def check_mamba_grads(m: Measure, cases: int = 2) -> None:
-    """Every parameter gradient of MambaLM == MambaForCausalLM's, float32."""
-    tf = _transformers()
-    for _ in range(cases):
-        hf, ours, links = _mamba_pair(tf, "chunked")
-        ids = torch.randint(0, hf.config.vocab_size, (randint(1, 2), randint(2, 40)))
-        want, got = hf(input_ids=ids).logits, ours(ids)
-        backward_both(got, want)
-        m.value(max_grad_error(links))
-        m.case()
+# --------------------------------------------------------------------------- Mixtral
+# (Mamba and RWKV: checks_mixers.py)
 
 
 def check_mixtral(m: Measure, cases: int = 6, gradients: bool = False) -> None:

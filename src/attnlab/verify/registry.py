@@ -12,8 +12,12 @@ from __future__ import annotations
 from functools import partial
 
 from attnlab.verify import checks_hf as hf
+from attnlab.verify import checks_infer as inf
+from attnlab.verify import checks_mixers as mx
 from attnlab.verify import checks_optim as opt
 from attnlab.verify import checks_torch as pt
+from attnlab.verify import checks_vision as vis
+from attnlab.verify import checks_zoo as zoo
 from attnlab.verify.checks_bert_dir import check_chinese_bert_dir
 from attnlab.verify.checks_minilm import check_minilm
 from attnlab.verify.runner import Check, Oracle
@@ -31,20 +35,38 @@ TORCH_MUON = Oracle("torch.optim", "torch >= 2.9 has torch.optim.Muon", attr="Mu
 HF = (TRANSFORMERS,)
 llama_grads = partial(hf.check_llama, gradients=True)
 moe_grads = partial(hf.check_mixtral, gradients=True)
-mamba = hf.check_mamba_logits
 
 CHECKS: list[Check] = [
     Check("scaled_dot_product_attention", "F.scaled_dot_product_attention", 1e-10, pt.check_sdpa),
+    Check("flash_attention (by hand)", "F.scaled_dot_product_attention", 1e-10, inf.check_flash),
+    Check("int8 Linear (weights, bound)", "torch.ao per-channel qint8", 0.0, inf.check_int8),
+    Check("speculative greedy", "the target's own greedy", 0.0, inf.check_speculative),
     Check("MultiHeadAttention", "nn.MultiheadAttention", 1e-10, pt.check_mha),
-    Check("EncoderBlock", "nn.TransformerEncoderLayer", 1e-10, pt.check_encoder_layer),
+    Check("Block (encoder layer)", "nn.TransformerEncoderLayer", 1e-10, pt.check_encoder_layer),
     Check("DecoderBlock", "nn.TransformerDecoderLayer", 1e-10, pt.check_decoder_layer),
-    Check("Encoder + Decoder stacks", "nn.Transformer", 1e-10, pt.check_transformer),
+    Check("BlockStack + Decoder", "nn.Transformer", 1e-10, pt.check_transformer),
     Check("LLaMA stack (f32)", "HF LlamaModel", 1e-5, hf.check_llama, HF),
     Check("LLaMA stack gradients (f32)", "HF LlamaModel", 5e-4, llama_grads, HF),
     Check("T5 attention + relative bias", "HF T5Attention", 1e-10, hf.check_t5, HF),
     Check("GPT, GPT-2 layout", "HF GPT2LMHeadModel", 1e-10, hf.check_gpt2, HF),
     Check("ViT (f32)", "HF ViTForImageClassification", 1e-5, hf.check_vit, HF),
     Check("BERT", "HF BertModel", 1e-10, hf.check_bert, HF),
+    Check("Swin", "HF SwinForImageClassification", 1e-10, vis.check_swin, HF),
+    Check("Swin attention (f32)", "HF SwinModel eager", 5e-5, vis.check_swin_f32, HF),
+    Check(
+        "DeiT (distillation token)",
+        "HF DeiTForImageClassificationWithTeacher",
+        1e-10,
+        vis.check_deit,
+        HF,
+    ),
+    Check(
+        "MAE encoder + decoder, loss, gradients",
+        "HF ViTMAEForPreTraining",
+        1e-10,
+        vis.check_mae,
+        HF,
+    ),
     Check(
         "MiniLM embeddings (real weights)",
         "sentence-transformers",
@@ -60,12 +82,24 @@ CHECKS: list[Check] = [
         HF,
     ),
     Check(
-        "MambaLM logits/greedy/cache (f32)", "HF MambaForCausalLM", 1e-5, hf.check_mamba_logits, HF
+        "Mamba GPT logits/greedy/cache (f32)",
+        "HF MambaForCausalLM",
+        1e-5,
+        mx.check_mamba_logits,
+        HF,
     ),
-    Check("MambaLM gradients (f32)", "HF MambaForCausalLM", 1e-4, hf.check_mamba_grads, HF),
+    Check("Mamba GPT gradients (f32)", "HF MambaForCausalLM", 1e-4, mx.check_mamba_grads, HF),
+    Check(
+        "RWKV GPT logits/greedy/cache (f32)", "HF RwkvForCausalLM", 1e-5, mx.check_rwkv_logits, HF
+    ),
+    Check("RWKV GPT gradients (f32)", "HF RwkvForCausalLM", 1e-4, mx.check_rwkv_grads, HF),
     Check("MoEFeedForward (f32)", "HF MixtralSparseMoeBlock", 1e-6, hf.check_mixtral, HF),
     Check("MoEFeedForward gradients (f32)", "HF MixtralSparseMoeBlock", 1e-5, moe_grads, HF),
     Check("MoE balance loss", "HF load_balancing_loss_func", 2e-6, hf.check_balance_loss, HF),
+    Check("T5 v1.0/v1.1 + gradients", "HF T5ForConditionalGeneration", 1e-9, zoo.check_t5, HF),
+    Check("ELECTRA + gradients", "HF ElectraForPreTraining/MaskedLM", 1e-10, zoo.check_electra, HF),
+    Check("ALBERT + gradients", "HF AlbertModel", 1e-10, zoo.check_albert, HF),
+    Check("DeBERTa-v2/v3 + gradients", "HF DebertaV2Model", 1e-10, zoo.check_deberta, HF),
     Check("Muon", "torch.optim.Muon", 1e-6, opt.check_muon, (TORCH_MUON,)),
     Check("MuonAdamW", "torch.optim.Muon + AdamW", 1e-6, opt.check_muon_adamw, (TORCH_MUON,)),
 ]

@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -20,17 +22,10 @@ from attnlab.models.generation import Generation, sample_next
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.models.gpt_hf import config_to_hf, load_hf_gpt2, save_hf_gpt2
 from attnlab.train import load_weights, save_weights
+from attnlab.verify.checks_hf import scramble
+from attnlab.verify.copy_weights import copy_links, llama_gpt_links
 
 transformers = pytest.importorskip("transformers")
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread, and a busy shared CPU cannot stall them."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 pytestmark = pytest.mark.usefixtures("on_test_device")  # tests/_device.py: ATTNLAB_TEST_DEVICE
@@ -52,14 +47,6 @@ HF_GPT2 = dict(
 def tiny(**changes) -> GPTConfig:
     base = dict(vocab_size=53, context=24, n_layers=2, n_heads=4, d_model=32)
     return GPTConfig(**{**base, **changes})
-
-
-def scramble(model: torch.nn.Module) -> torch.nn.Module:
-    """Weights far from init (std 0.2, gains around 1) so that attention is not flat."""
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.2) if p.dim() == 2 else p.normal_(1.0, 0.2)
-    return model
 
 
 def hf_gpt2(tmp_path, dtype=torch.float32):
@@ -84,7 +71,8 @@ def test_loaded_gpt2_matches_hugging_face_logits_and_gradients(tmp_path, dtype, 
     (want * cot).sum().backward()
     block, ref = ours.stack.blocks[1], hf.transformer.h[1]
     pairs = [
-        (block.self_attn.qkv.weight.grad, ref.attn.c_attn.weight.grad.t()),
+        (block.self_attn.q_proj.weight.grad, ref.attn.c_attn.weight.grad.t()[:48]),
+        (block.self_attn.kv_proj.weight.grad, ref.attn.c_attn.weight.grad.t()[48:]),
         (block.ff.w_out.weight.grad, ref.mlp.c_proj.weight.grad.t()),
         (block.norm2.bias.grad, ref.ln_2.bias.grad),
         (ours.tok_emb.weight.grad, hf.transformer.wte.weight.grad),  # embedding + tied head
@@ -168,19 +156,7 @@ def test_llama_layout_matches_hugging_face_llama() -> None:
         norm_eps=1e-6,
     )
     ours = GPT(cfg).to(F64).eval()
-    with torch.no_grad():
-        ours.tok_emb.weight.copy_(hf.model.embed_tokens.weight)
-        ours.head.weight.copy_(hf.lm_head.weight)
-        ours.stack.norm.weight.copy_(hf.model.norm.weight)
-        for mine, ref in zip(ours.stack.blocks, hf.model.layers, strict=True):
-            a = ref.self_attn
-            qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
-            mine.self_attn.qkv.weight.copy_(qkv)
-            mine.self_attn.out_proj.weight.copy_(a.o_proj.weight)
-            mine.ff.w_in.weight.copy_(torch.cat([ref.mlp.gate_proj.weight, ref.mlp.up_proj.weight]))
-            mine.ff.w_out.weight.copy_(ref.mlp.down_proj.weight)
-            mine.norm1.weight.copy_(ref.input_layernorm.weight)
-            mine.norm2.weight.copy_(ref.post_attention_layernorm.weight)
+    copy_links(llama_gpt_links(ours, hf))
     ids = torch.randint(0, 61, (2, 19))
     with torch.no_grad():
         # HF's RMSNorm rounds through float32, so float64 agrees to ~1e-6 relative only
@@ -194,6 +170,12 @@ LAYOUTS = {
     "learned": dict(pos="learned"),
     "rope-gqa": dict(pos="rope", n_kv_heads=2, norm="rms", activation="swiglu", bias=False),
     "alibi": dict(pos="alibi", tie_weights=False),
+    "sinusoidal": dict(pos="sinusoidal"),
+    "t5": dict(pos="t5"),
+    "nope": dict(pos="none", norm="dyt"),
+    "rope-pi": dict(pos="rope", rope_scaling="linear", rope_factor=4.0),
+    "rope-ntk": dict(pos="rope", rope_scaling="ntk", rope_factor=4.0),
+    "sliding-window": dict(pos="rope", attention="local", window=6),
 }
 
 
@@ -306,7 +288,7 @@ def test_gpt2_init_scales_residual_projections() -> None:
     "changes, message",
     [
         (dict(vocab_size=0), "vocab_size must be set"),
-        (dict(pos="sinusoidal"), "pos must be one of learned, rope, alibi"),
+        (dict(pos="xpos"), "pos must be one of learned, rope, alibi, sinusoidal, t5, none"),
         (dict(n_heads=5), "not divisible by n_heads=5"),
         (dict(n_kv_heads=3), "multiple of n_kv_heads=3"),
         (dict(activation="tanh"), "activation must be one of"),
@@ -360,3 +342,55 @@ def test_top_k_and_top_p_only_sample_allowed_tokens() -> None:
 def test_bad_sampling_settings_raise(kwargs, message) -> None:
     with pytest.raises(ValueError, match=message):
         sample_next(torch.randn(1, 5), **kwargs)
+
+
+@pytest.mark.parametrize("pos", ["learned", "sinusoidal", "rope", "alibi", "t5", "none"])
+def test_every_pos_choice_prefills_in_pieces_like_the_full_forward(pos) -> None:
+    model = scramble(GPT(tiny(pos=pos))).to(F64).eval()
+    ids = torch.randint(0, 53, (2, 20))
+    caches = model.new_caches()
+    with torch.no_grad():
+        parts = [model(ids[:, :8], caches), model(ids[:, 8:9], caches), model(ids[:, 9:], caches)]
+        want = model(ids)
+    torch.testing.assert_close(torch.cat(parts, dim=1), want, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("pos", ["sinusoidal", "rope", "alibi", "t5", "none"])
+def test_positions_without_a_table_run_past_the_trained_length(pos) -> None:
+    """The same weights in a model built with a 4x context: the first 24 positions unchanged."""
+    short = scramble(GPT(tiny(pos=pos))).to(F64).eval()
+    long = GPT(tiny(pos=pos, context=96)).to(F64).eval()
+    long.load_state_dict(short.state_dict())
+    ids = torch.randint(0, 53, (2, 96))
+    with torch.no_grad():
+        torch.testing.assert_close(long(ids)[:, :24], short(ids[:, :24]), rtol=1e-10, atol=1e-10)
+
+
+def test_the_learned_table_refuses_positions_past_its_context() -> None:
+    """Decided: refuse, never clamp. Past ``context`` the forward stops with a clear line, and
+    the trained table cannot be loaded into a model built for a longer context."""
+    model = GPT(tiny(pos="learned"))
+    with pytest.raises(ValueError, match="exceed the model's context of 24"):
+        model(torch.zeros(1, 25, dtype=torch.long))
+    with pytest.raises(RuntimeError, match="pos_emb.embedding.weight"):
+        GPT(tiny(pos="learned", context=48)).load_state_dict(model.state_dict())
+
+
+def test_t5_and_alibi_refuse_linear_attention_and_nope_counts_every_parameter() -> None:
+    with pytest.raises(ValueError, match="pos='t5' adds a bias"):
+        tiny(pos="t5", attention="linear").validate()
+    model = GPT(tiny(pos="sinusoidal"))
+    assert model.num_params() == GPT(tiny(pos="none")).num_params()
+
+
+def test_sinusoidal_positions_scale_the_embeddings_as_vaswani() -> None:
+    """Vaswani §3.4: the stack sees E[ids]·√d + PE(pos)."""
+    from attnlab.positions import sinusoid_table
+
+    model = GPT(tiny(pos="sinusoidal")).eval()
+    seen = {}
+    model.stack.blocks[0].register_forward_pre_hook(lambda m, args: seen.update(x=args[0]))
+    ids = torch.randint(0, 53, (2, 10))
+    model(ids)
+    want = model.tok_emb(ids) * math.sqrt(32) + sinusoid_table(10, 32)
+    torch.testing.assert_close(seen["x"], want)

@@ -61,25 +61,29 @@ def test_a_broken_attention_kernel_fails_its_row_and_the_exit_status(tmp_path, m
     sdpa = checks_torch.scaled_dot_product_attention
     monkeypatch.setattr(checks_torch, "scaled_dot_product_attention", off_by_a_little(sdpa))
     out = tmp_path / "v.json"
-    assert verify("--seed", "1", "--only", "scaled_dot,EncoderBlock", "--json", str(out)) == 1
+    assert verify("--seed", "1", "--only", "scaled_dot,Block", "--json", str(out)) == 1
     rows = by_component(out)
     assert rows["scaled_dot_product_attention"]["status"] == FAIL
     assert rows["scaled_dot_product_attention"]["max_abs_error"] > 1e-4
-    assert rows["EncoderBlock"]["status"] == PASS  # its attention is not the patched name
+    assert rows["Block (encoder layer)"]["status"] == PASS  # its attention is not the patched name
 
 
 def test_broken_moe_experts_and_mamba_fail_their_rows(monkeypatch, seed):
     from attnlab.moe import MoEFeedForward
+    from attnlab.rwkv import TimeMix
     from attnlab.ssm import MambaBlock
 
     monkeypatch.setattr(MoEFeedForward, "expert", off_by_a_little(MoEFeedForward.expert))
     monkeypatch.setattr(MambaBlock, "forward", off_by_a_little(MambaBlock.forward))
+    monkeypatch.setattr(TimeMix, "forward", off_by_a_little(TimeMix.forward))
     checks = {c.component: c for c in registry.CHECKS}
     for name in (
         "MoEFeedForward (f32)",
         "MoEFeedForward gradients (f32)",
-        "MambaLM logits/greedy/cache (f32)",
-        "MambaLM gradients (f32)",
+        "Mamba GPT logits/greedy/cache (f32)",
+        "Mamba GPT gradients (f32)",
+        "RWKV GPT logits/greedy/cache (f32)",
+        "RWKV GPT gradients (f32)",
     ):
         row = run_check(checks[name], seed)
         assert row.status == FAIL, (name, row)
