@@ -169,7 +169,12 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("predict", help="label and probabilities for texts or images")
     p.add_argument("run", help=RUN_HELP)
     p.add_argument("texts", nargs="*", help="texts (or image files); none = lines on stdin")
-    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object per line; text runs add unknown_share (the share of <unk> "
+        "tokens) and out_of_reach (over 0.3), warned about in plain output",
+    )
 
 
 def _run_predict(args: argparse.Namespace) -> int:
@@ -185,6 +190,8 @@ def _run_predict(args: argparse.Namespace) -> int:
                 top = sorted(pred["probs"].items(), key=lambda kv: -kv[1])[:3]
                 probs = "  ".join(f"{k} {v:.3f}" for k, v in top)
                 print(f"{pred['label']}\t{probs}\t{pred.get('text', pred.get('image'))}")
+                if pred.get("warning"):  # mostly <unk>: see data/coverage.py
+                    print(f"  warning: {pred['warning']}")
     return 0
 
 

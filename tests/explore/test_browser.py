@@ -80,6 +80,14 @@ def test_classifier_head_view_heads_hover_and_png(tab, classifier_page):
     assert Path(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_classifier_warns_about_a_text_of_unseen_characters(tab, runs, tmp_path):
+    _open(tab, _write(runs["classifier"], tmp_path / "u.html", ["好看极了", "鼋鼍蛟龙好"]))
+    assert tab.inner_text("#pred-unknown") == "unknown tokens 0%"
+    assert tab.locator("#pred-warning").count() == 0
+    tab.select_option("#example", "1")
+    assert tab.inner_text("#pred-warning").startswith("⚠ out of reach: 80% of its characters")
+
+
 def test_classifier_matrix_slider_masks_and_tokens(tab, classifier_page):
     _open(tab, classifier_page)
     _view(tab, "matrix")

@@ -81,6 +81,14 @@ def test_classifier_page_equals_inspect(runs, tmp_path):
     assert short["query_tokens"][-1] == "<pad>" and not _mask(short)[:, -1].any()
 
 
+def test_classifier_page_flags_a_text_of_unseen_characters(runs, tmp_path):
+    data = _page(runs["classifier"], tmp_path / "p.html", "好看极了", "鼋鼍蛟龙好")
+    known, unseen = (ex["prediction"] for ex in data["examples"])
+    assert known["unknown_share"] == 0.0 and known["out_of_reach"] is False
+    assert unseen["unknown_share"] == pytest.approx(0.8) and unseen["out_of_reach"] is True
+    assert "never (or rarely) seen in training" in unseen["warning"]
+
+
 def test_gpt_page_equals_the_stack_and_generate(runs, tmp_path):
     from attnlab.tasks.lm import generate_text
 

@@ -122,7 +122,9 @@ def bert_examples(source: Source, texts: list[str]) -> dict[str, Any]:
 
 
 def _prediction(pred: dict[str, Any]) -> dict[str, Any]:
-    return {"label": pred["label"], "probs": pred["probs"]}
+    """Label, probabilities and the input's reach (share of <unk> tokens, flag, warning)."""
+    keep = ("label", "probs", "unknown_share", "out_of_reach", "warning")
+    return {k: pred[k] for k in keep if k in pred}
 
 
 def _share_note(pooling: str) -> str:

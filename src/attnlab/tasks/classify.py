@@ -35,6 +35,8 @@ from attnlab.data import (
     stratified_split,
     truncation_report,
 )
+from attnlab.data.char_tokenizer import CLS_ID, UNK_ID
+from attnlab.data.coverage import reach
 from attnlab.data.io import read_json, write_json
 from attnlab.data.lexicons import PROVENANCE, lexicon_phrases, load_lexicon, load_modifiers
 from attnlab.data.ood import load_ood, ood_files, ood_texts
@@ -409,7 +411,9 @@ class ClassifyTask(Task):
         )
         val_data = make_dataset(prep, "val", add_cls, cfg.data.eval_batch_size, False, 0)
         lengths = [len(s) for s in train_data.sequences]
-        prep.report["padding_fraction_bucketed"] = padding_fraction(train_data.batches(0), lengths)
+        prep.report["padding_fraction_bucketed"] = padding_fraction(
+            train_data.batches(0), lengths, train_data.pad_multiple
+        )
         files = {
             "tokenizer.json": prep.tokenizer.save,
             "labels.json": prep.labels.save,
@@ -615,17 +619,19 @@ class ClassifierRun(Run):
 
     @torch.no_grad()
     def predict(self, texts: list[str]) -> list[dict[str, Any]]:
-        """Label and per-class probabilities for each text."""
+        """Label and per-class probabilities for each text, with the share of its characters
+        the model reads as <unk> (``unknown_share``, ``out_of_reach``: data/coverage.py)."""
         ids, lengths = self.encode(texts)
         probs = torch.softmax(self.model(ids, lengths), dim=-1)  # (B, C)
         out = []
-        for text, p in zip(texts, probs):
+        for text, p, row, n in zip(texts, probs, ids.tolist(), lengths.tolist()):
             k = int(p.argmax())
             out.append(
                 {
                     "text": text,
                     "label": self.labels.labels[k],
                     "probs": {label: float(p[i]) for i, label in enumerate(self.labels.labels)},
+                    **reach(row[:n], UNK_ID, {CLS_ID}),
                 }
             )
         return out

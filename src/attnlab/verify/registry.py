@@ -18,6 +18,7 @@ from attnlab.verify import checks_optim as opt
 from attnlab.verify import checks_torch as pt
 from attnlab.verify import checks_vision as vis
 from attnlab.verify import checks_zoo as zoo
+from attnlab.verify.checks_bert_dir import check_chinese_bert_dir
 from attnlab.verify.checks_minilm import check_minilm
 from attnlab.verify.runner import Check, Oracle
 
@@ -72,6 +73,13 @@ CHECKS: list[Check] = [
         1e-5,
         check_minilm,
         (TRANSFORMERS, SENTENCE_TRANSFORMERS, MINILM),
+    ),
+    Check(
+        "Chinese BERT dir: WordPiece ids + hidden states",
+        "HF BertTokenizer(Fast), BertModel",
+        1e-10,
+        check_chinese_bert_dir,
+        HF,
     ),
     Check(
         "Mamba GPT logits/greedy/cache (f32)",

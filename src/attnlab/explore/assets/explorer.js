@@ -126,6 +126,12 @@ function renderSummary() {
     wrap.append(el("div", {}, el("div", { class: "kv", text: "prediction" }),
       el("div", { class: "big", id: "pred-label", text: `${p.label}  ${p.probs[p.label].toFixed(3)}` })),
     barList(p.probs, p.label));
+    if (p.unknown_share !== undefined) {
+      const share = `unknown tokens ${(100 * p.unknown_share).toFixed(0)}%`;
+      wrap.append(p.out_of_reach
+        ? el("div", { class: "warn", id: "pred-warning", text: `⚠ out of reach: ${p.warning}` })
+        : el("div", { class: "kv", id: "pred-unknown", text: share }));
+    }
   }
   if (ex.translation) {
     wrap.append(el("div", {}, el("div", { class: "kv", text: "source" }), el("div", { text: ex.input })),
