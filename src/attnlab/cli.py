@@ -12,11 +12,13 @@ import argparse
 import dataclasses
 import json
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from attnlab.configs import add_dataclass_arguments, collect_overrides, parse_key_values
+from attnlab.errors import UserError
 from attnlab.explore import command as explore_command
 from attnlab.tasks.registry import ALIASES, REGISTRY
 from attnlab.verify import command as verify_command
@@ -118,7 +120,7 @@ def _bert_instead(opts: argparse.Namespace) -> str:
     unused = sorted(set(vars(opts)) - bert - set(GENERAL))
     if unused:
         flags = ", ".join("--" + name.replace("_", "-") for name in unused)
-        raise ValueError(
+        raise UserError(
             f"{flags} do not apply with --init: BERT fine-tuning takes its architecture and "
             "tokenizer from the checkpoint (see the --init options in --help)"
         )
@@ -172,7 +174,7 @@ def _run_predict(args: argparse.Namespace) -> int:
     run = _load(args.run, "predict")
     inputs = args.texts or [line.rstrip("\n") for line in sys.stdin if line.strip()]
     if not inputs:
-        raise ValueError("nothing to predict: pass texts (or image files) or pipe lines on stdin")
+        raise UserError("nothing to predict: pass texts (or image files) or pipe lines on stdin")
     for start in range(0, len(inputs), 256):
         for pred in run.predict(inputs[start : start + 256]):
             if args.json:
@@ -284,7 +286,7 @@ def _run_translate(args: argparse.Namespace) -> int:
     else:
         texts = [line.rstrip("\n") for line in sys.stdin]
     if not any(t.strip() for t in texts):
-        raise ValueError("no text given: pass sentences, --input FILE, or lines on stdin")
+        raise UserError("no text given: pass sentences, --input FILE, or lines on stdin")
     hyps = [h if t.strip() else "" for t, h in zip(texts, run.translate(texts, args.beam))]
     text = "".join(h + "\n" for h in hyps)
     if args.output:
@@ -467,12 +469,23 @@ def main(argv: list[str] | None = None) -> int:
         setattr(args, trailing, list(getattr(args, trailing)) + extra)
     try:
         return COMMANDS[args.command][1](args)
-    except ValueError as err:  # bad input: a message that says what to change, no traceback
+    except UserError as err:  # bad input: a message that says what to change, no traceback
         print(f"attnlab: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("attnlab: interrupted (resume with --resume)", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of stdout went away (`attnlab predict ... | head`)
+        sys.stdout = None  # type: ignore[assignment]  # no flush of a closed pipe at exit
+        return 0
+    except Exception:  # a bug: show where, and say so
+        traceback.print_exc()
+        print(
+            f"attnlab: internal error in `attnlab {args.command}`: this is a bug, not a problem "
+            "with your input; please report it with the traceback above",
+            file=sys.stderr,
+        )
+        return 1
 
 
 if __name__ == "__main__":

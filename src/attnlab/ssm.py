@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.blocks import RMSNorm
+from attnlab.errors import UserError
 
 SCANS = ("chunked", "sequential")
 
@@ -175,12 +176,12 @@ class _ChunkedScan(torch.autograd.Function):
 
 def _check_scan_shapes(x: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor) -> None:
     if x.dim() != 3 or delta.shape != x.shape:
-        raise ValueError(
+        raise UserError(
             f"x and delta must both be (batch, T, D), got {tuple(x.shape)}, {tuple(delta.shape)}"
         )
     want = (x.shape[0], x.shape[1], A.shape[1])
     if A.shape[0] != x.shape[2] or tuple(B.shape) != want or tuple(C.shape) != want:
-        raise ValueError(
+        raise UserError(
             f"with x {tuple(x.shape)}: A must be (D, N) = ({x.shape[2]}, N), B and C "
             f"(batch, T, N); got A {tuple(A.shape)}, B {tuple(B.shape)}, C {tuple(C.shape)}"
         )
@@ -220,7 +221,7 @@ def check_mamba_config(d_model: int, d_state: int, d_conv: int, expand: int, dt_
         ("dt_rank", dt_rank, 0),
     ):
         if value < low:
-            raise ValueError(f"{name} must be >= {low}, got {value}")
+            raise UserError(f"{name} must be >= {low}, got {value}")
 
 
 class MambaBlock(nn.Module):

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.blocks import BlockConfig, EncoderBlock
+from attnlab.errors import UserError
 from attnlab.models.gpt import GPT, GPTConfig
 
 Step = Callable[[], None]
@@ -87,5 +88,5 @@ def build_case(spec: dict, device: torch.device) -> tuple[Step, Step]:
     """(warm-up step, measured step) for ``spec["case"]`` in {"block", "gpt"}."""
     builders = {"block": _block_steps, "gpt": _gpt_steps}
     if spec["case"] not in builders:
-        raise ValueError(f"unknown case {spec['case']!r}; one of {', '.join(builders)}")
+        raise UserError(f"unknown case {spec['case']!r}; one of {', '.join(builders)}")
     return builders[spec["case"]](spec, device)

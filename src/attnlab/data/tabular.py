@@ -12,6 +12,7 @@ from pathlib import Path
 from attnlab.data.corpus import LabeledCorpus
 from attnlab.data.errors import DataError
 from attnlab.data.io import allow_long_csv_fields, read_utf8
+from attnlab.errors import UserError
 
 FORMATS = ("csv", "tsv", "jsonl")
 _EXTENSIONS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
@@ -64,7 +65,7 @@ def load_labeled_file(
 def _resolve_format(path: Path, fmt: str | None) -> str:
     if fmt is not None:
         if fmt not in FORMATS:
-            raise ValueError(f"unknown format {fmt!r} for {path}; use one of {', '.join(FORMATS)}")
+            raise UserError(f"unknown format {fmt!r} for {path}; use one of {', '.join(FORMATS)}")
         return fmt
     suffix = path.suffix.lower()
     if suffix not in _EXTENSIONS:

@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from attnlab.errors import UserError
+
 VIEWS = ("head", "matrix", "scale", "tokens", "steps", "image", "gates")
 
 
@@ -37,7 +39,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def options(args: argparse.Namespace) -> dict:
     """The keyword arguments of :func:`attnlab.explore.page.explore_data` from the CLI."""
     if args.max_chars < 1:
-        raise ValueError(f"--max-chars must be >= 1, got {args.max_chars}")
+        raise UserError(f"--max-chars must be >= 1, got {args.max_chars}")
     return {
         "max_chars": args.max_chars,
         "member": args.member - 1,
@@ -55,13 +57,13 @@ def run(args: argparse.Namespace) -> int:
     opts = options(args)
     if args.serve:
         if args.png or args.out:
-            raise ValueError("--serve shows the page live; leave out --out and --png")
+            raise UserError("--serve shows the page live; leave out --out and --png")
         from attnlab.explore.server import serve
 
         serve(load_source(args.run), args.inputs, opts, args.host, args.port)
         return 0
     if args.view and not args.png:
-        raise ValueError("--view chooses the view of --png; give --png FILE too")
+        raise UserError("--view chooses the view of --png; give --png FILE too")
     source = load_source(args.run)
     data = explore_data(source, args.inputs, **opts)
     out = Path(args.out) if args.out else Path(args.run) / "explore.html"

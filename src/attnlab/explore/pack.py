@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from attnlab.attention import AttentionCall
+from attnlab.errors import UserError
 
 # Raw scores double a group's size; past this many numbers (L·H·Tq·Tk) they are left out and the
 # page says why (a 1,000-token input of a 2-layer, 4-head model is 8 million).
@@ -59,7 +60,7 @@ def build_group(
     ``calls`` are the recorder's calls of this kind in layer order; each (B, H, Tq, Tk).
     """
     if not calls:
-        raise ValueError(
+        raise UserError(
             f"no softmax attention was recorded for {name}; this model's attention (linear "
             "attention?) forms no weights to show"
         )

@@ -17,6 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from attnlab.errors import UserError
 from attnlab.explore.page import explore_data, render_page
 from attnlab.explore.sources import Source
 
@@ -56,11 +57,11 @@ class Explorer:
         if self.source.kind in ("vit", "cnn"):
             image = body.get("image")
             if not isinstance(image, str) or not image.startswith("data:image/"):
-                raise ValueError("send an image file (a data:image/... URL in 'image')")
+                raise UserError("send an image file (a data:image/... URL in 'image')")
             try:
                 raw = base64.b64decode(image.split(",", 1)[1], validate=True)
             except (IndexError, ValueError):
-                raise ValueError("the image is not valid base64 data") from None
+                raise UserError("the image is not valid base64 data") from None
             with tempfile.TemporaryDirectory() as tmp:
                 path = Path(tmp) / "upload"
                 path.write_bytes(raw)
@@ -69,9 +70,9 @@ class Explorer:
             return data
         inputs = body.get("inputs")
         if not isinstance(inputs, list) or not all(isinstance(t, str) for t in inputs):
-            raise ValueError("send {'inputs': [text, ...]}")
+            raise UserError("send {'inputs': [text, ...]}")
         if len(inputs) > 8:
-            raise ValueError(f"at most 8 inputs per request, got {len(inputs)}")
+            raise UserError(f"at most 8 inputs per request, got {len(inputs)}")
         return self.data(inputs)
 
 
@@ -94,7 +95,7 @@ def make_handler(explorer: Explorer, first_page: str) -> type[BaseHTTPRequestHan
             try:
                 body = json.loads(self.rfile.read(length) or b"{}")
                 if not isinstance(body, dict):
-                    raise ValueError("send a JSON object")
+                    raise UserError("send a JSON object")
                 self._json(200, explorer.answer(body))
             except ValueError as err:  # bad input (json.JSONDecodeError is one too)
                 self._json(400, {"error": str(err).splitlines()[0]})
@@ -128,7 +129,7 @@ def make_server(
     try:
         return ThreadingHTTPServer((host, port), make_handler(explorer, page))
     except OSError as err:
-        raise ValueError(
+        raise UserError(
             f"cannot listen on {host}:{port} ({err.strerror}); choose --port"
         ) from None
 

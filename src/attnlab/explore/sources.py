@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from attnlab.errors import UserError
+
 Kind = Literal["classifier", "bert", "gpt", "translate", "vit", "cnn"]
 KINDS: tuple[str, ...] = ("classifier", "bert", "gpt", "translate", "vit", "cnn")
 # task name -> kind of page
@@ -45,7 +47,7 @@ def load_source(run: str | Path) -> Source:
     path = Path(run)
     config = path / "config.json"
     if not config.is_file():
-        raise ValueError(
+        raise UserError(
             f"{path} is not a run directory (no config.json); give a run of `attnlab train ...`, "
             "a BERT or GPT-2 checkpoint directory, or minilm"
         )
@@ -61,7 +63,7 @@ def load_source(run: str | Path) -> Source:
     loaded = load_run(path)
     kind = TASK_KINDS.get(loaded.task)
     if kind is None:
-        raise ValueError(
+        raise UserError(
             f"{path} holds a {loaded.task!r} run, which has no attention to explore; the "
             f"explorer reads {', '.join(TASK_KINDS)} runs"
         )

@@ -15,6 +15,7 @@ from attnlab.attention import padding_mask
 from attnlab.blocks import Activation, BlockConfig, Encoder, EncoderBlock, NormKind, NormPosition
 from attnlab.configs import Alias, ConfigBase, setting
 from attnlab.efficient import AttentionKind
+from attnlab.errors import UserError
 from attnlab.positions import make_positions
 
 Position = Literal["sinusoidal", "learned", "rope", "t5", "alibi", "none"]
@@ -77,7 +78,7 @@ class ClassifierConfig(ConfigBase):
 
     def check(self) -> None:
         if self.attention == "linear" and self.pos in ("t5", "alibi"):
-            raise ValueError(
+            raise UserError(
                 f"pos={self.pos!r} adds a bias to attention scores, which linear attention does "
                 "not form; use pos='sinusoidal', 'learned' or 'rope' with attention='linear'"
             )

@@ -38,6 +38,7 @@ from attnlab.data import (
 from attnlab.data.english_sentiment import CORPORA, balanced_subsample, load_english_sentiment
 from attnlab.data.io import read_json, write_json
 from attnlab.data.wordpiece import WordPieceTokenizer
+from attnlab.errors import UserError
 from attnlab.metrics import classification_report, format_report
 from attnlab.models.bert import BertClassifier, BertConfig
 from attnlab.models.bert_checkpoint import load_pretrained, resolve_checkpoint
@@ -87,7 +88,7 @@ def load_corpus(dcfg: BertClassifyConfig) -> LabeledCorpus:
     else:
         corpus = load_labeled_file(dcfg.data, dcfg.text_col, dcfg.label_col)
     if dcfg.max_examples < 0:
-        raise ValueError(f"max_examples must be >= 0 (0 = all), got {dcfg.max_examples}")
+        raise UserError(f"max_examples must be >= 0 (0 = all), got {dcfg.max_examples}")
     if dcfg.max_examples:
         corpus = balanced_subsample(corpus, dcfg.max_examples, dcfg.split_seed)
     return corpus
@@ -147,7 +148,7 @@ class BertClassifyTask(Task):
             ratios = (1.0 - dcfg.val_ratio - dcfg.test_ratio, dcfg.val_ratio, dcfg.test_ratio)
             split = stratified_split(corpus.labels, ratios, dcfg.split_seed)
         if not split["val"]:
-            raise ValueError("the validation split is empty; set val_ratio > 0")
+            raise UserError("the validation split is empty; set val_ratio > 0")
         texts = {name: [corpus.texts[i] for i in idx] for name, idx in split.items()}
         labels_str = {name: [corpus.labels[i] for i in idx] for name, idx in split.items()}
         for name in ("val", "test"):
@@ -287,7 +288,7 @@ class BertClassifierRun(Run):
         """Label and per-class probabilities for each text (the classifier run's format)."""
         for i, text in enumerate(texts):
             if not text.strip():
-                raise ValueError(f"text {i + 1} is empty; give some words to classify")
+                raise UserError(f"text {i + 1} is empty; give some words to classify")
         from attnlab.data import pad_batch
 
         seqs = self.tokenizer.encode_batch(texts, self.max_len)
@@ -314,7 +315,7 @@ class BertClassifierRun(Run):
             corpus = load_corpus(self.data)
             indices = load_split(self.run_dir / "split.json", corpus.texts)[split]
             if not indices:
-                raise ValueError(
+                raise UserError(
                     f"the run's {split} split is empty; pass --data FILE to evaluate on"
                 )
             texts = [corpus.texts[i] for i in indices]

@@ -35,6 +35,7 @@ from attnlab.data import (
     truncation_report,
 )
 from attnlab.data.io import read_json, write_json
+from attnlab.errors import UserError
 from attnlab.metrics import classification_report, format_report
 from attnlab.models.classifier import (
     ClassifierConfig,
@@ -84,7 +85,7 @@ class ClassifyConfig:
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.tail_share <= 1.0:
-            raise ValueError(
+            raise UserError(
                 f"tail_share must be in [0, 1] (0 = keep the head), got {self.tail_share}"
             )
 
@@ -108,7 +109,7 @@ def load_corpus(dcfg: ClassifyConfig) -> tuple[LabeledCorpus, dict[str, list[int
     """The bundled reviews, or the user's file(s); a split comes back when files define it."""
     if not dcfg.data:
         if dcfg.val_data or dcfg.test_data:
-            raise ValueError("--val-data/--test-data need --data (the training file) as well")
+            raise UserError("--val-data/--test-data need --data (the training file) as well")
         return load_chinese_reviews(), None
     if dcfg.val_data or dcfg.test_data:
         corpus, split = load_split_files(
@@ -160,7 +161,7 @@ def prepare(cfg: RunConfig, run_dir: Path, resume: bool) -> Prepared:
     for name in ("val", "test"):
         check_labels(train_labels, [corpus.labels[i] for i in split[name]], name)
     if not split["val"]:
-        raise ValueError(
+        raise UserError(
             "the validation split is empty; give --val-data or a val_ratio > 0 "
             "(early stopping and best-checkpoint selection need it)"
         )
@@ -436,7 +437,7 @@ class ClassifierRun(Run):
 
         for i, text in enumerate(texts):
             if not text.strip():
-                raise ValueError(f"text {i + 1} is empty; give some characters to classify")
+                raise UserError(f"text {i + 1} is empty; give some characters to classify")
         seqs = [self.encode_text(t) for t in texts]
         return pad_batch(seqs)
 
@@ -466,7 +467,7 @@ class ClassifierRun(Run):
         if isinstance(self.model, TextClassifierEnsemble):
             info = self.model.inspect(ids, lengths, member)
         elif member != 0:
-            raise ValueError(
+            raise UserError(
                 f"{self.run_dir} holds a single model, not an ensemble: there is only member 1"
             )
         else:
@@ -489,7 +490,7 @@ class ClassifierRun(Run):
 
         members = self.config.model.members
         if not 1 <= member <= members:
-            raise ValueError(
+            raise UserError(
                 f"--member {member}: this run has {members} member(s), give 1..{members}"
             )
         info = self.attention(text, member=member - 1)
@@ -521,7 +522,7 @@ class ClassifierRun(Run):
         if data is None:
             prep = prepare(self.config, self.run_dir, resume=True)  # the run's saved split
             if not prep.split[split]:
-                raise ValueError(
+                raise UserError(
                     f"the run's {split} split is empty; pass --data FILE to evaluate on"
                 )
             dataset = make_dataset(prep, split, self.add_cls, batch_size, False, 0)

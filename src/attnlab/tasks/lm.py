@@ -36,6 +36,7 @@ from attnlab.data.text_lm import (
     open_tokens,
     write_tokens,
 )
+from attnlab.errors import UserError
 from attnlab.models.generation import Generation, check_sampling, sample_next
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.models.gpt_hf import load_hf_gpt2
@@ -68,14 +69,14 @@ class LMDataConfig:
     def validate(self) -> None:
         """Raise ValueError naming the field and what is allowed."""
         if self.tokenizer not in KINDS:
-            raise ValueError(f"tokenizer must be one of {', '.join(KINDS)}, got {self.tokenizer!r}")
+            raise UserError(f"tokenizer must be one of {', '.join(KINDS)}, got {self.tokenizer!r}")
         if not 0.0 < self.val_fraction < 1.0:
-            raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
+            raise UserError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
         for name in ("eval_windows", "epoch_windows", "sample_tokens"):
             if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+                raise UserError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.eval_batch_size < 1:
-            raise ValueError(f"eval_batch_size must be >= 1, got {self.eval_batch_size}")
+            raise UserError(f"eval_batch_size must be >= 1, got {self.eval_batch_size}")
 
 
 SECTIONS: dict[str, type] = {"data": LMDataConfig, "model": GPTConfig, "train": TrainConfig}
@@ -308,7 +309,7 @@ def default_prompt(tokenizer: LMTokenizer) -> str:
 def encode_prompt(tokenizer: LMTokenizer, prompt: str, context: int) -> tuple[list[int], int]:
     """Prompt ids, cropped to the last ``context`` tokens; also how many were dropped."""
     if not prompt:
-        raise ValueError("the prompt is empty; give some text (or leave --prompt out)")
+        raise UserError("the prompt is empty; give some text (or leave --prompt out)")
     ids = tokenizer.encode(prompt)
     dropped = max(0, len(ids) - context)
     return ids[dropped:], dropped
@@ -364,7 +365,7 @@ def check_request(
     """Reject generation settings that mean nothing, before anything is printed."""
     check_sampling(temperature, top_k, top_p)
     if max_new_tokens < 1 or num_samples < 1:
-        raise ValueError(
+        raise UserError(
             f"--max-new-tokens and --num-samples must be >= 1, got {max_new_tokens}, {num_samples}"
         )
 
@@ -470,7 +471,7 @@ def _hf_tokenizer(directory: Path, config: dict) -> LMTokenizer:
         return BPETokenizer(Tokenizer.from_file(str(directory / "tokenizer.json")), "bpe")
     if config["vocab_size"] == 50257:
         return BPETokenizer.gpt2()
-    raise ValueError(
+    raise UserError(
         f"{directory} has no tokenizer.json and a vocabulary of {config['vocab_size']} tokens, "
         "not GPT-2's 50257; save the tokenizer with the model (tokenizer.save_pretrained)"
     )

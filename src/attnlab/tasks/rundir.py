@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from attnlab.errors import UserError
 from attnlab.tasks.task import FORMAT
 
 LOCK = ".lock"
@@ -49,16 +50,16 @@ def free_run_dir(base: Path) -> Path:
 def check_target(out: Path, resume: bool) -> None:
     """Refuse an --out that cannot hold this run, before anything is written."""
     if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file, not a folder; give a folder path for the run")
+        raise UserError(f"--out {out} is a file, not a folder; give a folder path for the run")
     has_run = (out / CONFIG).is_file()
     if resume and not has_run:
-        raise ValueError(f"--resume: {out} holds no run (no {CONFIG}); start one without --resume")
+        raise UserError(f"--resume: {out} holds no run (no {CONFIG}); start one without --resume")
     if not resume and has_run:
-        raise ValueError(
+        raise UserError(
             f"{out} already holds a run; pass --resume to continue it or choose another --out"
         )
     if not resume and out.is_dir() and any(out.iterdir()):
-        raise ValueError(
+        raise UserError(
             f"--out {out} is a folder with other files in it; give a new or empty folder"
         )
 
@@ -76,7 +77,7 @@ class RunLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise ValueError(
+            raise UserError(
                 f"{self.path.parent} is in use by another attnlab process ({holder(self.path)}); "
                 "wait for it to finish or stop it, or choose another --out"
             ) from None
@@ -137,7 +138,7 @@ class Staging:
         except OSError:
             taken = self.out / LOCK
             who = f" ({holder(taken)})" if taken.exists() else ""
-            raise ValueError(
+            raise UserError(
                 f"{self.out} was taken by another run while this one started{who}; "
                 "choose another --out"
             ) from None
@@ -170,17 +171,17 @@ def read_config(folder: str | Path) -> dict[str, Any]:
     folder = Path(folder)
     path = folder / CONFIG
     if not folder.exists():
-        raise ValueError(f"{folder} does not exist; give the folder of a trained run")
+        raise UserError(f"{folder} does not exist; give the folder of a trained run")
     if not path.is_file():
-        raise ValueError(
+        raise UserError(
             f"{folder} is not a run directory (no {CONFIG}); train one with `attnlab train TASK`"
         )
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, OSError) as err:
-        raise ValueError(f"{path} is not valid JSON ({err}); restore it from a backup") from None
+        raise UserError(f"{path} is not valid JSON ({err}); restore it from a backup") from None
     if not isinstance(raw, dict) or "task" not in raw:
-        raise ValueError(f"{path} does not say which task made the run (no 'task' key)")
+        raise UserError(f"{path} does not say which task made the run (no 'task' key)")
     return upgrade(raw, path)
 
 
@@ -195,7 +196,7 @@ def upgrade(raw: dict[str, Any], path: Path) -> dict[str, Any]:
     if version == FORMAT:
         return raw
     if version != 1:
-        raise ValueError(
+        raise UserError(
             f"{path} has config format {version}, newer than this attnlab reads ({FORMAT}); "
             "upgrade attnlab"
         )

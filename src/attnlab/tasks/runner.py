@@ -23,6 +23,7 @@ from typing import Any
 
 from attnlab.configs import apply_overrides, from_dict, load_toml, resolve_aliases, to_dict
 from attnlab.data.io import write_json
+from attnlab.errors import UserError
 from attnlab.tasks import rundir, sections
 from attnlab.tasks.registry import get_task
 from attnlab.tasks.task import RESUMABLE_FIELDS, RunConfig, Task
@@ -46,7 +47,7 @@ def saved_config(task: Task, raw: Mapping[str, Any]) -> RunConfig:
     parts = {**task.sections(), **task.derived_sections()}
     missing = [name for name in parts if name not in raw]
     if missing:
-        raise ValueError(f"the run's config.json lacks the section(s) {', '.join(missing)}")
+        raise UserError(f"the run's config.json lacks the section(s) {', '.join(missing)}")
     return RunConfig(task.name, {name: from_dict(cls, raw[name]) for name, cls in parts.items()})
 
 
@@ -65,7 +66,7 @@ def resumed_config(
     refused = []
     for key, value in overrides.items():
         if key not in owner:
-            raise ValueError(sections.unknown_field(key, owner, "the command line"))
+            raise UserError(sections.unknown_field(key, owner, "the command line"))
         part = owner[key]
         ((key, value),) = resolve_aliases(type(cfg.sections[part]), {key: value}).items()
         new = apply_overrides(cfg.sections[part], {key: value})  # checked with the saved fields
@@ -75,7 +76,7 @@ def resumed_config(
             refused.append(f"--{key.replace('_', '-')}")
         changes.setdefault(part, {})[key] = value
     if refused:
-        raise ValueError(
+        raise UserError(
             f"{', '.join(refused)} cannot change when resuming (the run was trained with other "
             f"values); only {', '.join(sorted(allowed))} can. Start a new run to change the rest"
         )
@@ -151,7 +152,7 @@ def train(
     if resume:
         raw = rundir.read_config(out)
         if raw["task"] != task.name:
-            raise ValueError(
+            raise UserError(
                 f"--resume: {out} holds a {raw['task']!r} run, not {task.name!r}; "
                 f"resume it with `attnlab train {raw['task']} --out {out} --resume`"
             )

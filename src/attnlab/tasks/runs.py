@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from attnlab.errors import UserError
 from attnlab.tasks import rundir
 from attnlab.tasks.registry import get_task
 from attnlab.tasks.runner import saved_config
@@ -23,9 +24,9 @@ def load_run(run_dir: str | Path, device: str = "cpu") -> Run:
     try:
         cfg = saved_config(task, raw)
     except ValueError as err:
-        raise ValueError(f"{run_dir / rundir.CONFIG}: {err}") from None
+        raise UserError(f"{run_dir / rundir.CONFIG}: {err}") from None
     if not (run_dir / WEIGHTS).is_file():
-        raise ValueError(
+        raise UserError(
             f"{run_dir} has no {WEIGHTS} yet: training has not finished its first evaluation; "
             f"continue it with `attnlab train {task.name} --out {run_dir} --resume`"
         )
@@ -36,5 +37,5 @@ def load_run_of(run_dir: str | Path, kind: type, what: str, device: str = "cpu")
     """``load_run`` that insists on one kind of run (``what`` names it in the error)."""
     run = load_run(run_dir, device)
     if not isinstance(run, kind):
-        raise ValueError(f"{run_dir} holds a {run.task!r} run, not {what}")
+        raise UserError(f"{run_dir} holds a {run.task!r} run, not {what}")
     return run

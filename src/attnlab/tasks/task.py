@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from attnlab.configs import to_dict
+from attnlab.errors import UserError
 
 FORMAT = 2  # version of the config.json layout; rundir.upgrade reads older ones
 
@@ -132,7 +133,7 @@ class Run:
         """Refuse a verb this kind of run does not have, saying which it has."""
         if verb not in self.verbs:
             have = ", ".join(self.verbs) or "none"
-            raise ValueError(
+            raise UserError(
                 f"{self.run_dir} holds a {self.task!r} run, which cannot {verb}; "
                 f"what it can do: {have}"
             )

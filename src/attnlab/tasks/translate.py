@@ -29,6 +29,7 @@ from attnlab.data.parallel import (
     split_pairs,
     synthetic_pairs,
 )
+from attnlab.errors import UserError
 from attnlab.models.beam import DecodeSettings, beam_search, greedy_decode
 from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
 from attnlab.tasks import runner
@@ -71,25 +72,25 @@ class TranslateDataConfig:
     def validate(self) -> None:
         """Raise ValueError naming the field and what is allowed."""
         if self.synthetic not in ("", "copy", "reverse"):
-            raise ValueError(f"synthetic must be copy or reverse, got {self.synthetic!r}")
+            raise UserError(f"synthetic must be copy or reverse, got {self.synthetic!r}")
         src, _, tgt = self.pair.partition("-")
         if src not in LANGS or tgt not in LANGS or src == tgt:
-            raise ValueError(f"pair must be two of {', '.join(LANGS)} like en-de, got {self.pair}")
+            raise UserError(f"pair must be two of {', '.join(LANGS)} like en-de, got {self.pair}")
         for name in ("tokenizer", "tgt_tokenizer"):
             if getattr(self, name) not in ("bpe", "unigram", "char", ""):
-                raise ValueError(f"{name} must be bpe, unigram or char, got {getattr(self, name)}")
+                raise UserError(f"{name} must be bpe, unigram or char, got {getattr(self, name)}")
         positive = ("synthetic_size", "vocab_size", "max_sentence_tokens", "max_tokens")
         for name in (*positive, "beam_size", "eval_batch_sentences"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise UserError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0.0 <= self.label_smoothing < 1.0:
-            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+            raise UserError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.tgt_tokenizer_size < 0:
-            raise ValueError(
+            raise UserError(
                 f"tgt_tokenizer_size must be >= 0 (0 = vocab_size), got {self.tgt_tokenizer_size}"
             )
         if self.max_tokens < self.max_sentence_tokens + 1:
-            raise ValueError("max_tokens must exceed max_sentence_tokens (a batch holds a pair)")
+            raise UserError("max_tokens must exceed max_sentence_tokens (a batch holds a pair)")
 
 
 SECTIONS: dict[str, type] = {
@@ -146,9 +147,9 @@ def prepare(cfg: RunConfig, run_dir: Path, resume: bool) -> Prepared:
     src_path, tgt_path = tokenizer_paths(run_dir, shared)
     tgt_kind = d.tgt_tokenizer or d.tokenizer
     if shared and tgt_kind != d.tokenizer:
-        raise ValueError("a shared vocabulary needs one tokenizer: set shared_embeddings=false")
+        raise UserError("a shared vocabulary needs one tokenizer: set shared_embeddings=false")
     if shared and d.tgt_tokenizer_size not in (0, d.vocab_size):
-        raise ValueError(
+        raise UserError(
             "a shared vocabulary has one size (vocab_size): set shared_embeddings=false"
         )
     if resume and src_path.exists() and tgt_path.exists():

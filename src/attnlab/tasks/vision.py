@@ -32,6 +32,7 @@ from attnlab.data.images import (
 )
 from attnlab.data.io import read_json, write_json
 from attnlab.data.splits import stratified_split
+from attnlab.errors import UserError
 from attnlab.metrics import classification_report, format_report
 from attnlab.models.cnn import CNNConfig, ResNetCNN
 from attnlab.models.vit import ViT, ViTConfig
@@ -74,7 +75,7 @@ class VisionConfig:
 def sections(arch: Arch) -> dict[str, type]:
     """Config sections of ``arch``: data, model and train."""
     if arch not in MODEL_CONFIGS:
-        raise ValueError(f"arch must be vit or cnn, got {arch!r}")
+        raise UserError(f"arch must be vit or cnn, got {arch!r}")
     return {"data": VisionConfig, "model": MODEL_CONFIGS[arch], "train": TrainConfig}
 
 
@@ -96,25 +97,25 @@ def load_splits(dcfg: VisionConfig) -> tuple[dict[str, ImageSet], str]:
         full, test = load_mnist("train"), load_mnist("test")
     elif dcfg.dataset == "idx":
         if not (dcfg.data and dcfg.labels):
-            raise ValueError("dataset=idx needs --data IMAGES.idx and --labels LABELS.idx")
+            raise UserError("dataset=idx needs --data IMAGES.idx and --labels LABELS.idx")
         full = load_idx_pair(dcfg.data, dcfg.labels)
         if dcfg.test_data:
             if not dcfg.test_labels:
-                raise ValueError("--test-data with dataset=idx needs --test-labels as well")
+                raise UserError("--test-data with dataset=idx needs --test-labels as well")
             test = load_idx_pair(dcfg.test_data, dcfg.test_labels, full.classes)
     elif dcfg.dataset == "folder":
         if not dcfg.data:
-            raise ValueError("dataset=folder needs --data ROOT (one sub-folder per class)")
+            raise UserError("dataset=folder needs --data ROOT (one sub-folder per class)")
         channels = dcfg.channels or 3
         full = load_image_folder(dcfg.data, channels, dcfg.resize)
         if dcfg.test_data:
             test = load_image_folder(dcfg.test_data, channels, dcfg.resize or full.images.shape[-1])
             if test.classes != full.classes:
-                raise ValueError(
+                raise UserError(
                     f"test classes {test.classes} differ from train classes {full.classes}"
                 )
     else:
-        raise ValueError(
+        raise UserError(
             f"dataset must be fashion-mnist, mnist, folder or idx; got {dcfg.dataset!r}"
         )
     labels = [str(int(y)) for y in full.labels]
@@ -131,7 +132,7 @@ def load_splits(dcfg: VisionConfig) -> tuple[dict[str, ImageSet], str]:
     out = {"train": full.subset(train_idx), "val": full.subset(split["val"])}
     out["test"] = test if test is not None else full.subset(split["test"])
     if not len(out["val"]):
-        raise ValueError("the validation split is empty; set val_ratio > 0")
+        raise UserError("the validation split is empty; set val_ratio > 0")
     return out, full.source
 
 
@@ -189,7 +190,7 @@ class VisionTask(Task):
         train_set = splits["train"]
         c, h, w = train_set.images.shape[1:]
         if h != w:
-            raise ValueError(f"images are {h} × {w}; square images are needed (use --resize N)")
+            raise UserError(f"images are {h} × {w}; square images are needed (use --resize N)")
         cfg.model.in_channels = c
         cfg.model.n_classes = len(train_set.classes)
         if isinstance(cfg.model, ViTConfig):
@@ -345,7 +346,7 @@ class VisionRun(Run):
             c, h, _ = self.report["image_shape"]
             images = load_image_folder(data, c, h)
             if images.classes != self.classes:
-                raise ValueError(f"{data}: classes {images.classes} differ from {self.classes}")
+                raise UserError(f"{data}: classes {images.classes} differ from {self.classes}")
         else:
             images = load_splits(self.config.data)[0][split]
         mean, std = self.report["mean"], self.report["std"]
@@ -354,7 +355,7 @@ class VisionRun(Run):
     def draw_attention(self, image: str, out: str | None, member: int = 1) -> list[str]:
         """The attention rollout of a ViT over ``image``, drawn over it."""
         if member != 1:
-            raise ValueError("--member applies to ensemble classifier runs, not vision runs")
+            raise UserError("--member applies to ensemble classifier runs, not vision runs")
         picture, rollout, pred = self.rollout(image)
         path = Path(out) if out else self.run_dir / "rollout.png"
         title = f"{Path(image).name} → {pred['label']} ({pred['probs'][pred['label']]:.2f})"
@@ -371,7 +372,7 @@ class VisionRun(Run):
         from attnlab.models.vit import rollout_map
 
         if not isinstance(self.model, ViT):
-            raise ValueError("attention rollout needs a ViT run; this run is a CNN")
+            raise UserError("attention rollout needs a ViT run; this run is a CNN")
         image = self.load_images([path])  # (1, C, H, W)
         x = normalize(image, self.report["mean"], self.report["std"])
         return image[0], rollout_map(self.model, x)[0], self.predict([path])[0]

@@ -6,6 +6,8 @@ import typing
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
+from attnlab.errors import UserError
+
 
 def _opt(default: Any, help_text: str) -> Any:
     """A dataclass field with a default and a --help string for `add_dataclass_arguments`."""
@@ -100,14 +102,14 @@ class TrainConfig:
         for f in fields(self):
             choices = typing.get_args(hints[f.name])
             if typing.get_origin(hints[f.name]) is Literal and getattr(self, f.name) not in choices:
-                raise ValueError(
+                raise UserError(
                     f"{f.name} must be one of {', '.join(choices)}, got {getattr(self, f.name)!r}"
                 )
         positive = {"batch_size": self.batch_size, "grad_accum": self.grad_accum}
         positive |= {"log_every": self.log_every}
         for name, value in positive.items():
             if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
+                raise UserError(f"{name} must be >= 1, got {value}")
         non_negative = {
             "max_steps": self.max_steps,
             "warmup_steps": self.warmup_steps,
@@ -124,23 +126,23 @@ class TrainConfig:
         }
         for name, value in non_negative.items():
             if value < 0:
-                raise ValueError(f"{name} must be >= 0, got {value}")
+                raise UserError(f"{name} must be >= 0, got {value}")
         if self.max_steps == 0 and self.epochs < 1:
-            raise ValueError(f"epochs must be >= 1 when max_steps == 0, got {self.epochs}")
+            raise UserError(f"epochs must be >= 1 when max_steps == 0, got {self.epochs}")
         for name in ("lr", "muon_lr"):
             if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+                raise UserError(f"{name} must be > 0, got {getattr(self, name)}")
         if not 0.0 <= self.muon_momentum < 1.0:
-            raise ValueError(f"muon_momentum must be in [0, 1), got {self.muon_momentum}")
+            raise UserError(f"muon_momentum must be in [0, 1), got {self.muon_momentum}")
         if not 1 <= self.muon_ns_steps < 100:
-            raise ValueError(f"muon_ns_steps must be in [1, 100), got {self.muon_ns_steps}")
+            raise UserError(f"muon_ns_steps must be in [1, 100), got {self.muon_ns_steps}")
         if not 0.0 <= self.decay_ratio <= 1.0:
-            raise ValueError(f"decay_ratio must be in [0, 1], got {self.decay_ratio}")
+            raise UserError(f"decay_ratio must be in [0, 1], got {self.decay_ratio}")
         if not 0.0 <= self.warmup_ratio < 1.0:
-            raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+            raise UserError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+            raise UserError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
-            raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas}")
+            raise UserError(f"betas must be two numbers in [0, 1), got {self.betas}")
         if self.schedule == "noam" and self.warmup_steps == 0 and self.warmup_ratio == 0.0:
-            raise ValueError("schedule='noam' needs warmup: set warmup_steps or warmup_ratio > 0")
+            raise UserError("schedule='noam' needs warmup: set warmup_steps or warmup_ratio > 0")

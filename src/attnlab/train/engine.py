@@ -36,6 +36,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from attnlab.configs import save_json, to_dict
+from attnlab.errors import UserError
 from attnlab.train.checkpoint import (
     load_checkpoint,
     read_trainer_state,
@@ -263,7 +264,7 @@ class Trainer:
         has_ckpt, has_metrics = broadcast_object(found, env)
         if not resume:
             if has_ckpt or has_metrics:
-                raise ValueError(
+                raise UserError(
                     f"{run_dir} already holds a run; continue it with --resume "
                     "or choose another --out"
                 )
@@ -278,7 +279,7 @@ class Trainer:
         if self.scaler is not None and saved.get("scaler"):
             self.scaler.load_state_dict(saved["scaler"])
         if saved["world_size"] != env.world_size:
-            raise ValueError(
+            raise UserError(
                 f"checkpoint was written by {saved['world_size']} processes but this job has "
                 f"{env.world_size}; resume with --nproc_per_node={saved['world_size']}"
             )
@@ -589,7 +590,7 @@ class Trainer:
             metrics = {k: float(v) for k, v in self.evaluate(self.model).items()}
         self.model.train()
         if self.cfg.monitor not in metrics:
-            raise ValueError(
+            raise UserError(
                 f"monitor '{self.cfg.monitor}' is not among the evaluate() keys "
                 f"{sorted(metrics)}; set TrainConfig.monitor to one of them"
             )
