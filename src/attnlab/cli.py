@@ -150,6 +150,10 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
 
 def _run_eval(args: argparse.Namespace) -> int:
     run = _load(args.run, "evaluate")
+    if args.data is None:
+        from attnlab.tasks.runs import require_data
+
+        require_data(run)
     columns = {k: v for k, v in (("text_col", args.text_col), ("label_col", args.label_col)) if v}
     report = run.evaluate(data=args.data, split=args.split, **columns)
     if args.json:
@@ -197,8 +201,12 @@ def _add_attention(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_attention(args: argparse.Namespace) -> int:
+    from attnlab.data.io import output_errors
+
     run = _load(args.run, "attention")
-    for line in run.draw_attention(args.text, args.out, member=args.member):
+    with output_errors("--out"):
+        lines = run.draw_attention(args.text, args.out, member=args.member)
+    for line in lines:
         print(line)
     return 0
 
@@ -290,7 +298,10 @@ def _run_translate(args: argparse.Namespace) -> int:
     hyps = [h if t.strip() else "" for t, h in zip(texts, run.translate(texts, args.beam))]
     text = "".join(h + "\n" for h in hyps)
     if args.output:
-        Path(args.output).write_text(text, encoding="utf-8")
+        from attnlab.data.io import output_errors
+
+        with output_errors("--output"):
+            Path(args.output).write_text(text, encoding="utf-8")
     else:
         sys.stdout.write(text)
     return 0

@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import errno
 import json
 import os
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from attnlab.data.errors import DataError
+from attnlab.errors import UserError
+
+# the file system's refusals of a write (as opposed to a bug)
+WRITE_REFUSALS = frozenset(
+    {errno.EISDIR, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT,
+     errno.ENOTDIR, errno.ENAMETOOLONG, errno.EFBIG}
+)  # fmt: skip
 
 
 def read_utf8(path: str | os.PathLike[str], what: str = "file") -> str:
@@ -93,3 +103,18 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
 def write_json(path: str | os.PathLike[str], obj: Any) -> None:
     """Write `obj` as indented UTF-8 JSON (non-ASCII kept readable), atomically."""
     atomic_write_text(path, json.dumps(obj, ensure_ascii=False, indent=1) + "\n")
+
+
+@contextlib.contextmanager
+def output_errors(flag: str) -> Iterator[None]:
+    """Turn the file system's refusal to write an output file (a folder in its place, a
+    read-only folder, a full disk) into one line naming the file and the option to change."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno not in WRITE_REFUSALS:
+            raise
+        raise UserError(
+            f"cannot write {err.filename or 'the output file'} ({err.strerror}); "
+            f"pass {flag} FILE in a folder you can write to"
+        ) from None

@@ -51,6 +51,7 @@ def options(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    from attnlab.data.io import output_errors
     from attnlab.explore.page import explore_data, render_page
     from attnlab.explore.sources import load_source
 
@@ -69,13 +70,15 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path(args.run) / "explore.html"
     if not args.out and not Path(args.run).is_dir():  # minilm: no run folder to write into
         out = Path(f"explore-{source.name}.html")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_page(data), encoding="utf-8")
+    with output_errors("--out"):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(render_page(data), encoding="utf-8")
     size = out.stat().st_size
     print(f"page written to {out} ({size / 1024:.0f} KiB); open it in any browser")
     if args.png:
         from attnlab.explore.png import screenshot
 
-        png = screenshot(out, args.png, args.view)
+        with output_errors("--png"):
+            png = screenshot(out, args.png, args.view)
         print(f"screenshot written to {png}", file=sys.stderr)
     return 0

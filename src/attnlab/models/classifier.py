@@ -235,7 +235,7 @@ class TextClassifier(nn.Module):
         logits = self.head(self.features(h, mask, input_ids, lengths))  # (B, C)
         attn = torch.stack(weights)  # (L, B, H, T, T)
         T = input_ids.shape[1]
-        eye = torch.eye(T, dtype=attn.dtype)
+        eye = torch.eye(T, dtype=attn.dtype, device=attn.device)
         rollout = eye.expand(input_ids.shape[0], T, T)  # (B, T, T)
         for layer in attn:
             a = layer.mean(dim=1) + eye  # (B, T, T)

@@ -129,6 +129,7 @@ class BertClassifyTask(Task):
     preset = "bert_classify"
     preset_prefix = "bert_classify"
     resumable = frozenset({"eval_batch_size"})
+    data_paths = ("data", "init")
 
     def sections(self) -> dict[str, type]:
         return SECTIONS
@@ -293,7 +294,8 @@ class BertClassifierRun(Run):
 
         seqs = self.tokenizer.encode_batch(texts, self.max_len)
         ids, lengths = pad_batch(seqs, self.tokenizer.pad_id)
-        probs = torch.softmax(self.model(ids, lengths), dim=-1)  # (B, C)
+        logits = self.model(ids.to(self.device), lengths.to(self.device))  # (B, C)
+        probs = torch.softmax(logits.float(), dim=-1).cpu()  # (B, C)
         return [
             {
                 "text": text,
@@ -328,7 +330,7 @@ class BertClassifierRun(Run):
             check_labels(self.labels.labels, corpus.labels, data, corpus.origins)
             texts, labels, source = corpus.texts, corpus.labels, str(data)
         dataset = self.dataset(texts, labels)
-        y_true, y_pred, loss = predict_dataset(self.model, dataset)  # type: ignore[arg-type]
+        y_true, y_pred, loss = predict_dataset(self.model, dataset, self.device)  # type: ignore[arg-type]
         report = classification_report(y_true, y_pred, self.labels.labels)
         return {**report, "loss": loss, "source": source}
 

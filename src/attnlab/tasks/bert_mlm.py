@@ -167,6 +167,7 @@ class MLMTask(Task):
     preset = "bert_mlm"
     preset_prefix = "bert_mlm"
     resumable = frozenset({"eval_batch_size"})
+    data_paths = ("data", "init")
 
     def sections(self) -> dict[str, type]:
         return SECTIONS

@@ -286,6 +286,7 @@ class ClassifyTask(Task):
     preset = "classify"
     preset_prefix = "classify"
     resumable = frozenset({"eval_batch_size"})
+    data_paths = ("data", "val_data", "test_data")
 
     def sections(self) -> dict[str, type]:
         return SECTIONS
@@ -445,7 +446,8 @@ class ClassifierRun(Run):
     def predict(self, texts: list[str]) -> list[dict[str, Any]]:
         """Label and per-class probabilities for each text."""
         ids, lengths = self.encode(texts)
-        probs = torch.softmax(self.model(ids, lengths), dim=-1)  # (B, C)
+        logits = self.model(ids.to(self.device), lengths.to(self.device))  # (B, C)
+        probs = torch.softmax(logits.float(), dim=-1).cpu()  # (B, C)
         out = []
         for text, p in zip(texts, probs):
             k = int(p.argmax())
@@ -464,6 +466,7 @@ class ClassifierRun(Run):
         For an ensemble, attention and shares are those of member ``member``; the prediction is
         the ensemble's."""
         ids, lengths = self.encode([text])
+        ids, lengths = ids.to(self.device), lengths.to(self.device)
         if isinstance(self.model, TextClassifierEnsemble):
             info = self.model.inspect(ids, lengths, member)
         elif member != 0:
@@ -478,8 +481,8 @@ class ClassifierRun(Run):
             "tokens": self.tokenizer.tokens(
                 text, self.max_len, self.add_cls, self.config.data.tail_share
             ),
-            "attention": info["attention"][:, 0],
-            "token_share": info["token_share"][0],
+            "attention": info["attention"][:, 0].cpu(),
+            "token_share": info["token_share"][0].cpu(),
             "label": self.labels.labels[k],
             "prob": float(probs[k]),
         }
@@ -534,7 +537,7 @@ class ClassifierRun(Run):
             sampler = LengthBucketSampler([len(s) for s in seqs], batch_size, shuffle=False)
             dataset = ClassificationData(seqs, self.labels.encode(corpus.labels), sampler)
             source = str(data)
-        y_true, y_pred, loss = predict_dataset(self.model, dataset)
+        y_true, y_pred, loss = predict_dataset(self.model, dataset, self.device)
         report = classification_report(y_true, y_pred, self.labels.labels)
         return {**report, "loss": loss, "source": source}
 

@@ -209,6 +209,7 @@ class LMTask(Task):
     preset = "lm"
     preset_prefix = "lm"
     resumable = frozenset({"eval_batch_size", "sample_tokens"})
+    data_paths = ("data",)
 
     def sections(self) -> dict[str, type]:
         return SECTIONS

@@ -78,6 +78,7 @@ class Task:
     preset: ClassVar[str | None] = None  # a bundled base preset: presets/{preset}.toml
     preset_prefix: ClassVar[str] = ""  # --config NAME also finds presets/{prefix}_NAME.toml
     resumable: ClassVar[frozenset[str]] = frozenset()  # more fields a resume may change
+    data_paths: ClassVar[tuple[str, ...]] = ()  # fields naming data files (saved resolved)
 
     def sections(self) -> dict[str, type]:
         """Config sections that the command line and presets set, by name."""
@@ -121,6 +122,7 @@ class Run:
     """A finished run loaded for use. Subclasses implement the verbs that apply to them."""
 
     verbs: ClassVar[tuple[str, ...]] = ()
+    device: Any = "cpu"  # where the model lives; load_run sets it, every verb computes there
 
     def __init__(self, run_dir: Path, config: RunConfig) -> None:
         self.run_dir, self.config = run_dir, config

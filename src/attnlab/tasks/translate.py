@@ -232,6 +232,7 @@ class TranslateTask(Task):
     preset = "translate"
     preset_prefix = "translate"
     resumable = frozenset({"beam_size", "length_penalty", "eval_batch_sentences"})
+    data_paths = ("data",)
 
     def sections(self) -> dict[str, type]:
         return SECTIONS

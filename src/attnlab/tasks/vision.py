@@ -178,6 +178,7 @@ class VisionTask(Task):
 
     preset_prefix = ""
     resumable = frozenset({"eval_batch_size"})
+    data_paths = ("data", "labels", "test_data", "test_labels")
 
     def __init__(self, arch: Arch) -> None:
         self.name = self.preset = self.preset_prefix = arch  # type: ignore[misc]
@@ -332,7 +333,7 @@ class VisionRun(Run):
     def predict(self, paths: list[str]) -> list[dict[str, Any]]:
         """Label and per-class probabilities for each image file."""
         x = normalize(self.load_images(paths), self.report["mean"], self.report["std"])
-        probs = torch.softmax(self.model(x), dim=-1)  # (B, C)
+        probs = torch.softmax(self.model(x.to(self.device)).float(), dim=-1).cpu()  # (B, C)
         out = []
         for path, p in zip(paths, probs):
             k = int(p.argmax())
@@ -350,7 +351,8 @@ class VisionRun(Run):
         else:
             images = load_splits(self.config.data)[0][split]
         mean, std = self.report["mean"], self.report["std"]
-        return evaluate_set(self.model, images, mean, std, self.config.data.eval_batch_size, "cpu")
+        batch = self.config.data.eval_batch_size
+        return evaluate_set(self.model, images, mean, std, batch, self.device)  # type: ignore[arg-type]
 
     def draw_attention(self, image: str, out: str | None, member: int = 1) -> list[str]:
         """The attention rollout of a ViT over ``image``, drawn over it."""
@@ -375,7 +377,8 @@ class VisionRun(Run):
             raise UserError("attention rollout needs a ViT run; this run is a CNN")
         image = self.load_images([path])  # (1, C, H, W)
         x = normalize(image, self.report["mean"], self.report["std"])
-        return image[0], rollout_map(self.model, x)[0], self.predict([path])[0]
+        rollout = rollout_map(self.model, x.to(self.device))[0].cpu()  # (G, G)
+        return image[0], rollout, self.predict([path])[0]
 
 
 def plot_rollout(image: Tensor, rollout: Tensor, out: str | Path, title: str) -> Path:

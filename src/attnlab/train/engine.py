@@ -285,6 +285,8 @@ class Trainer:
             )
         restore_rng(rng_states[env.rank])
         state = LoopState.from_dict(saved["loop"])
+        if state.stop_reason is not None and can_continue(state, self.cfg):
+            state.stop_reason = None  # a finished run whose limits the resume raised goes on
         if env.is_main:
             _log(f"resuming from step {state.step} (epoch {state.epoch}, batch {state.batch_pos})")
             now = to_dict(self.cfg)
@@ -662,6 +664,17 @@ class Trainer:
             "world_size": self.env.world_size,
             "run_dir": str(self.run_dir),
         }
+
+
+def can_continue(state: LoopState, cfg: TrainConfig) -> bool:
+    """Whether a run that stopped (``state.stop_reason``) trains on under ``cfg``: it stopped at
+    a step, epoch or time limit, or early, and ``cfg`` leaves steps, time and patience."""
+    if state.stop_reason not in ("max_steps", "epochs", "max_minutes", "early_stop"):
+        return False
+    steps_left = state.step < cfg.max_steps if cfg.max_steps > 0 else state.epoch < cfg.epochs
+    time_left = cfg.max_minutes <= 0 or state.elapsed_s < 60 * cfg.max_minutes
+    patience_left = cfg.patience <= 0 or state.bad_evals < cfg.patience
+    return steps_left and time_left and patience_left
 
 
 def _check_output(out: StepOutput) -> float:
