@@ -51,11 +51,18 @@ def read_utf8(path: str | os.PathLike[str], what: str = "file") -> str:
         ) from None
 
 
-def read_json(path: str | os.PathLike[str], what: str, fix: str | None = None) -> Any:
+def read_json(
+    path: str | os.PathLike[str],
+    what: str,
+    fix: str | None = None,
+    keys: dict[str, type] | None = None,
+) -> Any:
     """Parse a UTF-8 JSON file; errors are one line naming the file, its kind and the fix.
 
     `what` names the kind ("tokenizer", "run config"); `fix` replaces the default advice for a
-    missing or broken file (e.g. "retrain into a new --out").
+    missing or broken file (e.g. "retrain into a new --out"). With `keys` ({name: type}), the
+    file must hold a JSON object with those entries (valid JSON of the wrong shape is refused
+    like broken JSON).
     """
     path = Path(path)
     if not path.exists():
@@ -64,7 +71,7 @@ def read_json(path: str | os.PathLike[str], what: str, fix: str | None = None) -
     if not text.strip():
         raise DataError(path, f"the {what} file is empty", fix or f"regenerate the {what} file")
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except json.JSONDecodeError as err:
         raise DataError(
             path,
@@ -72,6 +79,21 @@ def read_json(path: str | os.PathLike[str], what: str, fix: str | None = None) -
             fix or f"regenerate the {what} file instead of editing it by hand",
             line=err.lineno,
         ) from None
+    shape = keys or {}
+    if keys is not None and not (
+        isinstance(value, dict)
+        and all(
+            isinstance(value.get(k), kind) and value[k] is not True for k, kind in shape.items()
+        )
+    ):
+        want = ", ".join(f"{k} ({kind.__name__})" for k, kind in shape.items())
+        found = {k: value.get(k) for k in shape} if isinstance(value, dict) else value
+        raise DataError(
+            path,
+            f"not a {what} file: expected a JSON object with {want}, found {str(found)[:80]}",
+            fix or f"regenerate the {what} file instead of editing it by hand",
+        )
+    return value
 
 
 CSV_FIELD_LIMIT = 2**31 - 1  # the largest limit a C long takes on every platform

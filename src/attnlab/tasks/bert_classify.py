@@ -245,7 +245,8 @@ class BertClassifyTask(Task):
         model = BertClassifier(cfg.model, len(labels), cfg.data.pooling)
         load_weights(model, run_dir / "model.safetensors")
         model.to(device).eval()
-        max_len = read_json(run_dir / "data_report.json", "data report")["max_len"]
+        report = read_json(run_dir / "data_report.json", "data report", keys={"max_len": int})
+        max_len = report["max_len"]
         tokenizer = WordPieceTokenizer.load(run_dir / "tokenizer.json")
         return BertClassifierRun(run_dir, cfg, model, tokenizer, labels, max_len)
 

@@ -90,6 +90,8 @@ class ClassifyConfig:
             )
 
 
+REPORT = {"max_len": int}  # what a run's data_report.json must hold for loading
+
 SECTIONS: dict[str, type] = {
     "data": ClassifyConfig,
     "model": ClassifierConfig,
@@ -168,7 +170,7 @@ def prepare(cfg: RunConfig, run_dir: Path, resume: bool) -> Prepared:
     if resume and (run_dir / "tokenizer.json").exists():
         tokenizer = CharTokenizer.load(run_dir / "tokenizer.json")
         labels = LabelVocab.load(run_dir / "labels.json")
-        max_len = read_json(run_dir / "data_report.json", "data report")["max_len"]
+        max_len = read_json(run_dir / "data_report.json", "data report", keys=REPORT)["max_len"]
     else:
         tokenizer = CharTokenizer.build(train_texts, min_freq=dcfg.min_freq)
         labels = LabelVocab.build(train_labels)
@@ -361,15 +363,15 @@ class ClassifyTask(Task):
         model = build_classifier(cfg.model)
         load_weights(model, run_dir / "model.safetensors")
         model.to(device).eval()
-        report = read_json(run_dir / "data_report.json", "data report")
-        return ClassifierRun(
-            run_dir,
-            cfg,
-            model,
-            CharTokenizer.load(run_dir / "tokenizer.json"),
-            LabelVocab.load(run_dir / "labels.json"),
-            report["max_len"],
-        )
+        report = read_json(run_dir / "data_report.json", "data report", keys=REPORT)
+        labels = LabelVocab.load(run_dir / "labels.json")
+        if len(labels) != cfg.model.n_classes:
+            raise UserError(
+                f"{run_dir / 'labels.json'} names {len(labels)} labels but the model has "
+                f"{cfg.model.n_classes} classes; restore the run's labels.json"
+            )
+        tokenizer = CharTokenizer.load(run_dir / "tokenizer.json")
+        return ClassifierRun(run_dir, cfg, model, tokenizer, labels, report["max_len"])
 
 
 def evaluate_split(

@@ -103,6 +103,8 @@ def require(cfg: RunConfig, run_dir: Path, fix: str) -> None:
     for name, entry in read_record(run_dir).items():
         for section, field in _fields(cfg, [name]):
             path = Path(getattr(section, field))
+            if not path.exists():  # a file where it was typed, of other content, has changed
+                path = next((c for c in _candidates(entry, run_dir) if c.is_file()), path)
             if not path.exists():
                 raise UserError(
                     f"the run's {flag(name)} file {path} is gone (moved or deleted; given as "

@@ -17,10 +17,8 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import signal
 import sys
 import tempfile
-import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -210,7 +208,7 @@ def train(
         cfg = build_config(task, preset, overrides)
         record = datafiles.resolve(cfg, task.data_paths)
     try:
-        with _take_folder(out, resume) as (folder, staging), _sigterm_interrupts():
+        with _take_folder(out, resume) as (folder, staging):
             return _train(task, cfg, out, folder, staging, record, resume, device)
     except FloatingPointError as err:  # the loss or gradients diverged
         if main:
@@ -319,23 +317,6 @@ def _checkpoint_step(state: Path) -> int | None:
         return int(json.loads((state / "trainer.json").read_text())["loop"]["step"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-
-
-@contextlib.contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """SIGTERM stops training like Ctrl-C: the engine writes a checkpoint of the last step."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def describe(task_name: str, results: Mapping[str, Any], run_dir: Path) -> list[str]:

@@ -258,7 +258,8 @@ class VisionTask(Task):
         path = run_dir / "model.safetensors"
         load_tensors_into(model, upgrade_weights(read_tensors(path), model), path)
         model.to(device).eval()
-        report = read_json(run_dir / "data_report.json", "data report")
+        keys = {"classes": list, "image_shape": list, "mean": list, "std": list}
+        report = read_json(run_dir / "data_report.json", "data report", keys=keys)
         return VisionRun(run_dir, cfg, model, report)
 
 

@@ -25,7 +25,9 @@ import contextlib
 import copy
 import json
 import math
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -319,6 +321,7 @@ class Trainer:
             dynamic_ncols=True,
             disable=None if env.is_main else True,
         )
+        signals = _DeferredSignals(active=not env.distributed)
         try:
             while state.stop_reason is None:
                 batches = self.data.batches(state.epoch)
@@ -327,7 +330,7 @@ class Trainer:
                 while True:
                     group = batches[state.batch_pos : state.batch_pos + cfg.grad_accum]
                     sums = self._accumulate(group)
-                    updating = True
+                    updating = signals.busy = True
                     lr, grad_norm = self._update(state.step + 1, sums.weights["loss"])
                     epoch = state.epoch
                     state.step += 1
@@ -338,6 +341,7 @@ class Trainer:
                     self._after_step(state, sums, lr, grad_norm, epoch, epoch_done, bar)
                     boundary = (copy.deepcopy(state), capture_rng())
                     updating = False
+                    signals.done()  # a SIGINT/SIGTERM that came during the update stops here
                     if epoch_done or state.stop_reason is not None:
                         break
         except KeyboardInterrupt:
@@ -360,6 +364,7 @@ class Trainer:
                 )
             raise
         finally:
+            signals.restore()
             bar.close()
         state.elapsed_s, state.cpu_s = self._elapsed(), self._cpu()
         return state
@@ -664,6 +669,34 @@ class Trainer:
             "world_size": self.env.world_size,
             "run_dir": str(self.run_dir),
         }
+
+
+class _DeferredSignals:
+    """SIGINT and SIGTERM stop a single-process run like Ctrl-C, but one that arrives during an
+    optimizer update takes effect once the update (and its eval and checkpoint) is complete, so
+    the checkpoint written on the way out is always of a finished step."""
+
+    def __init__(self, active: bool) -> None:
+        self.busy = self.pending = False
+        self.saved: dict[int, Any] = {}
+        if active and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self.saved[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if not self.busy:
+            raise KeyboardInterrupt
+        self.pending = True
+
+    def done(self) -> None:
+        self.busy = False
+        if self.pending:
+            self.pending = False
+            raise KeyboardInterrupt
+
+    def restore(self) -> None:
+        for sig, handler in self.saved.items():
+            signal.signal(sig, handler)
 
 
 def can_continue(state: LoopState, cfg: TrainConfig) -> bool:
