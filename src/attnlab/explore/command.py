@@ -38,6 +38,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def options(args: argparse.Namespace) -> dict:
     """The keyword arguments of :func:`attnlab.explore.page.explore_data` from the CLI."""
+    if not 0 <= args.port <= 65535:
+        raise UserError(f"--port {args.port}: give a port from 1 to 65535 (0 picks a free one)")
     if args.max_chars < 1:
         raise UserError(f"--max-chars must be >= 1, got {args.max_chars}")
     return {
