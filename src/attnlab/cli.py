@@ -176,7 +176,9 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
 
 def _run_predict(args: argparse.Namespace) -> int:
     run = _load(args.run, "predict")
-    inputs = args.texts or [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    from attnlab.data.io import split_lines
+
+    inputs = args.texts or [line for line in split_lines(sys.stdin.read()) if line.strip()]
     if not inputs:
         raise UserError("nothing to predict: pass texts (or image files) or pipe lines on stdin")
     for start in range(0, len(inputs), 256):
@@ -286,13 +288,15 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_translate(args: argparse.Namespace) -> int:
+    from attnlab.data.io import read_utf8, split_lines
+
     run = _load(args.run, "translate")
     if args.texts:
         texts = list(args.texts)
     elif args.input:
-        texts = Path(args.input).read_text(encoding="utf-8").splitlines()
+        texts = split_lines(read_utf8(args.input, "input file"))
     else:
-        texts = [line.rstrip("\n") for line in sys.stdin]
+        texts = split_lines(sys.stdin.read())
     if not any(t.strip() for t in texts):
         raise UserError("no text given: pass sentences, --input FILE, or lines on stdin")
     hyps = [h if t.strip() else "" for t, h in zip(texts, run.translate(texts, args.beam))]

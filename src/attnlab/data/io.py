@@ -38,6 +38,19 @@ def read_utf8(path: str | os.PathLike[str], what: str = "file") -> str:
         raise DataError(
             path, f"cannot read this {what} ({err.strerror})", "check its permissions"
         ) from None
+    if raw[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        raise DataError(
+            path,
+            "is UTF-16 text (it starts with a UTF-16 byte-order mark)",
+            f"re-save it as UTF-8, e.g. `iconv -f UTF-16 -t UTF-8 {path} > {path.stem}.utf8"
+            f"{path.suffix}`",
+        )
+    if b"\0" in raw[:8192]:
+        raise DataError(
+            path,
+            f"is not a text file (it holds NUL bytes: binary data) but was given as a {what}",
+            "pass a UTF-8 text file",
+        )
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as err:
@@ -46,9 +59,38 @@ def read_utf8(path: str | os.PathLike[str], what: str = "file") -> str:
         raise DataError(
             path,
             f"byte 0x{raw[err.start]:02x} at byte column {column} is not valid UTF-8",
-            "re-save the file with UTF-8 encoding (e.g. `iconv -f GB18030 -t UTF-8`)",
+            f"re-save the file with UTF-8 encoding ({_encoding_hint(raw)})",
             line=line,
         ) from None
+
+
+def _encoding_hint(raw: bytes) -> str:
+    """How to convert bytes that are not UTF-8: from the first legacy encoding that reads them."""
+    for encoding, name in (
+        ("gb18030", "GB18030"),
+        ("shift_jis", "SHIFT_JIS"),
+        ("cp1252", "CP1252"),
+    ):
+        try:
+            raw.decode(encoding)
+        except UnicodeDecodeError:
+            continue
+        return f"if it is {name}: `iconv -f {name} -t UTF-8`"
+    return "find its encoding with `file -i`, then convert it with `iconv -f ENCODING -t UTF-8`"
+
+
+ZERO_WIDTH = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad\u180e"))
+
+
+def is_blank(text: str) -> bool:
+    """Whether a text holds nothing to read: only whitespace and zero-width characters."""
+    return not text.translate(ZERO_WIDTH).strip()
+
+
+def split_lines(text: str) -> list[str]:
+    """Lines ended by \\n, \\r\\n or a lone \\r (old Mac files, some terminals)."""
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    return lines[:-1] if lines and lines[-1] == "" else lines
 
 
 def read_json(

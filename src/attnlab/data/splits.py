@@ -76,7 +76,7 @@ def save_split(
 def load_split(path: str | os.PathLike[str], texts: Sequence[str]) -> dict[str, list[int]]:
     """Read a split saved by `save_split`, refusing it if it was made for a different corpus."""
     data = read_json(path, "split")
-    fix = "delete the split file and make a new one with stratified_split + save_split"
+    fix = "use the data the run was trained on (restore the file), or train a new run"
     if not isinstance(data, dict) or data.get("format") != _FORMAT:
         raise DataError(path, "not an attnlab split file", fix)
     try:
@@ -88,7 +88,7 @@ def load_split(path: str | os.PathLike[str], texts: Sequence[str]) -> dict[str, 
             path,
             f"split was made for a different corpus ({num_examples} texts, sha256 {sha[:12]}…) "
             f"than the one given ({len(texts)} texts, sha256 {corpus_fingerprint(texts)[:12]}…)",
-            "load the corpus the split was made for, or " + fix,
+            fix,
         )
     for name, members in indices.items():
         if not all(isinstance(i, int) and 0 <= i < len(texts) for i in members):

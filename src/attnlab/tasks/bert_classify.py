@@ -36,7 +36,7 @@ from attnlab.data import (
     truncation_report,
 )
 from attnlab.data.english_sentiment import CORPORA, balanced_subsample, load_english_sentiment
-from attnlab.data.io import read_json, write_json
+from attnlab.data.io import is_blank, read_json, write_json
 from attnlab.data.wordpiece import WordPieceTokenizer
 from attnlab.errors import UserError
 from attnlab.metrics import classification_report, format_report
@@ -289,7 +289,7 @@ class BertClassifierRun(Run):
     def predict(self, texts: list[str]) -> list[dict[str, Any]]:
         """Label and per-class probabilities for each text (the classifier run's format)."""
         for i, text in enumerate(texts):
-            if not text.strip():
+            if is_blank(text):
                 raise UserError(f"text {i + 1} is empty; give some words to classify")
         from attnlab.data import pad_batch
 

@@ -34,7 +34,7 @@ from attnlab.data import (
     stratified_split,
     truncation_report,
 )
-from attnlab.data.io import read_json, write_json
+from attnlab.data.io import is_blank, read_json, write_json
 from attnlab.errors import UserError
 from attnlab.metrics import classification_report, format_report
 from attnlab.models.classifier import (
@@ -298,7 +298,14 @@ class ClassifyTask(Task):
         add_cls = cfg.model.pooling == "cls"
         cfg.model.vocab_size = prep.tokenizer.vocab_size
         cfg.model.n_classes = len(prep.labels)
-        cfg.model.context = max(cfg.model.context, prep.max_len)
+        if cfg.model.pos == "learned" and cfg.model.context < prep.max_len:
+            raise UserError(
+                f"--context {cfg.model.context} is shorter than the texts' truncation length "
+                f"{prep.max_len} (max_len), and learned positions stop at the context: give "
+                f"--context {prep.max_len} or more, or --truncate-len {cfg.model.context} to cut "
+                "the texts to it"
+            )
+        cfg.model.context = max(cfg.model.context, prep.max_len)  # other positions: any length
         train_data = make_dataset(
             prep, "train", add_cls, cfg.train.batch_size, True, cfg.train.seed
         )
@@ -439,7 +446,7 @@ class ClassifierRun(Run):
         from attnlab.data import pad_batch
 
         for i, text in enumerate(texts):
-            if not text.strip():
+            if is_blank(text):
                 raise UserError(f"text {i + 1} is empty; give some characters to classify")
         seqs = [self.encode_text(t) for t in texts]
         return pad_batch(seqs)
