@@ -41,3 +41,27 @@ def test_valid_json_of_the_wrong_shape_is_one_line(tmp_path, finished, capsys, n
           *needles)  # fmt: skip
     probe(capsys, ["train", "classify", "--out", str(run), "--resume", "--max-steps", "3"])
     assert snapshot(run) == before
+
+
+def test_zero_width_text_is_empty_and_cr_only_stdin_is_split(finished, capsys, monkeypatch):
+    import io
+
+    from attnlab.cli import main
+
+    probe(capsys, ["predict", str(finished), "\u200b\u200d"], "text 1 is empty")
+    monkeypatch.setattr("sys.stdin", io.StringIO("好\r坏\r不错"))
+    capsys.readouterr()
+    assert main(["predict", str(finished), "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["text"] for r in rows] == ["好", "坏", "不错"]
+
+
+def test_one_column_for_text_and_label_and_a_short_learned_context(tmp_path, capsys):
+    from _cli import TINY
+
+    corpus = write_corpus(tmp_path / "d.csv")
+    out = tmp_path / "runs" / "r"
+    argv = ["train", "classify", "--out", str(out), "--data", str(corpus), *TINY]
+    probe(capsys, [*argv, "--text-col", "label"], "same column", "--text-col")
+    probe(capsys, [*argv, "--pos", "learned", "--context", "8"], "--context 8", "--truncate-len")
+    assert list(tmp_path.iterdir()) == [corpus]
