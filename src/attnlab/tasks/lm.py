@@ -260,7 +260,7 @@ class LMTask(Task):
     ) -> dict[str, Any]:
         prep: Prepared = setup.prepared
         results: dict[str, Any] = {"n_params": model.num_params()}
-        results["val_loss"] = mean_loss_of_best(run_dir)
+        results.update(final_val_loss(model, prep.val, cfg, run_dir, device))
         if cfg.data.sample_tokens:
             sample = generate_text(
                 model,
@@ -276,7 +276,12 @@ class LMTask(Task):
 
     def describe(self, results: Mapping[str, Any], run_dir: Path) -> list[str]:
         loss = results["val_loss"]
-        lines = [f"validation perplexity {math.exp(loss):.2f}"]
+        lines = [f"validation loss {loss:.4f}, perplexity {math.exp(loss):.2f}"]
+        if "val_scope" in results:  # runs of older attnlab versions reported the sample alone
+            lines[0] += (
+                f" ({results['val_scope']}, the best weights); the 'best' above is the "
+                f"monitoring sample ({results['monitor_scope']})"
+            )
         if "sample" in results:
             lines.append(f"sample:\n{results['sample']}")
         return lines
@@ -289,8 +294,25 @@ class LMTask(Task):
 
 
 def mean_loss_of_best(run_dir: Path) -> float:
-    """The best validation loss of a run, as the engine recorded it in summary.json."""
+    """The best validation loss of a run, as the engine recorded it in summary.json (on the
+    monitoring sample of ``eval_windows`` windows)."""
     return read_json(run_dir / "summary.json", "summary")["best_metric"]
+
+
+def final_val_loss(
+    model: GPT, val: np.ndarray, cfg: RunConfig, run_dir: Path, device: str
+) -> dict[str, Any]:
+    """The figure a run reports: the best weights' loss on every window of the validation
+    split (fp32), beside the cheap sample that monitored training (``eval_windows``)."""
+    context = cfg.model.context
+    every = eval_starts(len(val), context, 0)
+    sample = eval_starts(len(val), context, cfg.data.eval_windows)
+    return {
+        "val_loss": mean_loss(model, val, every, cfg.data.eval_batch_size, device),
+        "val_scope": f"whole validation split, {len(every):,} windows of {context} tokens",
+        "monitor_val_loss": mean_loss_of_best(run_dir),
+        "monitor_scope": f"{len(sample):,} evenly spaced windows, used to pick the best step",
+    }
 
 
 def _say(msg: str) -> None:
