@@ -299,6 +299,12 @@ def _run_translate(args: argparse.Namespace) -> int:
         texts = split_lines(sys.stdin.read())
     if not any(t.strip() for t in texts):
         raise UserError("no text given: pass sentences, --input FILE, or lines on stdin")
+    for i, n_unk, n in run.unknown(texts):
+        print(
+            f"attnlab: warning: input {i} has {n_unk} of {n} tokens outside the model's source "
+            "vocabulary (<unk>); its translation is a guess",
+            file=sys.stderr,
+        )
     hyps = [h if t.strip() else "" for t, h in zip(texts, run.translate(texts, args.beam))]
     text = "".join(h + "\n" for h in hyps)
     if args.output:
