@@ -478,11 +478,15 @@ class LMRun(Run):
             raw = read_json(config_path, "config")
             if isinstance(raw, dict) and raw.get("model_type") == "gpt2":
                 model = load_hf_gpt2(run_dir).to(device)
-                return cls(model, _hf_tokenizer(run_dir, raw), "hf-gpt2", run_dir)
+                run = cls(model, _hf_tokenizer(run_dir, raw), "hf-gpt2", run_dir)
+                run.device = torch.device(device)
+                return run
         return load_run_of(run_dir, cls, "a language model", device)  # type: ignore[return-value]
 
     def generate(self, prompt: str, max_new_tokens: int, **settings: Any) -> Generated:
-        """Continue ``prompt``; ``settings`` are generate_text's keywords."""
+        """Continue ``prompt``; ``settings`` are generate_text's keywords (on the run's device
+        unless ``device`` says otherwise)."""
+        settings.setdefault("device", str(self.device))
         return generate_text(self.model, self.tokenizer, prompt, max_new_tokens, **settings)
 
 
