@@ -1,7 +1,8 @@
 """Text classification end to end: data, model, training, evaluation, prediction, heatmaps.
 
 A run directory holds everything another command needs:
-config.json (task, data, model and training configs), tokenizer.json, labels.json, split.json,
+config.json (task, data, model and training configs), data_files.json (the data's resolved paths
+and checksums), tokenizer.json, labels.json, split.json,
 data_report.json, model.safetensors (best by validation), metrics.jsonl, tensorboard/, state/,
 curves.png, summary.json, results.json and test_report.txt.
 """
