@@ -96,11 +96,11 @@ def test_outs_that_cannot_hold_a_run_give_one_line(tmp_path, corpus, capsys) -> 
 
 
 @contextlib.contextmanager
-def tmpfs(folder: Path, size: str):
+def tmpfs(folder: Path, size: str, options: str = ""):
     """A small tmpfs at ``folder`` (skips where this machine cannot mount one)."""
     folder.mkdir()
     mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+        ["mount", "-t", "tmpfs", "-o", f"size={size}{options}", "tmpfs", str(folder)],
         capture_output=True,
     )
     if mounted.returncode != 0:
@@ -151,6 +151,14 @@ def test_a_full_disk_at_start_at_the_first_checkpoint_and_mid_run(tmp_path, corp
         capsys.readouterr()
         assert main(["train", "classify", "--out", str(run), "--resume", "--max-steps", "6"]) == 0
         assert json.loads((run / "summary.json").read_text())["steps"] == 6
+
+
+def test_a_read_only_mount_point_as_out(tmp_path, corpus, capsys) -> None:
+    with tmpfs(tmp_path / "mnt", "1m", ",ro") as mnt:
+        argv = ["train", "classify", "--data", str(corpus), *TINY, "--out"]
+        probe(capsys, [*argv, str(mnt)], "mount point", "give a folder inside it")
+        probe(capsys, [*argv, str(mnt / "run")], "not writable", "read-only file system")
+    assert [p.name for p in tmp_path.iterdir()] == ["mnt"]
 
 
 def test_a_write_that_fails_with_enospc_is_one_line(tmp_path, corpus, capsys, monkeypatch):

@@ -84,6 +84,11 @@ def check_target(out: Path, resume: bool) -> None:
         raise UserError(
             f"--out {out} is a folder with other files in it; give a new or empty folder"
         )
+    if not resume and out.is_dir() and out.is_mount():
+        raise UserError(
+            f"--out {out} is a mount point, which cannot be replaced by the run's folder; "
+            f"give a folder inside it, e.g. --out {out / 'run'}"
+        )
     writable = out if resume else (existing if existing != out else out.parent)
     if not os.access(writable, os.W_OK):
         fix = (
