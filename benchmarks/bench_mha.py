@@ -31,6 +31,10 @@ resident set size (``VmHWM``). ``VmHWM`` is reset just before the step by writin
 peak so far, which the warm-up keeps below the step's. The step's peak is ``VmHWM - VmRSS``
 before it. glibc returns large blocks to the OS on free, so resident size follows live tensor
 memory; the number includes allocator slack and is an upper bound on tensor bytes.
+
+The timing loop is :func:`attnlab.bench.timing.interleaved` and the memory measurement
+:func:`attnlab.bench.memory.run_isolated` (case ``"mha"`` of :mod:`attnlab.bench.cases`), the
+code ``attnlab bench`` uses too.
 """
 
 from __future__ import annotations
@@ -38,11 +42,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -51,31 +52,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.attention import MultiHeadAttention
+from attnlab.bench.machine import machine_info
+from attnlab.bench.memory import run_isolated
+from attnlab.bench.timing import interleaved
+from attnlab.verify.copy_weights import copy_links, mha_links
 
 D_MODEL, N_HEADS = 512, 8
 SHAPES = [(32, 128), (8, 512), (2, 2048)]
 TARGET = 0.9  # attnlab time / nn.MultiheadAttention time, at every shape
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def machine_info() -> dict:
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "cpu": cpu,
-        "logical_cores": os.cpu_count(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-    }
 
 
 # --------------------------------------------------------------------------- time
@@ -85,10 +70,7 @@ def make_contenders(B: int, T: int, causal: bool) -> dict[str, Callable[[], None
     torch.manual_seed(0)
     ours = MultiHeadAttention(D_MODEL, N_HEADS)
     theirs = nn.MultiheadAttention(D_MODEL, N_HEADS, batch_first=True)
-    with torch.no_grad():  # same weights: same numbers, nothing data-dependent differs
-        ours.qkv.weight.copy_(theirs.in_proj_weight)
-        ours.qkv.bias.copy_(theirs.in_proj_bias)
-        ours.out_proj.load_state_dict(theirs.out_proj.state_dict())
+    copy_links(mha_links(ours, theirs))  # same weights: same numbers, nothing data-dependent
     x = torch.randn(B, T, D_MODEL, requires_grad=True)
     cot = torch.randn(B, T, D_MODEL)
     blocked = torch.ones(T, T, dtype=torch.bool).triu(1) if causal else None
@@ -120,23 +102,6 @@ def make_contenders(B: int, T: int, causal: bool) -> dict[str, Callable[[], None
         b = theirs(x, x, x, need_weights=False, attn_mask=blocked, is_causal=causal)[0]
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     return {"attnlab": attnlab, "torch_mha": torch_mha, "plain": plain, "sdpa": sdpa}
-
-
-def time_interleaved(contenders: dict[str, Callable[[], None]], repeats: int) -> dict:
-    names = list(contenders)
-    for fn in contenders.values():  # warm-up
-        fn()
-    samples: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(repeats):
-        order = names[r % len(names) :] + names[: r % len(names)]  # rotate who goes first
-        for name in order:
-            start = time.perf_counter()
-            contenders[name]()
-            samples[name].append(time.perf_counter() - start)
-    return {
-        n: {"median_ms": 1e3 * statistics.median(s), "samples_ms": [1e3 * t for t in s]}
-        for n, s in samples.items()
-    }
 
 
 def _quartiles(xs: list[float]) -> tuple[float, float, float]:
@@ -174,8 +139,8 @@ def run_timing(repeats: int) -> list[dict]:
     for B, T in SHAPES:
         for causal in (False, True):
             print(f"  timing B={B} T={T} causal={causal} ({repeats} rounds) ...", flush=True)
-            res = time_interleaved(make_contenders(B, T, causal), repeats)
-            row = summarise(B, T, causal, {n: r["samples_ms"] for n, r in res.items()})
+            seconds = interleaved(make_contenders(B, T, causal), repeats, torch.device("cpu"))
+            row = summarise(B, T, causal, {n: [1e3 * t for t in s] for n, s in seconds.items()})
             ms, (q1, q3) = row["ms"], row["attnlab_vs_torch_mha_iqr"]
             print(
                 f"    attnlab {ms['attnlab']:7.1f} ms  nn.MHA {ms['torch_mha']:7.1f} ms  "
@@ -190,48 +155,19 @@ def run_timing(repeats: int) -> list[dict]:
 # --------------------------------------------------------------------------- memory
 
 
-def _status_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
-def memory_child(path: str, B: int, T: int, causal: bool) -> None:
-    """Runs in a fresh subprocess: one forward+backward, prints JSON with the peak."""
-    torch.manual_seed(0)
-    mha = MultiHeadAttention(D_MODEL, N_HEADS, fused=path == "fused")
-
-    def step(b: int, t: int) -> None:
-        x = torch.randn(b, t, D_MODEL, requires_grad=True)
-        out, _ = mha(x, is_causal=causal)
-        out.backward(torch.ones_like(out))
-
-    step(1, 64)  # warm-up: thread pool, kernel set-up, autograd engine
-    x = torch.randn(B, T, D_MODEL, requires_grad=True)
-    cot = torch.ones(B, T, D_MODEL)
-    try:
-        Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current VmRSS
-        reset = True
-    except OSError:
-        reset = False
-    before = _status_kib("VmRSS")
-    out, _ = mha(x, is_causal=causal)
-    out.backward(cot)
-    peak = _status_kib("VmHWM")
-    print(json.dumps({"peak_delta_mib": (peak - before) / 1024, "hwm_reset": reset}))
-
-
 def run_memory(B: int, T: int) -> list[dict]:
     rows = []
     for causal in (False, True):
         for path in ("explicit", "fused"):
             print(f"  memory {path} B={B} T={T} causal={causal} (fresh process) ...", flush=True)
-            cmd = [sys.executable, __file__, "--memory-child", path, str(B), str(T), str(causal)]
-            out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT)
-            res = json.loads(out.stdout.strip().splitlines()[-1])
-            print(f"    peak {res['peak_delta_mib']:.0f} MiB", flush=True)
-            rows.append({"path": path, "B": B, "T": T, "causal": causal, **res})
+            spec = {"case": "mha", "path": path, "B": B, "T": T, "causal": causal}
+            spec |= {"d_model": D_MODEL, "n_heads": N_HEADS, "threads": torch.get_num_threads()}
+            res = run_isolated(spec)
+            if "error" in res:
+                raise RuntimeError(f"memory of the {path} path: {res['error']}")
+            print(f"    peak {res['peak_mib']:.0f} MiB", flush=True)
+            peak = {"peak_delta_mib": res["peak_mib"], "hwm_reset": res["hwm_reset"]}
+            rows.append({"path": path, "B": B, "T": T, "causal": causal, **peak})
     return rows
 
 
@@ -389,12 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar="JSON",
         help="rebuild the report from a saved bench_mha.json (its samples), measure nothing",
     )
-    parser.add_argument("--memory-child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.memory_child:
-        path, B, T, causal = args.memory_child
-        memory_child(path, int(B), int(T), causal == "True")
-        return 0
     if args.rewrite_report:
         saved = json.loads(args.rewrite_report.read_text())
         args.repeats, args.quick = saved["settings"]["repeats"], saved["settings"]["quick"]

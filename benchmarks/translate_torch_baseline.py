@@ -17,7 +17,7 @@ from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
 
 
 class TorchEncoder(nn.Module):
-    """nn.TransformerEncoder behind attnlab's Encoder call (x, mask True = real token)."""
+    """nn.TransformerEncoder behind attnlab's BlockStack call (x, mask True = real token)."""
 
     def __init__(self, cfg: Seq2SeqConfig) -> None:
         super().__init__()

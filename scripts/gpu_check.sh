@@ -157,7 +157,7 @@ if [ "$DRY" = 1 ]; then
     tests/tasks/test_run_device.py)
 else
   TEST_FILES=(tests/test_fused_backends.py tests/test_attention.py tests/test_blocks.py
-    tests/test_efficient.py tests/test_gpt.py tests/test_hf_parity.py tests/train/test_engine.py
+    tests/test_efficient.py tests/models/test_gpt.py tests/verify/test_hf_parity.py tests/train/test_engine.py
     tests/train/test_checkpoint.py tests/train/test_precision.py tests/tasks/test_run_device.py)
 fi
 run_stage tests "tests/junit.xml" "ATTNLAB_TEST_DEVICE=$DEVICE" -- \

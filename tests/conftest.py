@@ -103,9 +103,10 @@ def seed(request: pytest.FixtureRequest) -> int:
     return value
 
 
-@pytest.fixture(scope="session", autouse=True)
-def single_thread():
-    """One intra-op thread for the whole suite (small tensors everywhere), restored afterwards.
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread for every test (small tensors everywhere), restored afterwards; set
+    per test, so a test that changes the thread count cannot leak it into the next.
 
     On a shared 2-core machine the OpenMP workers of tiny ops wait on each other whenever a
     core is taken by another job: the attention/blocks/parity suites ran ~10x slower with two

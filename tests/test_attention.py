@@ -169,7 +169,7 @@ def test_sdpa_matches_torch_forward_and_gradients(c: Case) -> None:
             bias=bias,
             scale=c.scale,
             fused=fused,
-            return_weights=not fused,
+            need_weights=not fused,
         )
         grads = torch.autograd.grad((out * cotangent).sum(), leaves)
         results[fused] = out
@@ -226,7 +226,7 @@ def test_explicit_attention_switch_forces_the_explicit_path() -> None:
         torch.manual_seed(0)
         a, _ = scaled_dot_product_attention(q, k, v, dropout_p=0.5)
         torch.manual_seed(0)
-        b, w = scaled_dot_product_attention(q, k, v, dropout_p=0.5, return_weights=True)
+        b, w = scaled_dot_product_attention(q, k, v, dropout_p=0.5, need_weights=True)
     assert w is not None
     torch.testing.assert_close(a, b, **TIGHT)  # same RNG draws: the same explicit path
     with explicit_attention():
@@ -255,8 +255,8 @@ def test_explicit_dropout_drops_at_rate_p_and_rescales() -> None:
     p = 0.25
     q = torch.randn(8, 4, 16, 8, dtype=F64)
     k, v = torch.randn(8, 4, 32, 8, dtype=F64), torch.randn(8, 4, 32, 8, dtype=F64)
-    _, clean = scaled_dot_product_attention(q, k, v, return_weights=True)
-    out, dropped = scaled_dot_product_attention(q, k, v, dropout_p=p, return_weights=True)
+    _, clean = scaled_dot_product_attention(q, k, v, need_weights=True)
+    out, dropped = scaled_dot_product_attention(q, k, v, dropout_p=p, need_weights=True)
     assert clean is not None and dropped is not None
     kept = dropped != 0
     frac = 1 - kept.double().mean().item()
@@ -472,7 +472,6 @@ def test_mha_matches_torch_multihead_attention(kind: str, bias: bool) -> None:
         kdim += 1
     ours, theirs = _torch_mha(d, H, bias=bias, kdim=kdim, vdim=kdim)
     links = mha_links(ours, theirs)
-    assert hasattr(ours, "qkv") == (kind != "cross_kdim")
 
     for name, kpm, attn_mask in _random_masks(B, H, t_q, t_k):
         mask = combine_masks(
@@ -521,15 +520,16 @@ def test_mha_gqa_equals_mha_with_repeated_kv_heads() -> None:
     d, H, Hkv, hd = 24, 6, 2, 4
     gqa = MultiHeadAttention(d, H, Hkv).double()
     full = MultiHeadAttention(d, H).double()
-    q_w, k_w, v_w = gqa.qkv.weight.split((H * hd, Hkv * hd, Hkv * hd))
-    q_b, k_b, v_b = gqa.qkv.bias.split((H * hd, Hkv * hd, Hkv * hd))
+    k_w, v_w = gqa.kv_proj.weight.chunk(2)
+    k_b, v_b = gqa.kv_proj.bias.chunk(2)
 
     def rep(t: Tensor) -> Tensor:
         return t.view(Hkv, hd, *t.shape[1:]).repeat_interleave(H // Hkv, 0).flatten(0, 1)
 
     with torch.no_grad():
-        full.qkv.weight.copy_(torch.cat([q_w, rep(k_w), rep(v_w)]))
-        full.qkv.bias.copy_(torch.cat([q_b, rep(k_b), rep(v_b)]))
+        full.q_proj.load_state_dict(gqa.q_proj.state_dict())
+        full.kv_proj.weight.copy_(torch.cat([rep(k_w), rep(v_w)]))
+        full.kv_proj.bias.copy_(torch.cat([rep(k_b), rep(v_b)]))
         full.out_proj.load_state_dict(gqa.out_proj.state_dict())
     x = torch.randn(2, 5, d, dtype=F64)
     mask = torch.rand(2, 1, 5, 5) < 0.7
@@ -539,6 +539,29 @@ def test_mha_gqa_equals_mha_with_repeated_kv_heads() -> None:
         torch.testing.assert_close(a, b, **TIGHT)
         if need_weights:
             torch.testing.assert_close(wa, wb, **TIGHT)
+
+
+@pytest.mark.parametrize("kdim", [None, 7])
+def test_weights_saved_in_the_old_projection_layouts_load(kdim: int | None) -> None:
+    """Runs saved before q_proj + kv_proj (one packed ``qkv``; ``q/k/v_proj`` when kdim !=
+    d_model) load into the same function, through load_state_dict and load_tensors_into."""
+    from attnlab.tensor_files import load_tensors_into
+
+    d, H, Hkv = 12, 4, 2
+    mha = MultiHeadAttention(d, H, Hkv, kdim=kdim, vdim=kdim).double().eval()
+    old = {k: v for k, v in mha.state_dict().items() if k.startswith("out_proj")}
+    for kind in ("weight", "bias"):
+        q, (k, v) = mha.state_dict()[f"q_proj.{kind}"], mha.state_dict()[f"kv_proj.{kind}"].chunk(2)
+        if kdim is None:
+            old[f"qkv.{kind}"] = torch.cat([q, k, v])
+        else:
+            old |= {f"q_proj.{kind}": q, f"k_proj.{kind}": k, f"v_proj.{kind}": v}
+    x, ctx = torch.randn(2, 5, d, dtype=F64), torch.randn(2, 3, kdim or d, dtype=F64)
+    want, _ = mha(x, ctx)
+    for load in (lambda m: m.load_state_dict(dict(old)), lambda m: load_tensors_into(m, old, "f")):
+        fresh = MultiHeadAttention(d, H, Hkv, kdim=kdim, vdim=kdim).double().eval()
+        load(fresh)
+        torch.testing.assert_close(fresh(x, ctx)[0], want, rtol=0, atol=0)
 
 
 # --------------------------------------------------------------------------- KV cache
@@ -885,7 +908,7 @@ def test_sdpa_accepts_any_leading_dimensions(
     cot = torch.randn_like(want)
     want_g = torch.autograd.grad((want * cot).sum(), (q, k, v))
     for fused in (False, True):
-        out, w = scaled_dot_product_attention(q, k, v, mask, fused=fused, return_weights=not fused)
+        out, w = scaled_dot_product_attention(q, k, v, mask, fused=fused, need_weights=not fused)
         assert out.shape == want.shape
         torch.testing.assert_close(out, want, **TIGHT)
         for got, expected in zip(torch.autograd.grad((out * cot).sum(), (q, k, v)), want_g):

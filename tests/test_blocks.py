@@ -2,63 +2,52 @@
 
 * RMSNorm == ``nn.RMSNorm`` (float32/float64, gradients) and == HF ``LlamaRMSNorm`` in bfloat16;
 * FeedForward gelu_tanh == Linear/GELU(tanh)/Linear; swiglu == HF ``LlamaMLP`` (w_in = [gate; up]);
-* EncoderBlock == ``nn.TransformerEncoderLayer`` and DecoderBlock == ``nn.TransformerDecoderLayer``
+* Block == ``nn.TransformerEncoderLayer`` and DecoderBlock == ``nn.TransformerDecoderLayer``
   with copied weights, post- and pre-norm, relu and gelu, padding and causal masks, forward and
   input/parameter gradients in float64;
-* Encoder + Decoder with final LayerNorms == ``nn.Transformer`` (batch_first, src/tgt/memory
+* BlockStack + Decoder with final LayerNorms == ``nn.Transformer`` (batch_first, src/tgt/memory
   key padding masks, causal tgt mask), forward and gradients;
 * gradient checkpointing changes neither outputs nor gradients (dropout on) and does recompute;
-* KV caches through an Encoder used causally (GQA, RoPE, RMSNorm, SwiGLU) and through a Decoder
+* KV caches through an BlockStack used causally (GQA, RoPE, RMSNorm, SwiGLU) and through a Decoder
   (self cache + static cross cache) == full recomputation.
 """
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from torch import Tensor, nn
 
+from _verify import assert_verified
 from attnlab.attention import KVCache, from_key_padding_mask
 from attnlab.blocks import (
+    Block,
     BlockConfig,
+    BlockStack,
     Decoder,
     DecoderBlock,
-    Encoder,
-    EncoderBlock,
     FeedForward,
     RMSNorm,
     make_norm,
 )
 from attnlab.positions import RotaryEmbedding
-from attnlab.verify.checks_torch import Seq2SeqStacks
+from attnlab.verify import checks_torch
 from attnlab.verify.copy_weights import (
     Link,
     assert_grads_match,
     copy_links,
-    decoder_layer_links,
-    encoder_layer_links,
     layer_norm_links,
     linear_links,
     llama_mlp_links,
-    transformer_links,
 )
+from attnlab.verify.runner import Measure
 
 pytestmark = pytest.mark.usefixtures("on_test_device")  # tests/_device.py: ATTNLAB_TEST_DEVICE
 
 F64 = torch.float64
 TIGHT = dict(rtol=1e-9, atol=1e-11)
-
-
-def right_padding(B: int, T: int) -> Tensor:
-    """PyTorch key_padding_mask (True = pad) with lengths 1..T, one row unpadded."""
-    lengths = torch.randint(1, T + 1, (B,))
-    lengths[0] = T
-    return torch.arange(T)[None, :] >= lengths[:, None]
-
-
-def square_causal(T: int) -> Tensor:
-    """PyTorch's boolean causal attn_mask, True = blocked."""
-    return torch.ones(T, T, dtype=torch.bool).triu(1)
 
 
 def compare_backward(
@@ -73,11 +62,6 @@ def compare_backward(
     assert_grads_match(links)
 
 
-def leaf_pair(*shape: int) -> tuple[Tensor, Tensor]:
-    x = torch.randn(*shape, dtype=F64)
-    return x.clone().requires_grad_(), x.clone().requires_grad_()
-
-
 # --------------------------------------------------------------------------- norms and FFN
 
 
@@ -87,7 +71,7 @@ def test_rms_norm_matches_torch(dtype: torch.dtype) -> None:
     nn.init.normal_(theirs.weight)
     links = layer_norm_links(ours, theirs)
     copy_links(links)
-    x, x_ref = (t.to(dtype) for t in leaf_pair(3, 5, 12))
+    x, x_ref = (t.to(dtype) for t in checks_torch.twin(3, 5, 12))
     x, x_ref = x.detach().requires_grad_(), x_ref.detach().requires_grad_()
     got, want = ours(x), theirs(x_ref)
     torch.testing.assert_close(got, want)
@@ -126,7 +110,7 @@ def test_feed_forward_gelu_tanh() -> None:
     links = linear_links(ours.w_in, ref[0].weight, ref[0].bias, "in")
     links += linear_links(ours.w_out, ref[2].weight, ref[2].bias, "out")
     copy_links(links)
-    x, x_ref = leaf_pair(2, 3, 8)
+    x, x_ref = checks_torch.twin(2, 3, 8)
     got, want = ours(x), ref(x_ref)
     torch.testing.assert_close(got, want)
     compare_backward(got, want, [(x, x_ref)], links)
@@ -143,7 +127,7 @@ def test_feed_forward_swiglu_matches_llama_mlp() -> None:
     ours = FeedForward(12, 20, "swiglu", dropout=0.0, bias=False).double()
     links = llama_mlp_links(ours, theirs)
     copy_links(links)
-    x, x_ref = leaf_pair(2, 5, 12)
+    x, x_ref = checks_torch.twin(2, 5, 12)
     got, want = ours(x), theirs(x_ref)
     torch.testing.assert_close(got, want)
     compare_backward(got, want, [(x, x_ref)], links)
@@ -158,124 +142,35 @@ MASKS = ["none", "padding", "causal", "padding+causal"]
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_encoder_block_matches_torch_layer(norm_first: bool, activation: str) -> None:
-    d, H, ff, B, T = 16, 4, 24, 3, 6
-    bias = bool(torch.rand(()) < 0.5)
-    theirs = nn.TransformerEncoderLayer(
-        d,
-        H,
-        ff,
-        dropout=0.0,
-        activation=activation,
-        batch_first=True,
-        norm_first=norm_first,
-        bias=bias,
-        dtype=F64,
-    )
-    position = "pre" if norm_first else "post"
-    cfg = BlockConfig(
-        d, H, ff, dropout=0.0, activation=activation, norm_position=position, bias=bias
-    )
-    ours = EncoderBlock(cfg).double()
-    links = encoder_layer_links(ours, theirs)
-    copy_links(links)
-    for kind in MASKS:
-        kpm = right_padding(B, T) if "padding" in kind else None
-        causal = "causal" in kind
-        x, x_ref = leaf_pair(B, T, d)
-        for p in (*ours.parameters(), *theirs.parameters()):
-            p.grad = None
-        want = theirs(
-            x_ref,
-            src_mask=square_causal(T) if causal else None,
-            src_key_padding_mask=kpm,
-            is_causal=causal,
-        )
-        mask = None if kpm is None else from_key_padding_mask(kpm)
-        got, weights = ours(x, mask, is_causal=causal)
-        assert weights is None
-        torch.testing.assert_close(got, want, msg=kind)
-        compare_backward(got, want, [(x, x_ref)], links)
+    m = Measure()
+    for bias, padding, causal in itertools.product([False, True], repeat=3):
+        checks_torch.encoder_layer_case(
+            m, 16, 4, 24, 3, 6, norm_first=norm_first, activation=activation, bias=bias,
+            padding=padding, causal=causal,
+        )  # fmt: skip
+    assert_verified(m, "Block (encoder layer)")
 
 
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_decoder_block_matches_torch_layer(norm_first: bool, activation: str) -> None:
-    d, H, ff, B, Tq, Tk = 16, 2, 20, 3, 5, 7
-    theirs = nn.TransformerDecoderLayer(
-        d,
-        H,
-        ff,
-        dropout=0.0,
-        activation=activation,
-        batch_first=True,
-        norm_first=norm_first,
-        dtype=F64,
-    )
-    position = "pre" if norm_first else "post"
-    cfg = BlockConfig(d, H, ff, dropout=0.0, activation=activation, norm_position=position)
-    ours = DecoderBlock(cfg).double()
-    links = decoder_layer_links(ours, theirs)
-    copy_links(links)
-    for kind in MASKS:
-        tgt_kpm = right_padding(B, Tq) if "padding" in kind else None
-        mem_kpm = right_padding(B, Tk) if "padding" in kind else None
-        causal = "causal" in kind
-        (y, y_ref), (m, m_ref) = leaf_pair(B, Tq, d), leaf_pair(B, Tk, d)
-        for p in (*ours.parameters(), *theirs.parameters()):
-            p.grad = None
-        want = theirs(
-            y_ref,
-            m_ref,
-            tgt_mask=square_causal(Tq) if causal else None,
-            tgt_key_padding_mask=tgt_kpm,
-            memory_key_padding_mask=mem_kpm,
-            tgt_is_causal=causal,
-        )
-        got, (w_self, w_cross) = ours(
-            y,
-            m,
-            None if tgt_kpm is None else from_key_padding_mask(tgt_kpm),
-            None if mem_kpm is None else from_key_padding_mask(mem_kpm),
-            is_causal=causal,
-        )
-        assert w_self is None and w_cross is None
-        torch.testing.assert_close(got, want, msg=kind)
-        compare_backward(got, want, [(y, y_ref), (m, m_ref)], links)
+    m = Measure()
+    for padding, memory_padding, causal in itertools.product([False, True], repeat=3):
+        checks_torch.decoder_layer_case(
+            m, 16, 2, 20, 3, 5, 7, norm_first=norm_first, activation=activation,
+            padding=padding, memory_padding=memory_padding, causal=causal,
+        )  # fmt: skip
+    assert_verified(m, "DecoderBlock")
 
 
 @pytest.mark.filterwarnings("ignore:enable_nested_tensor is True")
 @pytest.mark.parametrize("norm_first, activation", [(False, "relu"), (True, "gelu")])
 def test_encoder_decoder_stack_matches_nn_transformer(norm_first: bool, activation: str) -> None:
-    d, H, ff, n, B, Ts, Tt = 16, 4, 32, 2, 3, 7, 5
-    theirs = nn.Transformer(
-        d,
-        H,
-        n,
-        n,
-        ff,
-        dropout=0.0,
-        activation=activation,
-        batch_first=True,
-        norm_first=norm_first,
-        dtype=F64,
+    m = Measure()
+    checks_torch.transformer_case(
+        m, 16, 4, 32, 2, 3, 7, 5, norm_first=norm_first, activation=activation
     )
-    ours = Seq2SeqStacks(d, H, ff, n, activation, norm_first).double()
-    links = transformer_links(ours, theirs)
-    copy_links(links)
-    src_kpm, tgt_kpm = right_padding(B, Ts), right_padding(B, Tt)
-    (s, s_ref), (t, t_ref) = leaf_pair(B, Ts, d), leaf_pair(B, Tt, d)
-    want = theirs(
-        s_ref,
-        t_ref,
-        tgt_mask=square_causal(Tt),
-        src_key_padding_mask=src_kpm,
-        tgt_key_padding_mask=tgt_kpm,
-        memory_key_padding_mask=src_kpm,
-        tgt_is_causal=True,
-    )
-    got = ours(s, t, from_key_padding_mask(src_kpm), from_key_padding_mask(tgt_kpm))
-    torch.testing.assert_close(got, want)
-    compare_backward(got, want, [(s, s_ref), (t, t_ref)], links)
+    assert_verified(m, "BlockStack + Decoder")
 
 
 # --------------------------------------------------------------------------- checkpointing
@@ -291,13 +186,13 @@ def _count_calls(modules: list[nn.Module]) -> list[int]:
 
 def test_gradient_checkpointing_encoder_same_outputs_and_gradients() -> None:
     d, H, B, T, n = 16, 4, 2, 6, 3
-    enc = Encoder(
-        [EncoderBlock(BlockConfig(d, H, 32, dropout=0.2, norm_position="pre")) for _ in range(n)],
+    enc = BlockStack(
+        [Block(BlockConfig(d, H, 32, dropout=0.2, norm_position="pre")) for _ in range(n)],
         nn.LayerNorm(d),
     ).double()
     calls = _count_calls(list(enc.blocks))
     x0 = torch.randn(B, T, d, dtype=F64)
-    mask = from_key_padding_mask(right_padding(B, T))
+    mask = from_key_padding_mask(checks_torch.right_padding(B, T))
     cot = torch.randn(B, T, d, dtype=F64)
     results = []
     for checkpointing in (False, True):
@@ -329,8 +224,8 @@ def test_gradient_checkpointing_decoder_same_outputs_and_gradients() -> None:
     ).double()
     calls = _count_calls(list(dec.blocks))
     y0, m0 = torch.randn(B, Tq, d, dtype=F64), torch.randn(B, Tk, 10, dtype=F64)
-    self_mask = from_key_padding_mask(right_padding(B, Tq))
-    mem_mask = from_key_padding_mask(right_padding(B, Tk))
+    self_mask = from_key_padding_mask(checks_torch.right_padding(B, Tq))
+    mem_mask = from_key_padding_mask(checks_torch.right_padding(B, Tk))
     cot = torch.randn(B, Tq, d, dtype=F64)
     results = []
     for checkpointing in (False, True):
@@ -351,7 +246,7 @@ def test_gradient_checkpointing_decoder_same_outputs_and_gradients() -> None:
 def test_gradient_checkpointing_is_skipped_with_caches() -> None:
     """A cache makes a block stateful: recomputing it would append the keys a second time."""
     cfg = BlockConfig(16, 4, 32, dropout=0.0)
-    enc = Encoder([EncoderBlock(cfg) for _ in range(2)]).double()
+    enc = BlockStack([Block(cfg) for _ in range(2)]).double()
     dec = Decoder([DecoderBlock(cfg) for _ in range(2)]).double()
     x = torch.randn(2, 5, 16, dtype=F64, requires_grad=True)
     memory = torch.randn(2, 3, 16, dtype=F64)
@@ -387,9 +282,9 @@ def test_kv_cache_through_a_causal_encoder_stack() -> None:
     d, H, Hkv, B, T = 32, 4, 2, 2, 21  # T > 16: the caches grow
     rope = RotaryEmbedding(d // H)
     stack = (
-        Encoder(
+        BlockStack(
             [
-                EncoderBlock(
+                Block(
                     BlockConfig(
                         d,
                         H,
@@ -443,7 +338,7 @@ def test_kv_cache_through_a_decoder_with_static_cross_cache(norm_first: bool) ->
         .eval()
     )
     y, memory = torch.randn(B, Tq, d, dtype=F64), torch.randn(B, Tk, dm, dtype=F64)
-    mem_mask = from_key_padding_mask(right_padding(B, Tk))
+    mem_mask = from_key_padding_mask(checks_torch.right_padding(B, Tk))
     full = dec(y, memory, memory_mask=mem_mask)
     caches = [KVCache() for _ in dec.blocks]
     cross = [KVCache() for _ in dec.blocks]
@@ -459,14 +354,14 @@ def test_kv_cache_through_a_decoder_with_static_cross_cache(norm_first: bool) ->
 def test_stacks_return_attention_weights() -> None:
     d, H, B, T = 16, 4, 2, 5
     cfg = BlockConfig(d, H, 32, dropout=0.0)
-    enc = Encoder([EncoderBlock(cfg) for _ in range(2)]).double()
+    enc = BlockStack([Block(cfg) for _ in range(2)]).double()
     x = torch.randn(B, T, d, dtype=F64)
-    out, weights = enc(x, is_causal=True, return_weights=True)
+    out, weights = enc(x, is_causal=True, need_weights=True)
     assert len(weights) == 2 and all(w.shape == (B, H, T, T) for w in weights)
     torch.testing.assert_close(out, enc(x, is_causal=True), **TIGHT)
     for w in weights:
         torch.testing.assert_close(w.sum(-1), torch.ones(B, H, T, dtype=F64))
         assert (w.triu(1) == 0).all()
     dec = Decoder([DecoderBlock(cfg) for _ in range(2)]).double()
-    out, weights = dec(x, torch.randn(B, 7, d, dtype=F64), return_weights=True)
+    out, weights = dec(x, torch.randn(B, 7, d, dtype=F64), need_weights=True)
     assert [(s.shape, c.shape) for s, c in weights] == [((B, H, T, T), (B, H, T, 7))] * 2

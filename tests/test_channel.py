@@ -116,7 +116,9 @@ def test_make_attention_rejects_unknown_names() -> None:
 
 @pytest.mark.parametrize("attention", ["none", "se", "eca", "cbam", "ca"])
 def test_resnet_with_each_attention(attention: str) -> None:
-    cfg = CNNConfig(in_channels=1, width=8, stages=2, blocks_per_stage=1, attention=attention)
+    cfg = CNNConfig(
+        in_channels=1, width=8, stages=2, blocks_per_stage=1, channel_attention=attention
+    )
     model = ResNetCNN(cfg)
     logits = model(torch.randn(3, 1, 12, 12))
     assert logits.shape == (3, 10)
@@ -139,6 +141,16 @@ def test_resnet_with_each_attention(attention: str) -> None:
 
 def test_resnet_config_errors() -> None:
     with pytest.raises(ValueError, match="attention"):
-        CNNConfig(attention="sk")  # type: ignore[arg-type]
+        CNNConfig(channel_attention="sk")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="in_channels|shape"):
         ResNetCNN(CNNConfig(in_channels=3))(torch.randn(1, 1, 8, 8))
+
+
+def test_old_field_name_attention_reads_as_channel_attention(capsys) -> None:
+    """A CNN run saved before the rename (model.attention = "se") still loads, saying so once."""
+    from attnlab.configs import from_dict
+
+    cfg = from_dict(CNNConfig, {"attention": "se", "width": 8})
+    assert cfg.channel_attention == "se"
+    err = capsys.readouterr().err
+    assert err.count("deprecated: CNNConfig.attention is now channel_attention") == 1

@@ -206,3 +206,25 @@ def test_help_survives_percent_signs_and_shows_factory_defaults() -> None:
     text = parser.format_help()
     assert "this % of train texts" in text and "(default: 50%)" in text
     assert "(default: (1, 2))" in text
+
+
+def test_every_section_of_every_task_is_a_config_base_declared_with_setting() -> None:
+    """One way to declare a setting: each section a preset or the command line can set is a
+    ``ConfigBase``, and a field with help or a range has it from ``configs.setting`` (a bare
+    default is ``setting(default)`` without them); ``field(metadata=...)`` or another helper
+    fails here."""
+    import dataclasses
+
+    from attnlab.configs import SETTING, ConfigBase
+    from attnlab.tasks.registry import get_task, task_names
+
+    checked = 0
+    for name in task_names():
+        task = get_task(name)
+        for section, cls in {**task.sections(), **task.derived_sections()}.items():
+            assert issubclass(cls, ConfigBase), f"{name}.{section}: {cls.__name__}"
+            for f in dataclasses.fields(cls):
+                declared = f.metadata.get(SETTING) or not f.metadata
+                assert declared, f"{cls.__name__}.{f.name}: declare it with configs.setting()"
+                checked += 1
+    assert checked > 150

@@ -6,7 +6,7 @@
 * RoPE == Hugging Face ``LlamaRotaryEmbedding`` + ``apply_rotary_pos_emb`` (values and
   gradients, offsets, Tq != Tk, beyond the built table) and scores depend on m - n only;
 * ALiBi slopes == the paper's reference code and BLOOM's ``_get_alibi_slopes``; the bias gives
-  the same causal attention as BLOOM's key-position form; T5 parity is in test_hf_parity.py.
+  the same causal attention as BLOOM's key-position form; T5 parity is in verify/test_hf_parity.py.
 """
 
 from __future__ import annotations

@@ -130,7 +130,9 @@ def test_old_seq2seq_config_loads(capsys: pytest.CaptureFixture[str]) -> None:
     old = Seq2SeqTransformer(from_dict(Seq2SeqConfig, {**base, "norm_first": True}))
     new = Seq2SeqTransformer(Seq2SeqConfig(**base, norm_position="pre"))
     assert old.state_dict().keys() == new.state_dict().keys()
-    assert old.encoder.blocks[0].norm_first and new.encoder.blocks[0].norm_first
+    assert (
+        old.encoder.blocks[0].cfg.norm_position == new.encoder.blocks[0].cfg.norm_position == "pre"
+    )
 
 
 def test_old_bert_config_loads(capsys: pytest.CaptureFixture[str]) -> None:

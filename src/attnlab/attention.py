@@ -283,11 +283,11 @@ def scaled_dot_product_attention(
     mask: Tensor | None = None,
     is_causal: bool = False,
     dropout_p: float = 0.0,
-    return_weights: bool = False,
+    need_weights: bool = False,
     *,
     bias: Tensor | None = None,
     scale: float | None = None,
-    fused: bool | None = None,
+    fused: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
     """Attention(Q, K, V) = softmax(Q Kᵀ / √d_k + bias, masked) V  (Vaswani et al. 2017, eq. 1).
 
@@ -299,8 +299,9 @@ def scaled_dot_product_attention(
     mask: bool, True = may attend, read by the rule of :func:`normalize_mask` (2-D (Tq, Tk)
     shared, 3-D (B, Tq, Tk) per sample, or q's rank). bias: additive float scores (relative
     position bias, ALiBi), read by the same rule. Returns (output (…, Tq, Dv), weights
-    (…, Tq, Tk) or None). Unless weights are asked for (or ``fused=False`` /
-    :data:`USE_FUSED` is off) this runs PyTorch's fused kernel; both paths give the same
+    (…, Tq, Tk) or None). ``fused`` (here and on :class:`MultiHeadAttention`): PyTorch's fused
+    kernel may run; it does unless weights are asked for, attention is being recorded
+    (:class:`record_attention`) or :class:`explicit_attention` is on. Both paths give the same
     numbers.
     """
     n = q.dim()
@@ -325,13 +326,11 @@ def scaled_dot_product_attention(
     if bias is not None:
         bias = normalize_mask(bias, target, name="bias")
     if n == 4:
-        return _attention_4d(
-            q, k, v, mask, is_causal, dropout_p, return_weights, bias, scale, fused
-        )
+        return _attention_4d(q, k, v, mask, is_causal, dropout_p, need_weights, bias, scale, fused)
     q4, k4, v4 = (_as_4d(t, n) for t in (q, k, v))  # (N, H, T, D)
     mask4, bias4 = (None if t is None else _as_4d(t, n, q.shape[:-3]) for t in (mask, bias))
     out, weights = _attention_4d(
-        q4, k4, v4, mask4, is_causal, dropout_p, return_weights, bias4, scale, fused
+        q4, k4, v4, mask4, is_causal, dropout_p, need_weights, bias4, scale, fused
     )  # (N, H, Tq, Dv), (N, H, Tq, Tk)
     out = out.reshape(*q.shape[:-1], v.shape[-1])  # (…, Tq, Dv)
     return out, None if weights is None else weights.reshape(target)  # (…, Tq, Tk)
@@ -358,10 +357,10 @@ def _attention_4d(
     mask: Tensor | None,
     is_causal: bool,
     dropout_p: float,
-    return_weights: bool,
+    need_weights: bool,
     bias: Tensor | None,
     scale: float | None,
-    fused: bool | None,
+    fused: bool,
 ) -> tuple[Tensor, Tensor | None]:
     """:func:`scaled_dot_product_attention` on (B, H, T, D) inputs, masks already read."""
     B, H, Tq, Dk = q.shape
@@ -371,8 +370,7 @@ def _attention_4d(
             f"query heads ({H}) must be a multiple of key/value heads (k: {Hkv}, v: {v.shape[1]})"
         )
     scale = 1.0 / math.sqrt(Dk) if scale is None else scale
-    use_fused = (USE_FUSED if fused is None else fused) and not return_weights
-    use_fused = use_fused and _RECORDER is None
+    use_fused = fused and USE_FUSED and not need_weights and _RECORDER is None
     given_causal = is_causal
     if use_fused and is_causal and mask is None and bias is None and Tq == Tk:
         # Bottom-right and top-left alignment agree when Tq == Tk: let the kernel apply the
@@ -536,8 +534,10 @@ class MultiHeadAttention(nn.Module):
     head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V). Self-attention when ``context`` is None, else
     cross-attention over ``context`` (its length and width may differ from the query's).
     ``n_kv_heads`` < ``n_heads`` gives grouped-query attention (1 = multi-query).
-    When key and value widths equal ``d_model`` the three input projections are one fused
-    matrix ``qkv`` (rows: queries, then keys, then values), as in ``nn.MultiheadAttention``.
+    One projection layout for self- and cross-attention: ``q_proj`` maps x to the queries,
+    ``kv_proj`` maps the source (x itself, or ``context``) to keys and values (rows: keys, then
+    values). Weights saved in the older layouts (one packed ``qkv``, or ``k_proj``/``v_proj``)
+    are read into it on load (:meth:`upgrade_tensors`).
     ``rotary`` is an optional hook ``(q, k, offset) -> (q, k)`` applied to the per-head queries
     and keys (RoPE); an additive ``bias`` passed to :meth:`forward` carries relative positions.
     ``kernel`` replaces full attention in self-attention (local or linear attention, from
@@ -597,47 +597,38 @@ class MultiHeadAttention(nn.Module):
         self.q_norm, self.k_norm = q_norm, k_norm
         q_width = n_heads * self.head_dim
         kv_width = n_kv_heads * self.head_dim
-        self._split = (q_width, kv_width, kv_width)
-        if self.kdim == d_model and self.vdim == d_model:
-            self.qkv = nn.Linear(d_model, q_width + 2 * kv_width, bias=bias)
-        else:
-            self.q_proj = nn.Linear(d_model, q_width, bias=bias)
-            self.k_proj = nn.Linear(self.kdim, kv_width, bias=bias)
-            self.v_proj = nn.Linear(self.vdim, kv_width, bias=bias)
+        self.q_proj = nn.Linear(d_model, q_width, bias=bias)  # x -> queries
+        self.kv_proj = nn.Linear(self.kdim, 2 * kv_width, bias=bias)  # source -> keys; values
         self.out_proj = nn.Linear(q_width, d_model, bias=bias)
+        self._register_load_state_dict_pre_hook(self._read_old_layout)
 
-    # -- projections
-
-    def _project(
-        self, x: Tensor, context: Tensor | None
-    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """Queries (B, Tq, H*Dh) and, unless cached cross keys are reused, keys and values."""
-        q_w, kv_w, _ = self._split
-        if hasattr(self, "qkv"):
-            if context is None:  # self-attention: one matmul for all three
-                return self.qkv(x).split(self._split, dim=-1)  # 3 x (B, T, ·)
-            w_q, w_kv = self.qkv.weight.split((q_w, 2 * kv_w), dim=0)
-            b_q, b_kv = (
-                (None, None) if self.qkv.bias is None else self.qkv.bias.split((q_w, 2 * kv_w))
+    def upgrade_tensors(self, tensors: dict[str, Tensor], prefix: str) -> None:
+        """Rewrite in place weights saved in the layouts before ``q_proj`` + ``kv_proj``: one
+        packed ``qkv`` (rows: queries, keys, values), or ``q_proj``, ``k_proj``, ``v_proj``."""
+        for kind in ("weight", "bias"):
+            packed = tensors.pop(f"{prefix}qkv.{kind}", None)
+            if packed is not None:
+                q, kv = packed.split((self.q_proj.out_features, self.kv_proj.out_features))
+                tensors[f"{prefix}q_proj.{kind}"], tensors[f"{prefix}kv_proj.{kind}"] = q, kv
+            k, v = (
+                tensors.pop(f"{prefix}k_proj.{kind}", None),
+                tensors.pop(f"{prefix}v_proj.{kind}", None),
             )
-            q = F.linear(x, w_q, b_q)  # (B, Tq, H*Dh)
-            k, v = F.linear(context, w_kv, b_kv).split((kv_w, kv_w), dim=-1)  # (B, Tk, Hkv*Dh)
-            return q, k, v
-        source = x if context is None else context
-        return self.q_proj(x), self.k_proj(source), self.v_proj(source)
+            if k is not None and v is not None:
+                tensors[f"{prefix}kv_proj.{kind}"] = torch.cat([k, v])
 
-    def _project_query(self, x: Tensor) -> Tensor:
-        """Queries only (B, Tq, H*Dh), for cross-attention with cached keys and values."""
-        if hasattr(self, "qkv"):
-            q_w = self._split[0]
-            b = None if self.qkv.bias is None else self.qkv.bias[:q_w]
-            return F.linear(x, self.qkv.weight[:q_w], b)
-        return self.q_proj(x)
+    def _read_old_layout(self, state_dict: dict[str, Tensor], prefix: str, *_: Any) -> None:
+        self.upgrade_tensors(state_dict, prefix)
 
     def _heads(self, t: Tensor, n: int) -> Tensor:
         """(B, T, n*Dh) -> (B, n, T, Dh)."""
         B, T, _ = t.shape
         return t.view(B, T, n, self.head_dim).transpose(1, 2)
+
+    def _keys_values(self, source: Tensor) -> tuple[Tensor, Tensor]:
+        """(B, Tk, kdim) -> keys, values (B, Tk, Hkv*Dh) each."""
+        k, v = self.kv_proj(source).chunk(2, dim=-1)
+        return k, v
 
     # -- forward
 
@@ -667,65 +658,81 @@ class MultiHeadAttention(nn.Module):
         ``average_weights``.
         """
         self._check_input(x, self.d_model, "x")
-        if self.kernel is not None and context is not None:
-            raise ValueError(
-                f"{self.kernel!r} is self-attention only; build cross-attention with kernel=None"
-            )
         B, Tq, _ = x.shape
-        offset = cache.length if cache is not None and context is None else 0
-        if context is not None and cache is not None and cache.static:
-            q = self._heads(self._project_query(x), self.n_heads)  # (B, H, Tq, Dh)
-            k, v = cache.keys, cache.values  # (B, Hkv, Tk, Dh)
+        if context is None:
+            q, k, v = self._self_attention_inputs(x, cache, values)
         else:
-            if context is not None:
-                self._check_input(context, self.kdim, "context")
-            q, k, v = self._project(x, context)
-            if values is not None and context is None:
-                v = v + values  # (B, Tq, Hkv*Dh)
-            q = self._heads(q, self.n_heads)  # (B, H, Tq, Dh)
-            k = self._heads(k, self.n_kv_heads)  # (B, Hkv, Tk_new, Dh)
-            v = self._heads(v, self.n_kv_heads)  # (B, Hkv, Tk_new, Dh)
-            if self.q_norm is not None and self.k_norm is not None and context is None:
-                q, k = self.q_norm(q), self.k_norm(k)  # per head, over Dh
-            if self.rotary is not None and context is None:
-                q, k = self.rotary(q, k, offset)
-            if cache is not None and self.kernel is None:  # a kernel updates its own cache
-                if context is None:
-                    k, v = cache.append(k, v)  # (B, Hkv, past + Tq, Dh)
-                else:
-                    cache.set_static(k, v)
-        dropout_p = self.dropout if self.training else 0.0
-        if self.kernel is not None:
-            out, weights = self.kernel(
-                q,
-                k,
-                v,
-                mask=mask,
-                is_causal=is_causal,
-                bias=bias,
-                dropout_p=dropout_p,
-                need_weights=need_weights,
-                cache=cache,
-            )  # (B, H, Tq, Dh)
-        else:
-            # One new query against a cache sees every key: no causal mask needed.
-            causal = is_causal and not (cache is not None and Tq == 1)
-            out, weights = scaled_dot_product_attention(
-                q,
-                k,
-                v,
-                mask=mask,
-                is_causal=causal,
-                dropout_p=dropout_p,
-                return_weights=need_weights,
-                bias=bias,
-                fused=None if self.fused else False,
-            )  # (B, H, Tq, Dh)
+            q, k, v = self._cross_attention_inputs(x, context, cache)
+        out, weights = self._attend(q, k, v, mask, is_causal, bias, need_weights, cache)
         out = out.transpose(1, 2).reshape(B, Tq, self.n_heads * self.head_dim)  # (B, Tq, H*Dh)
         out = self.out_proj(out)  # (B, Tq, d_model)
         if weights is not None and average_weights:
             weights = weights.mean(dim=1)  # (B, Tq, Tk)
         return out, weights
+
+    def _self_attention_inputs(
+        self, x: Tensor, cache: Any, values: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries, keys and values of x (B, H|Hkv, T, Dh): value embeddings added, QK-norm,
+        RoPE at the cache's offset; a KV cache gets the new keys and values and gives back all
+        of them (a kernel's own cache is updated by the kernel)."""
+        k, v = self._keys_values(x)  # (B, T, Hkv*Dh) each
+        if values is not None:
+            v = v + values  # (B, T, Hkv*Dh)
+        q = self._heads(self.q_proj(x), self.n_heads)  # (B, H, T, Dh)
+        k, v = self._heads(k, self.n_kv_heads), self._heads(v, self.n_kv_heads)  # (B, Hkv, T, Dh)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)  # per head, over Dh
+        if self.rotary is not None:
+            q, k = self.rotary(q, k, 0 if cache is None else cache.length)
+        if cache is not None and self.kernel is None:
+            k, v = cache.append(k, v)  # (B, Hkv, past + T, Dh)
+        return q, k, v
+
+    def _cross_attention_inputs(
+        self, x: Tensor, context: Tensor, cache: KVCache | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries of x, keys and values of ``context`` (B, H|Hkv, T, Dh); with a cache the
+        context is projected on the first call only and its keys and values kept."""
+        if self.kernel is not None:
+            raise ValueError(
+                f"{self.kernel!r} is self-attention only; build cross-attention with kernel=None"
+            )
+        q = self._heads(self.q_proj(x), self.n_heads)  # (B, H, Tq, Dh)
+        if cache is not None and cache.static:
+            return q, cache.keys, cache.values  # (B, Hkv, Tk, Dh)
+        self._check_input(context, self.kdim, "context")
+        k, v = (self._heads(t, self.n_kv_heads) for t in self._keys_values(context))
+        if cache is not None:
+            cache.set_static(k, v)
+        return q, k, v  # (B, Hkv, Tk, Dh)
+
+    def _attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        is_causal: bool,
+        bias: Tensor | None,
+        need_weights: bool,
+        cache: Any,
+    ) -> tuple[Tensor, Tensor | None]:
+        """The one place the attention kernel is chosen: the module's ``kernel`` (local or
+        linear attention), else scaled dot-product attention (PyTorch's fused kernel when
+        ``fused`` and no weights are asked for, else the explicit path)."""
+        dropout_p = self.dropout if self.training else 0.0
+        if self.kernel is not None:
+            return self.kernel(
+                q, k, v, mask=mask, is_causal=is_causal, bias=bias, dropout_p=dropout_p,
+                need_weights=need_weights, cache=cache,
+            )  # fmt: skip
+        # One new query against a cache sees every key: no causal mask needed.
+        causal = is_causal and not (cache is not None and q.shape[2] == 1)
+        return scaled_dot_product_attention(
+            q, k, v, mask=mask, is_causal=causal, dropout_p=dropout_p,
+            need_weights=need_weights, bias=bias, fused=self.fused,
+        )  # fmt: skip  # (B, H, Tq, Dh)
 
     def new_cache(self) -> Any:
         """An empty decoding cache for this layer's self-attention (KVCache for full attention)."""

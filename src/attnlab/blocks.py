@@ -1,13 +1,17 @@
-"""Transformer building blocks: norms, feed-forward, encoder and decoder blocks, and stacks.
+"""Transformer building blocks: norms, feed-forward, blocks and their stacks.
 
-Every block takes (B, T, D) and returns (B, T, D) plus the attention weights when asked, and
-is built from one :class:`BlockConfig`.
+:class:`Block` (self-attention + feed-forward) is the layer of every encoder (bidirectional)
+and of every decoder-only model (``is_causal=True``); :class:`BlockStack` stacks them.
+:class:`DecoderBlock` adds cross-attention for encoder-decoder models; :class:`Decoder` stacks
+those. Every block takes (B, T, D) and returns (B, T, D) plus the attention weights when asked
+(``need_weights``), and is built from one :class:`BlockConfig`.
 Post-norm (the original Transformer): x = Norm(x + Sublayer(x)).
 Pre-norm (GPT-2, LLaMA):               x = x + Sublayer(Norm(x)), with a final norm on the stack.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -122,7 +126,7 @@ class BlockConfig(ConfigBase):
     n_global: int = setting(0, min=0)
     fused: bool = True  # PyTorch's fused attention kernel when no weights are asked for
     qk_norm: bool = False  # RMSNorm (eps norm_eps) of each head's queries and keys, before RoPE
-    value_embeddings: bool = False  # a gate for values added by the model (EncoderBlock.forward)
+    value_embeddings: bool = False  # a gate for values added by the model (Block.forward)
 
     def check(self) -> None:
         if self.d_model % self.n_heads:
@@ -166,10 +170,11 @@ class BlockConfig(ConfigBase):
         return make_norm(self.norm, self.d_model, self.norm_eps, self.bias)
 
 
-class EncoderBlock(nn.Module):
+class Block(nn.Module):
     """Self-attention then feed-forward, each wrapped in a residual and a norm.
 
-    With ``causal=True`` and no cross-attention this is also the GPT/LLaMA decoder block.
+    Bidirectional it is an encoder layer (BERT, ViT); with ``is_causal=True`` it is the
+    GPT/LLaMA decoder-only block.
     ``attention`` chooses full, local (sliding ``window``, ``n_global`` global tokens) or
     linear self-attention (:mod:`attnlab.efficient`); the parameters are the same for all three.
     With ``value_embeddings`` the block has a learned gate λ (init 0.5) and its self-attention
@@ -193,7 +198,6 @@ class EncoderBlock(nn.Module):
         super().__init__()
         cfg.validate()
         self.cfg = cfg
-        self.norm_first = cfg.norm_position == "pre"
         self.self_attn = cfg.self_attention(rotary) if mixer is None else None
         self.mixer = mixer
         self.ff = cfg.feed_forward() if ff is None else ff
@@ -243,7 +247,7 @@ class EncoderBlock(nn.Module):
             )
             return self.dropout1(out), w
 
-        if self.norm_first:
+        if self.cfg.norm_position == "pre":
             a, weights = attend(self.norm1(x))
             x = x + a  # (B, T, D)
             x = x + self.dropout2(self.ff(self.norm2(x)))
@@ -257,7 +261,7 @@ class EncoderBlock(nn.Module):
 class DecoderBlock(nn.Module):
     """Causal self-attention, cross-attention over the encoder output, feed-forward.
 
-    ``attention``/``window``/``n_global`` choose the self-attention kernel as in EncoderBlock;
+    ``attention``/``window``/``n_global`` choose the self-attention kernel as in Block;
     cross-attention is always full (every target position may read the whole source).
     """
 
@@ -271,7 +275,6 @@ class DecoderBlock(nn.Module):
         super().__init__()
         cfg.validate()
         self.cfg = cfg
-        self.norm_first = cfg.norm_position == "pre"
         self.self_attn = cfg.self_attention(rotary)
         self.cross_attn = MultiHeadAttention(
             cfg.d_model,
@@ -323,7 +326,7 @@ class DecoderBlock(nn.Module):
             )
             return self.dropout2(out), w
 
-        if self.norm_first:
+        if self.cfg.norm_position == "pre":
             a, w_self = self_block(self.norm1(x))
             x = x + a
             c, w_cross = cross_block(self.norm2(x))
@@ -338,14 +341,15 @@ class DecoderBlock(nn.Module):
         return x, (w_self, w_cross)
 
 
-class Encoder(nn.Module):
-    """A stack of EncoderBlocks with an optional final norm (needed after pre-norm blocks).
+class BlockStack(nn.Module):
+    """A stack of Blocks with an optional final norm (needed after pre-norm blocks): an
+    encoder, or the body of a decoder-only model.
 
     ``gradient_checkpointing = True`` recomputes each block's activations in the backward
     pass instead of storing them: less memory, about one extra forward of compute.
     """
 
-    def __init__(self, blocks: list[EncoderBlock], final_norm: nn.Module | None = None) -> None:
+    def __init__(self, blocks: list[Block], final_norm: nn.Module | None = None) -> None:
         super().__init__()
         self.blocks = nn.ModuleList(blocks)
         self.norm = final_norm
@@ -358,11 +362,11 @@ class Encoder(nn.Module):
         *,
         is_causal: bool = False,
         bias: Tensor | None = None,
-        return_weights: bool = False,
+        need_weights: bool = False,
         caches: list[KVCache] | None = None,
         values: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, list[Tensor]]:
-        """x: (B, T, D) -> (B, T, D); with ``return_weights`` also a list of (B, H, T, T).
+        """x: (B, T, D) -> (B, T, D); with ``need_weights`` also a list of (B, H, T, T).
 
         ``values`` (value embeddings, (B, T, Hkv·Dh)) go to every block."""
         weights: list[Tensor] = []
@@ -381,7 +385,7 @@ class Encoder(nn.Module):
                     mask,
                     is_causal=is_causal,
                     bias=bias,
-                    need_weights=return_weights,
+                    need_weights=need_weights,
                     cache=cache,
                     values=values,
                     use_reentrant=False,
@@ -392,7 +396,7 @@ class Encoder(nn.Module):
                     mask,
                     is_causal=is_causal,
                     bias=bias,
-                    need_weights=return_weights,
+                    need_weights=need_weights,
                     cache=cache,
                     values=values,
                 )
@@ -400,7 +404,7 @@ class Encoder(nn.Module):
                 weights.append(w)
         if self.norm is not None:
             x = self.norm(x)
-        return (x, weights) if return_weights else x
+        return (x, weights) if need_weights else x
 
 
 class Decoder(nn.Module):
@@ -420,7 +424,7 @@ class Decoder(nn.Module):
         memory_mask: Tensor | None = None,
         *,
         is_causal: bool = True,
-        return_weights: bool = False,
+        need_weights: bool = False,
         caches: list[KVCache] | None = None,
         cross_caches: list[KVCache] | None = None,
     ) -> Tensor | tuple[Tensor, list[tuple[Tensor | None, Tensor | None]]]:
@@ -429,7 +433,7 @@ class Decoder(nn.Module):
         for i, block in enumerate(self.blocks):
             kwargs = dict(
                 is_causal=is_causal,
-                need_weights=return_weights,
+                need_weights=need_weights,
                 cache=None if caches is None else caches[i],
                 cross_cache=None if cross_caches is None else cross_caches[i],
             )
@@ -449,4 +453,16 @@ class Decoder(nn.Module):
             weights.append(w)
         if self.norm is not None:
             x = self.norm(x)
-        return (x, weights) if return_weights else x
+        return (x, weights) if need_weights else x
+
+
+_RENAMED = {"EncoderBlock": "Block", "Encoder": "BlockStack"}  # old name -> new name
+
+
+def __getattr__(name: str) -> Any:
+    """Old class names still import, with one line of deprecation."""
+    if name in _RENAMED:
+        new = _RENAMED[name]
+        warnings.warn(f"attnlab.blocks.{name} is now {new}", DeprecationWarning, stacklevel=2)
+        return globals()[new]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

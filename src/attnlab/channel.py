@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-AttentionKind = Literal["none", "se", "eca", "cbam", "ca"]
+ChannelAttentionKind = Literal["none", "se", "eca", "cbam", "ca"]
 
 
 def _hidden(channels: int, reduction: int, minimum: int) -> int:
@@ -145,7 +145,7 @@ class CoordinateAttention(nn.Module):
         return x * g_h * g_w  # eq. 9
 
 
-def make_attention(kind: AttentionKind, channels: int, reduction: int = 16) -> nn.Module:
+def make_attention(kind: ChannelAttentionKind, channels: int, reduction: int = 16) -> nn.Module:
     """The module named by ``kind`` for ``channels`` feature maps (``none``: identity)."""
     if kind == "none":
         return nn.Identity()

@@ -78,10 +78,10 @@ def task_parser(name: str, argv: list[str]) -> argparse.ArgumentParser:
         group = p.add_argument_group(f"[{section}]")
         add_dataclass_arguments(group, cls, defaults=values.get(section))
         taken.update(f.name for f in dataclasses.fields(cls))
-    if task.name == "classify":  # `train classify --init CHECKPOINT` fine-tunes BERT
-        bert = get_task("bert_classify")
-        group = p.add_argument_group("BERT fine-tuning (with --init CHECKPOINT)")
-        for cls in bert.sections().values():
+    if task.redirect is not None:  # e.g. `train classify --init CHECKPOINT` fine-tunes BERT
+        option, other, what = task.redirect
+        group = p.add_argument_group(f"{what} (with --{option.replace('_', '-')})")
+        for cls in get_task(other).sections().values():
             add_dataclass_arguments(group, cls, skip=taken)
     return p
 
@@ -92,8 +92,7 @@ def _run_train(args: argparse.Namespace) -> int:
 
     name = ALIASES.get(args.task, args.task)
     opts = task_parser(name, args.rest).parse_args(args.rest)
-    if name == "classify" and "init" in vars(opts):
-        name = _bert_instead(opts)
+    name = _redirected(name, opts)
     overrides = parse_key_values(opts.overrides)
     for cls in get_task(name).sections().values():
         overrides.update(collect_overrides(opts, cls))
@@ -111,20 +110,25 @@ def _run_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bert_instead(opts: argparse.Namespace) -> str:
-    """`train classify --init X` is BERT fine-tuning: refuse the char-level model's options."""
+def _redirected(name: str, opts: argparse.Namespace) -> str:
+    """The task to run: ``name``, or the one its ``redirect`` option names when given (refusing
+    the options that only ``name`` has)."""
     from attnlab.tasks.registry import get_task
 
-    bert = {f.name for cls in get_task("bert_classify").sections().values() for f in
-            dataclasses.fields(cls)}  # fmt: skip
-    unused = sorted(set(vars(opts)) - bert - set(GENERAL))
+    task = get_task(name)
+    if task.redirect is None or task.redirect[0] not in vars(opts):
+        return name
+    option, other, what = task.redirect
+    theirs = {f.name for cls in get_task(other).sections().values() for f in
+              dataclasses.fields(cls)}  # fmt: skip
+    unused = sorted(set(vars(opts)) - theirs - set(GENERAL))
     if unused:
         flags = ", ".join("--" + name.replace("_", "-") for name in unused)
         raise UserError(
-            f"{flags} do not apply with --init: BERT fine-tuning takes its architecture and "
-            "tokenizer from the checkpoint (see the --init options in --help)"
+            f"{flags} do not apply with --{option.replace('_', '-')}: that is {what} "
+            f"(`attnlab train {other}`; see its options in --help)"
         )
-    return "bert_classify"
+    return other
 
 
 # ---------------------------------------------------------------------------- run verbs

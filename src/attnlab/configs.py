@@ -29,6 +29,8 @@ else:  # pragma: no cover - exercised only on Python 3.10
 
 T = TypeVar("T")
 
+SETTING = "attnlab.setting"  # metadata key: the field was declared with setting()
+
 _TRUE = {"true", "1", "yes", "y", "on"}
 _FALSE = {"false", "0", "no", "n", "off"}
 _NONE = {"none", "null"}
@@ -48,18 +50,20 @@ def setting(
     *,
     min: float | None = None,
     max: float | None = None,
+    above: float | None = None,
     below: float | None = None,
     unset: Any = dataclasses.MISSING,
     set_by: str = "",
 ) -> Any:
-    """A dataclass field with its --help text and the range :func:`validate_config` enforces.
+    """A config field with its --help text and the range :func:`validate_config` enforces.
 
-    ``min``/``max`` are inclusive bounds, ``below`` an exclusive upper bound. ``unset`` marks a
+    The one way to declare a field of a config that presets or the command line set.
+    ``min``/``max`` are inclusive bounds, ``above``/``below`` exclusive ones. ``unset`` marks a
     value meaning "not filled in yet" (e.g. ``vocab_size = 0`` until the tokenizer exists): it
     passes on construction and is refused by ``validate(complete=True)``, naming ``set_by``.
     """
-    meta: dict[str, Any] = {"help": help} if help else {}
-    for key, bound in (("min", min), ("max", max), ("below", below)):
+    meta: dict[str, Any] = {SETTING: True, "help": help} if help else {SETTING: True}
+    for key, bound in (("min", min), ("max", max), ("above", above), ("below", below)):
         if bound is not None:
             meta[key] = bound
     if unset is not dataclasses.MISSING:
@@ -155,18 +159,26 @@ def validate_config(cfg: Any, complete: bool = False) -> None:
                     f"{meta['set_by'] or 'the data'})"
                 )
             continue
-        if "min" in meta and value < meta["min"]:
-            raise UserError(f"{where} must be >= {meta['min']}, got {value}")
-        if "max" in meta and value > meta["max"]:
-            raise UserError(f"{where} must be <= {meta['max']}, got {value}")
-        if "below" in meta and value >= meta["below"]:
-            raise UserError(f"{where} must be < {meta['below']}, got {value}")
+        _check_range(where, value, meta)
+
+
+def _check_range(where: str, value: Any, meta: Mapping[str, Any]) -> None:
+    """Refuse ``value`` outside a bound in ``meta``, naming the bound it breaks."""
+    for key, rule, ok in (
+        ("min", ">=", lambda bound: value >= bound),
+        ("above", ">", lambda bound: value > bound),
+        ("max", "<=", lambda bound: value <= bound),
+        ("below", "<", lambda bound: value < bound),
+    ):
+        if key in meta and not ok(meta[key]):
+            raise UserError(f"{where} must be {rule} {meta[key]}, got {value}")
 
 
 class ConfigBase:
-    """Base of every model config: validated on construction by one mechanism.
+    """Base of every config a preset or the command line sets: validated on construction by
+    one mechanism.
 
-    Subclasses are dataclasses; they declare ranges with :func:`setting`, choices as ``Literal``
+    Subclasses are dataclasses; they declare fields with :func:`setting`, choices as ``Literal``
     types, old names in ``ALIASES``, and only their cross-field rules in ``check``. Models call
     ``cfg.validate(complete=True)`` again before building (a config may be edited after it
     was made, and fields such as ``vocab_size`` are filled in from the data).
@@ -184,6 +196,14 @@ class ConfigBase:
 
     def check(self) -> None:
         """Cross-field rules of this config (none by default)."""
+
+
+def project(source: Any, cls: type[T], **changes: Any) -> T:
+    """A ``cls`` made of the fields of ``source`` that ``cls`` has by the same name, then
+    ``changes`` (e.g. a model config's block settings as a ``blocks.BlockConfig``)."""
+    names = {f.name for f in dataclasses.fields(_check_dataclass(cls))}
+    values = {f.name: getattr(source, f.name) for f in dataclasses.fields(source)}
+    return cls(**{k: v for k, v in values.items() if k in names} | changes)
 
 
 def _field_types(cls: type) -> dict[str, Any]:
@@ -408,7 +428,7 @@ def add_dataclass_arguments(
 
     Options default to "not given", so `collect_overrides` returns only what the user typed.
     Bool fields also accept a bare flag (`--tensorboard` means true). Help text comes from
-    `field(metadata={"help": ...})` when present; the default it shows is the field's value in
+    :func:`setting` when present; the default it shows is the field's value in
     ``defaults`` (an instance of ``cls``, e.g. built from a preset) or else the dataclass
     default. Fields named in ``skip`` are left out.
     """

@@ -55,9 +55,7 @@ ATTENTION_KINDS = ("full", "local", "linear")
 def check_attention_config(attention: str, window: int, n_global: int) -> None:
     """Raise ValueError naming the field and the fix for a bad attention switch."""
     if attention not in ATTENTION_KINDS:
-        raise UserError(
-            f"attention must be one of {', '.join(ATTENTION_KINDS)}, got {attention!r}"
-        )
+        raise UserError(f"attention must be one of {', '.join(ATTENTION_KINDS)}, got {attention!r}")
     if n_global < 0:
         raise UserError(f"n_global must be >= 0, got {n_global}")
     if attention == "local" and window < 1:
@@ -257,7 +255,7 @@ class LocalAttention:
             v,
             mask=combine_masks(band, mask),
             dropout_p=dropout_p,
-            return_weights=need_weights,
+            need_weights=need_weights,
             bias=bias,
         )
 

@@ -25,12 +25,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.blocks import RMSNorm
+from attnlab.configs import ConfigBase
 from attnlab.errors import UserError
 
 SCANS = ("chunked", "sequential")
@@ -340,7 +342,7 @@ class MambaBlock(nn.Module):
 
 
 @dataclass
-class MambaLMConfig:
+class MambaLMConfig(ConfigBase):
     """A pure Mamba language model, laid out like Hugging Face's MambaForCausalLM."""
 
     vocab_size: int
@@ -353,7 +355,7 @@ class MambaLMConfig:
     norm_eps: float = 1e-5
     bias: bool = False
     conv_bias: bool = True
-    scan: str = "chunked"
+    scan: Literal["chunked", "sequential"] = "chunked"
 
 
 class MambaResidual(nn.Module):

@@ -115,7 +115,15 @@ def read_tensors(path: str | Path, what: str = "weights") -> dict[str, Tensor]:
 
 
 def load_tensors_into(model: nn.Module, tensors: Mapping[str, Tensor], path: str | Path) -> None:
-    """Copy `tensors` into `model` strictly (tied names may be stored once); one-line errors."""
+    """Copy `tensors` into `model` strictly (tied names may be stored once); one-line errors.
+
+    Modules that renamed or re-laid out their weights read old files through their
+    ``upgrade_tensors(tensors, prefix)`` (e.g. ``MultiHeadAttention``'s projections)."""
+    tensors = dict(tensors)
+    for name, module in model.named_modules():
+        upgrade = getattr(module, "upgrade_tensors", None)
+        if upgrade is not None:
+            upgrade(tensors, f"{name}." if name else "")
     own = model.state_dict()
     unexpected = sorted(set(tensors) - set(own))
     missing = set(own) - set(tensors)

@@ -99,12 +99,11 @@ def test_blank_and_line_splitting() -> None:
 def test_output_errors_are_one_line(tmp_path: Path) -> None:
     from attnlab.errors import UserError
 
-    with pytest.raises(UserError, match=r"cannot write .* \(Is a directory\); pass --out FILE"):
-        with data_io.output_errors("--out"):
-            (tmp_path).open("w")
-    with pytest.raises(ValueError, match="plain"):  # not a write refusal: left as it is
-        with data_io.output_errors("--out"):
-            raise ValueError("plain")
+    refused = pytest.raises(UserError, match=r"cannot write .* \(Is a directory\); pass --out")
+    with refused, data_io.output_errors("--out"):
+        (tmp_path).open("w")
+    with pytest.raises(ValueError, match="plain"), data_io.output_errors("--out"):
+        raise ValueError("plain")  # not a write refusal: left as it is
 
 
 def test_read_json_refuses_valid_json_of_the_wrong_shape(tmp_path: Path) -> None:

@@ -18,8 +18,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "gpt": explore_runs.gpt_run(root),
         "translate": explore_runs.translate_run(root),
         "vit": explore_runs.vision_run(root, "vit"),
-        "cnn": explore_runs.vision_run(root, "cnn", attention="cbam"),
-        "cnn_ca": explore_runs.vision_run(root / "ca", "cnn", attention="ca"),
+        "cnn": explore_runs.vision_run(root, "cnn", channel_attention="cbam"),
+        "cnn_ca": explore_runs.vision_run(root / "ca", "cnn", channel_attention="ca"),
         "image": explore_runs.image_file(root),
     }
 

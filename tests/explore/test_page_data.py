@@ -93,7 +93,7 @@ def test_gpt_page_equals_the_stack_and_generate(runs, tmp_path):
     ids = torch.tensor([tok.encode("To be" + want_text)])  # (1, T)
     with torch.no_grad():
         x = model.pos_emb(model.tok_emb(ids))
-        _, weights = model.stack(x, is_causal=True, return_weights=True)
+        _, weights = model.stack(x, is_causal=True, need_weights=True)
         probs = torch.softmax(model(ids)[0], -1)  # (T, V)
     (group,) = ex["groups"]
     assert group["causal"] and np.array_equal(_mask(group), np.tril(np.ones((11, 11), bool)))
@@ -123,9 +123,9 @@ def test_translation_page_equals_the_decoder(runs, tmp_path):
     with torch.no_grad():
         memory, src_mask = model.encode(src)
         x = model._embed(model.src_embed, src)
-        _, enc_w = model.encoder(x, src_mask, return_weights=True)
+        _, enc_w = model.encoder(x, src_mask, need_weights=True)
         y = model._embed(model.tgt_embed, tgt)
-        _, dec_w = model.decoder(y, memory, None, src_mask, is_causal=True, return_weights=True)
+        _, dec_w = model.decoder(y, memory, None, src_mask, is_causal=True, need_weights=True)
     assert (cross["tq"], cross["tk"]) == (tgt.shape[1], src.shape[1])
     assert cross["query_tokens"][-1] == "</s>"
     for group, want in (
@@ -203,7 +203,7 @@ def test_minilm_page_equals_our_bert_and_hugging_face(tmp_path):
     bert = enc.model
     with torch.no_grad():
         x = bert.embeddings(ids)
-        _, ours = bert.encoder(x, padding_mask(lengths), return_weights=True)
+        _, ours = bert.encoder(x, padding_mask(lengths), need_weights=True)
     path = resolve_checkpoint("minilm")
     hf = transformers.BertModel.from_pretrained(str(path), attn_implementation="eager").eval()
     with torch.no_grad():
@@ -284,7 +284,7 @@ def test_local_attention_shows_its_window_and_linear_attention_is_refused(tmp_pa
     ids = torch.tensor([tok.encode("To be" + data["examples"][0]["generation"]["text"])])
     with torch.no_grad():
         x = model.pos_emb(model.tok_emb(ids))
-        _, want = model.stack(x, is_causal=True, return_weights=True)
+        _, want = model.stack(x, is_causal=True, need_weights=True)
     assert np.abs(_weights(group) - torch.stack(want)[:, 0].numpy()).max() < TOL
     i, j = np.indices((8, 8))
     np.testing.assert_array_equal(_mask(group), (j <= i) & (i - j < 3))  # causal window of 3
@@ -307,7 +307,7 @@ def test_fine_tuned_bert_page_has_prediction_and_cls_rollout(tmp_path):
     ids, lengths = pad_batch(source.run.tokenizer.encode_batch(texts, 32), 0)
     bert = source.run.model.bert
     with torch.no_grad():
-        _, weights = bert.encoder(bert.embeddings(ids), padding_mask(lengths), return_weights=True)
+        _, weights = bert.encoder(bert.embeddings(ids), padding_mask(lengths), need_weights=True)
     for b, ex in enumerate(data["examples"]):
         assert ex["prediction"]["label"] == preds[b]["label"]
         (group,) = ex["groups"]

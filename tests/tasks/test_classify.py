@@ -170,7 +170,7 @@ def test_an_ensemble_run_trains_predicts_and_draws_one_members_attention(tmp_pat
 
 def test_tail_share_reaches_training_and_prediction(tmp_path):
     """A run trained with head+tail truncation reads texts the same way when it predicts."""
-    with pytest.raises(ValueError, match=r"tail_share must be in \[0, 1\]"):
+    with pytest.raises(ValueError, match=r"ClassifyConfig.tail_share must be <= 1"):
         classify.build_config(None, {"tail_share": "1.5"})
     data = write_corpus(tmp_path / "d.csv", n=90)
     run = tmp_path / "tail"

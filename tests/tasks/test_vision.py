@@ -137,7 +137,7 @@ def test_cli_train_eval_predict_attention_end_to_end(tmp_path: Path, capsys) -> 
     cnn_args = ["--attention", "cbam", "--width", "8", "--stages", "2", "--reduction", "4"]
     assert main(["train", "cnn", "--out", str(cnn), *common, *cnn_args]) == 0
     config = json.loads((cnn / "config.json").read_text())
-    assert config["task"] == "cnn" and config["model"]["attention"] == "cbam"
+    assert config["task"] == "cnn" and config["model"]["channel_attention"] == "cbam"
     assert main(["attention", str(cnn), top]) == 2  # rollout needs a ViT: a clear error
     assert "needs a ViT" in capsys.readouterr().err
     assert main(["train", "vit", "--dataset", "folder", "--out", str(tmp_path / "x")]) == 2

@@ -82,7 +82,13 @@ def test_muon_takes_the_hidden_matrices_of_a_gpt(tie: bool, tricks: bool) -> Non
     expected = {
         f"stack.blocks.{i}.{m}.weight"
         for i in range(2)
-        for m in ("self_attn.qkv", "self_attn.out_proj", "ff.w_in", "ff.w_out")
+        for m in (
+            "self_attn.q_proj",
+            "self_attn.kv_proj",
+            "self_attn.out_proj",
+            "ff.w_in",
+            "ff.w_out",
+        )
     }
     assert hidden == expected
     opt = build_muon_optimizer(model, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.99), muon_lr=0.02)

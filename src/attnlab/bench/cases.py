@@ -1,4 +1,4 @@
-"""Steps measured in a fresh process (:mod:`attnlab.bench.memory`): a block, a GPT."""
+"""Steps measured in a fresh process (:mod:`attnlab.bench.memory`): attention, a block, a GPT."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from attnlab.blocks import BlockConfig, EncoderBlock
+from attnlab.attention import MultiHeadAttention
+from attnlab.blocks import Block, BlockConfig
 from attnlab.errors import UserError
 from attnlab.models.gpt import GPT, GPTConfig
 
@@ -22,7 +23,7 @@ BLOCK_KINDS = {
 }
 
 
-def block(kind: str, d_model: int, n_heads: int, window: int) -> EncoderBlock:
+def block(kind: str, d_model: int, n_heads: int, window: int) -> Block:
     """A pre-norm causal GPT block, d_ff = 4·d_model, no dropout, with ``kind`` attention."""
     attention, fused = BLOCK_KINDS[kind]
     cfg = BlockConfig(
@@ -36,7 +37,7 @@ def block(kind: str, d_model: int, n_heads: int, window: int) -> EncoderBlock:
         attention=attention,
         window=window if attention == "local" else 0,
     )
-    return EncoderBlock(cfg)
+    return Block(cfg)
 
 
 def _block_steps(spec: dict, device: torch.device) -> tuple[Step, Step]:
@@ -84,9 +85,28 @@ def _gpt_steps(spec: dict, device: torch.device) -> tuple[Step, Step]:
     return make(1), make(spec["batch"])
 
 
+def _mha_steps(spec: dict, device: torch.device) -> tuple[Step, Step]:
+    """MultiHeadAttention forward + backward on its ``path``: "explicit" or "fused"."""
+    torch.manual_seed(0)
+    d = spec["d_model"]
+    mha = MultiHeadAttention(d, spec["n_heads"], fused=spec["path"] == "fused").to(device)
+
+    def make(B: int, T: int) -> Step:
+        x = torch.randn(B, T, d, device=device, requires_grad=True)
+        cot = torch.ones(B, T, d, device=device)
+
+        def step() -> None:
+            out, _ = mha(x, is_causal=spec["causal"])  # (B, T, D)
+            out.backward(cot)
+
+        return step
+
+    return make(1, 64), make(spec["B"], spec["T"])
+
+
 def build_case(spec: dict, device: torch.device) -> tuple[Step, Step]:
-    """(warm-up step, measured step) for ``spec["case"]`` in {"block", "gpt"}."""
-    builders = {"block": _block_steps, "gpt": _gpt_steps}
+    """(warm-up step, measured step) for ``spec["case"]`` in {"mha", "block", "gpt"}."""
+    builders = {"mha": _mha_steps, "block": _block_steps, "gpt": _gpt_steps}
     if spec["case"] not in builders:
         raise UserError(f"unknown case {spec['case']!r}; one of {', '.join(builders)}")
     return builders[spec["case"]](spec, device)

@@ -78,7 +78,7 @@ def render(results: dict) -> str:
     if "encoder_layer" in s:
         r = s["encoder_layer"]
         lines += [
-            f"## EncoderBlock vs nn.TransformerEncoderLayer, fwd + bwd, (B, T) = "
+            f"## Block vs nn.TransformerEncoderLayer, fwd + bwd, (B, T) = "
             f"({r['B']}, {r['T']}), 512 / 8 heads / 2048, pre-norm",
             "",
         ]

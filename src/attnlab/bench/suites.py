@@ -16,12 +16,13 @@ from torch import nn
 from attnlab.attention import MultiHeadAttention, scaled_dot_product_attention
 from attnlab.bench.memory import run_isolated
 from attnlab.bench.timing import interleaved, median_ms, paired_ratio
-from attnlab.blocks import BlockConfig, EncoderBlock
+from attnlab.blocks import Block, BlockConfig
 from attnlab.efficient import LinearAttention, LocalAttention
 from attnlab.models.generation import Generation
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.train.optim import build_optimizer
 from attnlab.train.precision import autocast, choose_precision, precision_name
+from attnlab.verify.copy_weights import copy_links, encoder_layer_links, mha_links
 
 VOCAB = 84  # the Shakespeare characters
 
@@ -67,10 +68,7 @@ def bench_mha(device, rounds: int, B: int, T: int) -> dict:
     """attnlab MultiHeadAttention vs nn.MultiheadAttention (512, 8 heads), same weights."""
     ours = MultiHeadAttention(512, 8).to(device)
     theirs = nn.MultiheadAttention(512, 8, batch_first=True).to(device)
-    with torch.no_grad():
-        ours.qkv.weight.copy_(theirs.in_proj_weight)
-        ours.qkv.bias.copy_(theirs.in_proj_bias)
-        ours.out_proj.load_state_dict(theirs.out_proj.state_dict())
+    copy_links(mha_links(ours, theirs))
     x = torch.randn(B, T, 512, device=device, requires_grad=True)
     cot = torch.randn(B, T, 512, device=device)
     blocked = torch.ones(T, T, dtype=torch.bool, device=device).triu(1)
@@ -96,19 +94,12 @@ def bench_mha(device, rounds: int, B: int, T: int) -> dict:
 
 
 def bench_encoder_layer(device, rounds: int, B: int, T: int) -> dict:
-    """attnlab EncoderBlock vs nn.TransformerEncoderLayer (512, 8, 2048, pre-norm, ReLU)."""
-    ours = EncoderBlock(BlockConfig(512, 8, 2048, dropout=0.0, norm_position="pre")).to(device)
+    """attnlab Block vs nn.TransformerEncoderLayer (512, 8, 2048, pre-norm, ReLU)."""
+    ours = Block(BlockConfig(512, 8, 2048, dropout=0.0, norm_position="pre")).to(device)
     theirs = nn.TransformerEncoderLayer(
         512, 8, 2048, dropout=0.0, batch_first=True, norm_first=True
     ).to(device)
-    with torch.no_grad():
-        ours.self_attn.qkv.weight.copy_(theirs.self_attn.in_proj_weight)
-        ours.self_attn.qkv.bias.copy_(theirs.self_attn.in_proj_bias)
-        ours.self_attn.out_proj.load_state_dict(theirs.self_attn.out_proj.state_dict())
-        ours.ff.w_in.load_state_dict(theirs.linear1.state_dict())
-        ours.ff.w_out.load_state_dict(theirs.linear2.state_dict())
-        ours.norm1.load_state_dict(theirs.norm1.state_dict())
-        ours.norm2.load_state_dict(theirs.norm2.state_dict())
+    copy_links(encoder_layer_links(ours, theirs))
     x = torch.randn(B, T, 512, device=device, requires_grad=True)
     cot = torch.randn(B, T, 512, device=device)
     with torch.no_grad():

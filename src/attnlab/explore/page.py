@@ -1,6 +1,7 @@
 """The explorer page: one HTML file with its data, script and styles inline.
 
-:func:`explore_data` runs the model on the inputs (per run kind) and returns the page's data;
+:func:`explore_data` runs the model on the inputs and returns the page's data, drawn by the page
+``source.kind`` names (a run's ``Run.explore_page``: the explorer knows pages, not tasks);
 :func:`render_page` puts data, ``assets/explorer.js`` and ``assets/explorer.css`` into
 ``assets/page.html``. The page loads nothing from anywhere (its Content-Security-Policy forbids
 it) and opens from disk.

@@ -1,8 +1,9 @@
 """Loading what `attnlab explore` looks inside: every run kind through one function.
 
 All run loading of the explorer goes through :func:`load_source`: the task registry's
-``load_run`` for run directories, plus the checkpoints that are not runs (``minilm``, a BERT
-checkpoint directory, a Hugging Face GPT-2 directory).
+``load_run`` for run directories (each ``Run`` names the page that draws it,
+``Run.explore_page``), plus the checkpoints that are not runs (``minilm``, a BERT checkpoint
+directory, a Hugging Face GPT-2 directory).
 """
 
 from __future__ import annotations
@@ -14,17 +15,7 @@ from typing import Any, Literal
 
 from attnlab.errors import UserError
 
-Kind = Literal["classifier", "bert", "gpt", "translate", "vit", "cnn"]
-KINDS: tuple[str, ...] = ("classifier", "bert", "gpt", "translate", "vit", "cnn")
-# task name -> kind of page
-TASK_KINDS: dict[str, Kind] = {
-    "classify": "classifier",
-    "bert_classify": "bert",
-    "lm": "gpt",
-    "translate": "translate",
-    "vit": "vit",
-    "cnn": "cnn",
-}
+Kind = Literal["classifier", "bert", "gpt", "translate", "vit", "cnn"]  # the pages it draws
 
 
 @dataclass
@@ -61,10 +52,6 @@ def load_source(run: str | Path) -> Source:
     from attnlab.tasks.runs import load_run
 
     loaded = load_run(path)
-    kind = TASK_KINDS.get(loaded.task)
-    if kind is None:
-        raise UserError(
-            f"{path} holds a {loaded.task!r} run, which has no attention to explore; the "
-            f"explorer reads {', '.join(TASK_KINDS)} runs"
-        )
-    return Source(kind, loaded, path.name)
+    if loaded.explore_page is None:  # the Run says which page draws it (tasks.task.Run)
+        raise UserError(f"{path} holds a {loaded.task!r} run, which has no attention to explore")
+    return Source(loaded.explore_page, loaded, path.name)

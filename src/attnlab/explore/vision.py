@@ -113,8 +113,8 @@ def cnn_examples(source: Source, paths: list[str]) -> dict[str, Any]:
             hook.remove()
     if not inputs:
         raise UserError(
-            f"{source.name} is a CNN without attention (attention = none): there is nothing to "
-            "explore; train one with --attention se, eca, cbam or ca"
+            f"{source.name} is a CNN without attention (channel_attention = none): nothing "
+            "to explore; train one with --channel-attention se, eca, cbam or ca"
         )
     modules = dict(model.named_modules())
     examples = []
@@ -131,7 +131,7 @@ def cnn_examples(source: Source, paths: list[str]) -> dict[str, Any]:
         )
     cfg = run.config.model
     title = f"CNN {source.name} · {cfg.stages} stages × {cfg.blocks_per_stage} blocks · "
-    title += f"attention {cfg.attention}"
+    title += f"attention {cfg.channel_attention}"
     return {"title": title, "examples": examples}
 
 

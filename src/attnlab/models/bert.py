@@ -1,7 +1,7 @@
 """BERT (Devlin et al. 2019) built from attnlab's core: embeddings, post-norm blocks, heads.
 
 BertModel = word + learned position + token-type embeddings -> LayerNorm -> dropout -> N
-post-norm EncoderBlocks (exact erf GELU) -> hidden states (B, T, D), plus the pooler
+post-norm Blocks (exact erf GELU) -> hidden states (B, T, D), plus the pooler
 tanh(W h_[CLS] + b). BertForMaskedLM adds the MLM head (dense -> GELU -> LayerNorm -> decoder
 tied to the word embeddings + bias); BertClassifier adds dropout and a linear layer on a pooled
 vector. Hugging Face checkpoints load through :mod:`attnlab.models.bert_checkpoint`.
@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.attention import padding_mask
-from attnlab.blocks import BlockConfig, Encoder, EncoderBlock
-from attnlab.configs import Alias, ConfigBase, setting
+from attnlab.blocks import Block, BlockConfig, BlockStack
+from attnlab.configs import Alias, ConfigBase, project, setting
 from attnlab.efficient import AttentionKind
 from attnlab.positions import make_positions
 
@@ -47,8 +47,8 @@ class BertConfig(ConfigBase):
     norm_eps: float = setting(1e-12, min=0.0)
     dropout: float = setting(0.1, min=0.0, below=1.0)
     attn_dropout: float = setting(0.1, min=0.0, below=1.0)
-    activation: BertActivation = "gelu"
-    pad_id: int = 0
+    activation: BertActivation = setting("gelu")
+    pad_id: int = setting(0)
     gradient_checkpointing: bool = setting(
         False, "recompute block activations in backward (less memory)"
     )
@@ -67,19 +67,7 @@ class BertConfig(ConfigBase):
 
     def block_config(self) -> BlockConfig:
         """BERT's post-norm encoder block."""
-        return BlockConfig(
-            d_model=self.d_model,
-            n_heads=self.n_heads,
-            d_ff=self.d_ff,
-            activation=self.activation,
-            norm_position="post",
-            norm_eps=self.norm_eps,
-            dropout=self.dropout,
-            attn_dropout=self.attn_dropout,
-            attention=self.attention,
-            window=self.window,
-            n_global=self.n_global,
-        )
+        return project(self, BlockConfig, norm_position="post")
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> BertConfig:
@@ -166,7 +154,7 @@ class BertModel(nn.Module):
         self.cfg = cfg
         self.embeddings = BertEmbeddings(cfg)
         block = cfg.block_config()
-        self.encoder = Encoder([EncoderBlock(block) for _ in range(cfg.n_layers)])
+        self.encoder = BlockStack([Block(block) for _ in range(cfg.n_layers)])
         self.encoder.gradient_checkpointing = cfg.gradient_checkpointing
         self.pooler = nn.Linear(cfg.d_model, cfg.d_model)
         init_bert_weights(self)

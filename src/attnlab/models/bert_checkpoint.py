@@ -99,8 +99,9 @@ def encoder_names(cfg: BertConfig) -> dict[str, tuple[str, ...]]:
     for i in range(cfg.n_layers):
         ours, hf = f"encoder.blocks.{i}", f"encoder.layer.{i}"
         for kind in ("weight", "bias"):
-            names[f"{ours}.self_attn.qkv.{kind}"] = tuple(
-                f"{hf}.attention.self.{part}.{kind}" for part in ("query", "key", "value")
+            names[f"{ours}.self_attn.q_proj.{kind}"] = (f"{hf}.attention.self.query.{kind}",)
+            names[f"{ours}.self_attn.kv_proj.{kind}"] = tuple(
+                f"{hf}.attention.self.{part}.{kind}" for part in ("key", "value")
             )
         pairs |= {
             f"{ours}.self_attn.out_proj": f"{hf}.attention.output.dense",

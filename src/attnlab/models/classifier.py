@@ -12,8 +12,8 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.attention import padding_mask
-from attnlab.blocks import Activation, BlockConfig, Encoder, EncoderBlock, NormKind, NormPosition
-from attnlab.configs import Alias, ConfigBase, setting
+from attnlab.blocks import Activation, Block, BlockConfig, BlockStack, NormKind, NormPosition
+from attnlab.configs import Alias, ConfigBase, project, setting
 from attnlab.efficient import AttentionKind
 from attnlab.errors import UserError
 from attnlab.positions import make_positions
@@ -37,11 +37,11 @@ class ClassifierConfig(ConfigBase):
     dropout: float = setting(0.1, min=0.0, below=1.0)
     attn_dropout: float = setting(0.1, min=0.0, below=1.0)
     emb_dropout: float = setting(0.1, min=0.0, below=1.0)
-    activation: Activation = "gelu"
-    norm: NormKind = "layer"
+    activation: Activation = setting("gelu")
+    norm: NormKind = setting("layer")
     norm_position: NormPosition = setting("pre", "where the norm sits around each sub-layer")
-    pos: Position = "sinusoidal"
-    pooling: Pooling = "mean"
+    pos: Position = setting("sinusoidal")
+    pooling: Pooling = setting("mean")
     context: int = setting(256, "longest input the model accepts (learned positions)", min=1)
     bigram_buckets: int = setting(
         0, ">0 adds hashed character-bigram embeddings to each position", min=0
@@ -53,10 +53,10 @@ class ClassifierConfig(ConfigBase):
     token_dropout: float = setting(
         0.0, "training only: replace this share of tokens with <unk>", min=0.0, below=1.0
     )
-    pad_id: int = 0
-    unk_id: int = 1
-    cls_id: int = 2
-    gradient_checkpointing: bool = False
+    pad_id: int = setting(0)
+    unk_id: int = setting(1)
+    cls_id: int = setting(2)
+    gradient_checkpointing: bool = setting(False)
     attention: AttentionKind = setting(
         "full", "full | local (sliding window) | linear (elu+1 feature map)"
     )
@@ -86,19 +86,7 @@ class ClassifierConfig(ConfigBase):
 
     def block_config(self) -> BlockConfig:
         """The bidirectional encoder block every layer is built from."""
-        return BlockConfig(
-            d_model=self.d_model,
-            n_heads=self.n_heads,
-            d_ff=self.d_ff,
-            activation=self.activation,
-            norm=self.norm,
-            norm_position=self.norm_position,
-            dropout=self.dropout,
-            attn_dropout=self.attn_dropout,
-            attention=self.attention,
-            window=self.window,
-            n_global=self.n_global,
-        )
+        return project(self, BlockConfig)
 
 
 class TextClassifier(nn.Module):
@@ -127,9 +115,9 @@ class TextClassifier(nn.Module):
         self.rel_bias = positions.bias  # T5 / ALiBi, or None
         self.emb_dropout = nn.Dropout(cfg.emb_dropout)
         block = cfg.block_config()
-        blocks = [EncoderBlock(block, positions.rotary) for _ in range(cfg.n_layers)]
+        blocks = [Block(block, positions.rotary) for _ in range(cfg.n_layers)]
         pre = cfg.norm_position == "pre"
-        self.encoder = Encoder(blocks, block.make_norm() if pre else None)
+        self.encoder = BlockStack(blocks, block.make_norm() if pre else None)
         self.encoder.gradient_checkpointing = cfg.gradient_checkpointing
         self.ngram_bag = None
         if cfg.ngram_buckets > 0:
@@ -181,7 +169,7 @@ class TextClassifier(nn.Module):
         return torch.cat([pooled, self.ngram_features(input_ids, lengths)], dim=-1)  # (B, 2D)
 
     def encode(
-        self, input_ids: Tensor, lengths: Tensor, return_weights: bool = False
+        self, input_ids: Tensor, lengths: Tensor, need_weights: bool = False
     ) -> tuple[Tensor, Tensor, list[Tensor]]:
         """ids (B, T), lengths (B,) -> hidden (B, T, D), key mask (B, 1, 1, T), weights."""
         B, T = input_ids.shape
@@ -202,8 +190,8 @@ class TextClassifier(nn.Module):
             x = self.abs_pos(x)
         x = self.emb_dropout(x)
         bias = None if self.rel_bias is None else self.rel_bias(T, T)  # (1, H, T, T)
-        if return_weights:
-            x, weights = self.encoder(x, mask, bias=bias, return_weights=True)
+        if need_weights:
+            x, weights = self.encoder(x, mask, bias=bias, need_weights=True)
         else:
             x, weights = self.encoder(x, mask, bias=bias), []
         return x, mask, weights
@@ -231,7 +219,7 @@ class TextClassifier(nn.Module):
         of (head-averaged attention + identity, row-normalised), read at the rows that pooling
         uses (the ``<cls>`` row, or the mean over real tokens for mean/max pooling).
         """
-        h, mask, weights = self.encode(input_ids, lengths, return_weights=True)
+        h, mask, weights = self.encode(input_ids, lengths, need_weights=True)
         logits = self.head(self.features(h, mask, input_ids, lengths))  # (B, C)
         attn = torch.stack(weights)  # (L, B, H, T, T)
         T = input_ids.shape[1]

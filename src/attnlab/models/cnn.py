@@ -3,23 +3,28 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.channel import AttentionKind, make_attention
-from attnlab.configs import ConfigBase, setting
+from attnlab.channel import ChannelAttentionKind, make_attention
+from attnlab.configs import Alias, ConfigBase, setting
 
 
 @dataclass
 class CNNConfig(ConfigBase):
     """Stages of residual blocks; each later stage halves the resolution and doubles width."""
 
+    ALIASES: ClassVar[tuple[Alias, ...]] = (Alias("attention", "channel_attention"),)
+
     in_channels: int = setting(1, min=1)
     width: int = setting(32, min=1)
     stages: int = setting(3, min=1)
     blocks_per_stage: int = setting(2, min=1)
-    attention: AttentionKind = setting("none", "channel/spatial attention in every block")
+    channel_attention: ChannelAttentionKind = setting(
+        "none", "channel/spatial attention module in every block"
+    )
     reduction: int = setting(16, min=1)
     dropout: float = setting(0.0, min=0.0, below=1.0)
     n_classes: int = setting(10, min=2)
@@ -29,7 +34,7 @@ class BasicBlock(nn.Module):
     """y = ReLU(A(BN(conv(ReLU(BN(conv(x)))))) + shortcut(x)); A is the attention module."""
 
     def __init__(
-        self, c_in: int, c_out: int, stride: int, attention: AttentionKind, reduction: int
+        self, c_in: int, c_out: int, stride: int, attention: ChannelAttentionKind, reduction: int
     ) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
@@ -66,7 +71,7 @@ class ResNetCNN(nn.Module):
             c_out = cfg.width * 2**stage
             for i in range(cfg.blocks_per_stage):
                 stride = 2 if stage > 0 and i == 0 else 1
-                blocks.append(BasicBlock(c, c_out, stride, cfg.attention, cfg.reduction))
+                blocks.append(BasicBlock(c, c_out, stride, cfg.channel_attention, cfg.reduction))
                 c = c_out
         self.blocks = nn.Sequential(*blocks)
         self.dropout = nn.Dropout(cfg.dropout)

@@ -37,8 +37,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from attnlab.blocks import Activation, BlockConfig, Encoder, EncoderBlock, NormKind
-from attnlab.configs import ConfigBase, setting
+from attnlab.blocks import Activation, Block, BlockConfig, BlockStack, NormKind
+from attnlab.configs import ConfigBase, project, setting
 from attnlab.efficient import AttentionKind
 from attnlab.errors import UserError
 from attnlab.moe import MoEFeedForward
@@ -59,15 +59,15 @@ class GPTConfig(ConfigBase):
     d_ff: int = setting(
         0, "0 = 4·d_model, or LLaMA's 2/3·4·d_model rounded to 64 with swiglu", min=0
     )
-    pos: Literal["learned", "rope", "alibi"] = "learned"
-    norm: NormKind = "layer"
-    activation: Activation = "gelu_tanh"
+    pos: Literal["learned", "rope", "alibi"] = setting("learned")
+    norm: NormKind = setting("layer")
+    activation: Activation = setting("gelu_tanh")
     bias: bool = setting(True, "biases in linear layers and LayerNorm")
     tie_weights: bool = setting(True, "output projection = token embedding")
     dropout: float = setting(0.0, min=0.0, below=1.0)
     norm_eps: float = setting(1e-5, min=0.0)
     rope_base: float = setting(10000.0, min=1.0)
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = setting(False)
     attention: AttentionKind = setting(
         "full", "full | local (sliding window) | linear (elu+1 feature map)"
     )
@@ -143,23 +143,7 @@ class GPTConfig(ConfigBase):
 
     def block_config(self) -> BlockConfig:
         """The pre-norm causal block every layer is built from."""
-        return BlockConfig(
-            d_model=self.d_model,
-            n_heads=self.n_heads,
-            d_ff=self.ff_width,
-            n_kv_heads=self.n_kv_heads,
-            activation=self.activation,
-            norm=self.norm,
-            norm_position="pre",
-            norm_eps=self.norm_eps,
-            dropout=self.dropout,
-            bias=self.bias,
-            attention=self.attention,
-            window=self.window,
-            n_global=self.n_global,
-            qk_norm=self.qk_norm,
-            value_embeddings=self.value_embeddings,
-        )
+        return project(self, BlockConfig, d_ff=self.ff_width, norm_position="pre")
 
 
 class GPT(nn.Module):
@@ -179,7 +163,7 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         block = cfg.block_config()
         blocks = [self._layer(block, kind, positions.rotary) for kind in cfg.layer_mixers()]
-        self.stack = Encoder(blocks, block.make_norm())
+        self.stack = BlockStack(blocks, block.make_norm())
         self.stack.gradient_checkpointing = cfg.gradient_checkpointing
         self.value_emb = None  # (V, Hkv·Dh): the values each token adds in every layer
         if cfg.value_embeddings and "attention" in cfg.layer_mixers():
@@ -189,7 +173,7 @@ class GPT(nn.Module):
         if cfg.tie_weights:
             self.head.weight = self.tok_emb.weight
 
-    def _layer(self, block: BlockConfig, kind: str, rotary: nn.Module | None) -> EncoderBlock:
+    def _layer(self, block: BlockConfig, kind: str, rotary: nn.Module | None) -> Block:
         """One layer: attention or Mamba, then a dense or a mixture-of-experts feed-forward."""
         cfg = self.cfg
         mixer = None
@@ -209,7 +193,7 @@ class GPT(nn.Module):
                 cfg.moe_aux_weight,
                 cfg.moe_z_weight,
             )
-        return EncoderBlock(block, rotary, mixer=mixer, ff=ff)
+        return Block(block, rotary, mixer=mixer, ff=ff)
 
     @torch.no_grad()
     def reset_parameters(self) -> None:

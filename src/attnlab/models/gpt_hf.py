@@ -1,8 +1,9 @@
 """Hugging Face GPT-2 checkpoints (config.json + model.safetensors) <-> attnlab's GPT.
 
 GPT-2 stores its linear layers as ``Conv1D`` with weights (in, out); attnlab's ``nn.Linear``
-holds (out, in), so every matrix is transposed on the way. GPT-2's ``c_attn`` already packs
-queries, keys and values in that order, like attnlab's fused ``qkv``. Only the architecture
+holds (out, in), so every matrix is transposed on the way. GPT-2's ``c_attn`` packs queries,
+keys and values in that order: attnlab's ``q_proj`` rows, then ``kv_proj``'s (the map below
+names the packed ``qkv``, which ``MultiHeadAttention`` reads on load). Only the architecture
 GPT-2 has can be exported: learned positions, LayerNorm with biases, GELU, tied embeddings and
 no grouped-query attention.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
 from safetensors.torch import save_file
 from torch import Tensor
 
@@ -159,6 +161,9 @@ def save_hf_gpt2(model: GPT, directory: str | Path) -> Path:
     directory = Path(directory)
     hf_config = config_to_hf(model.cfg)
     params = dict(model.named_parameters(remove_duplicate=False))
+    for q_name in [n for n in params if ".self_attn.q_proj." in n]:  # GPT-2 packs q, k, v
+        kv = params.pop(q_name.replace("q_proj", "kv_proj"))
+        params[q_name.replace("q_proj", "qkv")] = torch.cat([params.pop(q_name), kv])
     state = {
         theirs: (params[ours].t() if conv else params[ours]).detach().contiguous().cpu()
         for ours, (theirs, conv) in _key_map(model.cfg).items()

@@ -19,15 +19,15 @@ from torch import Tensor, nn
 from attnlab.attention import KVCache, padding_mask_from_ids
 from attnlab.blocks import (
     Activation,
+    Block,
     BlockConfig,
+    BlockStack,
     Decoder,
     DecoderBlock,
-    Encoder,
-    EncoderBlock,
     NormKind,
     NormPosition,
 )
-from attnlab.configs import Alias, ConfigBase, coerce_value, setting
+from attnlab.configs import Alias, ConfigBase, coerce_value, project, setting
 from attnlab.efficient import AttentionKind
 from attnlab.errors import UserError
 from attnlab.positions import make_positions
@@ -44,20 +44,20 @@ class Seq2SeqConfig(ConfigBase):
 
     src_vocab_size: int = setting(0, min=1, unset=0, set_by="the source tokenizer")
     tgt_vocab_size: int = setting(0, min=1, unset=0, set_by="the target tokenizer")
-    shared_embeddings: bool = True
+    shared_embeddings: bool = setting(True)
     d_model: int = setting(256, min=1)
     n_heads: int = setting(4, min=1)
     n_encoder_layers: int = setting(3, min=1)
     n_decoder_layers: int = setting(3, min=1)
     d_ff: int = setting(1024, min=1)
     dropout: float = setting(0.1, min=0.0, below=1.0)
-    activation: Activation = "relu"
-    norm: NormKind = "layer"
-    norm_position: NormPosition = "post"
-    pos: Literal["sinusoidal", "learned"] = "sinusoidal"
+    activation: Activation = setting("relu")
+    norm: NormKind = setting("layer")
+    norm_position: NormPosition = setting("post")
+    pos: Literal["sinusoidal", "learned"] = setting("sinusoidal")
     context: int = setting(512, "longest source or target (learned positions)", min=1)
     tie_weights: bool = setting(True, "output projection = target embedding")
-    pad_id: int = 0
+    pad_id: int = setting(0)
     gradient_checkpointing: bool = setting(
         False, "recompute block activations in backward (less memory)"
     )
@@ -85,18 +85,7 @@ class Seq2SeqConfig(ConfigBase):
 
     def block_config(self) -> BlockConfig:
         """The block of both stacks (the decoder adds cross-attention; it is always full)."""
-        return BlockConfig(
-            d_model=self.d_model,
-            n_heads=self.n_heads,
-            d_ff=self.d_ff,
-            activation=self.activation,
-            norm=self.norm,
-            norm_position=self.norm_position,
-            dropout=self.dropout,
-            attention=self.attention,
-            window=self.window,
-            n_global=self.n_global,
-        )
+        return project(self, BlockConfig)
 
 
 class Seq2SeqTransformer(nn.Module):
@@ -120,8 +109,8 @@ class Seq2SeqTransformer(nn.Module):
         self.pos = make_positions(cfg.pos, d, cfg.n_heads, cfg.context).absolute
         self.dropout = nn.Dropout(cfg.dropout)
         block = cfg.block_config()
-        self.encoder = Encoder(
-            [EncoderBlock(block) for _ in range(cfg.n_encoder_layers)], block.make_norm()
+        self.encoder = BlockStack(
+            [Block(block) for _ in range(cfg.n_encoder_layers)], block.make_norm()
         )
         self.decoder = Decoder(
             [DecoderBlock(block) for _ in range(cfg.n_decoder_layers)], block.make_norm()

@@ -14,8 +14,8 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from attnlab.blocks import Activation, BlockConfig, Encoder, EncoderBlock
-from attnlab.configs import ConfigBase, setting
+from attnlab.blocks import Activation, Block, BlockConfig, BlockStack
+from attnlab.configs import ConfigBase, project, setting
 from attnlab.efficient import AttentionKind
 from attnlab.errors import UserError
 from attnlab.positions import make_positions, sincos_2d_table
@@ -34,11 +34,11 @@ class ViTConfig(ConfigBase):
     d_ff: int = setting(256, min=1)
     dropout: float = setting(0.1, min=0.0, below=1.0)
     attn_dropout: float = setting(0.0, min=0.0, below=1.0)
-    activation: Activation = "gelu"
+    activation: Activation = setting("gelu")
     norm_eps: float = setting(1e-6, min=0.0)
-    pooling: Literal["cls", "mean"] = "cls"
-    pos: Literal["learned", "sincos2d"] = "learned"
-    stem: Literal["patch", "conv"] = "patch"
+    pooling: Literal["cls", "mean"] = setting("cls")
+    pos: Literal["learned", "sincos2d"] = setting("learned")
+    stem: Literal["patch", "conv"] = setting("patch")
     attention: AttentionKind = setting(
         "full", "full | local (sliding window over row-major patches) | linear"
     )
@@ -48,7 +48,7 @@ class ViTConfig(ConfigBase):
     )
     stem_channels: int = setting(32, min=1)
     n_classes: int = setting(10, min=2)
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = setting(False)
 
     def check(self) -> None:
         if self.image_size % self.patch_size != 0:
@@ -77,19 +77,7 @@ class ViTConfig(ConfigBase):
 
     def block_config(self) -> BlockConfig:
         """The pre-norm encoder block (eqs. 2-3)."""
-        return BlockConfig(
-            d_model=self.d_model,
-            n_heads=self.n_heads,
-            d_ff=self.d_ff,
-            activation=self.activation,
-            norm_position="pre",
-            norm_eps=self.norm_eps,
-            dropout=self.dropout,
-            attn_dropout=self.attn_dropout,
-            attention=self.attention,
-            window=self.window,
-            n_global=self.n_global,
-        )
+        return project(self, BlockConfig, norm_position="pre")
 
 
 class PatchEmbedding(nn.Module):
@@ -148,9 +136,7 @@ class ViT(nn.Module):
         self._register_load_state_dict_pre_hook(_read_old_position_table)
         self.dropout = nn.Dropout(cfg.dropout)
         block = cfg.block_config()
-        self.encoder = Encoder(
-            [EncoderBlock(block) for _ in range(cfg.n_layers)], block.make_norm()
-        )
+        self.encoder = BlockStack([Block(block) for _ in range(cfg.n_layers)], block.make_norm())
         self.encoder.gradient_checkpointing = cfg.gradient_checkpointing
         self.head = nn.Linear(cfg.d_model, cfg.n_classes)
         self.apply(_init_weights)

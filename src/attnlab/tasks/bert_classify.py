@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
-from attnlab.configs import to_dict
+from attnlab.configs import ConfigBase, setting, to_dict
 from attnlab.data import (
     ClassificationData,
     LabeledCorpus,
@@ -47,36 +47,32 @@ from attnlab.tasks.task import Run, RunConfig, Setup, Task
 from attnlab.train import TrainConfig, load_weights
 
 
-def _help(default: Any, text: str) -> Any:
-    return field(default=default, metadata={"help": text})
-
-
 @dataclass
-class BertClassifyConfig:
+class BertClassifyConfig(ConfigBase):
     """Data, head and initialisation options of BERT fine-tuning (the loop has TrainConfig)."""
 
-    init: str = _help("minilm", "BERT checkpoint dir, `train mlm` run, or minilm")
-    from_scratch: bool = _help(False, "with --init: its architecture, random weights")
-    data: str = _help("pang_lee", "pang_lee, imdb, chinese_reviews or a CSV/TSV/JSONL file")
-    text_col: str = "text"
-    label_col: str = "label"
-    max_examples: int = _help(0, "with --init: balanced random subsample first; 0 = all")
-    split_seed: int = 0
-    val_ratio: float = 0.1
-    test_ratio: float = 0.1
-    truncate_len: int = 0
-    len_percentile: float = 99.0
-    max_truncate_len: int = 256
-    pooling: Literal["mean", "cls"] = "mean"
-    dropout: float = 0.1
-    label_smoothing: float = 0.0
-    eval_batch_size: int = 128
-    allow_rare_labels: bool = _help(
+    init: str = setting("minilm", "BERT checkpoint dir, `train mlm` run, or minilm")
+    from_scratch: bool = setting(False, "with --init: its architecture, random weights")
+    data: str = setting("pang_lee", "pang_lee, imdb, chinese_reviews or a CSV/TSV/JSONL file")
+    text_col: str = setting("text")
+    label_col: str = setting("label")
+    max_examples: int = setting(0, "with --init: balanced random subsample first; 0 = all", min=0)
+    split_seed: int = setting(0)
+    val_ratio: float = setting(0.1)
+    test_ratio: float = setting(0.1)
+    truncate_len: int = setting(0)
+    len_percentile: float = setting(99.0)
+    max_truncate_len: int = setting(256)
+    pooling: Literal["mean", "cls"] = setting("mean")
+    dropout: float = setting(0.1, min=0, below=1)
+    label_smoothing: float = setting(0.0, min=0, below=1)
+    eval_batch_size: int = setting(128, min=1)
+    allow_rare_labels: bool = setting(
         False, "train even with classes of fewer than 5 training examples"
     )
 
 
-SECTIONS: dict[str, type] = {"data": BertClassifyConfig, "train": TrainConfig}
+SECTIONS: dict[str, type[ConfigBase]] = {"data": BertClassifyConfig, "train": TrainConfig}
 
 
 def load_corpus(dcfg: BertClassifyConfig) -> LabeledCorpus:
@@ -131,10 +127,10 @@ class BertClassifyTask(Task):
     resumable = frozenset({"eval_batch_size"})
     data_paths = ("data", "init")
 
-    def sections(self) -> dict[str, type]:
+    def sections(self) -> dict[str, type[ConfigBase]]:
         return SECTIONS
 
-    def derived_sections(self) -> dict[str, type]:
+    def derived_sections(self) -> dict[str, type[ConfigBase]]:
         return {"model": BertConfig}  # the checkpoint's architecture, with the run's dropout
 
     def setup(self, cfg: RunConfig, run_dir: Path, resume: bool, device: str) -> Setup:
@@ -258,6 +254,7 @@ class BertClassifierRun(Run):
     """A fine-tuned BERT run directory loaded for inference."""
 
     verbs = ("predict", "evaluate")
+    explore_page = "bert"
 
     def __init__(
         self,

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from attnlab.configs import to_dict
+from attnlab.configs import ConfigBase, setting, to_dict
 from attnlab.data import LabeledCorpus, LengthBucketSampler, stratified_split
 from attnlab.data.io import read_utf8, write_json
 from attnlab.data.mlm import MLMData
@@ -30,44 +30,48 @@ from attnlab.data.wordpiece import WordPieceTokenizer
 from attnlab.errors import UserError
 from attnlab.models.bert import BertConfig, BertForMaskedLM
 from attnlab.models.bert_checkpoint import load_pretrained, resolve_checkpoint, save_pretrained
-from attnlab.tasks.bert_classify import BertClassifyConfig, _help, load_corpus
+from attnlab.tasks.bert_classify import BertClassifyConfig, load_corpus
 from attnlab.tasks.task import Run, RunConfig, Setup, Task
 from attnlab.train import StepOutput, TrainConfig, seed_everything
 
 
 @dataclass
-class MLMDataConfig:
+class MLMDataConfig(ConfigBase):
     """Where the text comes from, how it is tokenised and masked."""
 
-    data: str = _help("chinese_reviews", "a .txt file (a text per line), CSV/TSV/JSONL or corpus")
-    text_col: str = "text"
-    label_col: str = "label"
-    init: str = _help("", "checkpoint to continue from; empty = new BERT + new WordPiece")
-    vocab_size: int = _help(8000, "WordPiece vocabulary size (new tokenizer only)")
-    min_frequency: int = 2
-    lowercase: bool = True
-    max_len: int = _help(128, "tokens per text ([CLS] and [SEP] included); the rest is cut")
-    mask_prob: float = _help(0.15, "share of tokens chosen as MLM targets (80/10/10 rule)")
-    split_seed: int = 0
-    val_ratio: float = 0.1
-    test_ratio: float = 0.1
-    max_examples: int = 0
-    eval_batch_size: int = 128
+    data: str = setting("chinese_reviews", "a .txt file (a text per line), CSV/TSV/JSONL or corpus")
+    text_col: str = setting("text")
+    label_col: str = setting("label")
+    init: str = setting("", "checkpoint to continue from; empty = new BERT + new WordPiece")
+    vocab_size: int = setting(8000, "WordPiece vocabulary size (new tokenizer only)", min=1)
+    min_frequency: int = setting(2)
+    lowercase: bool = setting(True)
+    max_len: int = setting(128, "tokens per text ([CLS] and [SEP] included); the rest is cut")
+    mask_prob: float = setting(0.15, "share of tokens chosen as MLM targets (80/10/10 rule)")
+    split_seed: int = setting(0)
+    val_ratio: float = setting(0.1)
+    test_ratio: float = setting(0.1)
+    max_examples: int = setting(0, min=0)
+    eval_batch_size: int = setting(128, min=1)
 
 
 @dataclass
-class MLMModelConfig:
+class MLMModelConfig(ConfigBase):
     """The size of a new BERT (ignored with ``init``, which brings its own architecture)."""
 
-    d_model: int = 256
-    n_layers: int = 4
-    n_heads: int = 4
-    d_ff: int = 1024
-    dropout: float = 0.1
-    attn_dropout: float = 0.1
+    d_model: int = setting(256, min=1)
+    n_layers: int = setting(4, min=1)
+    n_heads: int = setting(4, min=1)
+    d_ff: int = setting(1024, min=1)
+    dropout: float = setting(0.1, min=0, below=1)
+    attn_dropout: float = setting(0.1, min=0, below=1)
 
 
-SECTIONS: dict[str, type] = {"data": MLMDataConfig, "model": MLMModelConfig, "train": TrainConfig}
+SECTIONS: dict[str, type[ConfigBase]] = {
+    "data": MLMDataConfig,
+    "model": MLMModelConfig,
+    "train": TrainConfig,
+}
 
 
 def load_texts(dcfg: MLMDataConfig) -> LabeledCorpus:
@@ -169,10 +173,10 @@ class MLMTask(Task):
     resumable = frozenset({"eval_batch_size"})
     data_paths = ("data", "init")
 
-    def sections(self) -> dict[str, type]:
+    def sections(self) -> dict[str, type[ConfigBase]]:
         return SECTIONS
 
-    def derived_sections(self) -> dict[str, type]:
+    def derived_sections(self) -> dict[str, type[ConfigBase]]:
         return {"bert": BertConfig}  # the architecture trained (the init checkpoint's, or new)
 
     def setup(self, cfg: RunConfig, run_dir: Path, resume: bool, device: str) -> Setup:

@@ -10,13 +10,14 @@ curves.png, summary.json, results.json and test_report.txt.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from attnlab.configs import ConfigBase, setting
 from attnlab.data import (
     CharTokenizer,
     ClassificationData,
@@ -57,43 +58,34 @@ TUTORIAL_EXAMPLES = (
 
 
 @dataclass
-class ClassifyConfig:
+class ClassifyConfig(ConfigBase):
     """Data and loss options of the classification task (the model and loop have their own)."""
 
-    data: str = field(default="", metadata={"help": "CSV/TSV/JSONL file; empty = bundled reviews"})
-    val_data: str = field(default="", metadata={"help": "separate validation file (optional)"})
-    test_data: str = field(default="", metadata={"help": "separate test file (optional)"})
-    text_col: str = "text"
-    label_col: str = "label"
-    split_seed: int = field(default=0, metadata={"help": "seed of the 80/10/10 stratified split"})
-    val_ratio: float = 0.1
-    test_ratio: float = 0.1
-    min_freq: int = field(default=2, metadata={"help": "rarer characters become <unk>"})
-    len_percentile: float = field(
-        default=95.0, metadata={"help": "truncation length covers this % of train texts"}
+    data: str = setting("", "CSV/TSV/JSONL file; empty = bundled reviews")
+    val_data: str = setting("", "separate validation file (optional)")
+    test_data: str = setting("", "separate test file (optional)")
+    text_col: str = setting("text")
+    label_col: str = setting("label")
+    split_seed: int = setting(0, "seed of the 80/10/10 stratified split")
+    val_ratio: float = setting(0.1)
+    test_ratio: float = setting(0.1)
+    min_freq: int = setting(2, "rarer characters become <unk>")
+    len_percentile: float = setting(95.0, "truncation length covers this % of train texts")
+    truncate_len: int = setting(0, "fixed truncation length; 0 = auto")
+    max_truncate_len: int = setting(512)
+    tail_share: float = setting(
+        0.0, "share of a truncated text's room kept from its end (0 = keep the head)", min=0, max=1
     )
-    truncate_len: int = field(default=0, metadata={"help": "fixed truncation length; 0 = auto"})
-    max_truncate_len: int = 512
-    tail_share: float = field(
-        default=0.0, metadata={"help": "share of a truncated text's room kept from its end"}
+    label_smoothing: float = setting(0.1, min=0, below=1)
+    eval_batch_size: int = setting(256, min=1)
+    allow_rare_labels: bool = setting(
+        False, "train even with classes of fewer than 5 training examples"
     )
-    label_smoothing: float = 0.1
-    eval_batch_size: int = 256
-    allow_rare_labels: bool = field(
-        default=False,
-        metadata={"help": "train even with classes of fewer than 5 training examples"},
-    )
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.tail_share <= 1.0:
-            raise UserError(
-                f"tail_share must be in [0, 1] (0 = keep the head), got {self.tail_share}"
-            )
 
 
 REPORT = {"max_len": int}  # what a run's data_report.json must hold for loading
 
-SECTIONS: dict[str, type] = {
+SECTIONS: dict[str, type[ConfigBase]] = {
     "data": ClassifyConfig,
     "model": ClassifierConfig,
     "train": TrainConfig,
@@ -290,8 +282,9 @@ class ClassifyTask(Task):
     preset_prefix = "classify"
     resumable = frozenset({"eval_batch_size"})
     data_paths = ("data", "val_data", "test_data")
+    redirect = ("init", "bert_classify", "BERT fine-tuning from a checkpoint")
 
-    def sections(self) -> dict[str, type]:
+    def sections(self) -> dict[str, type[ConfigBase]]:
         return SECTIONS
 
     def setup(self, cfg: RunConfig, run_dir: Path, resume: bool, device: str) -> Setup:
@@ -415,6 +408,7 @@ class ClassifierRun(Run):
     """A trained classifier: predict, evaluate, attention."""
 
     verbs = ("predict", "evaluate", "attention")
+    explore_page = "classifier"
 
     def __init__(
         self,

@@ -9,20 +9,19 @@ summary.json, results.json and sample.txt.
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from attnlab.configs import ConfigBase, setting
 from attnlab.data.bpe import BPETokenizer
 from attnlab.data.io import read_json, write_json
 from attnlab.data.lm_tokenizer import (
-    KINDS,
     CharLMTokenizer,
     LMTokenizer,
     load_tokenizer,
@@ -46,40 +45,24 @@ from attnlab.train import StepOutput, TrainConfig, load_weights
 
 
 @dataclass
-class LMDataConfig:
+class LMDataConfig(ConfigBase):
     """Corpus, tokenizer and evaluation options of the language-model task."""
 
-    data: str = field(default="", metadata={"help": "UTF-8 file or folder; empty = Shakespeare"})
-    tokenizer: str = field(default="char", metadata={"help": "char | gpt2 | bpe (trained here)"})
-    bpe_vocab_size: int = field(default=4096, metadata={"help": "vocabulary of tokenizer=bpe"})
-    val_fraction: float = field(
-        default=0.1, metadata={"help": "tail of every file kept for validation"}
-    )
-    eval_windows: int = field(
-        default=200, metadata={"help": "evenly spaced validation windows per eval; 0 = all"}
-    )
-    eval_batch_size: int = 32
-    epoch_windows: int = field(
-        default=0, metadata={"help": "training windows per epoch; 0 = train tokens / context"}
-    )
-    sample_tokens: int = field(
-        default=300, metadata={"help": "tokens sampled after training (0 = none)"}
-    )
-
-    def validate(self) -> None:
-        """Raise ValueError naming the field and what is allowed."""
-        if self.tokenizer not in KINDS:
-            raise UserError(f"tokenizer must be one of {', '.join(KINDS)}, got {self.tokenizer!r}")
-        if not 0.0 < self.val_fraction < 1.0:
-            raise UserError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
-        for name in ("eval_windows", "epoch_windows", "sample_tokens"):
-            if getattr(self, name) < 0:
-                raise UserError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.eval_batch_size < 1:
-            raise UserError(f"eval_batch_size must be >= 1, got {self.eval_batch_size}")
+    data: str = setting("", "UTF-8 file or folder; empty = Shakespeare")
+    tokenizer: Literal["char", "gpt2", "bpe"] = setting("char", "char | gpt2 | bpe (trained here)")
+    bpe_vocab_size: int = setting(4096, "vocabulary of tokenizer=bpe")
+    val_fraction: float = setting(0.1, "tail of every file kept for validation", above=0, below=1)
+    eval_windows: int = setting(200, "evenly spaced validation windows per eval; 0 = all", min=0)
+    eval_batch_size: int = setting(32, min=1)
+    epoch_windows: int = setting(0, "training windows per epoch; 0 = train tokens / context", min=0)
+    sample_tokens: int = setting(300, "tokens sampled after training (0 = none)", min=0)
 
 
-SECTIONS: dict[str, type] = {"data": LMDataConfig, "model": GPTConfig, "train": TrainConfig}
+SECTIONS: dict[str, type[ConfigBase]] = {
+    "data": LMDataConfig,
+    "model": GPTConfig,
+    "train": TrainConfig,
+}
 
 
 def build_config(preset: str | Path | None, overrides: dict[str, Any]) -> RunConfig:
@@ -123,7 +106,7 @@ def prepare(dcfg: LMDataConfig, run_dir: Path, resume: bool) -> Prepared:
         report = read_json(report_path, "data report")
     else:
         files = corpus_files(dcfg.data)
-        _say(f"data: {len(files)} file(s) from {dcfg.data or 'the shakespeare package'}")
+        runner.say(f"data: {len(files)} file(s) from {dcfg.data or 'the shakespeare package'}")
         tokenizer = build_tokenizer(dcfg, files)
         counts = {
             split: write_tokens(iter_split(files, split, dcfg.val_fraction), tokenizer, path)
@@ -211,11 +194,8 @@ class LMTask(Task):
     resumable = frozenset({"eval_batch_size", "sample_tokens"})
     data_paths = ("data",)
 
-    def sections(self) -> dict[str, type]:
+    def sections(self) -> dict[str, type[ConfigBase]]:
         return SECTIONS
-
-    def check(self, cfg: RunConfig) -> None:
-        cfg.data.validate()
 
     def setup(self, cfg: RunConfig, run_dir: Path, resume: bool, device: str) -> Setup:
         prep = prepare(cfg.data, run_dir, resume)
@@ -313,10 +293,6 @@ def final_val_loss(
         "monitor_val_loss": mean_loss_of_best(run_dir),
         "monitor_scope": f"{len(sample):,} evenly spaced windows, used to pick the best step",
     }
-
-
-def _say(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------------- generation
@@ -455,6 +431,7 @@ class LMRun(Run):
     """A trained model and its tokenizer: an attnlab run, or a Hugging Face GPT-2 directory."""
 
     verbs = ("generate",)
+    explore_page = "gpt"
 
     def __init__(
         self,

@@ -63,7 +63,7 @@ REGISTRY: dict[str, TaskEntry] = {
         ),
         TaskEntry(
             "cnn",
-            "small ResNet with --attention none|se|eca|cbam|ca (Fashion-MNIST by default)",
+            "small ResNet with --channel-attention none|se|eca|cbam|ca (Fashion-MNIST by default)",
             "attnlab.tasks.vision",
         ),
     )

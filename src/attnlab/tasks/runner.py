@@ -142,7 +142,8 @@ def preset_fields(preset: str | Path, task: Task, owner: Mapping[str, str]) -> d
     return flat
 
 
-def _say(msg: str) -> None:
+def say(msg: str) -> None:
+    """A progress line on stderr (what `attnlab train` tells the user while it works)."""
     print(msg, file=sys.stderr, flush=True)
 
 
@@ -249,9 +250,9 @@ def _train(
         if not resume:
             for name, write in setup.files.items():
                 write(folder / name)
-        _say(f"run directory: {out}")
+        say(f"run directory: {out}")
         for line in setup.messages:
-            _say(line)
+            say(line)
         if staging is not None:
             staging.publish()  # the lock stays held: its flock follows the folder
     trainer = Trainer(
@@ -287,7 +288,7 @@ def finished(out: Path, cfg: RunConfig) -> dict[str, Any] | None:
     results_path = out / "results.json"
     if not results_path.exists():
         return None  # finished training but not its results: let the runner write them
-    _say(
+    say(
         f"the run in {out} already finished ({state.stop_reason} at step {state.step}); nothing "
         "to do and nothing changed (raise --max-steps, --epochs or --max-minutes to train on)"
     )

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from attnlab.configs import accepted_names, apply_overrides, load_toml, resolve_aliases
+from attnlab.configs import ConfigBase, accepted_names, apply_overrides, load_toml, resolve_aliases
 from attnlab.errors import UserError
 
 PRESETS = Path(__file__).resolve().parent.parent / "presets"
@@ -24,6 +24,8 @@ def field_owner(sections: Mapping[str, type]) -> dict[str, str]:
     """Which section each field belongs to; two sections sharing a field name is a bug."""
     owner: dict[str, str] = {}
     for section, cls in sections.items():
+        if not issubclass(cls, ConfigBase):
+            raise TypeError(f"section {section!r}: {cls.__name__} must subclass configs.ConfigBase")
         for name in accepted_names(cls):  # old spellings too (configs.Alias)
             if name in owner:
                 raise RuntimeError(f"field {name!r} is in both {owner[name]} and {section}")

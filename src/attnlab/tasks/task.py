@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from attnlab.configs import to_dict
+from attnlab.configs import ConfigBase, to_dict
 from attnlab.errors import UserError
 
 FORMAT = 2  # version of the config.json layout; rundir.upgrade reads older ones
@@ -43,9 +43,9 @@ class RunConfig:
     """A run's config: one dataclass per section (data, model, train, ...), by section name."""
 
     task: str
-    sections: dict[str, Any]
+    sections: dict[str, ConfigBase]
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> ConfigBase:
         sections = self.__dict__.get("sections", {})
         if name in sections:
             return sections[name]
@@ -79,12 +79,16 @@ class Task:
     preset_prefix: ClassVar[str] = ""  # --config NAME also finds presets/{prefix}_NAME.toml
     resumable: ClassVar[frozenset[str]] = frozenset()  # more fields a resume may change
     data_paths: ClassVar[tuple[str, ...]] = ()  # fields naming data files (saved resolved)
+    # An option that turns this task into another registered one, with why: `attnlab train
+    # classify --init CKPT` is BERT fine-tuning. The command line offers the other task's
+    # options too and runs that task when the option is given.
+    redirect: ClassVar[tuple[str, str, str] | None] = None  # (option, task, what it does)
 
-    def sections(self) -> dict[str, type]:
+    def sections(self) -> dict[str, type[ConfigBase]]:
         """Config sections that the command line and presets set, by name."""
         raise NotImplementedError
 
-    def derived_sections(self) -> dict[str, type]:
+    def derived_sections(self) -> dict[str, type[ConfigBase]]:
         """Sections the task fills in itself (e.g. a checkpoint's architecture); saved too."""
         return {}
 
@@ -123,6 +127,9 @@ class Run:
 
     verbs: ClassVar[tuple[str, ...]] = ()
     device: Any = "cpu"  # where the model lives; load_run sets it, every verb computes there
+    # The `attnlab explore` page that draws this run's attention: "classifier", "bert", "gpt",
+    # "translate", "vit" or "cnn" (attnlab.explore.page.PAGES); None: nothing to explore.
+    explore_page: ClassVar[str | None] = None
 
     def __init__(self, run_dir: Path, config: RunConfig) -> None:
         self.run_dir, self.config = run_dir, config

@@ -9,17 +9,17 @@ resume), results.json and test.hyp.txt (the test split's translations, one a lin
 from __future__ import annotations
 
 import json
-import sys
 import time
 import unicodedata
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 
+from attnlab.configs import ConfigBase, setting
 from attnlab.data.io import write_json
 from attnlab.data.parallel import (
     Pair,
@@ -38,62 +38,41 @@ from attnlab.train import StepOutput, TrainConfig, load_weights
 
 BUNDLED = Path(__file__).resolve().parent.parent / "data" / "bible.tsv.gz"
 LANGS = ("en", "de", "zh")
+SubwordKind = Literal["bpe", "unigram", "char"]
 
 
 @dataclass
-class TranslateDataConfig:
+class TranslateDataConfig(ConfigBase):
     """Corpus, tokenizer, batching and decoding options of the translation task."""
 
-    data: str = field(
-        default="", metadata={"help": "TSV (src<TAB>tgt[<TAB>group]) or JSONL pairs; empty = Bible"}
-    )
-    pair: str = field(default="en-de", metadata={"help": "bundled Bible: en-de, de-en, en-zh, ..."})
-    synthetic: str = field(default="", metadata={"help": "copy | reverse: random letter strings"})
-    synthetic_size: int = field(default=6000, metadata={"help": "pairs of the synthetic task"})
-    tokenizer: str = field(default="bpe", metadata={"help": "bpe | unigram | char (source side)"})
-    tgt_tokenizer: str = field(default="", metadata={"help": "target side; empty = tokenizer"})
-    vocab_size: int = field(default=8000, metadata={"help": "subword vocabulary per tokenizer"})
-    tgt_tokenizer_size: int = field(
-        default=0, metadata={"help": "target vocabulary when not shared; 0 = vocab_size"}
-    )
-    max_sentence_tokens: int = field(
-        default=100, metadata={"help": "longer training pairs are dropped"}
-    )
-    max_tokens: int = field(default=4096, metadata={"help": "padded tokens per batch (budget)"})
-    dev_percent: float = field(default=2.0, metadata={"help": "share of groups in dev"})
-    test_percent: float = field(default=2.0, metadata={"help": "share of groups in test"})
-    label_smoothing: float = 0.1
-    beam_size: int = field(default=4, metadata={"help": "1 = greedy"})
-    length_penalty: float = field(default=0.6, metadata={"help": "GNMT alpha"})
-    max_len_a: float = field(default=1.5, metadata={"help": "max output = a·|src| + b tokens"})
-    max_len_b: int = 10
-    eval_batch_sentences: int = 64
+    data: str = setting("", "TSV (src<TAB>tgt[<TAB>group]) or JSONL pairs; empty = Bible")
+    pair: str = setting("en-de", "bundled Bible: en-de, de-en, en-zh, ...")
+    synthetic: Literal["", "copy", "reverse"] = setting("", "copy | reverse: random letter strings")
+    synthetic_size: int = setting(6000, "pairs of the synthetic task", min=1)
+    tokenizer: SubwordKind = setting("bpe", "bpe | unigram | char (source side)")
+    tgt_tokenizer: Literal["", SubwordKind] = setting("", "target side; empty = tokenizer")
+    vocab_size: int = setting(8000, "subword vocabulary per tokenizer", min=1)
+    tgt_tokenizer_size: int = setting(0, "target vocabulary when not shared; 0 = vocab_size", min=0)
+    max_sentence_tokens: int = setting(100, "longer training pairs are dropped", min=1)
+    max_tokens: int = setting(4096, "padded tokens per batch (budget)", min=1)
+    dev_percent: float = setting(2.0, "share of groups in dev")
+    test_percent: float = setting(2.0, "share of groups in test")
+    label_smoothing: float = setting(0.1, min=0, below=1)
+    beam_size: int = setting(4, "1 = greedy", min=1)
+    length_penalty: float = setting(0.6, "GNMT alpha")
+    max_len_a: float = setting(1.5, "max output = a·|src| + b tokens")
+    max_len_b: int = setting(10)
+    eval_batch_sentences: int = setting(64, min=1)
 
-    def validate(self) -> None:
-        """Raise ValueError naming the field and what is allowed."""
-        if self.synthetic not in ("", "copy", "reverse"):
-            raise UserError(f"synthetic must be copy or reverse, got {self.synthetic!r}")
+    def check(self) -> None:
         src, _, tgt = self.pair.partition("-")
         if src not in LANGS or tgt not in LANGS or src == tgt:
             raise UserError(f"pair must be two of {', '.join(LANGS)} like en-de, got {self.pair}")
-        for name in ("tokenizer", "tgt_tokenizer"):
-            if getattr(self, name) not in ("bpe", "unigram", "char", ""):
-                raise UserError(f"{name} must be bpe, unigram or char, got {getattr(self, name)}")
-        positive = ("synthetic_size", "vocab_size", "max_sentence_tokens", "max_tokens")
-        for name in (*positive, "beam_size", "eval_batch_sentences"):
-            if getattr(self, name) < 1:
-                raise UserError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise UserError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
-        if self.tgt_tokenizer_size < 0:
-            raise UserError(
-                f"tgt_tokenizer_size must be >= 0 (0 = vocab_size), got {self.tgt_tokenizer_size}"
-            )
         if self.max_tokens < self.max_sentence_tokens + 1:
             raise UserError("max_tokens must exceed max_sentence_tokens (a batch holds a pair)")
 
 
-SECTIONS: dict[str, type] = {
+SECTIONS: dict[str, type[ConfigBase]] = {
     "data": TranslateDataConfig,
     "model": Seq2SeqConfig,
     "train": TrainConfig,
@@ -234,11 +213,8 @@ class TranslateTask(Task):
     resumable = frozenset({"beam_size", "length_penalty", "eval_batch_sentences"})
     data_paths = ("data",)
 
-    def sections(self) -> dict[str, type]:
+    def sections(self) -> dict[str, type[ConfigBase]]:
         return SECTIONS
-
-    def check(self, cfg: RunConfig) -> None:
-        cfg.data.validate()
 
     def setup(self, cfg: RunConfig, run_dir: Path, resume: bool, device: str) -> Setup:
         prep = prepare(cfg, run_dir, resume)
@@ -303,10 +279,6 @@ def format_scores(report: Mapping[str, Any]) -> str:
 UNK_ID = 3  # <unk> of every TextTokenizer (<pad> <s> </s> <unk> = 0..3)
 
 
-def _say(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
 # ---------------------------------------------------------------------------- use a run
 
 
@@ -325,6 +297,7 @@ class TranslatorRun(Run):
     """A trained run: its config, tokenizers and model, ready to translate and evaluate."""
 
     verbs = ("translate", "evaluate")
+    explore_page = "translate"
 
     def __init__(
         self,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.configs import to_dict
+from attnlab.configs import ConfigBase, setting, to_dict
 from attnlab.data import check_label_counts
 from attnlab.data.images import (
     ImageData,
@@ -42,37 +42,36 @@ from attnlab.tensor_files import load_tensors_into, read_tensors
 from attnlab.train import StepOutput, TrainConfig
 
 Arch = Literal["vit", "cnn"]
-MODEL_CONFIGS: dict[str, type] = {"vit": ViTConfig, "cnn": CNNConfig}
+MODEL_CONFIGS: dict[str, type[ConfigBase]] = {"vit": ViTConfig, "cnn": CNNConfig}
 
 
 @dataclass
-class VisionConfig:
+class VisionConfig(ConfigBase):
     """Which images, how they are split and augmented, and the loss options."""
 
-    dataset: Literal["fashion-mnist", "mnist", "folder", "idx"] = field(
-        default="fashion-mnist", metadata={"help": "fashion-mnist, mnist, folder or idx"}
+    dataset: Literal["fashion-mnist", "mnist", "folder", "idx"] = setting(
+        "fashion-mnist", "fashion-mnist, mnist, folder or idx"
     )
-    data: str = field(default="", metadata={"help": "folder: ROOT/<class>/*.png; idx: images"})
-    labels: str = field(default="", metadata={"help": "idx: the labels file of --data"})
-    test_data: str = field(default="", metadata={"help": "idx images / folder for testing"})
-    test_labels: str = field(default="", metadata={"help": "idx: labels of --test-data"})
-    channels: int = field(default=0, metadata={"help": "folder: 1 grey, 3 RGB; 0 = 3"})
-    resize: int = field(default=0, metadata={"help": "folder: resize images to N × N; 0 = keep"})
-    val_ratio: float = field(default=0.1, metadata={"help": "validation share of the train set"})
-    test_ratio: float = field(default=0.1, metadata={"help": "test share when no test set given"})
-    split_seed: int = 0
-    max_train: int = field(default=0, metadata={"help": "use at most N training images; 0 = all"})
-    crop_padding: int = field(default=2, metadata={"help": "random crop after zero padding by N"})
-    hflip: bool = field(default=True, metadata={"help": "random horizontal flips"})
-    label_smoothing: float = 0.1
-    eval_batch_size: int = 500
-    allow_rare_labels: bool = field(
-        default=False,
-        metadata={"help": "train even with classes of fewer than 5 training examples"},
+    data: str = setting("", "folder: ROOT/<class>/*.png; idx: images")
+    labels: str = setting("", "idx: the labels file of --data")
+    test_data: str = setting("", "idx images / folder for testing")
+    test_labels: str = setting("", "idx: labels of --test-data")
+    channels: int = setting(0, "folder: 1 grey, 3 RGB; 0 = 3", min=0)
+    resize: int = setting(0, "folder: resize images to N × N; 0 = keep", min=0)
+    val_ratio: float = setting(0.1, "validation share of the train set")
+    test_ratio: float = setting(0.1, "test share when no test set given")
+    split_seed: int = setting(0)
+    max_train: int = setting(0, "use at most N training images; 0 = all", min=0)
+    crop_padding: int = setting(2, "random crop after zero padding by N", min=0)
+    hflip: bool = setting(True, "random horizontal flips")
+    label_smoothing: float = setting(0.1, min=0, below=1)
+    eval_batch_size: int = setting(500, min=1)
+    allow_rare_labels: bool = setting(
+        False, "train even with classes of fewer than 5 training examples"
     )
 
 
-def sections(arch: Arch) -> dict[str, type]:
+def sections(arch: Arch) -> dict[str, type[ConfigBase]]:
     """Config sections of ``arch``: data, model and train."""
     if arch not in MODEL_CONFIGS:
         raise UserError(f"arch must be vit or cnn, got {arch!r}")
@@ -183,7 +182,7 @@ class VisionTask(Task):
     def __init__(self, arch: Arch) -> None:
         self.name = self.preset = self.preset_prefix = arch  # type: ignore[misc]
 
-    def sections(self) -> dict[str, type]:
+    def sections(self) -> dict[str, type[ConfigBase]]:
         return sections(self.name)  # type: ignore[arg-type]
 
     def setup(self, cfg: RunConfig, run_dir: Path, resume: bool, device: str) -> Setup:
@@ -314,6 +313,11 @@ class VisionRun(Run):
     ) -> None:
         super().__init__(run_dir, config)
         self.model, self.report = model, report
+
+    @property
+    def explore_page(self) -> str:  # type: ignore[override]
+        """The explorer's page of the architecture: "vit" or "cnn"."""
+        return self.task
 
     @classmethod
     def load(cls, run_dir: str | Path, device: str = "cpu") -> VisionRun:

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.attention import MultiHeadAttention
-from attnlab.blocks import BlockConfig, Encoder, EncoderBlock, RMSNorm
+from attnlab.blocks import Block, BlockConfig, BlockStack, RMSNorm
 from attnlab.models.bert import BertConfig, BertModel
 from attnlab.models.bert_checkpoint import load_bert_weights
 from attnlab.models.gpt_hf import load_hf_gpt2
@@ -66,8 +66,35 @@ def backward_both(got: Tensor, want: Tensor, weight: Tensor | None = None) -> No
 # --------------------------------------------------------------------------- LLaMA
 
 
+def llama_stack_pair(tf: Any, config: Any) -> tuple[nn.Module, nn.Embedding, BlockStack, list]:
+    """A ``LlamaModel`` of ``config`` (weights scrambled off HF's init, std 0.15) and attnlab's
+    nn.Embedding + BlockStack(RMSNorm, SwiGLU, RoPE, GQA) + RMSNorm holding the same weights,
+    with the links between them."""
+    hf = scramble(tf.LlamaModel(config), 0.15)
+    d, H = config.hidden_size, config.num_attention_heads
+    block = BlockConfig(
+        d,
+        H,
+        config.intermediate_size,
+        n_kv_heads=config.num_key_value_heads,
+        activation="swiglu",
+        norm="rms",
+        norm_position="pre",
+        norm_eps=config.rms_norm_eps,
+        dropout=0.0,
+        bias=False,
+    )
+    rope = RotaryEmbedding(d // H, base=config.rope_parameters["rope_theta"])
+    blocks = [Block(block, rope) for _ in range(config.num_hidden_layers)]
+    stack = BlockStack(blocks, RMSNorm(d, eps=config.rms_norm_eps))
+    embedding = nn.Embedding(config.vocab_size, d)
+    links = llama_model_links(embedding, stack, hf)
+    copy_links(links)
+    return hf, embedding, stack, links
+
+
 def check_llama(m: Measure, cases: int = 3, gradients: bool = False) -> None:
-    """LlamaModel == nn.Embedding + Encoder(RMSNorm, SwiGLU, RoPE, GQA, causal) + RMSNorm,
+    """LlamaModel == nn.Embedding + BlockStack(RMSNorm, SwiGLU, RoPE, GQA, causal) + RMSNorm,
     float32, with left padding: hidden states on real tokens, or every parameter gradient."""
     tf = _transformers()
     for _ in range(cases):
@@ -85,26 +112,7 @@ def check_llama(m: Measure, cases: int = 3, gradients: bool = False) -> None:
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         )
         config._attn_implementation = choice(["eager", "sdpa"])
-        hf = scramble(tf.LlamaModel(config), 0.15)
-        d = config.hidden_size
-        rope = RotaryEmbedding(head, base=10000.0)
-        block = BlockConfig(
-            d,
-            H,
-            config.intermediate_size,
-            n_kv_heads=kv,
-            activation="swiglu",
-            norm="rms",
-            norm_position="pre",
-            norm_eps=config.rms_norm_eps,
-            dropout=0.0,
-            bias=False,
-        )
-        blocks = [EncoderBlock(block, rope) for _ in range(config.num_hidden_layers)]
-        stack = Encoder(blocks, RMSNorm(d, eps=config.rms_norm_eps))
-        embedding = nn.Embedding(config.vocab_size, d)
-        links = llama_model_links(embedding, stack, hf)
-        copy_links(links)
+        hf, embedding, stack, links = llama_stack_pair(tf, config)
         B, T = randint(1, 3), randint(2, 10)
         ids = torch.randint(0, config.vocab_size, (B, T))
         pads = torch.randint(0, T, (B,))

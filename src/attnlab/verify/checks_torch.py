@@ -5,9 +5,9 @@
   ``torch.nn.attention.bias.causal_lower_right``, random masks, additive bias, GQA);
 * ``MultiHeadAttention`` vs ``nn.MultiheadAttention`` (self, cross, kdim≠d_model; key padding
   and attention masks; averaged weights);
-* ``EncoderBlock`` / ``DecoderBlock`` vs ``nn.TransformerEncoderLayer`` / ``DecoderLayer``
+* ``Block`` / ``DecoderBlock`` vs ``nn.TransformerEncoderLayer`` / ``DecoderLayer``
   (post- and pre-norm, relu/gelu, padding and causal masks);
-* ``Encoder`` + ``Decoder`` stacks vs ``nn.Transformer``.
+* ``BlockStack`` + ``Decoder`` stacks vs ``nn.Transformer``.
 Outputs, input gradients and every parameter gradient are compared.
 """
 
@@ -25,7 +25,7 @@ from attnlab.attention import (
     from_key_padding_mask,
     scaled_dot_product_attention,
 )
-from attnlab.blocks import BlockConfig, Decoder, DecoderBlock, Encoder, EncoderBlock
+from attnlab.blocks import Block, BlockConfig, BlockStack, Decoder, DecoderBlock
 from attnlab.verify.copy_weights import (
     copy_links,
     decoder_layer_links,
@@ -190,71 +190,89 @@ def _block(d: int, H: int, ff: int, norm_first: bool, **kw) -> BlockConfig:
     return BlockConfig(d, H, ff, norm_position="pre" if norm_first else "post", **kw)
 
 
+def encoder_layer_case(
+    m: Measure, d: int, H: int, ff: int, B: int, T: int, *, norm_first: bool, activation: str,
+    bias: bool, padding: bool, causal: bool,
+) -> None:  # fmt: skip
+    """One Block == nn.TransformerEncoderLayer comparison: output and every gradient."""
+    kw = dict(dropout=0.0, activation=activation, norm_first=norm_first, bias=bias)
+    theirs = nn.TransformerEncoderLayer(d, H, ff, batch_first=True, dtype=F64, **kw)
+    ours = Block(_block(d, H, ff, **kw)).double()
+    links = encoder_layer_links(ours, theirs)
+    copy_links(links)
+    kpm = right_padding(B, T) if padding else None
+    x_ours, x_theirs = twin(B, T, d)
+    want = theirs(
+        x_theirs,
+        src_mask=square_causal(T) if causal else None,
+        src_key_padding_mask=kpm,
+        is_causal=causal,
+    )
+    mask = None if kpm is None else from_key_padding_mask(kpm)
+    got, _ = ours(x_ours, mask, is_causal=causal)
+    _backward_and_compare(m, got, want, [(x_ours, x_theirs)], links)
+
+
 def check_encoder_layer(m: Measure, cases: int = 8) -> None:
     for _ in range(cases):
         H = choice([1, 2, 4])
         d, ff, B, T = H * randint(2, 5), randint(4, 24), randint(1, 3), randint(1, 7)
-        norm_first, activation = choice([False, True]), choice(["relu", "gelu"])
-        bias = choice([False, True])
-        kw = dict(dropout=0.0, activation=activation, norm_first=norm_first, bias=bias)
-        theirs = nn.TransformerEncoderLayer(d, H, ff, batch_first=True, dtype=F64, **kw)
-        ours = EncoderBlock(_block(d, H, ff, **kw)).double()
-        links = encoder_layer_links(ours, theirs)
-        copy_links(links)
-        kpm = right_padding(B, T) if choice([False, True]) else None
-        causal = choice([False, True])
-        x_ours, x_theirs = twin(B, T, d)
-        want = theirs(
-            x_theirs,
-            src_mask=square_causal(T) if causal else None,
-            src_key_padding_mask=kpm,
-            is_causal=causal,
-        )
-        mask = None if kpm is None else from_key_padding_mask(kpm)
-        got, _ = ours(x_ours, mask, is_causal=causal)
-        _backward_and_compare(m, got, want, [(x_ours, x_theirs)], links)
+        encoder_layer_case(
+            m, d, H, ff, B, T, norm_first=choice([False, True]),
+            activation=choice(["relu", "gelu"]), bias=choice([False, True]),
+            padding=choice([False, True]), causal=choice([False, True]),
+        )  # fmt: skip
+
+
+def decoder_layer_case(
+    m: Measure, d: int, H: int, ff: int, B: int, Tq: int, Tk: int, *, norm_first: bool,
+    activation: str, padding: bool, memory_padding: bool, causal: bool,
+) -> None:  # fmt: skip
+    """One DecoderBlock == nn.TransformerDecoderLayer comparison: output and every gradient."""
+    kw = dict(dropout=0.0, activation=activation, norm_first=norm_first)
+    theirs = nn.TransformerDecoderLayer(d, H, ff, batch_first=True, dtype=F64, **kw)
+    ours = DecoderBlock(_block(d, H, ff, **kw)).double()
+    links = decoder_layer_links(ours, theirs)
+    copy_links(links)
+    tgt_kpm = right_padding(B, Tq) if padding else None
+    mem_kpm = right_padding(B, Tk) if memory_padding else None
+    (y, y_ref), (mem, mem_ref) = twin(B, Tq, d), twin(B, Tk, d)
+    want = theirs(
+        y_ref,
+        mem_ref,
+        tgt_mask=square_causal(Tq) if causal else None,
+        tgt_key_padding_mask=tgt_kpm,
+        memory_key_padding_mask=mem_kpm,
+        tgt_is_causal=causal,
+    )
+    got, _ = ours(
+        y,
+        mem,
+        None if tgt_kpm is None else from_key_padding_mask(tgt_kpm),
+        None if mem_kpm is None else from_key_padding_mask(mem_kpm),
+        is_causal=causal,
+    )
+    _backward_and_compare(m, got, want, [(y, y_ref), (mem, mem_ref)], links)
 
 
 def check_decoder_layer(m: Measure, cases: int = 8) -> None:
     for _ in range(cases):
         H = choice([1, 2, 4])
         d, ff, B = H * randint(2, 5), randint(4, 24), randint(1, 3)
-        Tq, Tk = randint(1, 6), randint(1, 7)
-        norm_first, activation = choice([False, True]), choice(["relu", "gelu"])
-        kw = dict(dropout=0.0, activation=activation, norm_first=norm_first)
-        theirs = nn.TransformerDecoderLayer(d, H, ff, batch_first=True, dtype=F64, **kw)
-        ours = DecoderBlock(_block(d, H, ff, **kw)).double()
-        links = decoder_layer_links(ours, theirs)
-        copy_links(links)
-        tgt_kpm = right_padding(B, Tq) if choice([False, True]) else None
-        mem_kpm = right_padding(B, Tk) if choice([False, True]) else None
-        causal = choice([False, True])
-        (y, y_ref), (mem, mem_ref) = twin(B, Tq, d), twin(B, Tk, d)
-        want = theirs(
-            y_ref,
-            mem_ref,
-            tgt_mask=square_causal(Tq) if causal else None,
-            tgt_key_padding_mask=tgt_kpm,
-            memory_key_padding_mask=mem_kpm,
-            tgt_is_causal=causal,
-        )
-        got, _ = ours(
-            y,
-            mem,
-            None if tgt_kpm is None else from_key_padding_mask(tgt_kpm),
-            None if mem_kpm is None else from_key_padding_mask(mem_kpm),
-            is_causal=causal,
-        )
-        _backward_and_compare(m, got, want, [(y, y_ref), (mem, mem_ref)], links)
+        decoder_layer_case(
+            m, d, H, ff, B, randint(1, 6), randint(1, 7), norm_first=choice([False, True]),
+            activation=choice(["relu", "gelu"]), padding=choice([False, True]),
+            memory_padding=choice([False, True]), causal=choice([False, True]),
+        )  # fmt: skip
 
 
 class Seq2SeqStacks(nn.Module):
-    """attnlab's Encoder + Decoder with final LayerNorms: the shape of ``nn.Transformer``."""
+    """attnlab's BlockStack + Decoder with final LayerNorms: the shape of ``nn.Transformer``."""
 
     def __init__(self, d: int, H: int, ff: int, n: int, activation: str, norm_first: bool) -> None:
         super().__init__()
         cfg = _block(d, H, ff, dropout=0.0, activation=activation, norm_first=norm_first)
-        self.encoder = Encoder([EncoderBlock(cfg) for _ in range(n)], nn.LayerNorm(d))
+        self.encoder = BlockStack([Block(cfg) for _ in range(n)], nn.LayerNorm(d))
         self.decoder = Decoder([DecoderBlock(cfg) for _ in range(n)], nn.LayerNorm(d))
 
     def forward(self, src: Tensor, tgt: Tensor, src_mask: Tensor, tgt_mask: Tensor) -> Tensor:
@@ -262,40 +280,49 @@ class Seq2SeqStacks(nn.Module):
         return self.decoder(tgt, memory, tgt_mask, src_mask, is_causal=True)
 
 
+def transformer_case(
+    m: Measure, d: int, H: int, ff: int, n: int, B: int, Ts: int, Tt: int, *,
+    norm_first: bool, activation: str,
+) -> None:  # fmt: skip
+    """BlockStack + Decoder stacks == nn.Transformer (padded source and target, causal target)."""
+    theirs = nn.Transformer(
+        d,
+        H,
+        n,
+        n,
+        ff,
+        dropout=0.0,
+        activation=activation,
+        batch_first=True,
+        norm_first=norm_first,
+        dtype=F64,
+    )
+    ours = Seq2SeqStacks(d, H, ff, n, activation, norm_first).double()
+    links = transformer_links(ours, theirs)
+    copy_links(links)
+    src_kpm, tgt_kpm = right_padding(B, Ts), right_padding(B, Tt)
+    (s, s_ref), (t, t_ref) = twin(B, Ts, d), twin(B, Tt, d)
+    want = theirs(
+        s_ref,
+        t_ref,
+        tgt_mask=square_causal(Tt),
+        src_key_padding_mask=src_kpm,
+        tgt_key_padding_mask=tgt_kpm,
+        memory_key_padding_mask=src_kpm,
+        tgt_is_causal=True,
+    )
+    got = ours(s, t, from_key_padding_mask(src_kpm), from_key_padding_mask(tgt_kpm))
+    _backward_and_compare(m, got, want, [(s, s_ref), (t, t_ref)], links)
+
+
 def check_transformer(m: Measure, cases: int = 4) -> None:
     for _ in range(cases):
         H = choice([1, 2, 4])
         d, ff, n, B = H * randint(2, 5), randint(4, 24), randint(1, 2), randint(1, 3)
-        Ts, Tt = randint(1, 7), randint(1, 6)
-        norm_first, activation = choice([False, True]), choice(["relu", "gelu"])
-        theirs = nn.Transformer(
-            d,
-            H,
-            n,
-            n,
-            ff,
-            dropout=0.0,
-            activation=activation,
-            batch_first=True,
-            norm_first=norm_first,
-            dtype=F64,
-        )
-        ours = Seq2SeqStacks(d, H, ff, n, activation, norm_first).double()
-        links = transformer_links(ours, theirs)
-        copy_links(links)
-        src_kpm, tgt_kpm = right_padding(B, Ts), right_padding(B, Tt)
-        (s, s_ref), (t, t_ref) = twin(B, Ts, d), twin(B, Tt, d)
-        want = theirs(
-            s_ref,
-            t_ref,
-            tgt_mask=square_causal(Tt),
-            src_key_padding_mask=src_kpm,
-            tgt_key_padding_mask=tgt_kpm,
-            memory_key_padding_mask=src_kpm,
-            tgt_is_causal=True,
-        )
-        got = ours(s, t, from_key_padding_mask(src_kpm), from_key_padding_mask(tgt_kpm))
-        _backward_and_compare(m, got, want, [(s, s_ref), (t, t_ref)], links)
+        transformer_case(
+            m, d, H, ff, n, B, randint(1, 7), randint(1, 6),
+            norm_first=choice([False, True]), activation=choice(["relu", "gelu"]),
+        )  # fmt: skip
 
 
 def _backward_and_compare(

@@ -67,9 +67,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{c.component:36s} {c.oracle:32s} tolerance {c.tolerance:.0e}")
         return 0
     if args.num_threads < 0:
-        raise UserError(
-            f"--num-threads must be >= 0 (0 = torch's default), got {args.num_threads}"
-        )
+        raise UserError(f"--num-threads must be >= 0 (0 = torch's default), got {args.num_threads}")
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")

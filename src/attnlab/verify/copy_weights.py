@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.attention import MultiHeadAttention
-from attnlab.blocks import DecoderBlock, Encoder, EncoderBlock, FeedForward
+from attnlab.blocks import Block, BlockStack, DecoderBlock, FeedForward
 from attnlab.models.vit import ViT
 from attnlab.moe import MoEFeedForward
 from attnlab.positions import T5RelativePositionBias
@@ -42,10 +42,6 @@ class Link:
 
 def _cat(*ts: Tensor) -> Tensor:
     return torch.cat(ts, dim=0)
-
-
-def _chunk(i: int, n: int) -> Callable[[Tensor], Tensor]:
-    return lambda t: t.chunk(n, dim=0)[i]
 
 
 def _covers(module: nn.Module, links: Sequence[Link]) -> list[Link]:
@@ -108,27 +104,36 @@ def layer_norm_links(ours: nn.Module, theirs: nn.Module, name: str = "norm") -> 
     return links
 
 
-def mha_links(ours: MultiHeadAttention, theirs: nn.MultiheadAttention) -> list[Link]:
-    """nn.MultiheadAttention -> MultiHeadAttention.
+def _rows(start: int, stop: int | None = None) -> Callable[[Tensor], Tensor]:
+    return lambda t: t[start:stop]
 
-    Packed ``in_proj_weight`` (rows q, k, v) when kdim == vdim == embed_dim, else separate
-    ``q_proj_weight`` / ``k_proj_weight`` / ``v_proj_weight`` with one packed ``in_proj_bias``.
-    """
-    b = theirs.in_proj_bias
-    if hasattr(ours, "qkv"):
-        links = linear_links(ours.qkv, theirs.in_proj_weight, b, "qkv")
+
+def mha_links(ours: MultiHeadAttention, theirs: nn.MultiheadAttention) -> list[Link]:
+    """nn.MultiheadAttention -> MultiHeadAttention: ``q_proj`` = the query rows of the input
+    projection, ``kv_proj`` = its key and value rows (packed ``in_proj_weight`` when kdim ==
+    vdim == embed_dim, else ``q_proj_weight`` / ``k_proj_weight`` / ``v_proj_weight``; the
+    bias ``in_proj_bias`` is packed either way)."""
+    d = ours.q_proj.out_features
+    if theirs.in_proj_weight is not None:
+        links = [
+            Link(ours.q_proj.weight, (theirs.in_proj_weight,), _rows(0, d), "q_proj.weight"),
+            Link(ours.kv_proj.weight, (theirs.in_proj_weight,), _rows(d), "kv_proj.weight"),
+        ]
     else:
-        links = []
-        for i, (mine, weight) in enumerate(
-            [
-                (ours.q_proj, theirs.q_proj_weight),
-                (ours.k_proj, theirs.k_proj_weight),
-                (ours.v_proj, theirs.v_proj_weight),
-            ]
-        ):
-            links.append(Link(mine.weight, (weight,), name=f"proj{i}.weight"))
-            if b is not None:
-                links.append(Link(mine.bias, (b,), _chunk(i, 3), name=f"proj{i}.bias"))
+        links = [
+            Link(ours.q_proj.weight, (theirs.q_proj_weight,), name="q_proj.weight"),
+            Link(
+                ours.kv_proj.weight,
+                (theirs.k_proj_weight, theirs.v_proj_weight),
+                _cat,
+                "kv_proj.weight",
+            ),
+        ]
+    b = theirs.in_proj_bias
+    if b is not None or ours.q_proj.bias is not None:
+        assert b is not None and ours.q_proj.bias is not None, "in_proj bias on one side only"
+        links.append(Link(ours.q_proj.bias, (b,), _rows(0, d), "q_proj.bias"))
+        links.append(Link(ours.kv_proj.bias, (b,), _rows(d), "kv_proj.bias"))
     links += linear_links(ours.out_proj, theirs.out_proj.weight, theirs.out_proj.bias, "out")
     return _covers(ours, links)
 
@@ -139,7 +144,7 @@ def _ff_links(ours: FeedForward, theirs: nn.Module) -> list[Link]:
     ) + linear_links(ours.w_out, theirs.linear2.weight, theirs.linear2.bias, "linear2")
 
 
-def encoder_layer_links(ours: EncoderBlock, theirs: nn.TransformerEncoderLayer) -> list[Link]:
+def encoder_layer_links(ours: Block, theirs: nn.TransformerEncoderLayer) -> list[Link]:
     links = mha_links(ours.self_attn, theirs.self_attn) + _ff_links(ours.ff, theirs)
     links += layer_norm_links(ours.norm1, theirs.norm1, "norm1")
     links += layer_norm_links(ours.norm2, theirs.norm2, "norm2")
@@ -156,7 +161,7 @@ def decoder_layer_links(ours: DecoderBlock, theirs: nn.TransformerDecoderLayer) 
 
 
 def transformer_links(ours: nn.Module, theirs: nn.Transformer) -> list[Link]:
-    """nn.Transformer -> a module with ``encoder`` (Encoder) and ``decoder`` (Decoder)."""
+    """nn.Transformer -> a module with ``encoder`` (BlockStack) and ``decoder`` (Decoder)."""
     links: list[Link] = []
     for mine, ref in zip(ours.encoder.blocks, theirs.encoder.layers, strict=True):
         links += encoder_layer_links(mine, ref)
@@ -179,26 +184,39 @@ def llama_mlp_links(ours: FeedForward, theirs: nn.Module) -> list[Link]:
     return _covers(ours, links)
 
 
-def llama_layer_links(ours: EncoderBlock, theirs: nn.Module) -> list[Link]:
-    """LlamaDecoderLayer -> EncoderBlock(norm="rms", activation="swiglu", bias=False)."""
+def llama_layer_links(ours: Block, theirs: nn.Module) -> list[Link]:
+    """LlamaDecoderLayer (or Qwen3's, with QK-norm) -> Block(norm="rms", activation="swiglu",
+    bias=False)."""
     a = theirs.self_attn
     links = [
-        Link(
-            ours.self_attn.qkv.weight,
-            (a.q_proj.weight, a.k_proj.weight, a.v_proj.weight),
-            _cat,
-            "qkv",
-        ),
+        Link(ours.self_attn.q_proj.weight, (a.q_proj.weight,), name="q_proj"),
+        Link(ours.self_attn.kv_proj.weight, (a.k_proj.weight, a.v_proj.weight), _cat, "kv_proj"),
         Link(ours.self_attn.out_proj.weight, (a.o_proj.weight,), name="o_proj"),
     ]
+    if ours.self_attn.q_norm is not None:  # Qwen3's QK-norm
+        links += layer_norm_links(ours.self_attn.q_norm, a.q_norm, "q_norm")
+        links += layer_norm_links(ours.self_attn.k_norm, a.k_norm, "k_norm")
     links += llama_mlp_links(ours.ff, theirs.mlp)
     links += layer_norm_links(ours.norm1, theirs.input_layernorm, "input_layernorm")
     links += layer_norm_links(ours.norm2, theirs.post_attention_layernorm, "post_attn_norm")
     return _covers(ours, links)
 
 
-def llama_model_links(embedding: nn.Embedding, stack: Encoder, theirs: nn.Module) -> list[Link]:
-    """LlamaModel -> (nn.Embedding, Encoder of LLaMA-style blocks with a final RMSNorm)."""
+def llama_gpt_links(ours: nn.Module, theirs: nn.Module) -> list[Link]:
+    """LlamaForCausalLM / Qwen3ForCausalLM -> attnlab GPT (rope, rms, swiglu, no biases,
+    untied head): embeddings, every layer, the final norm and the head."""
+    links = [
+        Link(ours.tok_emb.weight, (theirs.model.embed_tokens.weight,), name="embed_tokens"),
+        Link(ours.head.weight, (theirs.lm_head.weight,), name="lm_head"),
+    ]
+    for mine, ref in zip(ours.stack.blocks, theirs.model.layers, strict=True):
+        links += llama_layer_links(mine, ref)
+    links += layer_norm_links(ours.stack.norm, theirs.model.norm, "final_norm")
+    return _covers(ours, links)
+
+
+def llama_model_links(embedding: nn.Embedding, stack: BlockStack, theirs: nn.Module) -> list[Link]:
+    """LlamaModel -> (nn.Embedding, BlockStack of LLaMA-style blocks with a final RMSNorm)."""
     links = [Link(embedding.weight, (theirs.embed_tokens.weight,), name="embed_tokens")]
     for mine, ref in zip(stack.blocks, theirs.layers, strict=True):
         links += llama_layer_links(mine, ref)
@@ -244,7 +262,8 @@ def copy_t5_attention(ours: MultiHeadAttention, bias: T5RelativePositionBias, th
     scores by 1/sqrt(d_kv), so the query weights absorb sqrt(d_kv)."""
     dk = theirs.key_value_proj_dim
     q = theirs.q.weight * math.sqrt(dk)
-    ours.qkv.weight.copy_(torch.cat([q, theirs.k.weight, theirs.v.weight]))
+    ours.q_proj.weight.copy_(q)
+    ours.kv_proj.weight.copy_(torch.cat([theirs.k.weight, theirs.v.weight]))
     ours.out_proj.weight.copy_(theirs.o.weight)
     bias.embedding.weight.copy_(theirs.relative_attention_bias.weight)
 
@@ -287,8 +306,9 @@ def copy_vit(model: ViT, hf: nn.Module) -> None:
     for i in range(model.cfg.n_layers):
         ours, theirs = f"encoder.blocks.{i}.", f"layers.{i}."
         for kind in ("weight", "bias"):
-            sd[ours + f"self_attn.qkv.{kind}"] = torch.cat(
-                [src[theirs + f"attention.{x}_proj.{kind}"] for x in "qkv"]
+            sd[ours + f"self_attn.q_proj.{kind}"] = src[theirs + f"attention.q_proj.{kind}"]
+            sd[ours + f"self_attn.kv_proj.{kind}"] = torch.cat(
+                [src[theirs + f"attention.{x}_proj.{kind}"] for x in "kv"]
             )
             for a, b in names.items():
                 sd[ours + f"{a}.{kind}"] = src[theirs + f"{b}.{kind}"]

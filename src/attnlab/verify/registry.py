@@ -35,9 +35,9 @@ mamba = hf.check_mamba_logits
 CHECKS: list[Check] = [
     Check("scaled_dot_product_attention", "F.scaled_dot_product_attention", 1e-10, pt.check_sdpa),
     Check("MultiHeadAttention", "nn.MultiheadAttention", 1e-10, pt.check_mha),
-    Check("EncoderBlock", "nn.TransformerEncoderLayer", 1e-10, pt.check_encoder_layer),
+    Check("Block (encoder layer)", "nn.TransformerEncoderLayer", 1e-10, pt.check_encoder_layer),
     Check("DecoderBlock", "nn.TransformerDecoderLayer", 1e-10, pt.check_decoder_layer),
-    Check("Encoder + Decoder stacks", "nn.Transformer", 1e-10, pt.check_transformer),
+    Check("BlockStack + Decoder", "nn.Transformer", 1e-10, pt.check_transformer),
     Check("LLaMA stack (f32)", "HF LlamaModel", 1e-5, hf.check_llama, HF),
     Check("LLaMA stack gradients (f32)", "HF LlamaModel", 5e-4, llama_grads, HF),
     Check("T5 attention + relative bias", "HF T5Attention", 1e-10, hf.check_t5, HF),

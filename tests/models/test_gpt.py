@@ -20,17 +20,10 @@ from attnlab.models.generation import Generation, sample_next
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.models.gpt_hf import config_to_hf, load_hf_gpt2, save_hf_gpt2
 from attnlab.train import load_weights, save_weights
+from attnlab.verify.checks_hf import scramble
+from attnlab.verify.copy_weights import copy_links, llama_gpt_links
 
 transformers = pytest.importorskip("transformers")
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread, and a busy shared CPU cannot stall them."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 pytestmark = pytest.mark.usefixtures("on_test_device")  # tests/_device.py: ATTNLAB_TEST_DEVICE
@@ -52,14 +45,6 @@ HF_GPT2 = dict(
 def tiny(**changes) -> GPTConfig:
     base = dict(vocab_size=53, context=24, n_layers=2, n_heads=4, d_model=32)
     return GPTConfig(**{**base, **changes})
-
-
-def scramble(model: torch.nn.Module) -> torch.nn.Module:
-    """Weights far from init (std 0.2, gains around 1) so that attention is not flat."""
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.2) if p.dim() == 2 else p.normal_(1.0, 0.2)
-    return model
 
 
 def hf_gpt2(tmp_path, dtype=torch.float32):
@@ -84,7 +69,8 @@ def test_loaded_gpt2_matches_hugging_face_logits_and_gradients(tmp_path, dtype, 
     (want * cot).sum().backward()
     block, ref = ours.stack.blocks[1], hf.transformer.h[1]
     pairs = [
-        (block.self_attn.qkv.weight.grad, ref.attn.c_attn.weight.grad.t()),
+        (block.self_attn.q_proj.weight.grad, ref.attn.c_attn.weight.grad.t()[:48]),
+        (block.self_attn.kv_proj.weight.grad, ref.attn.c_attn.weight.grad.t()[48:]),
         (block.ff.w_out.weight.grad, ref.mlp.c_proj.weight.grad.t()),
         (block.norm2.bias.grad, ref.ln_2.bias.grad),
         (ours.tok_emb.weight.grad, hf.transformer.wte.weight.grad),  # embedding + tied head
@@ -168,19 +154,7 @@ def test_llama_layout_matches_hugging_face_llama() -> None:
         norm_eps=1e-6,
     )
     ours = GPT(cfg).to(F64).eval()
-    with torch.no_grad():
-        ours.tok_emb.weight.copy_(hf.model.embed_tokens.weight)
-        ours.head.weight.copy_(hf.lm_head.weight)
-        ours.stack.norm.weight.copy_(hf.model.norm.weight)
-        for mine, ref in zip(ours.stack.blocks, hf.model.layers, strict=True):
-            a = ref.self_attn
-            qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
-            mine.self_attn.qkv.weight.copy_(qkv)
-            mine.self_attn.out_proj.weight.copy_(a.o_proj.weight)
-            mine.ff.w_in.weight.copy_(torch.cat([ref.mlp.gate_proj.weight, ref.mlp.up_proj.weight]))
-            mine.ff.w_out.weight.copy_(ref.mlp.down_proj.weight)
-            mine.norm1.weight.copy_(ref.input_layernorm.weight)
-            mine.norm2.weight.copy_(ref.post_attention_layernorm.weight)
+    copy_links(llama_gpt_links(ours, hf))
     ids = torch.randint(0, 61, (2, 19))
     with torch.no_grad():
         # HF's RMSNorm rounds through float32, so float64 agrees to ~1e-6 relative only

@@ -1,6 +1,6 @@
 """attnlab pieces assembled into known models == Hugging Face transformers with copied weights.
 
-* LLaMA: nn.Embedding + Encoder of EncoderBlocks (RMSNorm, SwiGLU, no biases, pre-norm, GQA,
+* LLaMA: nn.Embedding + BlockStack of Blocks (RMSNorm, SwiGLU, no biases, pre-norm, GQA,
   RoPE, causal) + final RMSNorm == ``transformers.LlamaModel`` on a tiny random config: hidden
   states and every parameter gradient, float32 (eager and sdpa attention) and float64, with
   left padding (compared on real tokens; see ``test_llama_matches_hugging_face``).
@@ -17,14 +17,14 @@ import torch
 from torch import nn
 
 from attnlab.attention import MultiHeadAttention
-from attnlab.blocks import BlockConfig, Encoder, EncoderBlock, RMSNorm
-from attnlab.positions import RotaryEmbedding, T5RelativePositionBias, t5_relative_bucket
+from attnlab.blocks import BlockStack
+from attnlab.positions import T5RelativePositionBias, t5_relative_bucket
+from attnlab.verify.checks_hf import llama_stack_pair
 from attnlab.verify.copy_weights import (
     Link,
     assert_grads_match,
     copy_links,
     copy_t5_attention,
-    llama_model_links,
 )
 
 transformers = pytest.importorskip("transformers")
@@ -53,40 +53,10 @@ LLAMA = dict(
 
 def llama_pair(
     dtype: torch.dtype, attn: str
-) -> tuple[nn.Module, nn.Embedding, Encoder, list[Link]]:
+) -> tuple[nn.Module, nn.Embedding, BlockStack, list[Link]]:
     config = transformers.LlamaConfig(**LLAMA)
     config._attn_implementation = attn
-    hf = transformers.LlamaModel(config)
-    with torch.no_grad():  # larger weights than HF's init (std 0.02), so attention is not flat
-        for p in hf.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.15)
-            else:  # norm gains
-                p.normal_(1.0, 0.2)
-    d, H = config.hidden_size, config.num_attention_heads
-    rope = RotaryEmbedding(d // H, base=10000.0)
-    blocks = [
-        EncoderBlock(
-            BlockConfig(
-                d,
-                H,
-                config.intermediate_size,
-                dropout=0.0,
-                activation="swiglu",
-                norm="rms",
-                norm_eps=config.rms_norm_eps,
-                bias=False,
-                norm_position="pre",
-                n_kv_heads=config.num_key_value_heads,
-            ),
-            rotary=rope,
-        )
-        for _ in range(config.num_hidden_layers)
-    ]
-    stack = Encoder(blocks, RMSNorm(d, eps=config.rms_norm_eps))
-    embedding = nn.Embedding(config.vocab_size, d)
-    links = llama_model_links(embedding, stack, hf)
-    copy_links(links)
+    hf, embedding, stack, links = llama_stack_pair(transformers, config)
     hf, embedding, stack = hf.to(dtype), embedding.to(dtype), stack.to(dtype)
     if dtype == F64:
         _float64_norms(hf)

@@ -33,14 +33,6 @@ FFNS = ("dense", "moe")
 V = 41
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def tiny(mixer: str = "attention", ffn: str = "dense", **changes) -> GPTConfig:
     base = dict(
         vocab_size=V, context=16, n_layers=4, n_heads=2, d_model=16, d_ff=24, mixer=mixer,
@@ -183,8 +175,9 @@ def test_dense_attention_gpt_keeps_its_weight_names() -> None:
     names = set(GPT(tiny(n_layers=1)).state_dict())
     assert names == {
         "tok_emb.weight", "pos_emb.embedding.weight", "head.weight", "stack.norm.weight",
-        "stack.norm.bias", "stack.blocks.0.self_attn.qkv.weight",
-        "stack.blocks.0.self_attn.qkv.bias", "stack.blocks.0.self_attn.out_proj.weight",
+        "stack.norm.bias", "stack.blocks.0.self_attn.q_proj.weight",
+        "stack.blocks.0.self_attn.q_proj.bias", "stack.blocks.0.self_attn.kv_proj.weight",
+        "stack.blocks.0.self_attn.kv_proj.bias", "stack.blocks.0.self_attn.out_proj.weight",
         "stack.blocks.0.self_attn.out_proj.bias", "stack.blocks.0.ff.w_in.weight",
         "stack.blocks.0.ff.w_in.bias", "stack.blocks.0.ff.w_out.weight",
         "stack.blocks.0.ff.w_out.bias", "stack.blocks.0.norm1.weight",

@@ -133,10 +133,11 @@ def test_rollout_map_finds_the_only_patch_attended_to() -> None:
         table = model.pos_embed.embedding.weight  # (T, D) learned positions
         table.zero_()
         table[target, marked] = 50.0
-        attn.qkv.weight.zero_()
-        attn.qkv.bias.zero_()
-        attn.qkv.bias[marked] = 20.0  # q = const
-        attn.qkv.weight[cfg.d_model : 2 * cfg.d_model] = torch.eye(cfg.d_model)  # k = LN(x)
+        for proj in (attn.q_proj, attn.kv_proj):
+            proj.weight.zero_()
+            proj.bias.zero_()
+        attn.q_proj.bias[marked] = 20.0  # q = const
+        attn.kv_proj.weight[: cfg.d_model] = torch.eye(cfg.d_model)  # k = LN(x)
     m = rollout_map(model, torch.zeros(1, 3, 12, 12), residual=0.0)
     assert m.shape == (1, 3, 3)
     assert m[0].argmax().item() == 4 and m[0, 1, 1] > 0.99

@@ -22,37 +22,23 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnlab.blocks import BlockConfig, EncoderBlock, FeedForward
+from attnlab.blocks import Block, BlockConfig, FeedForward
 from attnlab.models.generation import Generation, sample_next
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.models.gpt_hf import config_to_hf
 from attnlab.positions import RotaryEmbedding
 from attnlab.train import load_weights, save_weights
+from attnlab.verify.checks_hf import scramble
+from attnlab.verify.copy_weights import copy_links, llama_gpt_links
 
 transformers = pytest.importorskip("transformers")
 F64 = torch.float64
 TIGHT = dict(rtol=1e-10, atol=1e-10)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def tiny(**changes) -> GPTConfig:
     base = dict(vocab_size=53, context=24, n_layers=2, n_heads=4, d_model=32)
     return GPTConfig(**{**base, **changes})
-
-
-def scramble(model: torch.nn.Module) -> torch.nn.Module:
-    """Weights far from init (std 0.2, gains and gates around 1) so every switch matters."""
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.2) if p.dim() == 2 else p.normal_(1.0, 0.2)
-    return model
 
 
 # --------------------------------------------------------------------------- qk_norm
@@ -80,12 +66,13 @@ def test_qk_norm_block_matches_a_hand_written_float64_reference() -> None:
         D, H, 48, n_kv_heads=Hkv, dropout=0.0, activation="swiglu", norm="rms",
         norm_position="pre", norm_eps=eps, bias=False, qk_norm=True,
     )  # fmt: skip
-    block = scramble(EncoderBlock(cfg, RotaryEmbedding(Dh))).to(F64)
+    block = scramble(Block(cfg, RotaryEmbedding(Dh))).to(F64)
     x = torch.randn(B, T, D, dtype=F64)
     got, _ = block(x, is_causal=True)
     a = block.self_attn
     h = _rms(x, block.norm1.weight, eps)
-    q, k, v = (h @ a.qkv.weight.T).split((H * Dh, Hkv * Dh, Hkv * Dh), dim=-1)
+    q = h @ a.q_proj.weight.T
+    k, v = (h @ a.kv_proj.weight.T).chunk(2, dim=-1)
     q = q.view(B, T, H, Dh).transpose(1, 2)
     k = k.view(B, T, Hkv, Dh).transpose(1, 2).repeat_interleave(H // Hkv, dim=1)
     v = v.view(B, T, Hkv, Dh).transpose(1, 2).repeat_interleave(H // Hkv, dim=1)
@@ -124,21 +111,7 @@ def test_qk_norm_gpt_matches_hugging_face_qwen3() -> None:
         norm_eps=1e-6, qk_norm=True,
     )  # fmt: skip
     ours = GPT(cfg).eval()
-    with torch.no_grad():
-        ours.tok_emb.weight.copy_(hf.model.embed_tokens.weight)
-        ours.head.weight.copy_(hf.lm_head.weight)
-        ours.stack.norm.weight.copy_(hf.model.norm.weight)
-        for mine, ref in zip(ours.stack.blocks, hf.model.layers, strict=True):
-            a = ref.self_attn
-            qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
-            mine.self_attn.qkv.weight.copy_(qkv)
-            mine.self_attn.out_proj.weight.copy_(a.o_proj.weight)
-            mine.self_attn.q_norm.weight.copy_(a.q_norm.weight)
-            mine.self_attn.k_norm.weight.copy_(a.k_norm.weight)
-            mine.ff.w_in.weight.copy_(torch.cat([ref.mlp.gate_proj.weight, ref.mlp.up_proj.weight]))
-            mine.ff.w_out.weight.copy_(ref.mlp.down_proj.weight)
-            mine.norm1.weight.copy_(ref.input_layernorm.weight)
-            mine.norm2.weight.copy_(ref.post_attention_layernorm.weight)
+    copy_links(llama_gpt_links(ours, hf))
     ids = torch.randint(0, 61, (2, 19))
     with torch.no_grad():
         torch.testing.assert_close(ours(ids), hf(ids).logits, rtol=1e-5, atol=1e-5)
@@ -197,7 +170,7 @@ def test_value_embeddings_of_one_repeated_token_act_as_a_value_bias() -> None:
     kv = 2 * (cfg.d_model // cfg.n_heads)
     with torch.no_grad():
         for mine, ref in zip(model.stack.blocks, plain.stack.blocks, strict=True):
-            ref.self_attn.qkv.bias[-kv:] += mine.value_gate * model.value_emb.weight[token]
+            ref.self_attn.kv_proj.bias[-kv:] += mine.value_gate * model.value_emb.weight[token]
         ids = torch.full((2, T), token)
         torch.testing.assert_close(model(ids), plain(ids), **TIGHT)
         mixed = torch.randint(0, 53, (2, T))

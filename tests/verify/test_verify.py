@@ -61,11 +61,11 @@ def test_a_broken_attention_kernel_fails_its_row_and_the_exit_status(tmp_path, m
     sdpa = checks_torch.scaled_dot_product_attention
     monkeypatch.setattr(checks_torch, "scaled_dot_product_attention", off_by_a_little(sdpa))
     out = tmp_path / "v.json"
-    assert verify("--seed", "1", "--only", "scaled_dot,EncoderBlock", "--json", str(out)) == 1
+    assert verify("--seed", "1", "--only", "scaled_dot,Block", "--json", str(out)) == 1
     rows = by_component(out)
     assert rows["scaled_dot_product_attention"]["status"] == FAIL
     assert rows["scaled_dot_product_attention"]["max_abs_error"] > 1e-4
-    assert rows["EncoderBlock"]["status"] == PASS  # its attention is not the patched name
+    assert rows["Block (encoder layer)"]["status"] == PASS  # its attention is not the patched name
 
 
 def test_broken_moe_experts_and_mamba_fail_their_rows(monkeypatch, seed):

@@ -56,7 +56,6 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 transformers = pytest.importorskip("transformers")
 
 
-
 @pytest.fixture(scope="module")
 def minilm() -> tuple[BertModel, WordPieceTokenizer, Path]:
     model, _, tokenizer, notes = load_pretrained("minilm")
