@@ -76,3 +76,16 @@ def test_lm_translate_and_vision_verbs_on_the_device(runs, device, tmp_path) -> 
     cpu, there = both(runs["vit"], device)
     lines = there.draw_attention(image, str(tmp_path / "r.png"))
     assert "rollout written to" in lines[-1]
+
+
+def test_bert_classifier_verbs_on_the_device(device, tmp_path) -> None:
+    cpu, there = both(explore_runs.bert_classifier_run(tmp_path), device)
+    texts = ["a fine and moving film", "dull and far too long"]
+    for a, b in zip(cpu.predict(texts), there.predict(texts)):
+        assert a["label"] == b["label"]
+        close(a["probs"], b["probs"])
+    data = tmp_path / "eval.csv"
+    data.write_text("text,label\n" + "".join(f"{t},positive\n" for t in texts), encoding="utf-8")
+    assert there.evaluate(data=str(data))["loss"] == pytest.approx(
+        cpu.evaluate(data=str(data))["loss"], abs=1e-4
+    )
