@@ -27,7 +27,8 @@ from attnlab.errors import UserError
 
 NormKind = Literal["layer", "rms"]
 NormPosition = Literal["pre", "post"]
-Activation = Literal["relu", "gelu", "gelu_tanh", "swiglu", "relu2"]
+Activation = Literal["relu", "gelu", "gelu_tanh", "swiglu", "relu2", "geglu", "geglu_tanh"]
+GATED: tuple[Activation, ...] = ("swiglu", "geglu", "geglu_tanh")  # w_in holds gate and up rows
 
 
 class RMSNorm(nn.Module):
@@ -57,10 +58,13 @@ def make_norm(kind: NormKind, d_model: int, eps: float = 1e-5, bias: bool = True
 
 def apply_activation(h: Tensor, activation: Activation) -> Tensor:
     """The hidden activation of a feed-forward layer (or of one MoE expert): h (..., W) ->
-    (..., W), or (..., W/2) for swiglu, whose first half gates the second (SiLU(g) ⊙ u)."""
-    if activation == "swiglu":
+    (..., W), or (..., W/2) for the gated ones, whose first half gates the second: swiglu
+    SiLU(g) ⊙ u; geglu GELU(g) ⊙ u, geglu_tanh with tanh-GELU (T5 v1.1's gated-gelu)."""
+    if activation in GATED:
         gate, up = h.chunk(2, dim=-1)
-        return F.silu(gate) * up
+        if activation == "swiglu":
+            return F.silu(gate) * up
+        return F.gelu(gate, approximate="tanh" if activation == "geglu_tanh" else "none") * up
     if activation == "relu":
         return F.relu(h)
     if activation == "relu2":
@@ -96,7 +100,7 @@ class FeedForward(nn.Module):
                 f"activation must be one of {', '.join(get_args(Activation))}, got {activation!r}"
             )
         self.activation = activation
-        width = 2 * d_ff if activation == "swiglu" else d_ff
+        width = 2 * d_ff if activation in GATED else d_ff
         self.w_in = nn.Linear(d_model, width, bias=bias)
         self.w_out = nn.Linear(d_ff, d_model, bias=bias)
         self.dropout = nn.Dropout(dropout)
@@ -424,15 +428,20 @@ class Decoder(nn.Module):
         memory_mask: Tensor | None = None,
         *,
         is_causal: bool = True,
+        bias: Tensor | None = None,
         need_weights: bool = False,
         caches: list[KVCache] | None = None,
         cross_caches: list[KVCache] | None = None,
     ) -> Tensor | tuple[Tensor, list[tuple[Tensor | None, Tensor | None]]]:
-        """x: (B, Tq, D), memory: (B, Tk, Dm) -> (B, Tq, D) [, per-layer (self, cross) weights]."""
+        """x: (B, Tq, D), memory: (B, Tk, Dm) -> (B, Tq, D) [, per-layer (self, cross) weights].
+
+        ``bias`` (1|B, H, Tq, Tk): an additive self-attention score bias given to every block
+        (T5's relative positions, computed once and shared by the layers)."""
         weights: list[tuple[Tensor | None, Tensor | None]] = []
         for i, block in enumerate(self.blocks):
             kwargs = dict(
                 is_causal=is_causal,
+                bias=bias,
                 need_weights=need_weights,
                 cache=None if caches is None else caches[i],
                 cross_cache=None if cross_caches is None else cross_caches[i],

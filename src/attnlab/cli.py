@@ -324,6 +324,26 @@ def _run_translate(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------- BERT checkpoints
 
 
+def _add_prune(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("prune", help="remove the N least important attention heads of a classifier")
+    p.add_argument("run", help=RUN_HELP)
+    p.add_argument("--heads", type=int, required=True, help="how many heads to remove")
+    p.add_argument("--out", required=True, help="the new run folder")
+
+
+def _run_prune(args: argparse.Namespace) -> int:
+    from attnlab.tasks.prune import prune_run
+
+    r = prune_run(args.run, args.heads, args.out)
+    print(
+        f"removed {args.heads} heads, kept {r['heads_per_layer']} per layer; val accuracy "
+        f"{r['val_before']['accuracy']:.4f} -> {r['val_after']['accuracy']:.4f}; attention "
+        f"parameters {r['parameters_before']['attention']} -> "
+        f"{r['parameters_after']['attention']}; run in {args.out} (prune.json)"
+    )
+    return 0
+
+
 def _add_embed(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("embed", help="sentence vectors from a BERT checkpoint (JSON or .npy)")
     p.add_argument("checkpoint", help=CHECKPOINT_HELP)
@@ -465,6 +485,7 @@ COMMANDS: dict[str, Command] = {
     "search": (_add_search, _run_search),
     "ablate": (_add_ablate, _run_ablate),
     "bench": (_add_bench, _run_bench),
+    "prune": (_add_prune, _run_prune),
     "explore": (explore_command.add_parser, explore_command.run),
     "verify": (verify_command.add_parser, verify_command.run),
 }

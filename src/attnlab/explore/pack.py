@@ -66,13 +66,13 @@ def build_group(
             "attention?) forms no weights to show"
         )
     nq, nk = len(query_tokens), len(key_tokens)
-    weights = torch.stack([c.weights[row, :, :nq, :nk] for c in calls])  # (L, H, nq, nk)
+    weights = _stack_layers([c.weights[row, :, :nq, :nk] for c in calls])  # (L, H, nq, nk)
     L, H, Tq, Tk = weights.shape
     if (Tq, Tk) != (nq, nk):
         raise AssertionError(f"{name}: {Tq}x{Tk} weights for {nq}x{nk}")
-    mask = _mask_of(calls[0], row, H)[:nq, :nk]  # (Tq, Tk)
+    mask = _mask_of(calls[0], row)[:nq, :nk]  # (Tq, Tk)
     for call in calls[1:]:
-        if not torch.equal(_mask_of(call, row, H)[:nq, :nk], mask):
+        if not torch.equal(_mask_of(call, row)[:nq, :nk], mask):
             raise AssertionError(f"{name}: layers differ in their masks")
     group: dict[str, Any] = {
         "name": name,
@@ -93,9 +93,9 @@ def build_group(
         "scores_note": "",
     }
     if L * H * Tq * Tk <= SCORE_BUDGET:
-        group["scores"] = f32(torch.stack([c.scores[row, :, :Tq, :Tk] for c in calls]))
+        group["scores"] = f32(_stack_layers([c.scores[row, :, :Tq, :Tk] for c in calls]))
         if calls[0].bias is not None:
-            bias = torch.stack(
+            bias = _stack_layers(
                 [
                     c.bias.expand(c.weights.shape)[row, :, :Tq, :Tk]
                     for c in calls
@@ -111,12 +111,21 @@ def build_group(
     return group
 
 
-def _mask_of(call: AttentionCall, row: int, H: int) -> Tensor:
+def _stack_layers(layers: list[Tensor]) -> Tensor:
+    """Per-layer (H_l, Tq, Tk) -> (L, H, Tq, Tk); a layer with fewer heads (a pruned model,
+    `attnlab prune`) is padded with all-zero heads after its own."""
+    H = max(t.shape[0] for t in layers)
+    return torch.stack(
+        [torch.nn.functional.pad(t, (0, 0, 0, 0, 0, H - t.shape[0])) for t in layers]
+    )
+
+
+def _mask_of(call: AttentionCall, row: int) -> Tensor:
     """The (Tq, Tk) mask applied in one call (all True when none), the same for every head."""
     Tq, Tk = call.weights.shape[-2:]
     if call.mask is None:
         return torch.ones(Tq, Tk, dtype=torch.bool)
-    mask = call.mask.expand(call.weights.shape[0], H, Tq, Tk)[row]  # (H, Tq, Tk)
+    mask = call.mask.expand(call.weights.shape)[row]  # (H, Tq, Tk)
     if not bool((mask == mask[:1]).all()):
         raise AssertionError("a mask that differs between heads")
     return mask[0].cpu()

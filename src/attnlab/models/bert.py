@@ -20,6 +20,7 @@ from attnlab.attention import padding_mask
 from attnlab.blocks import Block, BlockConfig, BlockStack
 from attnlab.configs import Alias, ConfigBase, project, setting
 from attnlab.efficient import AttentionKind
+from attnlab.models.prune import apply_head_counts
 from attnlab.positions import make_positions
 
 BertActivation = Literal["gelu", "gelu_tanh", "relu"]  # those a Hugging Face config can name
@@ -59,6 +60,7 @@ class BertConfig(ConfigBase):
     n_global: int = setting(
         0, 'attention="local": leading tokens ([CLS]) that see and are seen by all', min=0
     )
+    heads_per_layer: str = setting("", "set by `attnlab prune`: heads each layer keeps, e.g. 4,2")
 
     ALIASES = (Alias("max_len", "context"),)
 
@@ -157,6 +159,7 @@ class BertModel(nn.Module):
         self.encoder = BlockStack([Block(block) for _ in range(cfg.n_layers)])
         self.encoder.gradient_checkpointing = cfg.gradient_checkpointing
         self.pooler = nn.Linear(cfg.d_model, cfg.d_model)
+        apply_head_counts(self, cfg.heads_per_layer)  # a pruned run's smaller attention layers
         init_bert_weights(self)
 
     def forward(

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.attention import padding_mask
@@ -16,6 +17,7 @@ from attnlab.blocks import Activation, Block, BlockConfig, BlockStack, NormKind,
 from attnlab.configs import Alias, ConfigBase, project, setting
 from attnlab.efficient import AttentionKind
 from attnlab.errors import UserError
+from attnlab.models.prune import apply_head_counts
 from attnlab.positions import make_positions
 
 Position = Literal["sinusoidal", "learned", "rope", "t5", "alibi", "none"]
@@ -69,6 +71,7 @@ class ClassifierConfig(ConfigBase):
     members: int = setting(
         1, ">1: an ensemble of this many classifiers, probabilities averaged", min=1
     )
+    heads_per_layer: str = setting("", "set by `attnlab prune`: heads each layer keeps, e.g. 4,2")
 
     ALIASES = (
         Alias("norm", "norm_position", only=("pre", "post")),
@@ -125,6 +128,7 @@ class TextClassifier(nn.Module):
             nn.init.normal_(self.ngram_bag.weight, std=0.02)
         self.head_dropout = nn.Dropout(cfg.dropout)
         self.head = nn.Linear(2 * D if self.ngram_bag is not None else D, cfg.n_classes)
+        apply_head_counts(self, cfg.heads_per_layer)  # a pruned run's smaller attention layers
 
     def bigram_ids(self, input_ids: Tensor) -> Tensor:
         """Hash each (previous, current) id pair into ``bigram_buckets`` ids: (B, T) -> (B, T)."""
@@ -217,15 +221,17 @@ class TextClassifier(nn.Module):
 
         The share comes from attention rollout (Abnar & Zuidema 2020): the product over layers
         of (head-averaged attention + identity, row-normalised), read at the rows that pooling
-        uses (the ``<cls>`` row, or the mean over real tokens for mean/max pooling).
+        uses (the ``<cls>`` row, or the mean over real tokens for mean/max pooling). In a
+        pruned model a layer's kept heads come first and its removed ones are all zeros.
         """
         h, mask, weights = self.encode(input_ids, lengths, need_weights=True)
         logits = self.head(self.features(h, mask, input_ids, lengths))  # (B, C)
-        attn = torch.stack(weights)  # (L, B, H, T, T)
+        H = self.cfg.n_heads
+        attn = torch.stack([F.pad(w, (0, 0, 0, 0, 0, H - w.shape[1])) for w in weights])
         T = input_ids.shape[1]
         eye = torch.eye(T, dtype=attn.dtype, device=attn.device)
         rollout = eye.expand(input_ids.shape[0], T, T)  # (B, T, T)
-        for layer in attn:
+        for layer in weights:  # (B, H_l, T, T): the mean over the heads the layer has
             a = layer.mean(dim=1) + eye  # (B, T, T)
             a = a / a.sum(dim=-1, keepdim=True)
             rollout = a @ rollout

@@ -162,6 +162,7 @@ class Prepared:
     model: BertForMaskedLM
     tokenizer: WordPieceTokenizer
     report: dict[str, Any]
+    val_data: MLMData | None = None  # the validation texts, masked (ELECTRA's evaluator reads it)
 
 
 class MLMTask(Task):
@@ -218,7 +219,7 @@ class MLMTask(Task):
             f"data: {corpus.source}; {report['texts']} texts, {report['tokens']} tokens "
             f"(test split of {len(split['test'])} excluded)"
         )
-        prep = Prepared(model, tokenizer, report)
+        prep = Prepared(model, tokenizer, report, val_data)
         return Setup(prep, train_data, evaluator(val_data, device), files, [message])
 
     def build_model(self, cfg: RunConfig, setup: Setup) -> BertForMaskedLM:

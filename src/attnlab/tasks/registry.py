@@ -37,6 +37,11 @@ REGISTRY: dict[str, TaskEntry] = {
             "attnlab.tasks.classify",
         ),
         TaskEntry(
+            "distill",
+            "a classifier trained on a teacher run's soft labels (knowledge distillation)",
+            "attnlab.tasks.distill",
+        ),
+        TaskEntry(
             "bert_classify",
             "fine-tune a pretrained BERT (all-MiniLM-L6-v2 by default) as a text classifier",
             "attnlab.tasks.bert_classify",
@@ -45,6 +50,11 @@ REGISTRY: dict[str, TaskEntry] = {
             "mlm",
             "masked-LM pretraining of BERT on any text (bundled Chinese reviews by default)",
             "attnlab.tasks.bert_mlm",
+        ),
+        TaskEntry(
+            "electra",
+            "ELECTRA pretraining (replaced-token detection) of a BERT encoder on any text",
+            "attnlab.tasks.electra",
         ),
         TaskEntry(
             "lm",

@@ -14,6 +14,7 @@ from functools import partial
 from attnlab.verify import checks_hf as hf
 from attnlab.verify import checks_optim as opt
 from attnlab.verify import checks_torch as pt
+from attnlab.verify import checks_zoo as zoo
 from attnlab.verify.checks_minilm import check_minilm
 from attnlab.verify.runner import Check, Oracle
 
@@ -58,6 +59,10 @@ CHECKS: list[Check] = [
     Check("MoEFeedForward (f32)", "HF MixtralSparseMoeBlock", 1e-6, hf.check_mixtral, HF),
     Check("MoEFeedForward gradients (f32)", "HF MixtralSparseMoeBlock", 1e-5, moe_grads, HF),
     Check("MoE balance loss", "HF load_balancing_loss_func", 2e-6, hf.check_balance_loss, HF),
+    Check("T5 v1.0/v1.1 + gradients", "HF T5ForConditionalGeneration", 1e-9, zoo.check_t5, HF),
+    Check("ELECTRA + gradients", "HF ElectraForPreTraining/MaskedLM", 1e-10, zoo.check_electra, HF),
+    Check("ALBERT + gradients", "HF AlbertModel", 1e-10, zoo.check_albert, HF),
+    Check("DeBERTa-v2/v3 + gradients", "HF DebertaV2Model", 1e-10, zoo.check_deberta, HF),
     Check("Muon", "torch.optim.Muon", 1e-6, opt.check_muon, (TORCH_MUON,)),
     Check("MuonAdamW", "torch.optim.Muon + AdamW", 1e-6, opt.check_muon_adamw, (TORCH_MUON,)),
 ]

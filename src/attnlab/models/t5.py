@@ -1,0 +1,157 @@
+"""T5 (Raffel et al. 2020): one encoder-decoder frame for every text-to-text task.
+
+What T5 changes relative to attnlab's core encoder-decoder (:mod:`attnlab.models.seq2seq`):
+
+* **no absolute positions**: one learned scalar per (relative-distance bucket, head) is added
+  to the self-attention scores (:class:`attnlab.positions.T5RelativePositionBias`), computed
+  once per stack and shared by every layer (:meth:`T5.encode`, :meth:`T5.decode`: ``bias=``);
+  bidirectional buckets in the encoder, causal ones in the decoder; cross-attention has none;
+* **pre-norm RMSNorm without bias** and no bias in any linear layer (:meth:`T5Config.block_config`);
+* **unscaled dot products**: T5 computes q·k without 1/√d_k. attnlab's attention keeps its
+  scale, so the query weights hold √d_k · W_q (a reparametrisation: the same function);
+* the FFN is ReLU (v1.0) or the GELU-gated ``geglu_tanh`` (v1.1's "gated-gelu");
+* one embedding shared by encoder, decoder and the output layer; v1.0 multiplies the decoder
+  output by d_model^-0.5 before it (``scale_output``), v1.1 does not.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnlab.attention import padding_mask
+from attnlab.blocks import Block, BlockConfig, BlockStack, Decoder, DecoderBlock, RMSNorm
+from attnlab.configs import ConfigBase, setting
+from attnlab.positions import T5RelativePositionBias
+
+
+@dataclass
+class T5Config(ConfigBase):
+    """The architecture of a T5 model (HF names: d_kv = d_model / n_heads here)."""
+
+    vocab_size: int = setting(32128, min=1)
+    d_model: int = setting(512, min=1)
+    n_heads: int = setting(8, min=1)
+    d_ff: int = setting(2048, min=1)
+    n_layers: int = setting(6, "encoder layers", min=1)
+    n_decoder_layers: int = setting(0, "0 = n_layers", min=0)
+    num_buckets: int = setting(32, "relative-position buckets", min=2)
+    max_distance: int = setting(128, "distance from which all offsets share a bucket", min=2)
+    activation: Literal["relu", "geglu_tanh"] = setting(
+        "relu", "relu (T5 v1.0) | geglu_tanh (v1.1 gated-gelu)"
+    )
+    scale_output: bool = setting(True, "decoder output × d_model^-0.5 before the tied head (v1.0)")
+    norm_eps: float = setting(1e-6, min=0.0)
+    dropout: float = setting(0.1, min=0.0, below=1.0)
+    pad_id: int = 0
+
+    def check(self) -> None:
+        self.block_config()
+
+    def block_config(self) -> BlockConfig:
+        """T5's block: pre-norm RMSNorm, no biases, ReLU or gated-GELU feed-forward."""
+        return BlockConfig(
+            d_model=self.d_model,
+            n_heads=self.n_heads,
+            d_ff=self.d_ff,
+            activation=self.activation,
+            norm="rms",
+            norm_position="pre",
+            norm_eps=self.norm_eps,
+            dropout=self.dropout,
+            bias=False,
+        )
+
+
+class T5(nn.Module):
+    """T5ForConditionalGeneration: shared embedding, encoder, decoder, tied output layer."""
+
+    def __init__(self, cfg: T5Config) -> None:
+        super().__init__()
+        cfg.validate(complete=True)
+        self.cfg = cfg
+        block = cfg.block_config()
+        n_dec = cfg.n_decoder_layers or cfg.n_layers
+        self.shared = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.encoder = BlockStack(
+            [Block(block) for _ in range(cfg.n_layers)], RMSNorm(cfg.d_model, cfg.norm_eps)
+        )
+        self.decoder = Decoder(
+            [DecoderBlock(block) for _ in range(n_dec)], RMSNorm(cfg.d_model, cfg.norm_eps)
+        )
+        self.encoder_bias = T5RelativePositionBias(
+            cfg.n_heads, cfg.num_buckets, cfg.max_distance, bidirectional=True
+        )
+        self.decoder_bias = T5RelativePositionBias(
+            cfg.n_heads, cfg.num_buckets, cfg.max_distance, bidirectional=False
+        )
+        self.dropout = nn.Dropout(cfg.dropout)
+        init_t5_weights(self)
+
+    def encode(self, src: Tensor, src_lengths: Tensor | None = None) -> Tensor:
+        """Source ids (B, S), right-padded to ``src_lengths`` (B,) -> memory (B, S, D)."""
+        S = src.shape[1]
+        mask = None if src_lengths is None else padding_mask(src_lengths, S)  # (B, 1, 1, S)
+        x = self.dropout(self.shared(src))  # (B, S, D)
+        x = self.encoder(x, mask, bias=self.encoder_bias(S, S))  # one bias for every layer
+        return self.dropout(x)
+
+    def decode(
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        src_lengths: Tensor | None = None,
+        tgt_lengths: Tensor | None = None,
+    ) -> Tensor:
+        """Target ids (B, T) over ``memory`` (B, S, D) -> decoder states (B, T, D)."""
+        T, S = tgt.shape[1], memory.shape[1]
+        self_mask = None if tgt_lengths is None else padding_mask(tgt_lengths, T)
+        memory_mask = None if src_lengths is None else padding_mask(src_lengths, S)
+        y = self.dropout(self.shared(tgt))  # (B, T, D)
+        y = self.decoder(y, memory, self_mask, memory_mask, bias=self.decoder_bias(T, T))
+        return self.dropout(y)  # (B, T, D)
+
+    def logits(self, states: Tensor) -> Tensor:
+        """Decoder states (B, T, D) -> vocabulary logits (B, T, V) through the shared embedding."""
+        if self.cfg.scale_output:
+            states = states * self.cfg.d_model**-0.5
+        return F.linear(states, self.shared.weight)  # (B, T, V)
+
+    def forward(
+        self,
+        src: Tensor,
+        tgt: Tensor,
+        src_lengths: Tensor | None = None,
+        tgt_lengths: Tensor | None = None,
+    ) -> Tensor:
+        """Source (B, S) and target-input (B, T) ids -> logits (B, T, V)."""
+        memory = self.encode(src, src_lengths)
+        return self.logits(self.decode(tgt, memory, src_lengths, tgt_lengths))
+
+
+@torch.no_grad()
+def init_t5_weights(model: T5) -> None:
+    """T5's initialisation (HF ``_init_weights``, factor 1) in attnlab's parametrisation: the
+    query rows carry √d_k, so they are N(0, d_model^-1/2) like keys and values."""
+    D, F_ = model.cfg.d_model, model.cfg.d_ff
+    nn.init.normal_(model.shared.weight, std=1.0)
+    for m in model.modules():
+        if isinstance(m, RMSNorm):
+            nn.init.ones_(m.weight)
+        elif isinstance(m, T5RelativePositionBias):
+            nn.init.normal_(m.embedding.weight, std=D**-0.5)
+    for name, p in model.named_parameters():
+        if name.endswith(("q_proj.weight", "kv_proj.weight", "out_proj.weight", "ff.w_in.weight")):
+            nn.init.normal_(p, std=D**-0.5)
+        elif name.endswith("ff.w_out.weight"):
+            nn.init.normal_(p, std=F_**-0.5)
+
+
+def fold_query_scale(head_dim: int) -> float:
+    """The factor T5's query weights gain in attnlab (attention divides by √d_k; T5 does not)."""
+    return math.sqrt(head_dim)

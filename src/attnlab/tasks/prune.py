@@ -1,0 +1,133 @@
+"""``attnlab prune RUN --heads N --out OUT``: a classifier run with N attention heads removed.
+
+Head importance (Michel et al. 2019, :mod:`attnlab.models.prune`) is measured on the run's
+validation split with the training loss (cross-entropy); the N least important heads are cut
+out of the weights (smaller projections), and OUT is a complete run folder: the source run's
+files, its config with ``model.heads_per_layer`` set, the smaller weights, and ``prune.json``
+(importance, removed heads, validation accuracy and loss before and after, parameter counts).
+Every verb that takes the source run takes OUT. Works for ``classify`` runs (one model, not an
+ensemble; no per-head position bias) and ``bert_classify`` runs (e.g. fine-tuned MiniLM).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from attnlab.errors import UserError
+from attnlab.models.prune import head_importance, heads_to_remove, prune_heads
+from attnlab.tasks import rundir
+from attnlab.tasks.runs import WEIGHTS, load_run
+from attnlab.train.checkpoint import save_weights
+
+# Files of the source run that are not copied: its weights, training state, lock and results
+# (prune.json holds the pruned model's).
+_SKIP = {WEIGHTS, "state", rundir.LOCK, "results.json", "test_report.txt"}
+
+
+def validation_data(run: Any) -> Any:
+    """The run's validation split as a ClassificationData (batches of ids, lengths, labels)."""
+    if run.task == "classify":
+        from attnlab.tasks.classify import make_dataset, prepare
+
+        prep = prepare(run.config, run.run_dir, resume=True)
+        return make_dataset(prep, "val", run.add_cls, run.config.data.eval_batch_size, False, 0)
+    from attnlab.data.splits import load_split
+    from attnlab.tasks.bert_classify import _dataset, load_corpus
+
+    corpus = load_corpus(run.config.data)
+    split = load_split(run.run_dir / "split.json", corpus.texts)
+    texts = [corpus.texts[i] for i in split["val"]]
+    labels = run.labels.encode([corpus.labels[i] for i in split["val"]])
+    bs = run.config.data.eval_batch_size
+    return _dataset(texts, labels, run.tokenizer, run.max_len, bs, False, 0)
+
+
+def batches(data: Any) -> list[dict[str, torch.Tensor]]:
+    return [data.collate(indices) for indices in data.batches(0)]
+
+
+def loss_fn(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The summed cross-entropy of a batch (importance sums over examples, as eq. 2)."""
+    logits = model(batch["input_ids"], batch["lengths"])
+    return F.cross_entropy(logits, batch["labels"], reduction="sum")
+
+
+@torch.no_grad()
+def accuracy(model: torch.nn.Module, data: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+    """Validation accuracy and mean cross-entropy."""
+    right = n = 0
+    loss = 0.0
+    for batch in data:
+        logits = model(batch["input_ids"], batch["lengths"])
+        right += int((logits.argmax(-1) == batch["labels"]).sum())
+        loss += float(F.cross_entropy(logits, batch["labels"], reduction="sum"))
+        n += len(batch["labels"])
+    return {"accuracy": right / max(n, 1), "loss": loss / max(n, 1)}
+
+
+def prunable_model(run: Any) -> torch.nn.Module:
+    """The run's model, refused (UserError) where heads cannot be pruned one by one."""
+    if run.task not in ("classify", "bert_classify"):
+        raise UserError(f"{run.run_dir} holds a {run.task!r} run; prune takes classifier runs")
+    model = run.model
+    if run.task == "classify":
+        m = run.config.model
+        if m.members > 1:
+            raise UserError("prune takes a single classifier, not an ensemble (members > 1)")
+        if m.pos in ("t5", "alibi"):
+            raise UserError(f"pos={m.pos!r} biases each head's scores; prune needs other positions")
+    return model
+
+
+def count_parameters(model: torch.nn.Module) -> dict[str, int]:
+    attention = sum(
+        p.numel() for n, p in model.named_parameters() if ".self_attn." in n or ".attn." in n
+    )
+    return {"total": sum(p.numel() for p in model.parameters()), "attention": attention}
+
+
+def prune_run(source: str | Path, n_heads: int, out: str | Path) -> dict[str, Any]:
+    """Prune ``n_heads`` heads of the run in ``source`` into a new run folder ``out``."""
+    out = Path(out)
+    if out.exists():
+        raise UserError(f"{out} exists; prune writes a new run folder, give another --out")
+    run = load_run(source)
+    model = prunable_model(run).float().eval()
+    data = batches(validation_data(run))
+    before, size_before = accuracy(model, data), count_parameters(model)
+    importance = head_importance(model, data, loss_fn)
+    try:
+        remove = heads_to_remove(importance, n_heads)
+    except ValueError as err:
+        raise UserError(f"--heads {n_heads}: {err}") from None
+    kept = prune_heads(model, remove)
+    after = accuracy(model, data)
+    raw = rundir.read_config(run.run_dir)
+    raw["model"]["heads_per_layer"] = ",".join(map(str, kept))
+    staging = out.with_name(out.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(run.run_dir, staging, ignore=lambda d, names: [n for n in names if n in _SKIP])
+    rundir.write_config(staging, raw)
+    save_weights(model, staging / WEIGHTS)
+    report = {
+        "source": str(run.run_dir),
+        "heads_removed": n_heads,
+        "removed": remove,
+        "heads_per_layer": kept,
+        "importance": [
+            [round(float(v), 6) for v in row if torch.isfinite(v)] for row in importance
+        ],
+        "val_before": before,
+        "val_after": after,
+        "parameters_before": size_before,
+        "parameters_after": count_parameters(model),
+    }
+    (staging / "prune.json").write_text(json.dumps(report, indent=2) + "\n")
+    staging.rename(out)
+    return report
