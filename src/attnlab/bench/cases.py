@@ -85,6 +85,38 @@ def _gpt_steps(spec: dict, device: torch.device) -> tuple[Step, Step]:
     return make(1), make(spec["batch"])
 
 
+def _attention_steps(spec: dict, device: torch.device) -> tuple[Step, Step]:
+    """Causal attention alone, forward + backward, q, k, v (B, H, T, d) float32: ``kind`` is
+    explicit (the T×T path), fused (F.scaled_dot_product_attention) or flash (attnlab.flash)."""
+    from attnlab.attention import scaled_dot_product_attention
+    from attnlab.flash import flash_attention
+
+    kernels = {
+        "explicit": lambda q, k, v: scaled_dot_product_attention(
+            q, k, v, is_causal=True, fused=False
+        )[0],
+        "fused": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        "flash": lambda q, k, v: flash_attention(
+            q, k, v, is_causal=True, block_q=spec["block"], block_k=spec["block"]
+        ),
+    }
+    attend = kernels[spec["kind"]]
+    torch.manual_seed(0)
+
+    def make(T: int) -> Step:
+        shape = (spec["batch"], spec["n_heads"], T, spec["head_dim"])
+        q, k, v = (torch.randn(shape, device=device, requires_grad=True) for _ in range(3))
+        cot = torch.randn(shape, device=device)
+
+        def step() -> None:
+            attend(q, k, v).backward(cot)  # (B, H, T, d)
+            q.grad = k.grad = v.grad = None
+
+        return step
+
+    return make(min(spec["T"], 256)), make(spec["T"])
+
+
 def _mha_steps(spec: dict, device: torch.device) -> tuple[Step, Step]:
     """MultiHeadAttention forward + backward on its ``path``: "explicit" or "fused"."""
     torch.manual_seed(0)
@@ -105,8 +137,14 @@ def _mha_steps(spec: dict, device: torch.device) -> tuple[Step, Step]:
 
 
 def build_case(spec: dict, device: torch.device) -> tuple[Step, Step]:
-    """(warm-up step, measured step) for ``spec["case"]`` in {"mha", "block", "gpt"}."""
-    builders = {"mha": _mha_steps, "block": _block_steps, "gpt": _gpt_steps}
+    """(warm-up step, measured step) for ``spec["case"]`` in {"mha", "block", "gpt",
+    "attention"}."""
+    builders = {
+        "mha": _mha_steps,
+        "block": _block_steps,
+        "gpt": _gpt_steps,
+        "attention": _attention_steps,
+    }
     if spec["case"] not in builders:
         raise UserError(f"unknown case {spec['case']!r}; one of {', '.join(builders)}")
     return builders[spec["case"]](spec, device)

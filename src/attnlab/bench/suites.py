@@ -18,6 +18,7 @@ from attnlab.bench.memory import run_isolated
 from attnlab.bench.timing import interleaved, median_ms, paired_ratio
 from attnlab.blocks import Block, BlockConfig
 from attnlab.efficient import LinearAttention, LocalAttention
+from attnlab.flash import flash_attention
 from attnlab.models.generation import Generation
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.train.optim import build_optimizer
@@ -57,6 +58,7 @@ def bench_kernels(device, rounds: int, T: int, window: int = 128) -> dict:
         "fused": lambda: scaled_dot_product_attention(q, k, v, is_causal=True)[0],
         f"local_w{window}": lambda: local(q, k, v, **kw)[0],
         "linear": lambda: linear(q, k, v, **kw)[0],
+        "flash": lambda: flash_attention(q, k, v, is_causal=True),  # attnlab.flash, by hand
     }
     samples = interleaved(
         {n: (lambda f=f: f().backward(cot)) for n, f in runs.items()}, rounds, device

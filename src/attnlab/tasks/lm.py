@@ -39,6 +39,7 @@ from attnlab.errors import UserError
 from attnlab.models.generation import Generation, check_sampling, sample_next
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.models.gpt_hf import load_hf_gpt2
+from attnlab.models.speculative import Drafter, speculative_decode
 from attnlab.tasks import runner
 from attnlab.tasks.task import Run, RunConfig, Setup, Task
 from attnlab.train import StepOutput, TrainConfig, load_weights
@@ -322,6 +323,7 @@ class Generated:
     texts: list[str]
     dropped: int  # prompt tokens cropped away to fit the context
     new_tokens: int  # tokens generated, all samples together
+    speculative: dict[str, float] | None = None  # speculative decoding's statistics
 
 
 class _StopText:
@@ -384,16 +386,26 @@ def generate_text(
     use_cache: bool = True,
     on_text: Callable[[int, str], None] | None = None,
     device: str = "cpu",
+    drafter: Drafter | None = None,
+    lookahead: int = 4,
+    kv_cache: str = "float",
 ) -> Generated:
     """Continue ``prompt`` ``num_samples`` times; ``on_text(sample, text)`` streams new text.
 
     A sample ends after ``max_new_tokens`` tokens or just before its first stop string.
+    With ``drafter`` (one sample) decoding is speculative (attnlab.models.speculative): the
+    same distribution, several tokens per pass of the model.
     """
     check_request(max_new_tokens, num_samples, temperature, top_k, top_p)
     stops = [s for s in (stops or []) if s]
     ids, dropped = encode_prompt(tokenizer, prompt, model.cfg.context)
+    if drafter is not None:
+        return _generate_speculative(
+            model, tokenizer, ids, dropped, max_new_tokens, drafter, lookahead,
+            (temperature, top_k, top_p), seed, stops, num_samples, on_text, device, kv_cache,
+        )  # fmt: skip
     batch = torch.tensor([ids] * num_samples, dtype=torch.long, device=device)  # (N, T)
-    gen = Generation(model.eval(), batch, use_cache)
+    gen = Generation(model.eval(), batch, use_cache, kv_cache)
     rng = torch.Generator(device=device).manual_seed(seed)
     streams = [_StopText(tokenizer, stops) for _ in range(num_samples)]
     pieces: list[list[str]] = [[] for _ in range(num_samples)]
@@ -422,6 +434,60 @@ def generate_text(
         if not streams[sample].done:
             emit(sample, streams[sample].flush())
     return Generated(tokenizer.decode(ids), ["".join(p) for p in pieces], dropped, new_tokens)
+
+
+def _generate_speculative(
+    model: GPT,
+    tokenizer: LMTokenizer,
+    ids: list[int],
+    dropped: int,
+    max_new_tokens: int,
+    drafter: Drafter,
+    lookahead: int,
+    sampling: tuple[float, int, float],
+    seed: int,
+    stops: list[str],
+    num_samples: int,
+    on_text: Callable[[int, str], None] | None,
+    device: str,
+    kv_cache: str,
+) -> Generated:
+    """generate_text's speculative path: one sample, streamed, statistics in ``speculative``."""
+    if num_samples != 1:
+        raise UserError(f"speculative decoding makes one sample at a time, got {num_samples}")
+    stream, pieces = _StopText(tokenizer, stops), []
+
+    def on_token(token: int) -> bool:
+        text = stream.add(token)
+        if text:
+            pieces.append(text)
+            if on_text is not None:
+                on_text(0, text)
+        return stream.done
+
+    temperature, top_k, top_p = sampling
+    tokens, stats = speculative_decode(
+        model.eval(),
+        torch.tensor([ids], dtype=torch.long, device=device),
+        max_new_tokens,
+        drafter,
+        lookahead,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        generator=torch.Generator(device=device).manual_seed(seed),
+        on_token=on_token,
+        kv_cache=kv_cache,
+    )
+    if not stream.done:
+        text = stream.flush()
+        if text:
+            pieces.append(text)
+            if on_text is not None:
+                on_text(0, text)
+    out = Generated(tokenizer.decode(ids), ["".join(pieces)], dropped, len(tokens))
+    out.speculative = stats.as_dict()
+    return out
 
 
 # ---------------------------------------------------------------------------- a trained run

@@ -72,6 +72,21 @@ REGISTRY: dict[str, TaskEntry] = {
             "attnlab.tasks.vision",
         ),
         TaskEntry(
+            "swin",
+            "Swin Transformer image classifier: shifted windows, patch merging (Fashion-MNIST)",
+            "attnlab.tasks.vision",
+        ),
+        TaskEntry(
+            "deit",
+            "DeiT: a ViT with a distillation token taught by --teacher RUN (Fashion-MNIST)",
+            "attnlab.tasks.vision",
+        ),
+        TaskEntry(
+            "mae",
+            "masked-autoencoder pretraining of a ViT encoder on images (Fashion-MNIST)",
+            "attnlab.tasks.mae",
+        ),
+        TaskEntry(
             "cnn",
             "small ResNet with --channel-attention none|se|eca|cbam|ca (Fashion-MNIST by default)",
             "attnlab.tasks.vision",

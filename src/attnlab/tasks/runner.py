@@ -193,6 +193,9 @@ def train(
         rundir.check_target(out, resume)
     record: dict[str, Any] = {}
     if resume:
+        from attnlab.tasks.quantize import check_not_quantized
+
+        check_not_quantized(out, "train --resume")
         raw = rundir.read_config(out)
         if raw["task"] != task.name:
             raise UserError(

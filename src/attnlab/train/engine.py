@@ -235,13 +235,15 @@ class Trainer:
 
         def run(dtype: torch.dtype | None) -> None:
             self.model.train()
-            with autocast(self.env.device, dtype):
-                out = self.step_fn(self.model, batch)
-            out.loss.backward()
-            self.model.zero_grad(set_to_none=True)
-            with torch.no_grad():
-                for buf, saved in buffers:
-                    buf.copy_(saved)
+            try:
+                with autocast(self.env.device, dtype):
+                    out = self.step_fn(self.model, batch)
+                out.loss.backward()
+            finally:  # also when the step fails under this dtype (the probe then drops it)
+                self.model.zero_grad(set_to_none=True)
+                with torch.no_grad():
+                    for buf, saved in buffers:
+                        buf.copy_(saved)
 
         return run
 

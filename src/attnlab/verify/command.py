@@ -26,8 +26,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "verify",
         help="rerun every parity check against PyTorch / Hugging Face oracles; print the table",
         description="Runs each of attnlab's parity checks (attention, layers, stacks, LLaMA, T5, "
-        "GPT-2, ViT, BERT, MiniLM, Mamba, Mixtral MoE) on fresh random configurations from one "
-        "seed and prints: component, oracle, cases, max abs error, tolerance, pass. Exits 1 if "
+        "GPT-2, ViT, BERT, MiniLM, Mamba, RWKV, Mixtral MoE) on fresh random configurations from "
+        "one seed and prints: component, oracle, cases, max abs error, tolerance, pass. Exits 1 if "
         "any check fails.",
     )
     p.add_argument("--seed", type=int, default=None, help="seed (default: a fresh one, printed)")
