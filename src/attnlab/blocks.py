@@ -23,6 +23,7 @@ from torch.utils.checkpoint import checkpoint
 from attnlab.attention import KVCache, MultiHeadAttention, RotaryHook
 from attnlab.configs import ConfigBase, setting
 from attnlab.efficient import AttentionKind, check_attention_config, make_kernel
+from attnlab.errors import UserError
 
 NormKind = Literal["layer", "rms", "dyt"]
 NormPosition = Literal["pre", "post"]
@@ -155,9 +156,9 @@ class BlockConfig(ConfigBase):
 
     def check(self) -> None:
         if self.d_model % self.n_heads:
-            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+            raise UserError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         if self.n_heads % self.kv_heads:
-            raise ValueError(
+            raise UserError(
                 f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}"
             )
         check_attention_config(self.attention, self.window, self.n_global)

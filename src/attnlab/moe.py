@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.blocks import Activation, apply_activation
+from attnlab.errors import UserError
 
 EXPERT_ACTIVATIONS: tuple[str, ...] = get_args(Activation)  # those of a dense FeedForward
 
@@ -242,11 +243,11 @@ def check_moe_config(
 ) -> None:
     """Raise ValueError naming the field to change."""
     if experts < 1:
-        raise ValueError(f"experts must be >= 1, got {experts}")
+        raise UserError(f"experts must be >= 1, got {experts}")
     if not 1 <= top_k <= experts:
-        raise ValueError(f"top_k must be in [1, experts={experts}], got {top_k}")
+        raise UserError(f"top_k must be in [1, experts={experts}], got {top_k}")
     if capacity_factor < 0:
-        raise ValueError(f"capacity_factor must be >= 0 (0 = no limit), got {capacity_factor}")
+        raise UserError(f"capacity_factor must be >= 0 (0 = no limit), got {capacity_factor}")
     for name, value in (("moe_aux_weight", aux_weight), ("moe_z_weight", z_weight)):
         if value < 0:
-            raise ValueError(f"{name} must be >= 0, got {value}")
+            raise UserError(f"{name} must be >= 0, got {value}")

@@ -9,6 +9,7 @@ import torch
 from attnlab.data.buckets import PAD_MULTIPLE, LengthBucketSampler, bucket_length, pad_batch
 from attnlab.data.char_tokenizer import PAD_ID, CharTokenizer
 from attnlab.data.labels import LabelVocab
+from attnlab.errors import UserError
 
 
 class ClassificationData:
@@ -27,10 +28,10 @@ class ClassificationData:
         pad_multiple: int = PAD_MULTIPLE,
     ) -> None:
         if len(sequences) != len(labels):
-            raise ValueError(f"{len(sequences)} sequences but {len(labels)} labels")
+            raise UserError(f"{len(sequences)} sequences but {len(labels)} labels")
         lengths = [len(s) for s in sequences]
         if sampler.lengths.tolist() != lengths:
-            raise ValueError("the sampler was built for other sequence lengths than these")
+            raise UserError("the sampler was built for other sequence lengths than these")
         self.sequences = [list(s) for s in sequences]
         self.labels = list(labels)
         self.sampler = sampler

@@ -16,6 +16,7 @@ from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, process
 from tokenizers.models import WordPiece
 
 from attnlab.data.errors import DataError
+from attnlab.errors import UserError
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIALS = (PAD, UNK, CLS, SEP, MASK)
@@ -27,7 +28,7 @@ class WordPieceTokenizer:
     def __init__(self, tokenizer: Tokenizer) -> None:
         missing = [t for t in SPECIALS if tokenizer.token_to_id(t) is None]
         if missing:
-            raise ValueError(f"the tokenizer's vocabulary lacks the BERT special tokens {missing}")
+            raise UserError(f"the tokenizer's vocabulary lacks the BERT special tokens {missing}")
         tokenizer.no_padding()
         tokenizer.no_truncation()
         self._tok = tokenizer
@@ -57,7 +58,7 @@ class WordPieceTokenizer:
                 chinese_chars=bool(options.get("tokenize_chinese_chars", True)),
                 strip_accents=options.get("strip_accents"),
             )
-        raise ValueError(
+        raise UserError(
             f"{path} has neither tokenizer.json nor vocab.txt; a BERT checkpoint directory "
             "needs one of them"
         )
@@ -109,7 +110,7 @@ class WordPieceTokenizer:
         vocabulary is essentially characters (plus pieces of any Latin words and numbers).
         """
         if vocab_size <= len(SPECIALS):
-            raise ValueError(
+            raise UserError(
                 f"vocab_size must exceed the {len(SPECIALS)} specials, got {vocab_size}"
             )
         tok = _bert_pipeline(WordPiece(unk_token=UNK), lowercase)
@@ -149,7 +150,7 @@ class WordPieceTokenizer:
     def encode_batch(self, texts: Sequence[str], max_len: int) -> list[list[int]]:
         """``encode`` for many texts at once (parallel in the library)."""
         if max_len < 3:
-            raise ValueError(f"max_len must be >= 3 ([CLS] + a piece + [SEP]), got {max_len}")
+            raise UserError(f"max_len must be >= 3 ([CLS] + a piece + [SEP]), got {max_len}")
         self._tok.enable_truncation(max_length=max_len)
         try:
             return [e.ids for e in self._tok.encode_batch(list(texts))]

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from attnlab.attention import record_attention
 from attnlab.channel import CBAM, ECA, CoordinateAttention, SqueezeExcite
 from attnlab.data.images import normalize
+from attnlab.errors import UserError
 from attnlab.explore.pack import build_group, calls_named, f32, u8
 from attnlab.explore.sources import Source
 from attnlab.models.vit import attention_rollout
@@ -167,7 +168,7 @@ def cnn_examples(source: Source, paths: list[str]) -> dict[str, Any]:
         for hook in hooks:
             hook.remove()
     if not inputs:
-        raise ValueError(
+        raise UserError(
             f"{source.name} is a CNN without attention (channel_attention = none): nothing "
             "to explore; train one with --channel-attention se, eca, cbam or ca"
         )

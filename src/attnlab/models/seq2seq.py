@@ -29,6 +29,7 @@ from attnlab.blocks import (
 )
 from attnlab.configs import Alias, ConfigBase, coerce_value, project, setting
 from attnlab.efficient import AttentionKind
+from attnlab.errors import UserError
 from attnlab.positions import make_positions
 
 
@@ -82,7 +83,7 @@ class Seq2SeqConfig(ConfigBase):
 
     def check(self) -> None:
         if self.shared_embeddings and self.src_vocab_size != self.tgt_vocab_size:
-            raise ValueError(
+            raise UserError(
                 "shared_embeddings needs one vocabulary for both sides, got sizes "
                 f"{self.src_vocab_size} and {self.tgt_vocab_size}; set shared_embeddings=false"
             )

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from attnlab.blocks import Activation, Block, BlockConfig, BlockStack, NormKind
 from attnlab.configs import ConfigBase, project, setting
 from attnlab.efficient import AttentionKind
+from attnlab.errors import UserError
 from attnlab.positions import make_positions, sincos_2d_table
 
 
@@ -59,19 +60,19 @@ class ViTConfig(ConfigBase):
 
     def check(self) -> None:
         if self.image_size % self.patch_size != 0:
-            raise ValueError(
+            raise UserError(
                 f"image_size={self.image_size} is not a multiple of patch_size="
                 f"{self.patch_size}; choose a patch size that divides it"
             )
         if self.stem == "conv" and (self.patch_size & (self.patch_size - 1) or self.patch_size < 2):
-            raise ValueError(
+            raise UserError(
                 f"stem=conv halves the image per 3x3 stride-2 conv, so patch_size must be a power "
                 f"of two >= 2, got {self.patch_size}; use stem=patch for other patch sizes"
             )
         if self.distill and self.pooling != "cls":
-            raise ValueError("distill=true (DeiT) needs pooling='cls': both tokens are read out")
+            raise UserError("distill=true (DeiT) needs pooling='cls': both tokens are read out")
         if self.pos == "sincos2d" and self.d_model % 4 != 0:
-            raise ValueError(f"pos=sincos2d needs d_model divisible by 4, got {self.d_model}")
+            raise UserError(f"pos=sincos2d needs d_model divisible by 4, got {self.d_model}")
         self.block_config()  # head counts, attention kernel
 
     @property

@@ -38,8 +38,9 @@ from attnlab.data import (
 )
 from attnlab.data.coverage import reach
 from attnlab.data.english_sentiment import CORPORA, balanced_subsample, load_english_sentiment
-from attnlab.data.io import read_json, write_json
+from attnlab.data.io import is_blank, read_json, write_json
 from attnlab.data.wordpiece import WordPieceTokenizer
+from attnlab.errors import UserError
 from attnlab.metrics import classification_report, format_report
 from attnlab.models.bert import BertClassifier, BertConfig
 from attnlab.models.bert_checkpoint import load_pretrained, resolve_checkpoint
@@ -100,7 +101,7 @@ def load_corpus(dcfg: BertClassifyConfig) -> LabeledCorpus:
     else:
         corpus = load_labeled_file(dcfg.data, dcfg.text_col, dcfg.label_col)
     if dcfg.max_examples < 0:
-        raise ValueError(f"max_examples must be >= 0 (0 = all), got {dcfg.max_examples}")
+        raise UserError(f"max_examples must be >= 0 (0 = all), got {dcfg.max_examples}")
     if dcfg.max_examples:
         corpus = balanced_subsample(corpus, dcfg.max_examples, dcfg.split_seed)
     return corpus
@@ -171,6 +172,7 @@ class BertClassifyTask(Task):
     preset = "bert_classify"
     preset_prefix = "bert_classify"
     resumable = frozenset({"eval_batch_size"})
+    data_paths = ("data", "init")
 
     def sections(self) -> dict[str, type[ConfigBase]]:
         return SECTIONS
@@ -197,7 +199,7 @@ class BertClassifyTask(Task):
             ratios = (1.0 - dcfg.val_ratio - dcfg.test_ratio, dcfg.val_ratio, dcfg.test_ratio)
             split = stratified_split(corpus.labels, ratios, dcfg.split_seed)
         if not split["val"]:
-            raise ValueError("the validation split is empty; set val_ratio > 0")
+            raise UserError("the validation split is empty; set val_ratio > 0")
         texts = {name: [corpus.texts[i] for i in idx] for name, idx in split.items()}
         labels_str = {name: [corpus.labels[i] for i in idx] for name, idx in split.items()}
         for name in ("val", "test"):
@@ -293,7 +295,7 @@ class BertClassifyTask(Task):
 
     def load(self, run_dir: Path, cfg: RunConfig, device: str) -> BertClassifierRun:
         labels = LabelVocab.load(run_dir / "labels.json")
-        report = read_json(run_dir / "data_report.json", "data report")
+        report = read_json(run_dir / "data_report.json", "data report", keys={"max_len": int})
         model = classifier(cfg, len(labels), report.get("encoder"))
         load_weights(model, run_dir / "model.safetensors")
         model.to(device).eval()
@@ -342,13 +344,14 @@ class BertClassifierRun(Run):
         """Label, per-class probabilities and the share of [UNK] pieces for each text (the
         classifier run's format)."""
         for i, text in enumerate(texts):
-            if not text.strip():
-                raise ValueError(f"text {i + 1} is empty; give some words to classify")
+            if is_blank(text):
+                raise UserError(f"text {i + 1} is empty; give some words to classify")
         from attnlab.data import pad_batch
 
         seqs = self.tokenizer.encode_batch(texts, self.max_len)
         ids, lengths = pad_batch(seqs, self.tokenizer.pad_id)
-        probs = torch.softmax(self.model(ids, lengths), dim=-1)  # (B, C)
+        logits = self.model(ids.to(self.device), lengths.to(self.device))  # (B, C)
+        probs = torch.softmax(logits.float(), dim=-1).cpu()  # (B, C)
         tok = self.tokenizer
         return [
             {
@@ -372,7 +375,7 @@ class BertClassifierRun(Run):
             corpus = load_corpus(self.data)
             indices = load_split(self.run_dir / "split.json", corpus.texts)[split]
             if not indices:
-                raise ValueError(
+                raise UserError(
                     f"the run's {split} split is empty; pass --data FILE to evaluate on"
                 )
             texts = [corpus.texts[i] for i in indices]
@@ -385,7 +388,7 @@ class BertClassifierRun(Run):
             check_labels(self.labels.labels, corpus.labels, data, corpus.origins)
             texts, labels, source = corpus.texts, corpus.labels, str(data)
         dataset = self.dataset(texts, labels)
-        y_true, y_pred, loss = predict_dataset(self.model, dataset)  # type: ignore[arg-type]
+        y_true, y_pred, loss = predict_dataset(self.model, dataset, self.device)  # type: ignore[arg-type]
         report = classification_report(y_true, y_pred, self.labels.labels)
         return {**report, "loss": loss, "source": source}
 

@@ -27,6 +27,7 @@ from attnlab.data import LabeledCorpus, LengthBucketSampler, stratified_split
 from attnlab.data.io import read_utf8, write_json
 from attnlab.data.mlm import MLMData
 from attnlab.data.wordpiece import WordPieceTokenizer
+from attnlab.errors import UserError
 from attnlab.models.bert import BertConfig, BertForMaskedLM
 from attnlab.models.bert_checkpoint import load_pretrained, resolve_checkpoint, save_pretrained
 from attnlab.models.zoo_mlm import ZooForMaskedLM
@@ -87,7 +88,7 @@ def load_texts(dcfg: MLMDataConfig) -> LabeledCorpus:
     if dcfg.data.endswith(".txt"):
         texts = [line.strip() for line in read_utf8(dcfg.data).splitlines() if line.strip()]
         if len(texts) < 2:
-            raise ValueError(f"{dcfg.data} needs at least 2 non-empty lines to pretrain on")
+            raise UserError(f"{dcfg.data} needs at least 2 non-empty lines to pretrain on")
         return LabeledCorpus(texts, ["text"] * len(texts), source=dcfg.data)
     fields = ("data", "text_col", "label_col", "max_examples", "split_seed")
     return load_corpus(BertClassifyConfig(**{f: getattr(dcfg, f) for f in fields}))
@@ -185,6 +186,7 @@ class MLMTask(Task):
     preset = "bert_mlm"
     preset_prefix = "bert_mlm"
     resumable = frozenset({"eval_batch_size"})
+    data_paths = ("data", "init")
 
     def sections(self) -> dict[str, type[ConfigBase]]:
         return SECTIONS
@@ -198,14 +200,14 @@ class MLMTask(Task):
         ratios = (1.0 - dcfg.val_ratio - dcfg.test_ratio, dcfg.val_ratio, dcfg.test_ratio)
         split = stratified_split(corpus.labels, ratios, dcfg.split_seed)
         if not split["val"]:
-            raise ValueError("the validation split is empty; set val_ratio > 0")
+            raise UserError("the validation split is empty; set val_ratio > 0")
         texts = {name: [corpus.texts[i] for i in split[name]] for name in ("train", "val")}
         saved = run_dir / "tokenizer.json" if resume else None
         seed_everything(cfg.train.seed)  # the model is built here, with its tokenizer
         model, tokenizer, notes, source = build_model(dcfg, cfg.model, texts["train"], saved)
         bert = model.shape if isinstance(model, ZooForMaskedLM) else model.bert.cfg
         if dcfg.max_len > bert.context:
-            raise ValueError(f"max_len={dcfg.max_len} exceeds the model's {bert.context} positions")
+            raise UserError(f"max_len={dcfg.max_len} exceeds the model's {bert.context} positions")
         cfg.sections["bert"] = bert
         seqs = {
             name: [s for s in tokenizer.encode_batch(t, dcfg.max_len) if len(s) > 2]

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from attnlab.configs import to_dict
 from attnlab.data.images import ImageData, channel_stats
 from attnlab.data.io import read_json, write_json
+from attnlab.errors import UserError
 from attnlab.models.mae import MAE, MAEConfig
 from attnlab.tasks.task import Run, RunConfig, Setup, Task
 from attnlab.tasks.vision import VisionConfig, load_splits
@@ -72,7 +73,7 @@ class MAETask(Task):
         train_set = splits["train"]
         c, h, w = train_set.images.shape[1:]
         if h != w:
-            raise ValueError(f"images are {h} × {w}; square images are needed (use --resize N)")
+            raise UserError(f"images are {h} × {w}; square images are needed (use --resize N)")
         cfg.model.in_channels, cfg.model.image_size = c, h
         cfg.model.n_classes = len(train_set.classes)
         cfg.sections["model"] = MAEConfig(**to_dict(cfg.model))  # re-validate

@@ -12,6 +12,8 @@ import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from attnlab.errors import UserError
+
 if TYPE_CHECKING:
     from attnlab.tasks.task import Task
 
@@ -105,7 +107,7 @@ def get_task(name: str) -> Task:
     """The task called ``name``; a ValueError lists the known ones."""
     name = ALIASES.get(name, name)
     if name not in REGISTRY:
-        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(REGISTRY)}")
+        raise UserError(f"unknown task {name!r}; known tasks: {', '.join(REGISTRY)}")
     module = importlib.import_module(REGISTRY[name].module)
     tasks = getattr(module, "TASKS", None) or {module.TASK.name: module.TASK}
     return tasks[name]

@@ -88,7 +88,7 @@ class VisionConfig(ConfigBase):
 def sections(arch: Arch) -> dict[str, type[ConfigBase]]:
     """Config sections of ``arch``: data, model and train."""
     if arch not in MODEL_CONFIGS:
-        raise ValueError(f"arch must be one of {', '.join(MODEL_CONFIGS)}, got {arch!r}")
+        raise UserError(f"arch must be one of {', '.join(MODEL_CONFIGS)}, got {arch!r}")
     return {"data": VisionConfig, "model": MODEL_CONFIGS[arch], "train": TrainConfig}
 
 
@@ -110,25 +110,25 @@ def load_splits(dcfg: VisionConfig) -> tuple[dict[str, ImageSet], str]:
         full, test = load_mnist("train"), load_mnist("test")
     elif dcfg.dataset == "idx":
         if not (dcfg.data and dcfg.labels):
-            raise ValueError("dataset=idx needs --data IMAGES.idx and --labels LABELS.idx")
+            raise UserError("dataset=idx needs --data IMAGES.idx and --labels LABELS.idx")
         full = load_idx_pair(dcfg.data, dcfg.labels)
         if dcfg.test_data:
             if not dcfg.test_labels:
-                raise ValueError("--test-data with dataset=idx needs --test-labels as well")
+                raise UserError("--test-data with dataset=idx needs --test-labels as well")
             test = load_idx_pair(dcfg.test_data, dcfg.test_labels, full.classes)
     elif dcfg.dataset == "folder":
         if not dcfg.data:
-            raise ValueError("dataset=folder needs --data ROOT (one sub-folder per class)")
+            raise UserError("dataset=folder needs --data ROOT (one sub-folder per class)")
         channels = dcfg.channels or 3
         full = load_image_folder(dcfg.data, channels, dcfg.resize)
         if dcfg.test_data:
             test = load_image_folder(dcfg.test_data, channels, dcfg.resize or full.images.shape[-1])
             if test.classes != full.classes:
-                raise ValueError(
+                raise UserError(
                     f"test classes {test.classes} differ from train classes {full.classes}"
                 )
     else:
-        raise ValueError(
+        raise UserError(
             f"dataset must be fashion-mnist, mnist, folder or idx; got {dcfg.dataset!r}"
         )
     labels = [str(int(y)) for y in full.labels]
@@ -145,7 +145,7 @@ def load_splits(dcfg: VisionConfig) -> tuple[dict[str, ImageSet], str]:
     out = {"train": full.subset(train_idx), "val": full.subset(split["val"])}
     out["test"] = test if test is not None else full.subset(split["test"])
     if not len(out["val"]):
-        raise ValueError("the validation split is empty; set val_ratio > 0")
+        raise UserError("the validation split is empty; set val_ratio > 0")
     return out, full.source
 
 
@@ -270,6 +270,7 @@ class VisionTask(Task):
 
     preset_prefix = ""
     resumable = frozenset({"eval_batch_size"})
+    data_paths = ("data", "labels", "test_data", "test_labels")
 
     def __init__(self, arch: Arch) -> None:
         self.name = self.preset = self.preset_prefix = arch  # type: ignore[misc]
@@ -287,7 +288,7 @@ class VisionTask(Task):
         train_set = splits["train"]
         c, h, w = train_set.images.shape[1:]
         if h != w:
-            raise ValueError(f"images are {h} × {w}; square images are needed (use --resize N)")
+            raise UserError(f"images are {h} × {w}; square images are needed (use --resize N)")
         cfg.model.in_channels = c
         cfg.model.n_classes = len(train_set.classes)
         if isinstance(cfg.model, ViTConfig | SwinConfig):
@@ -366,7 +367,8 @@ class VisionTask(Task):
         path = run_dir / "model.safetensors"
         load_tensors_into(model, upgrade_weights(read_tensors(path), model), path)
         model.to(device).eval()
-        report = read_json(run_dir / "data_report.json", "data report")
+        keys = {"classes": list, "image_shape": list, "mean": list, "std": list}
+        report = read_json(run_dir / "data_report.json", "data report", keys=keys)
         return VisionRun(run_dir, cfg, model, report)
 
 
@@ -446,7 +448,7 @@ class VisionRun(Run):
     def predict(self, paths: list[str]) -> list[dict[str, Any]]:
         """Label and per-class probabilities for each image file."""
         x = normalize(self.load_images(paths), self.report["mean"], self.report["std"])
-        probs = torch.softmax(self.model(x), dim=-1)  # (B, C)
+        probs = torch.softmax(self.model(x.to(self.device)).float(), dim=-1).cpu()  # (B, C)
         out = []
         for path, p in zip(paths, probs):
             k = int(p.argmax())
@@ -460,16 +462,17 @@ class VisionRun(Run):
             c, h, _ = self.report["image_shape"]
             images = load_image_folder(data, c, h)
             if images.classes != self.classes:
-                raise ValueError(f"{data}: classes {images.classes} differ from {self.classes}")
+                raise UserError(f"{data}: classes {images.classes} differ from {self.classes}")
         else:
             images = load_splits(self.config.data)[0][split]
         mean, std = self.report["mean"], self.report["std"]
-        return evaluate_set(self.model, images, mean, std, self.config.data.eval_batch_size, "cpu")
+        batch = self.config.data.eval_batch_size
+        return evaluate_set(self.model, images, mean, std, batch, self.device)  # type: ignore[arg-type]
 
     def draw_attention(self, image: str, out: str | None, member: int = 1) -> list[str]:
         """The attention rollout of a ViT (Swin: attention received) over ``image``, drawn."""
         if member != 1:
-            raise ValueError("--member applies to ensemble classifier runs, not vision runs")
+            raise UserError("--member applies to ensemble classifier runs, not vision runs")
         picture, rollout, pred = self.rollout(image)
         path = Path(out) if out else self.run_dir / "rollout.png"
         title = f"{Path(image).name} → {pred['label']} ({pred['probs'][pred['label']]:.2f})"
@@ -488,12 +491,15 @@ class VisionRun(Run):
         from attnlab.models.vit import rollout_map
 
         if not isinstance(self.model, ViT | Swin):
-            raise ValueError("this run is a CNN: the attention map needs a ViT, DeiT or Swin run")
+            raise UserError("this run is a CNN: the attention map needs a ViT, DeiT or Swin run")
         image = self.load_images([path])  # (1, C, H, W)
         x = normalize(image, self.report["mean"], self.report["std"])
+        x = x.to(self.device)
         if isinstance(self.model, Swin):
-            return image[0], attention_received(self.model, x)[0], self.predict([path])[0]
-        return image[0], rollout_map(self.model, x)[0], self.predict([path])[0]
+            heat = attention_received(self.model, x)[0].cpu()  # (G, G)
+        else:
+            heat = rollout_map(self.model, x)[0].cpu()  # (G, G)
+        return image[0], heat, self.predict([path])[0]
 
 
 def plot_rollout(image: Tensor, rollout: Tensor, out: str | Path, title: str) -> Path:
