@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from attnlab.blocks import Activation, Block, BlockConfig, BlockStack, NormKind
 from attnlab.configs import ConfigBase, setting
+from attnlab.errors import UserError
 from attnlab.models.vit import ViT, ViTConfig, _init_weights
 from attnlab.positions import make_positions
 
@@ -54,7 +55,7 @@ class MAEConfig(ConfigBase):
         self.encoder_config()  # patch size, heads
         self.decoder_block()
         if self.decoder_d_model % 4:
-            raise ValueError(f"decoder_d_model={self.decoder_d_model} must be divisible by 4")
+            raise UserError(f"decoder_d_model={self.decoder_d_model} must be divisible by 4")
 
     def encoder_config(self) -> ViTConfig:
         """The ViT the encoder is (and that fine-tuning builds): patch stem, sin-cos positions."""

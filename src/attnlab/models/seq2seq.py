@@ -90,11 +90,11 @@ class Seq2SeqConfig(ConfigBase):
         self.block_config()  # head counts, attention kernel
         if self.arch == "t5":
             if not self.shared_embeddings:
-                raise ValueError("arch=t5 has one embedding for both sides: shared_embeddings")
+                raise UserError("arch=t5 has one embedding for both sides: shared_embeddings")
             if self.activation not in ("relu", "geglu_tanh"):
-                raise ValueError("arch=t5 takes activation relu (v1.0) or geglu_tanh (v1.1)")
+                raise UserError("arch=t5 takes activation relu (v1.0) or geglu_tanh (v1.1)")
             if self.attention != "full":
-                raise ValueError("arch=t5 takes attention=full")
+                raise UserError("arch=t5 takes attention=full")
 
     def block_config(self) -> BlockConfig:
         """The block of both stacks (the decoder adds cross-attention; it is always full)."""

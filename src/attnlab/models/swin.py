@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from attnlab.blocks import Activation, BlockConfig, NormKind, make_norm
 from attnlab.configs import ConfigBase, setting
+from attnlab.errors import UserError
 from attnlab.models.vit import PatchEmbedding, _init_weights
 
 
@@ -50,16 +51,16 @@ class SwinConfig(ConfigBase):
 
     def check(self) -> None:
         if self.image_size % self.patch_size:
-            raise ValueError(
+            raise UserError(
                 f"image_size={self.image_size} is not a multiple of patch_size={self.patch_size}"
             )
         if len(self.depths) != len(self.stage_heads) or not self.depths:
-            raise ValueError(
+            raise UserError(
                 f"depths {self.depths} and stage_heads {self.stage_heads} need one entry per stage"
             )
         for i, (depth, heads) in enumerate(zip(self.depths, self.stage_heads)):
             if depth < 1 or heads < 1 or self.stage_width(i) % heads:
-                raise ValueError(
+                raise UserError(
                     f"stage {i + 1}: width {self.stage_width(i)} with {heads} heads and depth "
                     f"{depth}; depths and heads must be >= 1 and heads must divide the width"
                 )
@@ -247,7 +248,7 @@ class Swin(nn.Module):
     def embed(self, images: Tensor) -> Tensor:
         c, s = self.cfg.in_channels, self.cfg.image_size
         if images.dim() != 4 or tuple(images.shape[1:]) != (c, s, s):
-            raise ValueError(
+            raise UserError(
                 f"images must have shape (B, {c}, {s}, {s}), got {tuple(images.shape)}; "
                 "resize them to the model's image_size"
             )

@@ -159,7 +159,7 @@ def classifier(cfg: RunConfig, n_classes: int, encoder: dict[str, Any] | None) -
         from attnlab.models.zoo_mlm import ZooForMaskedLM
 
         if cfg.data.pooling == "cls" and encoder["arch"] == "deberta":
-            raise ValueError("DeBERTa has no [CLS] pooler: use pooling=mean")
+            raise UserError("DeBERTa has no [CLS] pooler: use pooling=mean")
         zoo = ZooForMaskedLM(encoder["arch"], cfg.model, encoder["embedding_size"])
         model.bert = zoo.bert  # type: ignore[assignment]
     return model

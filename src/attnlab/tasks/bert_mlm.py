@@ -73,7 +73,7 @@ class MLMModelConfig(ConfigBase):
 
     def check(self) -> None:
         if self.arch == "bert" and self.embedding_size:
-            raise ValueError("embedding_size is for arch albert or deberta")
+            raise UserError("embedding_size is for arch albert or deberta")
 
 
 SECTIONS: dict[str, type[ConfigBase]] = {
@@ -144,7 +144,7 @@ def build_model(
     A new WordPiece vocabulary is trained on ``train_texts`` unless a resumed run ``saved`` one.
     """
     if dcfg.init and mcfg.arch != "bert":
-        raise ValueError(f"arch={mcfg.arch} trains a new model: init takes BERT checkpoints")
+        raise UserError(f"arch={mcfg.arch} trains a new model: init takes BERT checkpoints")
     if dcfg.init:
         encoder, head, tokenizer, notes = load_pretrained(dcfg.init, with_mlm=True)
         model = BertForMaskedLM(encoder.cfg)
