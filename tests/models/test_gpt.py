@@ -86,9 +86,12 @@ def test_loaded_gpt2_greedy_continuation_matches_hugging_face_generate(tmp_path)
     hf, ours = hf_gpt2(tmp_path)
     prompt = torch.randint(0, HF_GPT2["vocab_size"], (2, 5))
     # eos_token_id=None: HF would stop a row at token 0 (the config's eos) and pad it with 0s
+    # attention_mask given: without it HF takes every prompt token equal to pad_token_id (0, which
+    # a random prompt can hold) for padding and masks it (the flake of seed 1931447424)
     want = hf.generate(
-        prompt, max_new_tokens=30, do_sample=False, pad_token_id=0, eos_token_id=None
-    )
+        prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=30, do_sample=False,
+        pad_token_id=0, eos_token_id=None,
+    )  # fmt: skip
     gen = Generation(ours, prompt)
     for _ in range(30):
         gen.append(sample_next(gen.next_logits(), temperature=0))
