@@ -1,6 +1,6 @@
-"""Dense GPT vs MoE vs Mamba vs hybrid on Shakespeare characters at an equal wall-clock budget.
+"""Dense GPT vs MoE vs Mamba vs hybrid vs RWKV on Shakespeare characters at equal wall clock.
 
-    python benchmarks/lm_mixers.py [--minutes 5] [--seeds 0 1] [--eval-windows 200]
+    python benchmarks/lm_mixers.py [--minutes 5] [--seeds 0 1 2] [--eval-windows 200]
 
 Every run is `python3 -m attnlab train lm --config baby ...` (the default Shakespeare corpus and
 split, character tokenizer), so each one can be rerun by hand from the command recorded in the
@@ -14,10 +14,13 @@ thread, fp32, and one evaluation at the end on the same evenly spaced validation
 - mamba:  every attention replaced by a Mamba block; width 112 (not 128) so the parameter
           count is within a few percent of dense at the same depth;
 - hybrid: Mamba in layers 1 and 3, attention in layers 2 and 4 (attn_every 2), width 120
-          for the same reason.
+          for the same reason;
+- rwkv:   every layer RWKV-4 (time-mix, and channel-mix as its feed-forward), width 120
+          (parameters within 5% of dense).
 
-Runs go two at a time (the machine has 2 cores shared with other jobs), paired so that each
-variant shares the machine with two different partners over the two seeds. Per run it records
+Runs go two at a time (the machine has 2 cores shared with other jobs), grouped (PAIRS) so that
+each variant meets different partners over the seeds; with five variants one run per seed goes
+alone. Per run it records
 os.getloadavg() before and after, the child's CPU time (os.wait4), the engine's train wall time,
 steps, training tokens/s, parameters (total and, for MoE, active), the validation loss and the
 train loss at the step count every run reached. Writes docs/results/lm_mixers.{json,md} and
@@ -50,9 +53,15 @@ VARIANTS: dict[str, list[str]] = {
     "moe": ["--ffn", "moe", "--experts", "8", "--top-k", "2"],
     "mamba": ["--mixer", "mamba", "--d-model", "112"],
     "hybrid": ["--mixer", "hybrid", "--attn-every", "2", "--d-model", "120"],
+    "rwkv": ["--mixer", "rwkv", "--d-model", "120"],
 }
-# (variant, variant) run side by side for seed 0 and for seed 1: every variant meets two partners
-PAIRS = {0: [("dense", "moe"), ("mamba", "hybrid")], 1: [("dense", "mamba"), ("moe", "hybrid")]}
+# the variants run side by side, per seed (each group starts together): every variant meets
+# different partners over the seeds, and runs alone once in three seeds (five variants)
+PAIRS: dict[int, list[tuple[str, ...]]] = {
+    0: [("dense", "moe"), ("mamba", "hybrid"), ("rwkv",)],
+    1: [("dense", "mamba"), ("moe", "rwkv"), ("hybrid",)],
+    2: [("dense", "rwkv"), ("moe", "hybrid"), ("mamba",)],
+}
 
 
 def machine() -> dict:
@@ -125,7 +134,7 @@ def run_pair(jobs: list[tuple[str, int, list[str], Path]]) -> list[dict]:
                 "process_cpu_s": usage.ru_utime + usage.ru_stime,
                 "load_average_start": load_start,
                 "load_average_end": os.getloadavg(),
-                "partner": next(j[0] for j in jobs if j[0] != variant or j[1] != seed),
+                "partner": next((j[0] for j in jobs if j[0] != variant or j[1] != seed), "—"),
                 "run_dir": str(out),
             }
         )
@@ -155,6 +164,7 @@ def measure(row: dict) -> dict:
             "train_wall_s": train_s,
             "eval_wall_s": summary["eval_time_s"],
             "engine_cpu_s": summary["cpu_time_s"],
+            "eval_cpu_s": summary["eval_cpu_s"],
             "tokens_per_s": summary["steps"] * t["batch_size"] * m["context"] / train_s,
             "val_loss": summary["best_metric"],
             "eval_windows": config["data"]["eval_windows"],
@@ -190,6 +200,7 @@ def summarise(rows: list[dict]) -> dict:
             "val_loss_mean": statistics.fmean(vals),
             "val_loss_seed_spread": max(vals) - min(vals),
             "tokens_per_s_mean": statistics.fmean(r["tokens_per_s"] for r in mine),
+            "tokens_per_cpu_s_mean": statistics.fmean(tokens_per_cpu_s(r) for r in mine),
             "steps_mean": statistics.fmean(r["steps"] for r in mine),
             "train_loss_at_common_step_mean": _mean_or_none(
                 [r["train_loss_at_common_step"] for r in mine]
@@ -206,6 +217,13 @@ def summarise(rows: list[dict]) -> dict:
         }
     out["winner"] = min(out["variants"], key=lambda k: out["variants"][k]["val_loss_mean"])
     return out
+
+
+def tokens_per_cpu_s(r: dict) -> float:
+    """Training tokens per CPU second of the training loop (the engine's CPU time less its
+    evaluation's): the speed with the machine's load taken out, where tokens per wall-clock
+    second measure the load too."""
+    return r["tokens_per_s"] * r["train_wall_s"] / (r["engine_cpu_s"] - r["eval_cpu_s"])
 
 
 def _fmt(x: float | None) -> str:
@@ -226,28 +244,30 @@ def write_markdown(res: dict, path: Path) -> None:
         f"(1 min) per run below.",
         "",
         "| variant | seed | layers | width | params total | params active | steps | "
-        "train tok/s | val loss | train loss @ step "
+        "train tok/s | tok per CPU s | val loss | train loss @ step "
         f"{s['common_step']} | CPU s | load start→end | ran beside |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in sorted(res["runs"], key=lambda r: (list(VARIANTS).index(r["variant"]), r["seed"])):
-        mixers = "".join("A" if k == "attention" else "M" for k in r["layer_mixers"])
+        letter = {"attention": "A", "mamba": "M", "rwkv": "R"}
+        mixers = "".join(letter[k] for k in r["layer_mixers"])
         lines.append(
             f"| {r['variant']} | {r['seed']} | {mixers} | {r['d_model']} | "
             f"{r['params_total']:,} | {r['params_active']:,} | {r['steps']} | "
-            f"{r['tokens_per_s']:.0f} | {r['val_loss']:.4f} | "
+            f"{r['tokens_per_s']:.0f} | {tokens_per_cpu_s(r):.0f} | {r['val_loss']:.4f} | "
             f"{_fmt(r['train_loss_at_common_step'])} | {r['process_cpu_s']:.0f} | "
             f"{r['load_average_start'][0]:.1f}→{r['load_average_end'][0]:.1f} | "
             f"{r['partner']} |"
         )
     lines += [
         "",
-        "Layers: A = attention, M = Mamba, each followed by its feed-forward (MLP or MoE). "
+        "Layers: A = attention, M = Mamba, R = RWKV, each followed by its feed-forward (MLP, "
+        "MoE, or RWKV's channel-mix). "
         "CPU s: the whole process (start-up, data preparation, training, evaluation).",
         "",
         "| variant | mean val loss | seed spread (max − min) | − dense (mean) | − dense "
-        "(per seed) | mean tok/s | mean steps |",
-        "|---|---|---|---|---|---|---|",
+        "(per seed) | mean tok/s | mean tok per CPU s | mean steps |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, v in s["variants"].items():
         per_seed = ", ".join(
@@ -256,7 +276,7 @@ def write_markdown(res: dict, path: Path) -> None:
         lines.append(
             f"| {name} | {v['val_loss_mean']:.4f} | {v['val_loss_seed_spread']:.4f} | "
             f"{v['val_loss_minus_dense']:+.4f} | {per_seed} | {v['tokens_per_s_mean']:.0f} | "
-            f"{v['steps_mean']:.0f} |"
+            f"{v['tokens_per_cpu_s_mean']:.0f} | {v['steps_mean']:.0f} |"
         )
     lines += [
         "",
@@ -291,7 +311,7 @@ def plot_moe_usage(runs: Path, name: str) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=5.0)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], choices=sorted(PAIRS))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], choices=sorted(PAIRS))
     parser.add_argument("--eval-windows", type=int, default=200)
     parser.add_argument("--runs", type=Path, default=Path("runs/lm-mixers"))
     parser.add_argument("--name", default="lm_mixers", help="results file stem")
@@ -304,6 +324,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.render:
         res = json.loads((RESULTS / f"{args.name}.json").read_text())
+        for r in res["runs"]:  # rows written before eval_cpu_s was recorded
+            if "eval_cpu_s" not in r:
+                summary = json.loads((Path(r["run_dir"]) / "summary.json").read_text())
+                r["eval_cpu_s"] = summary["eval_cpu_s"]
         res["summary"] = summarise(res["runs"])
         (RESULTS / f"{args.name}.json").write_text(json.dumps(res, indent=2) + "\n")
         write_markdown(res, RESULTS / f"{args.name}.md")
@@ -315,15 +339,15 @@ def main() -> None:
     rows = json.loads(rows_path.read_text()) if args.reuse and rows_path.exists() else []
     done = {(r["variant"], r["seed"]) for r in rows}
     for seed in args.seeds:
-        for a, b in PAIRS[seed]:
-            if {(a, seed), (b, seed)} <= done:
+        for group in PAIRS[seed]:
+            if {(v, seed) for v in group} <= done:
                 continue
             jobs = [
                 (v, seed, command(v, seed, args.minutes, args.eval_windows, out), out)
-                for v in (a, b)
+                for v in group
                 for out in [args.runs / f"{v}-s{seed}"]
             ]
-            print(f"seed {seed}: {a} beside {b} ...", flush=True)
+            print(f"seed {seed}: {' beside '.join(group)} ...", flush=True)
             rows += [measure(r) for r in run_pair(jobs)]
             rows_path.write_text(json.dumps(rows, indent=1) + "\n")  # survives a later failure
     res = {

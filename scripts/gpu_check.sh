@@ -19,7 +19,8 @@
 #              never unpinned). Needs network and ~3 GB of downloads.
 #   env        nvidia-smi, torch and CUDA versions, GPU name, compute capability, bf16, TF32
 #              flags, the SDPA kernels enabled, what precision=auto would try  -> env.json/.md
-#   tests      ATTNLAB_TEST_DEVICE=cuda pytest on the device-aware files  -> tests/junit.xml
+#   tests      ATTNLAB_TEST_DEVICE=cuda pytest on the device-aware files (and every run verb
+#              on the device, tests/tasks/test_run_device.py)  -> tests/junit.xml
 #   bench_*    `attnlab bench --device cuda --only SECTION`, one stage per section (kernels,
 #              MHA vs nn.MultiheadAttention, encoder layer, GPT step vs HF GPT-2 with memory,
 #              decoding, scaling to long sequences)  -> bench/SECTION.{json,md}
@@ -152,11 +153,12 @@ run_stage env "env.json,env.md" "" -- "${REPORT[@]}" env "$OUT" "$DEVICE"
 if [ "$DRY" = 1 ]; then
   TEST_FILES=(tests/test_fused_backends.py
     "tests/train/test_checkpoint.py::test_checkpoint_moves_between_devices_bitwise"
-    "tests/train/test_precision.py::test_step_timing_synchronises_around_every_timed_step")
+    "tests/train/test_precision.py::test_step_timing_synchronises_around_every_timed_step"
+    tests/tasks/test_run_device.py)
 else
   TEST_FILES=(tests/test_fused_backends.py tests/test_attention.py tests/test_blocks.py
     tests/test_efficient.py tests/models/test_gpt.py tests/verify/test_hf_parity.py tests/train/test_engine.py
-    tests/train/test_checkpoint.py tests/train/test_precision.py)
+    tests/train/test_checkpoint.py tests/train/test_precision.py tests/tasks/test_run_device.py)
 fi
 run_stage tests "tests/junit.xml" "ATTNLAB_TEST_DEVICE=$DEVICE" -- \
   env ATTNLAB_TEST_DEVICE="$DEVICE" python3 -m pytest -q -p no:cacheprovider -rs \

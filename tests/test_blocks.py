@@ -28,6 +28,7 @@ from attnlab.blocks import (
     BlockStack,
     Decoder,
     DecoderBlock,
+    DyT,
     FeedForward,
     RMSNorm,
     make_norm,
@@ -96,7 +97,8 @@ def test_make_norm() -> None:
     assert isinstance(make_norm("layer", 8), nn.LayerNorm)
     assert make_norm("layer", 8, bias=False).bias is None
     assert isinstance(make_norm("rms", 8), RMSNorm)
-    with pytest.raises(ValueError, match="norm must be 'layer' or 'rms', got 'batch'"):
+    assert isinstance(make_norm("dyt", 8), DyT)
+    with pytest.raises(ValueError, match="norm must be one of layer, rms, dyt, got 'batch'"):
         make_norm("batch", 8)  # type: ignore[arg-type]
     with pytest.raises(
         ValueError, match="activation must be one of relu, gelu, gelu_tanh, swiglu, relu2"
@@ -365,3 +367,44 @@ def test_stacks_return_attention_weights() -> None:
     dec = Decoder([DecoderBlock(cfg) for _ in range(2)]).double()
     out, weights = dec(x, torch.randn(B, 7, d, dtype=F64), need_weights=True)
     assert [(s.shape, c.shape) for s, c in weights] == [((B, H, T, T), (B, H, T, 7))] * 2
+
+
+def test_dyt_matches_the_formula_with_gradients_in_float64() -> None:
+    """DyT(x) = γ·tanh(α·x) + β (Zhu et al. 2025, eq. 1), α one scalar starting at 0.5; the
+    output and the gradients of x, α, γ, β against the formula written out here."""
+    norm = make_norm("dyt", 6).double()
+    assert norm.alpha.shape == () and norm.alpha.item() == 0.5
+    assert torch.equal(norm.weight, torch.ones(6, dtype=F64))
+    with torch.no_grad():
+        norm.alpha.fill_(0.8)
+        norm.weight.normal_(1.0, 0.3)
+        norm.bias.normal_(0.0, 0.3)
+    x = torch.randn(3, 5, 6, dtype=F64, requires_grad=True)
+    alpha = norm.alpha.detach().clone().requires_grad_()
+    gamma = norm.weight.detach().clone().requires_grad_()
+    beta = norm.bias.detach().clone().requires_grad_()
+    got = norm(x)
+    want = gamma * ((torch.exp(2 * alpha * x) - 1) / (torch.exp(2 * alpha * x) + 1)) + beta
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    cot = torch.randn_like(want)
+    ours = torch.autograd.grad((got * cot).sum(), (x, norm.alpha, norm.weight, norm.bias))
+    theirs = torch.autograd.grad((want * cot).sum(), (x, alpha, gamma, beta))
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    # d/dx tanh(αx) = α(1 − tanh²(αx)), by hand
+    t = torch.tanh(alpha.detach() * x.detach())
+    torch.testing.assert_close(ours[0], cot * gamma.detach() * alpha.detach() * (1 - t**2))
+    assert make_norm("dyt", 6, bias=False).bias is None
+
+
+def test_dyt_is_a_norm_choice_of_every_block_and_model() -> None:
+    from attnlab.models.gpt import GPT, GPTConfig
+    from attnlab.models.vit import ViT, ViTConfig
+
+    block = Block(BlockConfig(d_model=8, n_heads=2, d_ff=16, norm="dyt"))
+    assert isinstance(block.norm1, DyT) and isinstance(block.norm2, DyT)
+    gpt = GPT(GPTConfig(vocab_size=11, context=8, n_layers=1, n_heads=2, d_model=8, norm="dyt"))
+    vit = ViT(ViTConfig(image_size=8, patch_size=4, d_model=8, n_heads=2, n_layers=1, norm="dyt"))
+    for model in (gpt, vit):
+        assert not any(isinstance(m, nn.LayerNorm) for m in model.modules())
+        assert sum(isinstance(m, DyT) for m in model.modules()) == 3

@@ -231,3 +231,54 @@ def test_t5_bias_refuses_a_max_distance_inside_the_exact_range(bidirectional, bu
     with pytest.raises(ValueError, match="must exceed the exact range"):
         T5RelativePositionBias(2, buckets, distance, bidirectional=bidirectional)
     T5RelativePositionBias(2, buckets, distance + buckets, bidirectional=bidirectional)(3, 5)
+
+
+# --------------------------------------------------------------------------- RoPE scaling
+
+
+def _hf_scaled_inv_freq(kind: str, head_dim: int, base: float, factor: float) -> torch.Tensor:
+    """Hugging Face's inverse frequencies: linear scaling, or dynamic NTK evaluated at a length
+    where it equals static NTK-aware scaling by ``factor`` (HF factor 1, seq_len = s · max)."""
+    transformers = pytest.importorskip("transformers")
+    from transformers import modeling_rope_utils as ru
+
+    max_len = 64
+    params = {"rope_type": "linear" if kind == "linear" else "dynamic", "rope_theta": base}
+    params["factor"] = factor if kind == "linear" else 1.0
+    config = transformers.LlamaConfig(
+        hidden_size=head_dim * 2,
+        num_attention_heads=2,
+        max_position_embeddings=max_len,
+        rope_parameters=params,
+    )
+    if kind == "linear":
+        inv_freq, _ = ru._compute_linear_scaling_rope_parameters(config)
+    else:
+        inv_freq, _ = ru._compute_dynamic_ntk_parameters(config, seq_len=int(factor * max_len))
+    return inv_freq.double()
+
+
+@pytest.mark.parametrize("kind", ["linear", "ntk"])
+@pytest.mark.parametrize("factor", [2.0, 4.0, 8.0])
+def test_rope_scaling_matches_hugging_face(kind: str, factor: float) -> None:
+    head_dim, base = 16, 10000.0
+    rope = RotaryEmbedding(head_dim, base, context=128, scaling=kind, factor=factor)
+    want = _hf_scaled_inv_freq(kind, head_dim, base, factor)  # (Dh/2,)
+    angles = torch.arange(128, dtype=F64)[:, None] * want[None]  # (P, Dh/2)
+    half = head_dim // 2
+    torch.testing.assert_close(rope.cos[:, :half].double(), angles.cos(), atol=2e-5, rtol=0)
+    torch.testing.assert_close(rope.sin[:, :half].double(), angles.sin(), atol=2e-5, rtol=0)
+
+
+def test_rope_scaling_formulas() -> None:
+    """PI: position m gets angle (m / s)·θ_i; NTK: θ_0 unchanged, the slowest θ slowed by s."""
+    d, s = 8, 4.0
+    plain = RotaryEmbedding(d, context=64)
+    pi = RotaryEmbedding(d, context=64, scaling="linear", factor=s)
+    torch.testing.assert_close(pi.cos[8], plain.cos[2])  # position 8 / 4 = 2
+    ntk = RotaryEmbedding(d, context=64, scaling="ntk", factor=s)
+    ratio = plain.inv_freq / ntk.inv_freq
+    torch.testing.assert_close(ratio[0], torch.tensor(1.0))
+    torch.testing.assert_close(ratio[-1], torch.tensor(s))
+    with pytest.raises(ValueError, match="RoPE scaling must be one of none, linear, ntk"):
+        RotaryEmbedding(d, scaling="yarn")  # type: ignore[arg-type]

@@ -1,13 +1,14 @@
 """Mamba (attnlab.ssm): the two scans agree, the cache decodes what the full forward computes,
-and the whole language model equals Hugging Face's MambaForCausalLM with copied weights.
+and the Mamba GPT equals Hugging Face's MambaForCausalLM with copied weights.
 
 * chunked (parallel) scan == sequential loop in float64, outputs, last state and the gradients
   of every input, for lengths that are and are not multiples of the chunk, with an initial state;
 * MambaBlock with either scan: outputs and every parameter gradient equal in float64;
 * MambaCache: prefill + one-token steps + a multi-token chunk == one forward over the whole;
-* MambaLM vs ``transformers.MambaForCausalLM`` (its PyTorch path: no CUDA kernels are installed
-  here, and ``use_associative_scan`` / ``use_mambapy`` are off, so HF runs its sequential loop):
-  logits to 1e-5 in float32, every parameter gradient, greedy continuations token for token.
+* the GPT with mixer "mamba" vs ``transformers.MambaForCausalLM`` (its PyTorch path: no CUDA
+  kernels are installed here, and ``use_associative_scan`` / ``use_mambapy`` are off, so HF runs
+  its sequential loop): logits to 1e-5 in float32, every parameter gradient, greedy
+  continuations token for token (verify's checks, called here).
 """
 
 from __future__ import annotations
@@ -15,15 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnlab.ssm import (
-    MambaBlock,
-    MambaCache,
-    MambaLM,
-    MambaLMConfig,
-    selective_scan_chunked,
-    selective_scan_sequential,
-)
-from attnlab.verify.copy_weights import copy_links, mamba_lm_links
+from attnlab.ssm import MambaBlock, selective_scan_chunked, selective_scan_sequential
 
 F64 = torch.float64
 
@@ -38,7 +31,9 @@ def scan_inputs(batch: int, T: int, D: int, N: int, dtype=F64) -> list[torch.Ten
     return [t.requires_grad_() for t in (x, delta, A, B, C, h0)]
 
 
-@pytest.mark.parametrize("T, chunk", [(1, 64), (7, 4), (16, 4), (37, 8), (50, 64), (33, 1)])
+@pytest.mark.parametrize(
+    "T, chunk", [(1, 64), (7, 4), (16, 4), (37, 8), (50, 64), (33, 1), (70, 32)]
+)
 @pytest.mark.parametrize("with_h0", [False, True])
 def test_chunked_scan_equals_sequential_forward_and_backward(T, chunk, with_h0):
     inputs = scan_inputs(2, T, 5, 3)
@@ -120,7 +115,7 @@ def test_cache_reorder_keeps_rows():
         block(x, cache2)
         cache2.reorder(torch.tensor([2, 0]))
         part = block(nxt[[2, 0]], cache2)
-    torch.testing.assert_close(part, full[[2, 0]], rtol=0, atol=0)
+    torch.testing.assert_close(part, full[[2, 0]], rtol=0, atol=1e-14)  # batched matmul rounding
 
 
 def test_bad_configurations_name_the_field():
@@ -141,82 +136,22 @@ def test_bad_configurations_name_the_field():
 
 # --------------------------------------------------------------------------- Hugging Face
 
-transformers = pytest.importorskip("transformers")
 
-HF_MAMBA = dict(
-    vocab_size=61,
-    hidden_size=32,
-    state_size=8,
-    num_hidden_layers=2,
-    expand=2,
-    conv_kernel=4,
-    time_step_rank="auto",
-    layer_norm_epsilon=1e-5,
-    use_mambapy=False,
-    use_associative_scan=False,
-)
+@pytest.mark.parametrize("what", ["logits/greedy/cache", "gradients"])
+def test_the_mamba_gpt_matches_hugging_face(what):
+    """The GPT with mixer "mamba", ffn "none" (weights copied from a random MambaForCausalLM):
+    logits to 1e-5 with either scan, greedy output token for token against HF's generate,
+    cached decoding == the full forward, every parameter gradient (verify's checks, held to
+    verify's tolerances)."""
+    pytest.importorskip("transformers")
+    from _verify import assert_verified
+    from attnlab.verify import checks_mixers
+    from attnlab.verify.runner import Measure
 
-
-def mamba_pair(scan: str = "chunked"):
-    """A tiny random MambaForCausalLM and attnlab's MambaLM holding the same weights."""
-    hf = transformers.MambaForCausalLM(transformers.MambaConfig(**HF_MAMBA))
-    with torch.no_grad():  # off HF's structured init, so a transposed A or D would show
-        for p in hf.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
-    c = HF_MAMBA
-    ours = MambaLM(
-        MambaLMConfig(
-            vocab_size=c["vocab_size"],
-            d_model=c["hidden_size"],
-            n_layers=c["num_hidden_layers"],
-            d_state=c["state_size"],
-            d_conv=c["conv_kernel"],
-            expand=c["expand"],
-            norm_eps=c["layer_norm_epsilon"],
-            scan=scan,
-        )
-    )
-    links = mamba_lm_links(ours, hf)
-    copy_links(links)
-    return hf, ours, links
-
-
-@pytest.mark.parametrize("scan", ["chunked", "sequential"])
-def test_mamba_lm_matches_hugging_face_logits_and_gradients(scan):
-    hf, ours, links = mamba_pair(scan)
-    ids = torch.randint(0, HF_MAMBA["vocab_size"], (3, 70))  # 16-step chunks, the last partial
-    want = hf(input_ids=ids).logits
-    got = ours(ids)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    cot = torch.randn_like(want)
-    (got * cot).sum().backward()
-    (want * cot).sum().backward()
-    for link in links:  # float32 sums over 210 positions: tolerance scaled by the gradient's size
-        expected = link.join(*(t.grad for t in link.theirs))
-        atol = 1e-6 * max(1.0, expected.abs().max().item())
-        torch.testing.assert_close(link.ours.grad, expected, rtol=1e-4, atol=atol, msg=link.name)
-
-
-def test_mamba_lm_greedy_and_cached_decoding_match_hugging_face():
-    hf, ours, _ = mamba_pair()
-    hf.eval()
-    prompt = torch.randint(0, HF_MAMBA["vocab_size"], (2, 6))
-    steps = 24
-    with torch.no_grad():
-        hf.generation_config.eos_token_id = None  # no early stop (nor EOS suppression)
-        want = hf.generate(
-            prompt,
-            attention_mask=torch.ones_like(prompt),
-            max_new_tokens=steps,
-            do_sample=False,
-            pad_token_id=0,
-        )
-    got = ours.greedy(prompt, steps)
-    assert torch.equal(got, want)
-    with torch.no_grad():  # attnlab's cached step-by-step logits == its own full forward
-        full = ours(got)
-        caches = ours.new_caches()
-        pieces = [ours(got[:, :6], caches)]
-        pieces += [ours(got[:, t : t + 1], caches) for t in range(6, got.shape[1])]
-    torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-5, atol=1e-5)
-    assert isinstance(caches[0], MambaCache) and caches[0].length == got.shape[1]
+    check = {
+        "logits/greedy/cache": checks_mixers.check_mamba_logits,
+        "gradients": checks_mixers.check_mamba_grads,
+    }[what]
+    m = Measure()
+    check(m)
+    assert_verified(m, f"Mamba GPT {what} (f32)")

@@ -93,7 +93,7 @@ class record_attention:  # noqa: N801 - used as a context manager, reads like a 
                 "an attention recorder is already active; exit it before starting another"
             )
         for name, module in self.model.named_modules() if self.model is not None else []:
-            if isinstance(module, MultiHeadAttention):
+            if isinstance(module, MultiHeadAttention) or getattr(module, "is_attention", False):
                 self._hooks.append(module.register_forward_pre_hook(self._enter_module(name)))
         _RECORDER = self
         return self

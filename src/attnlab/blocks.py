@@ -23,8 +23,9 @@ from torch.utils.checkpoint import checkpoint
 from attnlab.attention import KVCache, MultiHeadAttention, RotaryHook
 from attnlab.configs import ConfigBase, setting
 from attnlab.efficient import AttentionKind, check_attention_config, make_kernel
+from attnlab.errors import UserError
 
-NormKind = Literal["layer", "rms"]
+NormKind = Literal["layer", "rms", "dyt"]
 NormPosition = Literal["pre", "post"]
 Activation = Literal["relu", "gelu", "gelu_tanh", "swiglu", "relu2", "geglu", "geglu_tanh"]
 GATED: tuple[Activation, ...] = ("swiglu", "geglu", "geglu_tanh")  # w_in holds gate and up rows
@@ -46,13 +47,35 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(dtype)
 
 
+class DyT(nn.Module):
+    """Dynamic Tanh, DyT(x) = γ ⊙ tanh(α·x) + β  (Zhu et al. 2025, "Transformers without
+    Normalization", eq. 1): a drop-in for LayerNorm with no statistics over the channels.
+
+    α is one learned scalar, initialised to ``alpha0`` (the paper's default 0.5); γ starts at
+    ones and β at zeros, as LayerNorm's affine parameters do.
+    """
+
+    def __init__(self, d_model: int, alpha0: float = 0.5, bias: bool = True) -> None:
+        super().__init__()
+        self.alpha = nn.Parameter(torch.tensor(float(alpha0)))
+        self.weight = nn.Parameter(torch.ones(d_model))
+        self.bias = nn.Parameter(torch.zeros(d_model)) if bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.weight * torch.tanh(self.alpha * x)  # (..., D)
+        return h if self.bias is None else h + self.bias
+
+
 def make_norm(kind: NormKind, d_model: int, eps: float = 1e-5, bias: bool = True) -> nn.Module:
-    """LayerNorm (Ba et al. 2016: (x − μ)/σ · g + b, PyTorch's kernel) or RMSNorm."""
+    """LayerNorm (Ba et al. 2016: (x − μ)/σ · g + b, PyTorch's kernel), RMSNorm or DyT (which
+    has no eps: it divides by nothing)."""
     if kind == "layer":
         return nn.LayerNorm(d_model, eps=eps, bias=bias)
     if kind == "rms":
         return RMSNorm(d_model, eps=eps)
-    raise ValueError(f"norm must be 'layer' or 'rms', got {kind!r}")
+    if kind == "dyt":
+        return DyT(d_model, bias=bias)
+    raise ValueError(f"norm must be one of {', '.join(get_args(NormKind))}, got {kind!r}")
 
 
 def apply_activation(h: Tensor, activation: Activation) -> Tensor:
@@ -133,9 +156,9 @@ class BlockConfig(ConfigBase):
 
     def check(self) -> None:
         if self.d_model % self.n_heads:
-            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+            raise UserError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         if self.n_heads % self.kv_heads:
-            raise ValueError(
+            raise UserError(
                 f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}"
             )
         check_attention_config(self.attention, self.window, self.n_global)
@@ -187,7 +210,8 @@ class Block(nn.Module):
     Other sublayers can be given: ``mixer`` replaces self-attention by another causal sequence
     mixer, called as ``mixer(h, cache)`` with its own cache (``mixer.new_cache()``), e.g. a Mamba
     block (Jamba's layers: Lieber et al. 2024); ``ff`` replaces the feed-forward layer, e.g. a
-    mixture of experts. The residual wiring and the norms stay the same.
+    mixture of experts; ``feed_forward=False`` leaves it out (Mamba's layers: the mixer alone).
+    The residual wiring and the norms stay the same.
     """
 
     def __init__(
@@ -197,15 +221,16 @@ class Block(nn.Module):
         *,
         mixer: nn.Module | None = None,
         ff: nn.Module | None = None,
+        feed_forward: bool = True,
     ) -> None:
         super().__init__()
         cfg.validate()
         self.cfg = cfg
         self.self_attn = cfg.self_attention(rotary) if mixer is None else None
         self.mixer = mixer
-        self.ff = cfg.feed_forward() if ff is None else ff
+        self.ff = (cfg.feed_forward() if ff is None else ff) if feed_forward else None
         self.norm1 = cfg.make_norm()
-        self.norm2 = cfg.make_norm()
+        self.norm2 = cfg.make_norm() if feed_forward else None
         self.dropout1 = nn.Dropout(cfg.dropout)
         self.dropout2 = nn.Dropout(cfg.dropout)
         gated = cfg.value_embeddings and mixer is None  # only attention reads value embeddings
@@ -253,11 +278,13 @@ class Block(nn.Module):
         if self.cfg.norm_position == "pre":
             a, weights = attend(self.norm1(x))
             x = x + a  # (B, T, D)
-            x = x + self.dropout2(self.ff(self.norm2(x)))
+            if self.ff is not None:
+                x = x + self.dropout2(self.ff(self.norm2(x)))
         else:
             a, weights = attend(x)
             x = self.norm1(x + a)
-            x = self.norm2(x + self.dropout2(self.ff(x)))
+            if self.ff is not None:
+                x = self.norm2(x + self.dropout2(self.ff(x)))
         return x, weights
 
 

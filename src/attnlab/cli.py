@@ -12,11 +12,13 @@ import argparse
 import dataclasses
 import json
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from attnlab.configs import add_dataclass_arguments, collect_overrides, parse_key_values
+from attnlab.errors import UserError
 from attnlab.explore import command as explore_command
 from attnlab.tasks.registry import ALIASES, REGISTRY
 from attnlab.verify import command as verify_command
@@ -122,7 +124,7 @@ def _redirected(name: str, opts: argparse.Namespace) -> str:
     unused = sorted(set(vars(opts)) - theirs - set(GENERAL))
     if unused:
         flags = ", ".join("--" + name.replace("_", "-") for name in unused)
-        raise ValueError(
+        raise UserError(
             f"{flags} do not apply with --{option.replace('_', '-')}: that is {what} "
             f"(`attnlab train {other}`; see its options in --help)"
         )
@@ -152,6 +154,10 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
 
 def _run_eval(args: argparse.Namespace) -> int:
     run = _load(args.run, "evaluate")
+    if args.data is None:
+        from attnlab.tasks.runs import require_data
+
+        require_data(run)
     columns = {k: v for k, v in (("text_col", args.text_col), ("label_col", args.label_col)) if v}
     report = run.evaluate(data=args.data, split=args.split, **columns)
     if args.json:
@@ -169,14 +175,21 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("predict", help="label and probabilities for texts or images")
     p.add_argument("run", help=RUN_HELP)
     p.add_argument("texts", nargs="*", help="texts (or image files); none = lines on stdin")
-    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object per line; text runs add unknown_share (the share of <unk> "
+        "tokens) and out_of_reach (over 0.3), warned about in plain output",
+    )
 
 
 def _run_predict(args: argparse.Namespace) -> int:
     run = _load(args.run, "predict")
-    inputs = args.texts or [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    from attnlab.data.io import split_lines
+
+    inputs = args.texts or [line for line in split_lines(sys.stdin.read()) if line.strip()]
     if not inputs:
-        raise ValueError("nothing to predict: pass texts (or image files) or pipe lines on stdin")
+        raise UserError("nothing to predict: pass texts (or image files) or pipe lines on stdin")
     for start in range(0, len(inputs), 256):
         for pred in run.predict(inputs[start : start + 256]):
             if args.json:
@@ -185,6 +198,8 @@ def _run_predict(args: argparse.Namespace) -> int:
                 top = sorted(pred["probs"].items(), key=lambda kv: -kv[1])[:3]
                 probs = "  ".join(f"{k} {v:.3f}" for k, v in top)
                 print(f"{pred['label']}\t{probs}\t{pred.get('text', pred.get('image'))}")
+                if pred.get("warning"):  # mostly <unk>: see data/coverage.py
+                    print(f"  warning: {pred['warning']}")
     return 0
 
 
@@ -199,8 +214,12 @@ def _add_attention(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_attention(args: argparse.Namespace) -> int:
+    from attnlab.data.io import output_errors
+
     run = _load(args.run, "attention")
-    for line in run.draw_attention(args.text, args.out, member=args.member):
+    with output_errors("--out"):
+        lines = run.draw_attention(args.text, args.out, member=args.member)
+    for line in lines:
         print(line)
     return 0
 
@@ -308,14 +327,14 @@ def _drafter(args: argparse.Namespace, run: Any) -> Any:
     if args.draft is None and not args.prompt_lookup:
         return None
     if args.draft is not None and args.prompt_lookup:
-        raise ValueError("--draft and --prompt-lookup are two drafters: choose one")
+        raise UserError("--draft and --prompt-lookup are two drafters: choose one")
     check_lookahead(args.lookahead)
     if args.prompt_lookup:
         return NgramDrafter()
     draft = LMRun.load(args.draft, args.device)
     check_draft(run.model, draft.model)
     if draft.tokenizer.to_json() != run.tokenizer.to_json():
-        raise ValueError(
+        raise UserError(
             f"the draft {args.draft} has another tokenizer than {args.run}: a draft must use the "
             "target's tokenizer"
         )
@@ -332,19 +351,30 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_translate(args: argparse.Namespace) -> int:
+    from attnlab.data.io import read_utf8, split_lines
+
     run = _load(args.run, "translate")
     if args.texts:
         texts = list(args.texts)
     elif args.input:
-        texts = Path(args.input).read_text(encoding="utf-8").splitlines()
+        texts = split_lines(read_utf8(args.input, "input file"))
     else:
-        texts = [line.rstrip("\n") for line in sys.stdin]
+        texts = split_lines(sys.stdin.read())
     if not any(t.strip() for t in texts):
-        raise ValueError("no text given: pass sentences, --input FILE, or lines on stdin")
+        raise UserError("no text given: pass sentences, --input FILE, or lines on stdin")
+    for i, n_unk, n in run.unknown(texts):
+        print(
+            f"attnlab: warning: input {i} has {n_unk} of {n} tokens outside the model's source "
+            "vocabulary (<unk>); its translation is a guess",
+            file=sys.stderr,
+        )
     hyps = [h if t.strip() else "" for t, h in zip(texts, run.translate(texts, args.beam))]
     text = "".join(h + "\n" for h in hyps)
     if args.output:
-        Path(args.output).write_text(text, encoding="utf-8")
+        from attnlab.data.io import output_errors
+
+        with output_errors("--output"):
+            Path(args.output).write_text(text, encoding="utf-8")
     else:
         sys.stdout.write(text)
     return 0
@@ -565,12 +595,23 @@ def main(argv: list[str] | None = None) -> int:
         setattr(args, trailing, list(getattr(args, trailing)) + extra)
     try:
         return COMMANDS[args.command][1](args)
-    except ValueError as err:  # bad input: a message that says what to change, no traceback
+    except UserError as err:  # bad input: a message that says what to change, no traceback
         print(f"attnlab: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("attnlab: interrupted (resume with --resume)", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of stdout went away (`attnlab predict ... | head`)
+        sys.stdout = None  # type: ignore[assignment]  # no flush of a closed pipe at exit
+        return 0
+    except Exception:  # a bug: show where, and say so
+        traceback.print_exc()
+        print(
+            f"attnlab: internal error in `attnlab {args.command}`: this is a bug, not a problem "
+            "with your input; please report it with the traceback above",
+            file=sys.stderr,
+        )
+        return 1
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar, Union
 
+from attnlab.errors import UserError
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised only on Python 3.10
@@ -38,7 +40,7 @@ def _check_dataclass(obj_or_cls: Any) -> type:
     """Return the dataclass type of `obj_or_cls`, or raise a ValueError saying it is not one."""
     cls = obj_or_cls if isinstance(obj_or_cls, type) else type(obj_or_cls)
     if not dataclasses.is_dataclass(cls):
-        raise ValueError(f"{cls.__name__} is not a dataclass; decorate it with @dataclass")
+        raise UserError(f"{cls.__name__} is not a dataclass; decorate it with @dataclass")
     return cls
 
 
@@ -117,7 +119,7 @@ def resolve_aliases(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
                 file=sys.stderr,
             )
         if target in out:
-            raise ValueError(
+            raise UserError(
                 f"{cls.__name__}: '{source[target]}' and '{name}' both set {target}; "
                 f"keep only '{target}'"
             )
@@ -147,12 +149,12 @@ def validate_config(cfg: Any, complete: bool = False) -> None:
             args = typing.get_args(next(a for a in args if a is not type(None)))
             tp = Literal[args] if args else tp
         if typing.get_origin(tp) is Literal and value not in typing.get_args(tp):
-            raise ValueError(
+            raise UserError(
                 f"{where} must be one of {_choices_text(typing.get_args(tp))}, got {value!r}"
             )
         if "unset" in meta and value == meta["unset"]:
             if complete:
-                raise ValueError(
+                raise UserError(
                     f"{where} must be set before building the model (it comes from "
                     f"{meta['set_by'] or 'the data'})"
                 )
@@ -169,7 +171,7 @@ def _check_range(where: str, value: Any, meta: Mapping[str, Any]) -> None:
         ("below", "<", lambda bound: value < bound),
     ):
         if key in meta and not ok(meta[key]):
-            raise ValueError(f"{where} must be {rule} {meta[key]}, got {value}")
+            raise UserError(f"{where} must be {rule} {meta[key]}, got {value}")
 
 
 class ConfigBase:
@@ -210,12 +212,12 @@ def _field_types(cls: type) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
-def _unknown_field_error(cls: type, name: str) -> ValueError:
+def _unknown_field_error(cls: type, name: str) -> UserError:
     """Build the error for a field name that `cls` does not have, suggesting the closest one."""
     valid = [f.name for f in dataclasses.fields(cls)]
     close = difflib.get_close_matches(name, valid, n=1)
     hint = f" Did you mean '{close[0]}'?" if close else ""
-    return ValueError(
+    return UserError(
         f"unknown field '{name}' for {cls.__name__}.{hint} Valid fields: {', '.join(valid)}"
     )
 
@@ -234,7 +236,7 @@ def _split_seq(value: str) -> list[str]:
 def _coerce(value: Any, tp: Any, name: str) -> Any:
     """Convert `value` (often a string from the command line) to annotation `tp` or raise."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
-    bad = ValueError(f"field '{name}': cannot parse {value!r} as {_type_name(tp)}")
+    bad = UserError(f"field '{name}': cannot parse {value!r} as {_type_name(tp)}")
     if tp is Any:
         return value
     if origin in (Union, types.UnionType):
@@ -253,7 +255,7 @@ def _coerce(value: Any, tp: Any, name: str) -> Any:
                     return choice
             except ValueError:
                 continue
-        raise ValueError(
+        raise UserError(
             f"field '{name}': {value!r} is not one of the choices {', '.join(map(repr, args))}"
         )
     if tp is bool:
@@ -263,7 +265,7 @@ def _coerce(value: Any, tp: Any, name: str) -> Any:
             return bool(value)
         if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
             return value.strip().lower() in _TRUE
-        raise ValueError(f"field '{name}': cannot parse {value!r} as bool (use true/false)")
+        raise UserError(f"field '{name}': cannot parse {value!r} as bool (use true/false)")
     if tp is int:
         if isinstance(value, bool):
             raise bad
@@ -307,7 +309,7 @@ def _coerce(value: Any, tp: Any, name: str) -> Any:
             raise bad
         if origin is tuple and args and args[-1] is not Ellipsis:
             if len(items) != len(args):
-                raise ValueError(
+                raise UserError(
                     f"field '{name}': expected {len(args)} comma-separated values "
                     f"({_type_name(tp)}), got {value!r}"
                 )
@@ -327,7 +329,7 @@ def _coerce(value: Any, tp: Any, name: str) -> Any:
         raise bad
     if isinstance(tp, type) and isinstance(value, tp):
         return value
-    raise ValueError(f"field '{name}': unsupported field type {_type_name(tp)}")
+    raise UserError(f"field '{name}': unsupported field type {_type_name(tp)}")
 
 
 def coerce_value(value: Any, tp: Any, name: str) -> Any:
@@ -366,9 +368,9 @@ def load_json(cls: type[T], path: str | Path) -> T:
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"{path}: cannot read this config JSON file ({err}); restore it") from None
+        raise UserError(f"{path}: cannot read this config JSON file ({err}); restore it") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object of config fields, got {type(data)}")
+        raise UserError(f"{path}: expected a JSON object of config fields, got {type(data)}")
     return from_dict(cls, data)
 
 
@@ -378,7 +380,7 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         with open(path, "rb") as f:
             return tomllib.load(f)
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
-        raise ValueError(f"{path}: not a readable TOML config ({err}); fix that line") from None
+        raise UserError(f"{path}: not a readable TOML config ({err}); fix that line") from None
 
 
 def apply_overrides(cfg: T, overrides: dict[str, Any]) -> T:
@@ -396,7 +398,7 @@ def apply_overrides(cfg: T, overrides: dict[str, Any]) -> T:
             raise _unknown_field_error(cls, head)
         if dot:
             if not dataclasses.is_dataclass(ftypes[head]):
-                raise ValueError(f"field '{head}' is not a nested config; cannot set '{name}'")
+                raise UserError(f"field '{head}' is not a nested config; cannot set '{name}'")
             nested.setdefault(head, {})[rest] = value
         else:
             changes[name] = _coerce(value, ftypes[name], name)
@@ -485,6 +487,6 @@ def parse_key_values(items: list[str]) -> dict[str, str]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"override {item!r} is not of the form key=value (e.g. n_heads=4)")
+            raise UserError(f"override {item!r} is not of the form key=value (e.g. n_heads=4)")
         out[key.strip().replace("-", "_")] = value.strip()
     return out

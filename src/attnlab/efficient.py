@@ -46,6 +46,7 @@ from attnlab.attention import (
     normalize_mask,
     scaled_dot_product_attention,
 )
+from attnlab.errors import UserError
 from attnlab.flash import FlashKernel
 
 AttentionKind = Literal["full", "local", "linear", "flash"]
@@ -55,18 +56,16 @@ ATTENTION_KINDS = ("full", "local", "linear", "flash")
 def check_attention_config(attention: str, window: int, n_global: int) -> None:
     """Raise ValueError naming the field and the fix for a bad attention switch."""
     if attention not in ATTENTION_KINDS:
-        raise ValueError(
-            f"attention must be one of {', '.join(ATTENTION_KINDS)}, got {attention!r}"
-        )
+        raise UserError(f"attention must be one of {', '.join(ATTENTION_KINDS)}, got {attention!r}")
     if n_global < 0:
-        raise ValueError(f"n_global must be >= 0, got {n_global}")
+        raise UserError(f"n_global must be >= 0, got {n_global}")
     if attention == "local" and window < 1:
-        raise ValueError(
+        raise UserError(
             f"attention='local' needs window >= 1 (how many keys back each query sees, itself "
             f"included), got window={window}; set e.g. --window 64"
         )
     if attention != "local" and (window or n_global):
-        raise ValueError(
+        raise UserError(
             f"window={window} and n_global={n_global} only apply to attention='local', but "
             f"attention={attention!r}; drop them or set attention='local'"
         )

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.blocks import Activation, apply_activation
+from attnlab.errors import UserError
 
 EXPERT_ACTIVATIONS: tuple[str, ...] = get_args(Activation)  # those of a dense FeedForward
 
@@ -43,7 +44,9 @@ def router_probs(router_logits: Tensor) -> Tensor:
     return torch.softmax(router_logits.to(dtype), dim=-1)
 
 
-def load_balancing_loss(router_logits: Tensor, top_k: int, mask: Tensor | None = None) -> Tensor:
+def load_balancing_loss(
+    router_logits: Tensor, top_k: int, mask: Tensor | None = None, chosen: Tensor | None = None
+) -> Tensor:
     """Switch Transformer's balance loss (eq. 4-6) for top-k routing: E · Σ_i f_i P_i.
 
     router_logits (N, E); mask (N,) with 1 for tokens that count (padding excluded) or None.
@@ -52,7 +55,8 @@ def load_balancing_loss(router_logits: Tensor, top_k: int, mask: Tensor | None =
     """
     E = router_logits.shape[-1]
     probs = router_probs(router_logits)  # (N, E)
-    chosen = probs.topk(top_k, dim=-1).indices  # (N, k)
+    if chosen is None:  # the router's top-k choices (N, k), if the caller has not made them
+        chosen = probs.topk(top_k, dim=-1).indices  # (N, k)
     weight = probs.new_ones(probs.shape[0]) if mask is None else mask.reshape(-1).to(probs)
     counts = torch.zeros(E, dtype=probs.dtype, device=probs.device)
     counts.scatter_add_(0, chosen.reshape(-1), weight.repeat_interleave(top_k))  # (E,)
@@ -121,11 +125,12 @@ class MoEFeedForward(nn.Module):
         self.w_in = nn.Parameter(torch.empty(experts, width_in, d_model))
         self.w_out = nn.Parameter(torch.empty(experts, d_model, d_ff))
         self.stats: MoEStats | None = None
-        self.reset_parameters()
+        self.init_weights()
 
     @torch.no_grad()
-    def reset_parameters(self, std: float = 0.02, out_std: float | None = None) -> None:
-        """N(0, std) router and input weights, N(0, out_std or std) output weights."""
+    def init_weights(self, std: float = 0.02, out_std: float | None = None) -> None:
+        """N(0, std) router and input weights, N(0, out_std or std) output weights (the
+        sublayer interface the GPT initialises through)."""
         nn.init.normal_(self.router.weight, std=std)
         nn.init.normal_(self.w_in, std=std)
         nn.init.normal_(self.w_out, std=std if out_std is None else out_std)
@@ -136,10 +141,16 @@ class MoEFeedForward(nn.Module):
             return 0
         return math.ceil(self.capacity_factor * tokens * self.top_k / self.experts)
 
-    def expert(self, e: int, x: Tensor) -> Tensor:
-        """Expert e's FFN on its rows x (n, d_model) -> (n, d_model)."""
-        h = apply_activation(F.linear(x, self.w_in[e]), self.activation)  # (n, F)
-        return F.linear(h, self.w_out[e])  # (n, D)
+    def expert(
+        self, e: int, x: Tensor, w_in: Tensor | None = None, w_out: Tensor | None = None
+    ) -> Tensor:
+        """Expert e's FFN on its rows x (n, d_model) -> (n, d_model). ``forward`` hands over
+        the expert's weights from one ``unbind`` of the stacks: the backward of ``w_in[e]``
+        would write a zero-filled copy of the whole (E, ·, ·) stack per expert."""
+        w_in = self.w_in[e] if w_in is None else w_in
+        w_out = self.w_out[e] if w_out is None else w_out
+        h = apply_activation(F.linear(x, w_in), self.activation)  # (n, F)
+        return F.linear(h, w_out)  # (n, D)
 
     def route(self, x2: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Router on tokens (N, D): logits (N, E), top-k weights renormalised (N, k), experts
@@ -163,24 +174,25 @@ class MoEFeedForward(nn.Module):
         order = torch.argsort(expert_of, stable=True)  # (k·N,) grouped by expert
         expert_sorted = expert_of[order]  # (k·N,)
         counts = torch.bincount(expert_of, minlength=E)  # (E,)
-        kept = torch.ones_like(order, dtype=torch.bool)  # (k·N,)
         cap = self.capacity(N)
         if cap:
             starts = torch.cumsum(counts, 0) - counts  # (E,) first slot of each expert
             rank = torch.arange(k * N, device=x.device) - starts[expert_sorted]  # (k·N,)
             kept = rank < cap
             counts = counts.clamp(max=cap)
-        order = order[kept]  # (M,) kept assignments, grouped by expert
+            order, expert_sorted = order[kept], expert_sorted[kept]  # (M,) kept assignments
         tokens = token_of[order]  # (M,)
+        w_in, w_out = self.w_in.unbind(0), self.w_out.unbind(0)  # E views; backward: 1 stack
         outs = [  # each expert's rows gathered into a fresh (n_e, D) block
-            self.expert(e, x2.index_select(0, rows))
+            self.expert(e, x2.index_select(0, rows), w_in[e], w_out[e])
             for e, rows in enumerate(tokens.split(counts.tolist()))
             if rows.numel() > 0
         ]
         y = torch.cat(outs, dim=0) if outs else x2[:0]  # (M, D)
         y = y * weight_of[order, None].to(y.dtype)  # (M, D)
-        out = torch.zeros_like(x2).index_add_(0, tokens, y)  # (N, D)
-        self._record(logits, expert_sorted[kept], tokens, mask)
+        # y is in the experts' compute dtype (bf16 under autocast, while x may be float32)
+        out = y.new_zeros(x2.shape).index_add_(0, tokens, y)  # (N, D)
+        self._record(logits, expert_sorted, tokens, mask, chosen)
         return out.reshape(shape)
 
     @torch.no_grad()
@@ -197,11 +209,16 @@ class MoEFeedForward(nn.Module):
         return usage / usage.sum().clamp(min=1), float(1 - w.sum() / assigned.clamp(min=1))
 
     def _record(
-        self, logits: Tensor, kept_experts: Tensor, kept_tokens: Tensor, mask: Tensor | None
+        self,
+        logits: Tensor,
+        kept_experts: Tensor,
+        kept_tokens: Tensor,
+        mask: Tensor | None,
+        chosen: Tensor,
     ) -> None:
         usage, dropped = self._usage(kept_experts, kept_tokens, logits.shape[0], mask)
         self.stats = MoEStats(
-            balance_loss=load_balancing_loss(logits, self.top_k, mask),
+            balance_loss=load_balancing_loss(logits, self.top_k, mask, chosen),
             z_loss=router_z_loss(logits, mask),
             usage=usage,
             dropped=dropped,
@@ -226,11 +243,11 @@ def check_moe_config(
 ) -> None:
     """Raise ValueError naming the field to change."""
     if experts < 1:
-        raise ValueError(f"experts must be >= 1, got {experts}")
+        raise UserError(f"experts must be >= 1, got {experts}")
     if not 1 <= top_k <= experts:
-        raise ValueError(f"top_k must be in [1, experts={experts}], got {top_k}")
+        raise UserError(f"top_k must be in [1, experts={experts}], got {top_k}")
     if capacity_factor < 0:
-        raise ValueError(f"capacity_factor must be >= 0 (0 = no limit), got {capacity_factor}")
+        raise UserError(f"capacity_factor must be >= 0 (0 = no limit), got {capacity_factor}")
     for name, value in (("moe_aux_weight", aux_weight), ("moe_z_weight", z_weight)):
         if value < 0:
-            raise ValueError(f"{name} must be >= 0, got {value}")
+            raise UserError(f"{name} must be >= 0, got {value}")

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 PositionKind = Literal["sinusoidal", "learned", "rope", "t5", "alibi", "sincos2d", "none"]
+RopeScaling = Literal["none", "linear", "ntk"]
 
 
 def sinusoid_table(n_positions: int, d_model: int, base: float = 10000.0) -> Tensor:
@@ -79,19 +80,39 @@ class RotaryEmbedding(nn.Module):
 
     Uses the half-split pairing (channel i with i + Dh/2) of GPT-NeoX and LLaMA, so weights
     from those models load unchanged. Call as ``q, k = rope(q, k, offset)`` on (B, H, T, Dh).
+
+    ``scaling`` stretches a trained model to ``factor`` times its context at inference, with no
+    retraining: ``linear`` is position interpolation, angle (m / s)·θ_i (Chen et al. 2023, eq. 4);
+    ``ntk`` is NTK-aware scaling, base' = base · s^(Dh/(Dh−2)) (bloc97 2023), which leaves the
+    fastest pair (θ_0 = 1) untouched and slows the slowest one by exactly s.
     """
 
-    def __init__(self, head_dim: int, base: float = 10000.0, context: int = 2048) -> None:
+    def __init__(
+        self,
+        head_dim: int,
+        base: float = 10000.0,
+        context: int = 2048,
+        scaling: RopeScaling = "none",
+        factor: float = 1.0,
+    ) -> None:
         super().__init__()
         if head_dim % 2 != 0:
             raise ValueError(f"RoPE needs an even head_dim, got {head_dim}")
+        if scaling not in get_args(RopeScaling) or factor <= 0:
+            raise ValueError(
+                f"RoPE scaling must be one of {', '.join(get_args(RopeScaling))} with factor > 0, "
+                f"got {scaling!r}, factor={factor}"
+            )
+        if scaling == "ntk":
+            base = base * factor ** (head_dim / (head_dim - 2))
+        self.position_scale = 1.0 / factor if scaling == "linear" else 1.0
         inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # (Dh/2,)
         self._build(context)
 
     def _build(self, n_positions: int) -> None:
         t = torch.arange(n_positions, dtype=torch.float32, device=self.inv_freq.device)
-        freqs = torch.outer(t, self.inv_freq)  # (P, Dh/2)
+        freqs = torch.outer(t * self.position_scale, self.inv_freq)  # (P, Dh/2)
         angles = torch.cat((freqs, freqs), dim=-1)  # (P, Dh)
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
@@ -248,15 +269,21 @@ def make_positions(
     context: int,
     *,
     rope_base: float = 10000.0,
+    rope_scaling: RopeScaling = "none",
+    rope_factor: float = 1.0,
     causal: bool = False,
     grid: int = 0,
     n_prefix: int = 0,
+    num_buckets: int = 32,
+    max_distance: int = 128,
 ) -> Positions:
     """The positional modules for a config's ``pos``: the one factory every model uses.
 
     ``context`` sizes the learned table (and the first sinusoid/RoPE table, which grow on
     demand); ``causal`` makes T5 buckets one-sided; ``sincos2d`` needs the patch ``grid`` and
-    the number of ``n_prefix`` tokens before the patches.
+    the number of ``n_prefix`` tokens before the patches; ``rope_scaling``/``rope_factor``
+    stretch RoPE to longer inputs (see :class:`RotaryEmbedding`); ``num_buckets``/``max_distance``
+    size the T5 bias's buckets.
     """
     if kind == "sinusoidal":
         return Positions(absolute=SinusoidalPositionalEncoding(d_model, context))
@@ -270,9 +297,11 @@ def make_positions(
             )
         return Positions(absolute=SinCos2DPositionalEncoding(grid, d_model, n_prefix))
     if kind == "rope":
-        return Positions(rotary=RotaryEmbedding(d_model // n_heads, rope_base, context))
+        rotary = RotaryEmbedding(d_model // n_heads, rope_base, context, rope_scaling, rope_factor)
+        return Positions(rotary=rotary)
     if kind == "t5":
-        return Positions(bias=T5RelativePositionBias(n_heads, bidirectional=not causal))
+        bias = T5RelativePositionBias(n_heads, num_buckets, max_distance, bidirectional=not causal)
+        return Positions(bias=bias)
     if kind == "alibi":
         return Positions(bias=ALiBi(n_heads))
     if kind == "none":

@@ -1,4 +1,4 @@
-"""Mamba: the selective state-space block (Gu & Dao 2023), and a small Mamba language model.
+"""Mamba: the selective state-space block (Gu & Dao 2023), a sequence mixer for the GPT.
 
 Per channel d of the inner width and state size N, a continuous linear system
 h'(t) = A h(t) + B x(t), y(t) = C h(t) (eq. 1) is discretised with a step Δ by zero-order hold
@@ -14,25 +14,23 @@ The block (Gu & Dao 2023, fig. 3): in_proj to 2·D_inner (x and the gate z), a c
 conv1d of width d_conv over x, SiLU, the selective scan, y · SiLU(z), out_proj back to d_model.
 
 Two scans compute the same recurrence: :func:`selective_scan_sequential`, a plain loop over time
-(the readable reference) and :func:`selective_scan_chunked`, the fast path (a parallel
-Hillis–Steele scan inside chunks, a carry of the state across chunks). Decoding runs the block
-one token at a time from a :class:`MambaCache` (the last d_conv − 1 conv inputs and the state
-h), so each new token costs the same whatever the length so far.
+(the readable reference) and :func:`selective_scan_chunked`, the fast path (chunks of time
+steps formed in whole-tensor operations, one fused multiply-add per step in place, the state
+carried across chunks, a hand-written backward that recomputes each chunk). Decoding runs the
+block one token at a time from a :class:`MambaCache` (the last d_conv − 1 conv inputs and the
+state h), so each new token costs the same whatever the length so far. A Mamba language model
+is the GPT with ``mixer = "mamba"`` (:mod:`attnlab.models.gpt`; ``ffn = "none"`` gives Gu &
+Dao's layout, the mixer alone in each layer).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-
-from attnlab.blocks import RMSNorm
-from attnlab.configs import ConfigBase
 
 SCANS = ("chunked", "sequential")
 
@@ -80,16 +78,19 @@ def selective_scan_chunked(
     h0: Tensor | None = None,
     chunk: int = 16,
 ) -> tuple[Tensor, Tensor]:
-    """The same recurrence as :func:`selective_scan_sequential`, computed in parallel chunks.
+    """The same recurrence as :func:`selective_scan_sequential`, computed chunk by chunk.
 
-    h_t = a_t h_{t-1} + b_t with a_t = exp(Δ_t A), b_t = Δ_t B_t x_t is a scan under the
-    associative operator (a, b) ∘ (a', b') = (a a', a' b + b'). Inside each chunk of ``chunk``
-    steps a Hillis–Steele scan applies it log2(chunk) times to all positions at once (it only
-    multiplies decays a ≤ 1, so nothing overflows, unlike exp(−cumsum) tricks); each chunk
-    starts from the previous chunk's last state. Only the chunk boundaries' states are kept:
-    the backward pass recomputes each chunk's states and runs the adjoint recurrence
-    g_t = C_t ∂y_t + a_{t+1} g_{t+1} (the same scan, reversed), so memory grows with T·D, not
-    T·D·N. Same shapes in and out as the sequential scan.
+    Time is cut into chunks of ``chunk`` steps. Inside a chunk the decays a_t = exp(Δ_t A) and
+    inputs b_t = Δ_t x_t B_t are formed for all its steps in one tensor operation each, the
+    recurrence h_t = a_t h_{t-1} + b_t runs as one fused multiply-add per step in place (time
+    major, the state laid out (N, D), so each step is one contiguous block and each sum over N
+    or D a batched matmul over contiguous rows), and y_t = C_t h_t is one batched matmul; each
+    chunk starts from the previous chunk's last state. Only the chunk boundaries' states are
+    kept: the backward pass recomputes each chunk's states and runs the adjoint recurrence
+    g_t = C_t ∂y_t + a_{t+1} g_{t+1} the same way, reversed, so memory grows with T·D, not
+    T·D·N, and the working set of a chunk stays in cache. Only decays a ≤ 1 are multiplied,
+    so nothing overflows (the exp(−cumsum) shortcut can, once Δ·|A| adds up past ~88 in
+    float32). Same shapes in and out as the sequential scan.
     """
     _check_scan_shapes(x, delta, A, B, C)
     if chunk < 1:
@@ -99,80 +100,77 @@ def selective_scan_chunked(
     return _ChunkedScan.apply(x, delta, A, B, C, h0, chunk)
 
 
-def _scan_within(a: Tensor, b: Tensor, h: Tensor) -> Tensor:
-    """States of h_t = a_t h_{t-1} + b_t over one chunk: a, b (b, L, D, N), h (b, D, N) the
-    state before the chunk -> (b, L, D, N). Hillis–Steele: log2(L) steps over all positions."""
-    L, shift = a.shape[1], 1
-    while shift < L:
-        b = b + a * F.pad(b[:, :-shift], (0, 0, 0, 0, shift, 0))  # (b, L, D, N)
-        a = a * F.pad(a[:, :-shift], (0, 0, 0, 0, shift, 0), value=1.0)  # (b, L, D, N)
-        shift *= 2
-    return a * h[:, None] + b  # (b, L, D, N)
+def _chunk_states(a: Tensor, bx: Tensor, h: Tensor) -> Tensor:
+    """States of h_t = a_t h_{t-1} + b_t over one chunk, time major: a, bx (L, b, N, D), h
+    (b, N, D) the state before the chunk -> the states (L, b, N, D), written over ``bx``."""
+    for t in range(bx.shape[0]):
+        h = torch.addcmul(bx[t], a[t], h, out=bx[t])  # (b, N, D)
+    return bx
 
 
-def _pad_time(t: Tensor, pad: int) -> Tensor:
-    """Zeros after the end along dim 1 (Δ = 0 there: a = 1, b = 0, the state holds)."""
-    return F.pad(t, (0, 0, 0, pad)) if pad else t
+def _decays_and_inputs(d: Tensor, u: Tensor, A_t: Tensor, Bc: Tensor) -> tuple[Tensor, Tensor]:
+    """a = exp(Δ A), b = Δ x B for one chunk: d, u (L, b, D); A_t (N, D); Bc (L, b, N)."""
+    a = torch.mul(d[:, :, None, :], A_t).exp_()  # (L, b, N, D)
+    bx = (d * u)[:, :, None, :] * Bc[..., None]  # (L, b, N, D)
+    return a, bx
 
 
 class _ChunkedScan(torch.autograd.Function):
     """Forward: chunk by chunk, keeping the state at each chunk start. Backward: chunks in
-    reverse, recomputing their states, with the adjoint scan and the local derivatives
-    ∂a/∂(ΔA) = a, b = Δ x B."""
+    reverse, recomputing their states, with the adjoint recurrence and the local derivatives
+    ∂a/∂(ΔA) = a, b = Δ x B. Everything runs time major with the state as (N, D): (T, b, N, D),
+    so each reduction over N or D is a batched matmul along contiguous rows of D."""
 
     @staticmethod
     def forward(ctx, x, delta, A, B, C, h0, chunk):
-        T = x.shape[1]
-        L = min(chunk, T)
-        pad = -T % L
-        xs, ds, Bs, Cs = (_pad_time(t, pad) for t in (x, delta, B, C))  # (b, T', ·)
-        h = h0
-        starts, ys = [], []
-        with torch.no_grad():
-            for t0 in range(0, T + pad, L):
-                d, u = ds[:, t0 : t0 + L], xs[:, t0 : t0 + L]  # (b, L, D)
-                a = torch.exp(d[..., None] * A)  # (b, L, D, N)
-                bx = (d * u)[..., None] * Bs[:, t0 : t0 + L, None, :]  # (b, L, D, N)
-                starts.append(h)
-                hs = _scan_within(a, bx, h)  # (b, L, D, N)
-                ys.append(torch.einsum("bldn,bln->bld", hs, Cs[:, t0 : t0 + L]))
-                h = hs[:, -1]  # (b, D, N)
-        ctx.save_for_backward(x, delta, A, B, C, torch.stack(starts))
-        ctx.chunk = L
-        return torch.cat(ys, dim=1)[:, :T], h  # (b, T, D), (b, D, N)
+        xs, ds, Bs, Cs = (t.transpose(0, 1).contiguous() for t in (x, delta, B, C))  # (T, b, ·)
+        A_t = A.t().contiguous()  # (N, D)
+        T = xs.shape[0]
+        y = torch.empty_like(xs)  # (T, b, D)
+        h, starts = h0.transpose(1, 2).contiguous(), []  # (b, N, D)
+        for t0 in range(0, T, chunk):
+            sl = slice(t0, t0 + chunk)
+            starts.append(h)
+            a, bx = _decays_and_inputs(ds[sl], xs[sl], A_t, Bs[sl])  # (L, b, N, D) each
+            hs = _chunk_states(a, bx, h)  # (L, b, N, D)
+            torch.matmul(Cs[sl, :, None, :], hs, out=y[sl, :, None, :])  # (L, b, 1, D) C h
+            h = hs[-1].clone()  # (b, N, D)
+        ctx.save_for_backward(xs, ds, A_t, Bs, Cs, torch.stack(starts))
+        ctx.chunk = chunk
+        return y.transpose(0, 1), h.transpose(1, 2)  # (b, T, D), (b, D, N)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, gy, gh):
-        x, delta, A, B, C, starts = ctx.saved_tensors
-        T, L = x.shape[1], ctx.chunk
-        pad = -T % L
-        xs, ds, Bs, Cs = (_pad_time(t, pad) for t in (x, delta, B, C))
-        gy = _pad_time(gy if gy is not None else torch.zeros_like(x), pad)  # (b, T', D)
-        carry = gh if gh is not None else torch.zeros_like(starts[0])  # (b, D, N)
-        gx, gd, gB, gC = (torch.zeros_like(t) for t in (xs, ds, Bs, Cs))
-        gA = torch.zeros_like(A)
+        xs, ds, A_t, Bs, Cs, starts = ctx.saved_tensors
+        L = ctx.chunk
+        gys = torch.zeros_like(xs) if gy is None else gy.transpose(0, 1).contiguous()  # (T, b, D)
+        # ∂/∂(state at the end of the chunk), (b, N, D)
+        carry = torch.zeros_like(starts[0]) if gh is None else gh.transpose(1, 2).contiguous()
+        gx, gd, gB, gC = (torch.empty_like(t) for t in (xs, ds, Bs, Cs))
+        gA = torch.zeros_like(A_t)  # (N, D)
         for c in reversed(range(starts.shape[0])):
             sl = slice(c * L, (c + 1) * L)
-            d, u, Bc, Cc = ds[:, sl], xs[:, sl], Bs[:, sl], Cs[:, sl]
-            a = torch.exp(d[..., None] * A)  # (b, L, D, N)
-            bx = (d * u)[..., None] * Bc[:, :, None, :]  # (b, L, D, N)
-            hs = _scan_within(a, bx, starts[c])  # (b, L, D, N) recomputed
-            h_prev = torch.cat([starts[c][:, None], hs[:, :-1]], dim=1)  # (b, L, D, N)
-            # adjoint: g_t = C_t gy_t + a_{t+1} g_{t+1}, the chunk's end fed by ``carry``
-            src = gy[:, sl, :, None] * Cc[:, :, None, :]  # (b, L, D, N)
-            src[:, -1] += carry
-            coef = F.pad(a[:, 1:], (0, 0, 0, 0, 0, 1))  # (b, L, D, N) a_{t+1}, 0 at the end
-            g = _scan_within(coef.flip(1), src.flip(1), torch.zeros_like(carry)).flip(1)
-            carry = a[:, 0] * g[:, 0]  # ∂/∂(state before the chunk)
-            g_logA = g * h_prev * a  # (b, L, D, N)  ∂/∂(Δ A)
-            gA += torch.einsum("bldn,bld->dn", g_logA, d)
-            gBx = torch.einsum("bldn,bln->bld", g, Bc)  # (b, L, D)  Σ_n g B
-            gd[:, sl] = torch.einsum("bldn,dn->bld", g_logA, A) + gBx * u
-            gx[:, sl] = gBx * d
-            gB[:, sl] = torch.einsum("bldn,bld->bln", g, d * u)
-            gC[:, sl] = torch.einsum("bldn,bld->bln", hs, gy[:, sl])
-        return gx[:, :T], gd[:, :T], gA, gB[:, :T], gC[:, :T], carry, None
+            d, u, Bc, Cc, g_y = ds[sl], xs[sl], Bs[sl], Cs[sl], gys[sl]
+            a, hs = _decays_and_inputs(d, u, A_t, Bc)
+            hs = _chunk_states(a, hs, starts[c])  # (L, b, N, D) recomputed
+            torch.matmul(hs, g_y[..., None], out=gC[sl, ..., None])  # (L, b, N, 1) Σ_d h ∂y
+            # adjoint: g_t = C_t ∂y_t + a_{t+1} g_{t+1}, the chunk's end fed by ``carry``
+            g = Cc[..., None] * g_y[:, :, None, :]  # (L, b, N, D)
+            g[-1] += carry
+            for t in range(g.shape[0] - 2, -1, -1):
+                torch.addcmul(g[t], a[t + 1], g[t + 1], out=g[t])
+            carry = a[0] * g[0]  # ∂/∂(state before the chunk)
+            g_logA = g * a  # (L, b, N, D)  ∂/∂(Δ A) = g a h_{t-1}
+            g_logA[1:].mul_(hs[:-1])
+            g_logA[0].mul_(starts[c])
+            gA += (g_logA * d[:, :, None, :]).sum((0, 1))  # (N, D)
+            gBx = torch.matmul(Bc[:, :, None, :], g)[:, :, 0]  # (L, b, D)  Σ_n B g
+            gd[sl] = (g_logA * A_t).sum(2) + gBx * u
+            gx[sl] = gBx * d
+            torch.matmul(g, (d * u)[..., None], out=gB[sl, ..., None])  # (L, b, N, 1)
+        gx, gd, gB, gC = (t.transpose(0, 1) for t in (gx, gd, gB, gC))  # (b, T, ·)
+        return gx, gd, gA.t(), gB, gC, carry.transpose(1, 2), None
 
 
 def _check_scan_shapes(x: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor) -> None:
@@ -267,13 +265,25 @@ class MambaBlock(nn.Module):
         self.reset_ssm_parameters()
 
     @torch.no_grad()
+    def init_weights(self, std: float = 0.02, out_std: float | None = None) -> None:
+        """Initialise as one layer of a GPT-2-style stack (the mixer interface the GPT calls):
+        in_proj and x_proj N(0, std), out_proj N(0, out_std or std), biases zero; then Mamba's
+        own SSM initialisation (:meth:`reset_ssm_parameters`). The convolution keeps PyTorch's
+        default."""
+        for lin in (self.in_proj, self.x_proj, self.out_proj):
+            nn.init.normal_(lin.weight, std=std)
+            if lin.bias is not None:
+                nn.init.zeros_(lin.bias)
+        self.out_proj.weight.normal_(0.0, std if out_std is None else out_std)
+        self.reset_ssm_parameters()
+
+    @torch.no_grad()
     def reset_ssm_parameters(
         self, dt_min: float = 1e-3, dt_max: float = 0.1, dt_floor: float = 1e-4
     ) -> None:
         """Mamba's initialisation of the SSM parameters (Gu & Dao 2023, §3.6 and appendix):
         A = −(1, 2, ..., N) per channel (S4D-real), D = 1, Δ's bias so that softplus(bias) is
-        log-uniform in [dt_min, dt_max], dt_proj's weight uniform in ±R^(−1/2). Call it again
-        after any model-wide re-initialisation that touched dt_proj."""
+        log-uniform in [dt_min, dt_max], dt_proj's weight uniform in ±R^(−1/2)."""
         N = self.d_state
         A = torch.arange(1, N + 1, dtype=torch.float32).expand(self.d_inner, N)  # (Di, N)
         self.A_log.copy_(torch.log(A))
@@ -318,13 +328,18 @@ class MambaBlock(nn.Module):
         u = self._conv(u, cache)  # (B, T, Di)
         dt_low, B, C = self.x_proj(u).split([self.dt_rank, self.d_state, self.d_state], -1)
         delta = F.softplus(self.dt_proj(dt_low))  # (B, T, Di)
-        A = -torch.exp(self.A_log)  # (Di, N)
         h0 = cache.ssm if cache is not None else None  # (B, Di, N) or None
-        if h0 is not None and T == 1:
-            y, h = selective_step(u[:, 0], delta[:, 0], A, B[:, 0], C[:, 0], h0)
-            y = y[:, None]  # (B, 1, Di)
-        else:
-            y, h = self._scan_fn()(u, delta, A, B, C, h0)  # (B, T, Di), (B, Di, N)
+        # The scan runs in float32 at least, outside autocast (as the reference kernels do):
+        # a state summed over thousands of steps in bf16 would lose most of its digits.
+        dtype = torch.promote_types(u.dtype, torch.float32)
+        with torch.autocast(x.device.type, enabled=False):
+            u, delta, B, C = (t.to(dtype) for t in (u, delta, B, C))
+            A = -torch.exp(self.A_log.to(dtype))  # (Di, N)
+            if h0 is not None and T == 1:
+                y, h = selective_step(u[:, 0], delta[:, 0], A, B[:, 0], C[:, 0], h0)
+                y = y[:, None]  # (B, 1, Di)
+            else:
+                y, h = self._scan_fn()(u, delta, A, B, C, h0)  # (B, T, Di), (B, Di, N)
         if cache is not None:
             cache.ssm = h.detach()
             cache.length += T
@@ -335,84 +350,3 @@ class MambaBlock(nn.Module):
         if self.scan == "sequential":
             return selective_scan_sequential
         return lambda *args: selective_scan_chunked(*args, chunk=self.chunk)
-
-
-# --------------------------------------------------------------------------- language model
-
-
-@dataclass
-class MambaLMConfig(ConfigBase):
-    """A pure Mamba language model, laid out like Hugging Face's MambaForCausalLM."""
-
-    vocab_size: int
-    d_model: int = 64
-    n_layers: int = 2
-    d_state: int = 16
-    d_conv: int = 4
-    expand: int = 2
-    dt_rank: int = 0
-    norm_eps: float = 1e-5
-    bias: bool = False
-    conv_bias: bool = True
-    scan: Literal["chunked", "sequential"] = "chunked"
-
-
-class MambaResidual(nn.Module):
-    """x + Mamba(RMSNorm(x)): one pre-norm residual layer."""
-
-    def __init__(self, cfg: MambaLMConfig) -> None:
-        super().__init__()
-        self.norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.mixer = MambaBlock(
-            cfg.d_model,
-            d_state=cfg.d_state,
-            d_conv=cfg.d_conv,
-            expand=cfg.expand,
-            dt_rank=cfg.dt_rank,
-            bias=cfg.bias,
-            conv_bias=cfg.conv_bias,
-            scan=cfg.scan,
-        )
-
-    def forward(self, x: Tensor, cache: MambaCache | None = None) -> Tensor:
-        return x + self.mixer(self.norm(x), cache)  # (B, T, D)
-
-
-class MambaLM(nn.Module):
-    """ids (B, T) -> logits (B, T, V): embedding, N residual Mamba layers, RMSNorm, tied head."""
-
-    def __init__(self, cfg: MambaLMConfig) -> None:
-        super().__init__()
-        if cfg.vocab_size < 1 or cfg.n_layers < 1:
-            raise ValueError(
-                f"vocab_size and n_layers must be >= 1, got {cfg.vocab_size}, {cfg.n_layers}"
-            )
-        self.cfg = cfg
-        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.layers = nn.ModuleList(MambaResidual(cfg) for _ in range(cfg.n_layers))
-        self.norm_f = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
-
-    def new_caches(self) -> list[MambaCache]:
-        return [layer.mixer.new_cache() for layer in self.layers]
-
-    def forward(self, ids: Tensor, caches: list[MambaCache] | None = None) -> Tensor:
-        if ids.dim() != 2:
-            raise ValueError(f"ids must be (B, T) token ids, got shape {tuple(ids.shape)}")
-        x = self.tok_emb(ids)  # (B, T, D)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, None if caches is None else caches[i])  # (B, T, D)
-        x = self.norm_f(x)  # (B, T, D)
-        return F.linear(x, self.tok_emb.weight)  # (B, T, V), head tied to the embedding
-
-    @torch.no_grad()
-    def greedy(self, ids: Tensor, steps: int) -> Tensor:
-        """Greedy continuation with the state cache: ids (B, T) -> (B, T + steps)."""
-        caches = self.new_caches()
-        logits = self(ids, caches)[:, -1]  # (B, V)
-        out = [ids]
-        for i in range(steps):
-            nxt = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
-            out.append(nxt)
-            if i + 1 < steps:
-                logits = self(nxt, caches)[:, -1]  # (B, V)
-        return torch.cat(out, dim=1)  # (B, T + steps)

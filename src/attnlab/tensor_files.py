@@ -20,6 +20,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
+from attnlab.errors import UserError
 from attnlab.quant import prepare_for_int8_weights
 
 CHECKSUM_KEY = "attnlab_sha256"
@@ -91,7 +92,7 @@ def read_tensors(path: str | Path, what: str = "weights") -> dict[str, Tensor]:
     path = Path(path)
     fix = f"retrain or restore the {what} file"
     if not path.is_file():
-        raise ValueError(f"{path}: no such {what} file; check the path or retrain")
+        raise UserError(f"{path}: no such {what} file; check the path or retrain")
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             metadata = f.metadata() or {}
@@ -99,15 +100,15 @@ def read_tensors(path: str | Path, what: str = "weights") -> dict[str, Tensor]:
             tensors = {name: f.get_tensor(name) for name in names}
     except (SafetensorError, OSError, ValueError) as err:
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise ValueError(f"{path}: truncated or not a safetensors file ({reason}); {fix}") from None
+        raise UserError(f"{path}: truncated or not a safetensors file ({reason}); {fix}") from None
     expected = metadata.get(CHECKSUM_KEY)
     if expected is not None and tensors_sha256(tensors) != expected:
-        raise ValueError(
+        raise UserError(
             f"{path}: corrupt: its tensors do not match the checksum stored in the file; {fix}"
         )
     for name, tensor in tensors.items():
         if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-            raise ValueError(
+            raise UserError(
                 f"{path}: tensor {name!r} holds non-finite values (NaN or inf); the training "
                 f"diverged or the file is corrupt; {fix} (e.g. with a lower --lr)"
             )
@@ -144,7 +145,7 @@ def load_tensors_into(model: nn.Module, tensors: Mapping[str, Tensor], path: str
     if mismatched:
         problems.append(f"shape mismatch: {'; '.join(mismatched)}")
     if problems:
-        raise ValueError(
+        raise UserError(
             f"{path}: weights do not fit this {type(model).__name__} ({'; '.join(problems)}); "
             "load it with the config it was trained with"
         )

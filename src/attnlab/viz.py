@@ -7,6 +7,8 @@ from pathlib import Path
 
 import matplotlib
 
+from attnlab.errors import UserError
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib import font_manager  # noqa: E402
@@ -53,7 +55,7 @@ def plot_attention_grid(
     """
     L, H, T, _ = attention.shape
     if len(tokens) != T:
-        raise ValueError(f"{len(tokens)} token labels for attention over {T} positions")
+        raise UserError(f"{len(tokens)} token labels for attention over {T} positions")
     font = cjk_font()
     if font is None and _needs_cjk(tokens):
         warnings.warn(

@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 import torch
 
-from attnlab.data.buckets import LengthBucketSampler
+from attnlab.data.buckets import PAD_MULTIPLE, LengthBucketSampler, bucket_length
 from attnlab.data.char_tokenizer import CLS_ID, CharTokenizer
 from attnlab.data.classification import ClassificationData
 from attnlab.data.labels import LabelVocab
@@ -37,7 +37,8 @@ def test_from_texts_then_an_epoch_like_the_engine() -> None:
     tokens = 0
     for indices in data.batches(epoch=0):
         batch = data.collate(indices)
-        assert batch["input_ids"].shape == (len(indices), int(batch["lengths"].max()))
+        width = bucket_length(int(batch["lengths"].max()), data.longest)
+        assert batch["input_ids"].shape == (len(indices), width)
         assert (batch["input_ids"][:, 0] == CLS_ID).all()
         assert int(batch["lengths"].max()) <= 4
         seen.update(batch["labels"].tolist())
@@ -45,6 +46,36 @@ def test_from_texts_then_an_epoch_like_the_engine() -> None:
     assert seen == Counter(vocab.encode(labels))
     assert tokens == sum(min(len(t) + 1, 4) for t in texts)
     assert data.batches(0) == data.batches(0)
+
+
+def test_a_run_meets_a_few_batch_widths_not_one_per_length(seed) -> None:
+    """Every new (B, T) costs memory that outlives its step (oneDNN's kernel cache, allocator
+    blocks): widths must come from a small fixed set, whatever the texts' lengths."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 191, (3000,), generator=g).tolist()
+    sequences = [[5] * n for n in lengths]
+    data = ClassificationData(sequences, [0] * 3000, LengthBucketSampler(lengths, 64, seed=seed))
+    widths = {data.collate(b)["input_ids"].shape[1] for e in range(3) for b in data.batches(e)}
+    allowed = set(range(PAD_MULTIPLE, 190, PAD_MULTIPLE)) | {190}
+    assert widths <= allowed and len(widths) <= len(allowed) == 12, sorted(widths)
+    assert bucket_length(17, 190) == 32 and bucket_length(185, 190) == 190
+    assert bucket_length(200, 190) == 200  # a row longer than `longest` is never cut
+
+
+def test_the_extra_padding_leaves_the_classifier_unchanged(seed) -> None:
+    from attnlab.data.buckets import pad_batch
+    from attnlab.models.classifier import ClassifierConfig, build_classifier
+
+    cfg = ClassifierConfig(vocab_size=30, d_model=16, n_heads=2, n_layers=2, d_ff=32)
+    cfg.ngram_buckets, cfg.pooling = 64, "mean"
+    model = build_classifier(cfg).double().eval()
+    g = torch.Generator().manual_seed(seed)
+    seqs = [torch.randint(4, 30, (n,), generator=g).tolist() for n in (17, 9, 3)]
+    exact = pad_batch(seqs)  # width 17
+    padded = pad_batch(seqs, length=bucket_length(17, 190))  # width 32
+    assert padded[0].shape == (3, 32)
+    with torch.no_grad():
+        assert torch.allclose(model(*exact), model(*padded), atol=1e-12)
 
 
 def test_mismatched_sampler_or_labels_are_rejected() -> None:

@@ -69,3 +69,48 @@ def test_failed_write_keeps_the_old_file_and_leaves_no_temp(
         atomic_write_text(path, "new")
     assert path.read_text(encoding="utf-8") == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["out.json"]
+
+
+@pytest.mark.parametrize(
+    "raw, needles",
+    [
+        ("评论,好".encode("utf-16"), ["UTF-16", "iconv -f UTF-16"]),
+        (b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR", ["not a text file", "NUL bytes"]),
+        ("这部电影很好".encode("gb18030"), ["GB18030"]),
+    ],
+)
+def test_the_encoding_hint_fits_the_file(tmp_path: Path, raw: bytes, needles: list[str]) -> None:
+    path = tmp_path / "f.csv"
+    path.write_bytes(raw)
+    with pytest.raises(DataError) as err:
+        read_utf8(path)
+    for needle in needles:
+        assert needle in str(err.value)
+    if "GB18030" not in needles:
+        assert "GB18030" not in str(err.value)
+
+
+def test_blank_and_line_splitting() -> None:
+    assert data_io.is_blank(" \u200b\u200d\ufeff\t") and not data_io.is_blank("\u200ba")
+    assert data_io.split_lines("a\rb\r\nc\n\nd") == ["a", "b", "c", "", "d"]
+    assert data_io.split_lines("one\n") == ["one"] and data_io.split_lines("") == []
+
+
+def test_output_errors_are_one_line(tmp_path: Path) -> None:
+    from attnlab.errors import UserError
+
+    refused = pytest.raises(UserError, match=r"cannot write .* \(Is a directory\); pass --out")
+    with refused, data_io.output_errors("--out"):
+        (tmp_path).open("w")
+    with pytest.raises(ValueError, match="plain"), data_io.output_errors("--out"):
+        raise ValueError("plain")  # not a write refusal: left as it is
+
+
+def test_read_json_refuses_valid_json_of_the_wrong_shape(tmp_path: Path) -> None:
+    path = tmp_path / "r.json"
+    for content in ("[1, 2, 3]", '{"max_len": null}', '{"max_len": true}', '{"other": 1}'):
+        path.write_text(content)
+        with pytest.raises(DataError, match="expected a JSON object with max_len"):
+            read_json(path, "data report", keys={"max_len": int})
+    path.write_text('{"max_len": 9}')
+    assert read_json(path, "data report", keys={"max_len": int}) == {"max_len": 9}

@@ -170,3 +170,18 @@ def test_a_swallowed_row_with_the_wrong_field_count_points_at_the_quote(tmp_path
     err = _error(_write(tmp_path / "d.csv", 'text,label\n"a,b\nc",x,y\n'))
     assert err.line == 2 and "from line 2 to line 3" in str(err)
     assert "unbalanced quote" in err.fix
+
+
+def test_text_and_label_in_one_column_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "d.csv"
+    path.write_text("text,label\na,pos\n", encoding="utf-8")
+    with pytest.raises(DataError, match="same column"):
+        load_labeled_file(path, text_col="label", label_col="label")
+
+
+def test_text_of_zero_width_characters_only_is_empty(tmp_path: Path) -> None:
+    path = tmp_path / "d.csv"
+    path.write_text("text,label\n好,pos\n\u200b\u200c\u200d,neg\n", encoding="utf-8")
+    with pytest.raises(DataError, match="empty text") as err:
+        load_labeled_file(path)
+    assert err.value.line == 3

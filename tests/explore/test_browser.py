@@ -80,6 +80,14 @@ def test_classifier_head_view_heads_hover_and_png(tab, classifier_page):
     assert Path(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_classifier_warns_about_a_text_of_unseen_characters(tab, runs, tmp_path):
+    _open(tab, _write(runs["classifier"], tmp_path / "u.html", ["好看极了", "鼋鼍蛟龙好"]))
+    assert tab.inner_text("#pred-unknown") == "unknown tokens 0%"
+    assert tab.locator("#pred-warning").count() == 0
+    tab.select_option("#example", "1")
+    assert tab.inner_text("#pred-warning").startswith("⚠ out of reach: 80% of its characters")
+
+
 def test_classifier_matrix_slider_masks_and_tokens(tab, classifier_page):
     _open(tab, classifier_page)
     _view(tab, "matrix")
@@ -97,14 +105,13 @@ def test_classifier_matrix_slider_masks_and_tokens(tab, classifier_page):
     flat = [float(v) for v in summary.get_attribute("data-entropies").split(",")]
     sharp = [float(v) for v in no_scaling.split(",")]
     assert all(f >= s - 1e-9 for f, s in zip(flat, sharp))  # entropy falls as s grows
-    # the second input is padded: the mask toggle shows the padding mask
+    # the second, shorter input keeps its own length (issue 24): 5 tokens, no <pad> drawn
     tab.select_option("#example", "1")
     _view(tab, "matrix")
     tab.check("#mask-toggle")
-    legend = tab.inner_text("#mask-legend")
-    assert "by the padding mask" in legend and " 0 cells blocked by the causal" in legend
-    n_pad = int(legend.split(" by the causal mask")[1].split(", ")[1].split()[0])
-    assert n_pad == 9 * 4  # 9 rows x 4 <pad> keys (<cls> + 4 characters fill 5 of 9)
+    assert tab.inner_text("#mask-legend").startswith("no cell is masked in this input")
+    _view(tab, "head")
+    assert tab.locator("#head-canvas").get_attribute("data-queries") == "5"  # <cls> + 4
     _view(tab, "tokens")
     assert tab.locator("#tokens-canvas").count() == 1 and tab.locator("#share-bars").count() == 1
 

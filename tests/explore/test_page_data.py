@@ -67,18 +67,25 @@ def test_classifier_page_equals_inspect(runs, tmp_path):
     assert data["kind"] == "classifier" and len(data["examples"]) == 2
     for b, ex in enumerate(data["examples"]):
         (group,) = ex["groups"]
-        want = info["attention"][:, b].numpy()
-        assert _weights(group).shape == want.shape == (2, 2, ids.shape[1], ids.shape[1])
+        n = int(lengths[b])  # each input keeps its own length: no padding drawn (issue 24)
+        want = info["attention"][:, b, :, :n, :n].numpy()
+        assert _weights(group).shape == want.shape == (2, 2, n, n)
         assert np.abs(_weights(group) - want).max() < TOL
         _softmax_check(group)
-        T = ids.shape[1]
-        np.testing.assert_array_equal(_mask(group), padding_mask(lengths)[b, 0].expand(T, T))
+        assert _mask(group).all() and len(group["query_tokens"]) == n
         assert ex["prediction"]["label"] == preds[b]["label"]
         assert ex["prediction"]["probs"] == pytest.approx(preds[b]["probs"])
-        n = int(lengths[b])
         assert ex["token_share"] == pytest.approx(info["token_share"][b, :n].tolist())
     short = data["examples"][1]["groups"][0]
-    assert short["query_tokens"][-1] == "<pad>" and not _mask(short)[:, -1].any()
+    assert "<pad>" not in short["query_tokens"] and int(lengths[1]) < ids.shape[1]
+
+
+def test_classifier_page_flags_a_text_of_unseen_characters(runs, tmp_path):
+    data = _page(runs["classifier"], tmp_path / "p.html", "好看极了", "鼋鼍蛟龙好")
+    known, unseen = (ex["prediction"] for ex in data["examples"])
+    assert known["unknown_share"] == 0.0 and known["out_of_reach"] is False
+    assert unseen["unknown_share"] == pytest.approx(0.8) and unseen["out_of_reach"] is True
+    assert "never (or rarely) seen in training" in unseen["warning"]
 
 
 def test_gpt_page_equals_the_stack_and_generate(runs, tmp_path):
@@ -212,11 +219,11 @@ def test_minilm_page_equals_our_bert_and_hugging_face(tmp_path):
     for b, ex in enumerate(data["examples"]):
         (group,) = ex["groups"]
         page = _weights(group)
-        assert page.shape == (6, 12, ids.shape[1], ids.shape[1])
-        assert np.abs(page - torch.stack(ours)[:, b].numpy()).max() < TOL
-        n = int(lengths[b])  # Hugging Face, on the real rows (its padded rows differ by design)
-        hf_w = torch.stack(theirs.attentions)[:, b, :, :n].numpy()
-        assert np.abs(page[:, :, :n] - hf_w).max() < 1e-5
+        n = int(lengths[b])  # each input its own length (issue 24): the real rows and columns
+        assert page.shape == (6, 12, n, n)
+        assert np.abs(page - torch.stack(ours)[:, b, :, :n, :n].numpy()).max() < TOL
+        hf_w = torch.stack(theirs.attentions)[:, b, :, :n, :n].numpy()
+        assert np.abs(page - hf_w).max() < 1e-5
         assert group["query_tokens"][0] == "[CLS]" and sum(ex["token_share"]) == pytest.approx(1)
         assert ex["similarity"][0]["cosine"] == pytest.approx(
             float(enc.encode(texts)[0] @ enc.encode(texts)[1]), abs=1e-4
@@ -312,7 +319,8 @@ def test_fine_tuned_bert_page_has_prediction_and_cls_rollout(tmp_path):
     for b, ex in enumerate(data["examples"]):
         assert ex["prediction"]["label"] == preds[b]["label"]
         (group,) = ex["groups"]
-        assert np.abs(_weights(group) - torch.stack(weights)[:, b].numpy()).max() < TOL
+        n = int(lengths[b])
+        assert np.abs(_weights(group) - torch.stack(weights)[:, b, :, :n, :n].numpy()).max() < TOL
         n = int(lengths[b])
         share = rollout(torch.stack(weights)[:, b, :, :n, :n])[0]  # the [CLS] row (cls pooling)
         assert ex["token_share"] == pytest.approx((share / share.sum()).tolist(), abs=1e-6)

@@ -6,7 +6,7 @@
   embeddings equal ``sentence-transformers``' with cosine >= 0.99999.
 * A tiny random BERT: ``BertForMaskedLM`` logits and every gradient equal Hugging Face's
   (float64), through both directions of the tensor-name mapping, from ``model.safetensors``
-  and ``pytorch_model.bin``, with ``bert.`` prefixes and old gamma/beta names.
+  with ``bert.`` prefixes and old gamma/beta names; a ``pytorch_model.bin`` is refused unread.
 * Checkpoints that do not fit: one error listing missing, unexpected and mis-shaped tensors.
 * WordPiece from vocab.txt == from tokenizer.json; training; MLM masking statistics (80/10/10).
 * The English sentiment loaders on small archives built here, and on the real ones if cached.
@@ -40,6 +40,7 @@ from attnlab.data.english_sentiment import (
 )
 from attnlab.data.mlm import mask_tokens
 from attnlab.data.wordpiece import SPECIALS, WordPieceTokenizer
+from attnlab.errors import UserError
 from attnlab.models.bert import BertConfig, BertForMaskedLM, BertModel, mean_pool
 from attnlab.models.bert_checkpoint import (
     MLM_NAMES,
@@ -193,10 +194,10 @@ def write_hf_dir(path: Path, hf: torch.nn.Module, bin_file: bool, old_names: boo
         save_file(state, str(path / "model.safetensors"))
 
 
-@pytest.mark.parametrize("bin_file,old_names", [(False, False), (True, True)])
-def test_masked_lm_logits_and_gradients_match_hugging_face(tmp_path, seed, bin_file, old_names):
+@pytest.mark.parametrize("old_names", [False, True])
+def test_masked_lm_logits_and_gradients_match_hugging_face(tmp_path, seed, old_names):
     hf = random_hf_mlm()
-    write_hf_dir(tmp_path / "ckpt", hf, bin_file, old_names)
+    write_hf_dir(tmp_path / "ckpt", hf, bin_file=False, old_names=old_names)
     hf = hf.float().double()  # the same float32-rounded values that were saved
     encoder, mlm, tokenizer, notes = load_pretrained(tmp_path / "ckpt", with_mlm=True)
     assert "pooler" in notes[0]  # BertForMaskedLM has no pooler: ours starts fresh
@@ -285,8 +286,27 @@ def test_bad_checkpoint_directories_say_what_to_give(tmp_path):
     with pytest.raises(ValueError, match="only BERT"):
         load_pretrained(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert", **TINY_HF}))
-    with pytest.raises(ValueError, match="neither model.safetensors nor pytorch_model.bin"):
+    with pytest.raises(ValueError, match="has no model.safetensors"):
         load_pretrained(tmp_path)
+
+
+def test_a_pickle_checkpoint_is_refused_unread_with_the_way_to_convert_it(tmp_path, monkeypatch):
+    import pickle
+
+    write_hf_dir(tmp_path / "ckpt", random_hf_mlm(), bin_file=True, old_names=False)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a pickle file was read")
+
+    monkeypatch.setattr(torch, "load", refuse)
+    monkeypatch.setattr(pickle, "load", refuse)
+    monkeypatch.setattr(pickle, "Unpickler", refuse)
+    with pytest.raises(UserError) as err:
+        load_pretrained(tmp_path / "ckpt")
+    message = str(err.value)
+    assert "pytorch_model.bin is a pickle file, which attnlab never loads" in message
+    assert "save_pretrained" in message and "safe_serialization=True" in message
+    assert "\n" not in message
 
 
 def test_a_truncated_or_broken_checkpoint_is_a_one_line_error(tmp_path):

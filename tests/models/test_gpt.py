@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -84,9 +86,12 @@ def test_loaded_gpt2_greedy_continuation_matches_hugging_face_generate(tmp_path)
     hf, ours = hf_gpt2(tmp_path)
     prompt = torch.randint(0, HF_GPT2["vocab_size"], (2, 5))
     # eos_token_id=None: HF would stop a row at token 0 (the config's eos) and pad it with 0s
+    # attention_mask given: without it HF takes every prompt token equal to pad_token_id (0, which
+    # a random prompt can hold) for padding and masks it (the flake of seed 1931447424)
     want = hf.generate(
-        prompt, max_new_tokens=30, do_sample=False, pad_token_id=0, eos_token_id=None
-    )
+        prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=30, do_sample=False,
+        pad_token_id=0, eos_token_id=None,
+    )  # fmt: skip
     gen = Generation(ours, prompt)
     for _ in range(30):
         gen.append(sample_next(gen.next_logits(), temperature=0))
@@ -168,6 +173,12 @@ LAYOUTS = {
     "learned": dict(pos="learned"),
     "rope-gqa": dict(pos="rope", n_kv_heads=2, norm="rms", activation="swiglu", bias=False),
     "alibi": dict(pos="alibi", tie_weights=False),
+    "sinusoidal": dict(pos="sinusoidal"),
+    "t5": dict(pos="t5"),
+    "nope": dict(pos="none", norm="dyt"),
+    "rope-pi": dict(pos="rope", rope_scaling="linear", rope_factor=4.0),
+    "rope-ntk": dict(pos="rope", rope_scaling="ntk", rope_factor=4.0),
+    "sliding-window": dict(pos="rope", attention="local", window=6),
 }
 
 
@@ -280,7 +291,7 @@ def test_gpt2_init_scales_residual_projections() -> None:
     "changes, message",
     [
         (dict(vocab_size=0), "vocab_size must be set"),
-        (dict(pos="sinusoidal"), "pos must be one of learned, rope, alibi"),
+        (dict(pos="xpos"), "pos must be one of learned, rope, alibi, sinusoidal, t5, none"),
         (dict(n_heads=5), "not divisible by n_heads=5"),
         (dict(n_kv_heads=3), "multiple of n_kv_heads=3"),
         (dict(activation="tanh"), "activation must be one of"),
@@ -334,3 +345,55 @@ def test_top_k_and_top_p_only_sample_allowed_tokens() -> None:
 def test_bad_sampling_settings_raise(kwargs, message) -> None:
     with pytest.raises(ValueError, match=message):
         sample_next(torch.randn(1, 5), **kwargs)
+
+
+@pytest.mark.parametrize("pos", ["learned", "sinusoidal", "rope", "alibi", "t5", "none"])
+def test_every_pos_choice_prefills_in_pieces_like_the_full_forward(pos) -> None:
+    model = scramble(GPT(tiny(pos=pos))).to(F64).eval()
+    ids = torch.randint(0, 53, (2, 20))
+    caches = model.new_caches()
+    with torch.no_grad():
+        parts = [model(ids[:, :8], caches), model(ids[:, 8:9], caches), model(ids[:, 9:], caches)]
+        want = model(ids)
+    torch.testing.assert_close(torch.cat(parts, dim=1), want, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("pos", ["sinusoidal", "rope", "alibi", "t5", "none"])
+def test_positions_without_a_table_run_past_the_trained_length(pos) -> None:
+    """The same weights in a model built with a 4x context: the first 24 positions unchanged."""
+    short = scramble(GPT(tiny(pos=pos))).to(F64).eval()
+    long = GPT(tiny(pos=pos, context=96)).to(F64).eval()
+    long.load_state_dict(short.state_dict())
+    ids = torch.randint(0, 53, (2, 96))
+    with torch.no_grad():
+        torch.testing.assert_close(long(ids)[:, :24], short(ids[:, :24]), rtol=1e-10, atol=1e-10)
+
+
+def test_the_learned_table_refuses_positions_past_its_context() -> None:
+    """Decided: refuse, never clamp. Past ``context`` the forward stops with a clear line, and
+    the trained table cannot be loaded into a model built for a longer context."""
+    model = GPT(tiny(pos="learned"))
+    with pytest.raises(ValueError, match="exceed the model's context of 24"):
+        model(torch.zeros(1, 25, dtype=torch.long))
+    with pytest.raises(RuntimeError, match="pos_emb.embedding.weight"):
+        GPT(tiny(pos="learned", context=48)).load_state_dict(model.state_dict())
+
+
+def test_t5_and_alibi_refuse_linear_attention_and_nope_counts_every_parameter() -> None:
+    with pytest.raises(ValueError, match="pos='t5' adds a bias"):
+        tiny(pos="t5", attention="linear").validate()
+    model = GPT(tiny(pos="sinusoidal"))
+    assert model.num_params() == GPT(tiny(pos="none")).num_params()
+
+
+def test_sinusoidal_positions_scale_the_embeddings_as_vaswani() -> None:
+    """Vaswani §3.4: the stack sees E[ids]·√d + PE(pos)."""
+    from attnlab.positions import sinusoid_table
+
+    model = GPT(tiny(pos="sinusoidal")).eval()
+    seen = {}
+    model.stack.blocks[0].register_forward_pre_hook(lambda m, args: seen.update(x=args[0]))
+    ids = torch.randint(0, 53, (2, 10))
+    model(ids)
+    want = model.tok_emb(ids) * math.sqrt(32) + sinusoid_table(10, 32)
+    torch.testing.assert_close(seen["x"], want)

@@ -15,6 +15,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from torch import nn
@@ -28,8 +30,8 @@ from attnlab.tasks.sections import PRESETS
 from attnlab.train import load_weights, save_weights
 
 F64 = torch.float64
-MIXERS = ("attention", "mamba", "hybrid")
-FFNS = ("dense", "moe")
+MIXERS = ("attention", "mamba", "hybrid", "rwkv")
+FFNS = ("dense", "moe", "none")
 V = 41
 
 
@@ -38,7 +40,7 @@ def tiny(mixer: str = "attention", ffn: str = "dense", **changes) -> GPTConfig:
         vocab_size=V, context=16, n_layers=4, n_heads=2, d_model=16, d_ff=24, mixer=mixer,
         ffn=ffn, attn_every=2, d_state=4, experts=4, top_k=2, activation="swiglu",
     )  # fmt: skip
-    if mixer == "mamba":
+    if mixer in ("mamba", "rwkv"):
         base["n_layers"] = 2
     return GPTConfig(**{**base, **changes})
 
@@ -47,7 +49,7 @@ def scramble(model: nn.Module) -> nn.Module:
     """Weights away from init, but Mamba's A_log and Δ bias kept (they must stay stable)."""
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith(("A_log", "dt_proj.bias")):
+            if name.endswith(("A_log", "dt_proj.bias", "time_decay")):
                 continue
             p.normal_(0.0, 0.3) if p.dim() >= 2 else p.normal_(1.0, 0.2)
     return model
@@ -69,7 +71,7 @@ def test_cached_decoding_equals_full_recompute(mixer: str, ffn: str) -> None:
         uncached.append(tokens)
     assert cached.start > 0  # the window slid: caches were rebuilt
     kinds = {type(c).__name__ for c in cached.caches}
-    assert kinds == {"attention": {"KVCache"}, "mamba": {"MambaCache"}}.get(
+    assert kinds == {"attention": {"KVCache"}, "mamba": {"MambaCache"}, "rwkv": {"RwkvCache"}}.get(
         mixer, {"KVCache", "MambaCache"}
     )
     rows = torch.tensor([2, 0])
@@ -233,7 +235,13 @@ def test_every_lm_preset_takes_mamba_hybrid_and_moe(preset: str) -> None:
 
     shrink = dict(vocab_size=V, n_layers=2, d_model=32, n_heads=4, n_kv_heads=0, d_ff=0)
     ids = torch.randint(0, V, (1, 6))
-    for changes in (dict(mixer="mamba"), dict(mixer="hybrid"), dict(ffn="moe", experts=4)):
+    for changes in (
+        dict(mixer="mamba"),
+        dict(mixer="hybrid"),
+        dict(mixer="rwkv"),
+        dict(ffn="moe", experts=4),
+        dict(mixer="mamba", ffn="none"),
+    ):
         flat = {**{k: str(v) for k, v in changes.items()}}
         model_cfg = build_config("lm", preset, flat).sections["model"]
         cfg = GPTConfig(**{**model_cfg.__dict__, **shrink, "context": 8})
@@ -242,3 +250,44 @@ def test_every_lm_preset_takes_mamba_hybrid_and_moe(preset: str) -> None:
             assert model(ids).shape == (1, 6, V)
         if cfg.mixer == "mamba":
             assert model.value_emb is None  # no attention layer would read it
+
+
+# --------------------------------------------------------------------------- bf16 (issue 23 item 2)
+
+
+@pytest.mark.parametrize("ffn", FFNS)
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_every_mixer_and_ffn_trains_a_step_under_bf16_autocast(mixer: str, ffn: str) -> None:
+    """The LM step under CPU bf16 autocast (what --precision bf16 runs): no dtype error in the
+    Mamba scan, the RWKV wkv or the expert dispatch, a finite loss, a gradient for every
+    parameter; and the logits stay near fp32's (the recurrences run in float32 inside)."""
+    torch.manual_seed(0)
+    model = GPT(tiny(mixer, ffn))
+    ids = torch.randint(0, V, (2, 16))
+    batch = {"input_ids": ids[:, :-1], "targets": ids[:, 1:]}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = lm_step(model, batch)
+    out.loss.backward()
+    assert torch.isfinite(out.loss)
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+    with torch.no_grad():
+        want = model(ids)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = model(ids).float()
+    assert (got - want).abs().max() < 0.05 * want.abs().max() + 0.05
+
+
+def test_cli_trains_the_mixers_with_precision_bf16(tmp_path) -> None:
+    """`attnlab train lm --precision bf16` end to end, Mamba + MoE and RWKV (2 steps each)."""
+    from attnlab.cli import main
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("anna sees bob. bob likes cleo. cleo hears anna.\n" * 200)
+    base = ["train", "lm", "--config", "quick", "--data", str(corpus), "--max-steps", "2"]
+    base += ["--precision", "bf16", "n_layers=2", "d_model=32", "n_heads=2", "experts=4"]
+    for flags in (["--mixer", "mamba", "--ffn", "moe"], ["--mixer", "rwkv"]):
+        out = tmp_path / flags[1]
+        assert main([*base, *flags, "--out", str(out)]) == 0
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["precision"] == "bf16"

@@ -19,7 +19,7 @@ from attnlab.models.prune import (
 F64 = torch.float64
 
 
-def classifier(heads: str = "", **kw) -> TextClassifier:
+def classifier(heads: tuple[int, ...] = (), **kw) -> TextClassifier:
     cfg = ClassifierConfig(
         vocab_size=30, n_classes=3, d_model=24, n_heads=4, n_layers=3, d_ff=32, dropout=0.0,
         attn_dropout=0.0, emb_dropout=0.0, heads_per_layer=heads, **kw,
@@ -96,12 +96,12 @@ def test_heads_to_remove_takes_the_least_important_and_keeps_one_per_layer():
 def test_a_pruned_model_saves_and_rebuilds_from_its_head_counts():
     model = classifier()
     kept = prune_heads(model, [[1], [0, 3], []])
-    again = classifier(heads=",".join(map(str, kept)))
+    again = classifier(heads=tuple(kept))
     again.load_state_dict(model.state_dict())  # strict: every shape matches
     ids, lengths = batch()
     torch.testing.assert_close(again(ids, lengths), model(ids, lengths), rtol=0, atol=0)
     with pytest.raises(ValueError, match="3 counts"):
-        classifier(heads="2,2")
+        classifier(heads=(2, 2))
 
 
 def test_bert_heads_prune_too():
@@ -115,6 +115,6 @@ def test_bert_heads_prune_too():
         masked = bert(ids, lengths)
     kept = prune_heads(bert, [[3], [0, 1]])
     torch.testing.assert_close(bert(ids, lengths), masked, rtol=0, atol=1e-12)
-    rebuilt = BertModel(BertConfig(**{**vars(cfg), "heads_per_layer": "3,2"})).double()
+    rebuilt = BertModel(BertConfig(**{**vars(cfg), "heads_per_layer": (3, 2)})).double()
     rebuilt.load_state_dict(bert.state_dict())
     assert kept == [3, 2]

@@ -92,6 +92,17 @@ def test_predict_eval_and_attention_commands(trained, tmp_path, capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["accuracy"] > 0.9 and len(report["confusion_matrix"]) == 3
 
+    # characters never seen in training: the prediction says so instead of a silent label
+    unseen, seen = "鼋鼍蛟龙怒", "的的怒的的"
+    assert main(["predict", str(run), "--json", unseen, seen]) == 0
+    far, near = (json.loads(x) for x in capsys.readouterr().out.splitlines())
+    assert far["unknown_share"] == pytest.approx(0.8) and far["out_of_reach"] is True
+    assert near["unknown_share"] == 0.0 and near["out_of_reach"] is False
+    assert "warning" not in near
+    assert main(["predict", str(run), unseen, seen]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and lines[1].startswith("  warning: 80% of its characters were never")
+
     out = tmp_path / "heat.png"
     assert main(["attention", str(run), "有人怒了", "--out", str(out)]) == 0
     assert out.stat().st_size > 10_000

@@ -64,6 +64,27 @@ def test_training_learns_the_corpus_and_writes_the_run(trained) -> None:
     assert len(results["sample"]) > 0
 
 
+def test_the_reported_val_loss_is_the_whole_split_and_says_so(trained) -> None:
+    """Issue 24: the monitoring sample (eval_windows = 8) picks the best step; the figure the
+    run reports is the best weights on every validation window, and results.json says which."""
+    run, results = trained
+    from attnlab.data.text_lm import eval_starts, open_tokens
+    from attnlab.tasks import load_run
+
+    loaded = load_run(run)
+    val = open_tokens(run / "data" / "val.bin", loaded.tokenizer.vocab_size)
+    every = eval_starts(len(val), loaded.model.cfg.context, 0)
+    assert len(every) > 8
+    want = lm.mean_loss(loaded.model, val, every, 32)
+    assert results["val_loss"] == pytest.approx(want, rel=1e-6)
+    summary = json.loads((run / "summary.json").read_text())
+    assert results["monitor_val_loss"] == summary["best_metric"] != results["val_loss"]
+    assert results["val_scope"].startswith(f"whole validation split, {len(every)} windows")
+    assert results["monitor_scope"].startswith("8 evenly spaced windows")
+    line = lm.TASK.describe(results, run)[0]
+    assert "whole validation split" in line and "monitoring sample" in line
+
+
 def test_resume_after_an_interrupt_ends_with_identical_weights(trained, tmp_path, monkeypatch):
     run, _ = trained
     config = json.loads((run / "config.json").read_text())

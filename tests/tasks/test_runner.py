@@ -332,3 +332,71 @@ def test_a_truncated_checkpoint_on_resume_gives_one_line(tmp_path, finished, cap
     argv = ["train", "classify", "--out", str(run), "--resume", "--max-steps", "9"]
     probe(capsys, argv, "optimizer.safetensors", "truncated")
     assert snapshot(run) == before  # the refused resume rewrote nothing
+
+
+# ---------------------------------------------------------------------------- issue 25
+
+
+def test_resume_with_a_higher_max_steps_trains_on_and_a_lower_one_changes_nothing(
+    tmp_path, finished, capsys
+) -> None:
+    run = tmp_path / "copy"
+    shutil.copytree(finished, run)  # finished at step 6
+    resume = ["train", "classify", "--out", str(run), "--resume", "--max-steps"]
+    before = snapshot(run)
+    capsys.readouterr()
+    assert main([*resume, "5"]) == 0  # below where it stopped: nothing to do
+    assert "nothing changed" in capsys.readouterr().err
+    assert snapshot(run) == before
+    assert main([*resume, "9"]) == 0  # 3 more steps, and every file agrees
+    config = json.loads((run / "config.json").read_text())
+    summary = json.loads((run / "summary.json").read_text())
+    results = json.loads((run / "results.json").read_text())
+    assert config["train"]["max_steps"] == 9 and summary["steps"] == 9
+    assert results["summary"]["steps"] == 9
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert max(steps) == 9 and steps == sorted(steps)
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "1e999"])
+def test_non_finite_numbers_are_refused_before_any_file(tmp_path, corpus, capsys, value) -> None:
+    out = tmp_path / "run"
+    probe(capsys, ["train", "classify", "--out", str(out), "--data", str(corpus), *TINY,
+                   "--lr", value], "lr")  # fmt: skip
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_diverging_run_is_one_line_and_resumes_with_a_sane_lr(tmp_path, corpus, capsys):
+    out = tmp_path / "run"
+    argv = ["train", "classify", "--out", str(out), "--data", str(corpus), *TINY]
+    capsys.readouterr()
+    code = main([*argv, "--lr", "1e30", "--clip-norm", "0", "--max-steps", "6",
+                 "--eval-every", "6", "--dropout", "0"])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and "Traceback" not in "\n".join(err), err
+    assert err[-1].startswith("attnlab: error: training diverged") and "--lr" in err[-1]
+    resume = ["train", "classify", "--out", str(out), "--resume"]
+    probe(capsys, [*resume, "--d-model", "32"], "--d-model")  # only the lr may change
+    assert main([*resume, "--lr", "1e-3"]) == 0
+    assert json.loads((out / "summary.json").read_text())["steps"] == 6
+    assert not (out / "diverged.json").exists()
+
+
+def test_sigterm_writes_the_checkpoint_like_sigint(tmp_path, corpus) -> None:
+    out = tmp_path / "run"
+    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    argv = [sys.executable, "-m", "attnlab", "train", "classify", "--out", str(out),
+            "--data", str(corpus), *TINY, "--max-steps", "100000", "--eval-every", "100000",
+            "--checkpoint-every", "100000"]  # fmt: skip
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    deadline = time.time() + 60
+    while not (out / "metrics.jsonl").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted; checkpoint of step" in err and "Traceback" not in err
+    step = json.loads((out / "state" / "trainer.json").read_text())["loop"]["step"]
+    assert step > 0

@@ -153,6 +153,16 @@ def test_copy_task_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     args = ["translate", str(run), "--input", str(tmp_path / "in.txt"), "--output", str(out)]
     assert main(args) == 0
     assert out.read_text().splitlines() == ["abc", "", "dcba"]
+    # one-token lines have no 4-grams: BLEU is reported as undefined, not as 0.00 (issue 24)
+    assert report["bleu"] is None and "4-grams" in report["bleu_note"]
+    capsys.readouterr()
+    assert main(["eval", str(run)]) == 0
+    assert "BLEU n/a" in capsys.readouterr().out
+    # input outside the source vocabulary is translated with a warning
+    assert main(["translate", str(run), "abc", "xyz!"]) == 0
+    err = capsys.readouterr().err
+    assert "input 2 has" in err and "outside the model's source vocabulary" in err
+    assert "input 1" not in err
 
 
 def test_separate_vocabularies_take_their_own_sizes(tmp_path: Path) -> None:

@@ -19,10 +19,18 @@ SCRIPT = Path(__file__).with_name("_tiny_task.py")
 ENV = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
-def launch(run_dir: Path, args: list[str], nproc: int = 1) -> subprocess.Popen:
-    """Start the tiny task on `run_dir` (under torchrun when nproc > 1)."""
+def launch(
+    run_dir: Path, args: list[str], nproc: int = 1, node: tuple[int, int, str] | None = None
+) -> subprocess.Popen:
+    """Start the tiny task on `run_dir` (under torchrun when nproc > 1); ``node`` = (node rank,
+    number of nodes, rendezvous endpoint) starts one node of a multi-node job instead."""
     runner = [sys.executable]
-    if nproc > 1:
+    if node is not None:
+        rank, nnodes, endpoint = node
+        runner += ["-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--node-rank={rank}",
+                   f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",
+                   f"--rdzv-endpoint={endpoint}", "--rdzv-id=attnlab-test"]  # fmt: skip
+    elif nproc > 1:
         runner += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
     return subprocess.Popen(
         [*runner, str(SCRIPT), str(run_dir), *args],

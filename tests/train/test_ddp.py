@@ -45,3 +45,24 @@ def test_two_ranks_equal_one_process(tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "ddp/summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 9
     assert ddp_out.count("precision fp32") == 1, "only rank 0 prints the precision line"
+
+
+def test_two_single_process_nodes_over_loopback_equal_one_process(tmp_path: Path) -> None:
+    """The README's multi-node command, as two one-process "nodes" meeting over loopback with
+    torchrun's c10d rendezvous: the same steps as one process (and as two ranks on one node)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        endpoint = f"127.0.0.1:{s.getsockname()[1]}"
+    nodes = [launch(tmp_path / "multi", ARGS, node=(rank, 2, endpoint)) for rank in (0, 1)]
+    single = launch(tmp_path / "single", ARGS)
+    outputs = [finish(node, timeout=180) for node in nodes]
+    finish(single)
+    got = weights(tmp_path / "multi/state/model.safetensors")
+    want = weights(tmp_path / "single/state/model.safetensors")
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], rtol=0, atol=1e-6)
+    summary = json.loads((tmp_path / "multi/summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["steps"] == 9
+    assert sum(out.count("precision fp32") for out in outputs) == 1  # rank 0 alone

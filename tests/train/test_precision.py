@@ -271,3 +271,43 @@ def test_fp16_auto_trains_through_the_grad_scaler_and_resume_restores_it(
     summary = resumed.fit(resume=True)  # finished already: loads the state, trains no more
     assert summary["precision"] == "fp16" and "needs CUDA" in summary["precision_reason"]
     assert resumed.scaler is not None and resumed.scaler.state_dict() == saved
+
+
+class _FailsInBf16(_NormTagger):
+    """Raises in the backward pass under bf16 autocast, as an op without a bf16 kernel would."""
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        out = super().forward(tokens)
+        if torch.is_autocast_enabled("cpu"):
+            return _RaiseInBackward.apply(out)
+        return out
+
+
+class _RaiseInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        raise RuntimeError("expected m1 and m2 to have the same dtype: float != BFloat16")
+
+
+def test_auto_falls_back_to_fp32_when_the_step_fails_in_bf16(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture
+) -> None:
+    """issue 23 item 2: a low precision that crashes the probe step is dropped, with one line,
+    and the run trains in fp32 from an untouched model (no stale gradients, BN stats kept)."""
+    from _tiny_task import TinyData, step_fn
+
+    from attnlab.train import TrainConfig, Trainer
+
+    fake_cpu(monkeypatch, flags=True, speedup=2.0)
+    torch.manual_seed(0)
+    model = _FailsInBf16()
+    cfg = TrainConfig(max_steps=1, batch_size=8, precision="auto", tensorboard=False)
+    summary = Trainer(model, cfg, tmp_path, TinyData(), step_fn).fit()
+    assert summary["precision"] == "fp32"
+    assert "fails under bf16 autocast" in summary["precision_reason"]
+    lines = [ln for ln in capfd.readouterr().err.splitlines() if "falling back to fp32" in ln]
+    assert len(lines) == 1 and "float != BFloat16" in lines[0]

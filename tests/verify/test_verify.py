@@ -70,16 +70,20 @@ def test_a_broken_attention_kernel_fails_its_row_and_the_exit_status(tmp_path, m
 
 def test_broken_moe_experts_and_mamba_fail_their_rows(monkeypatch, seed):
     from attnlab.moe import MoEFeedForward
+    from attnlab.rwkv import TimeMix
     from attnlab.ssm import MambaBlock
 
     monkeypatch.setattr(MoEFeedForward, "expert", off_by_a_little(MoEFeedForward.expert))
     monkeypatch.setattr(MambaBlock, "forward", off_by_a_little(MambaBlock.forward))
+    monkeypatch.setattr(TimeMix, "forward", off_by_a_little(TimeMix.forward))
     checks = {c.component: c for c in registry.CHECKS}
     for name in (
         "MoEFeedForward (f32)",
         "MoEFeedForward gradients (f32)",
-        "MambaLM logits/greedy/cache (f32)",
-        "MambaLM gradients (f32)",
+        "Mamba GPT logits/greedy/cache (f32)",
+        "Mamba GPT gradients (f32)",
+        "RWKV GPT logits/greedy/cache (f32)",
+        "RWKV GPT gradients (f32)",
     ):
         row = run_check(checks[name], seed)
         assert row.status == FAIL, (name, row)

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from attnlab.attention import MultiHeadAttention
 from attnlab.blocks import Block, BlockConfig
+from attnlab.errors import UserError
 from attnlab.models.gpt import GPT, GPTConfig
 
 Step = Callable[[], None]
@@ -145,5 +146,5 @@ def build_case(spec: dict, device: torch.device) -> tuple[Step, Step]:
         "attention": _attention_steps,
     }
     if spec["case"] not in builders:
-        raise ValueError(f"unknown case {spec['case']!r}; one of {', '.join(builders)}")
+        raise UserError(f"unknown case {spec['case']!r}; one of {', '.join(builders)}")
     return builders[spec["case"]](spec, device)

@@ -12,6 +12,7 @@ from attnlab.bench import DEFAULT_OUT, SECTIONS, suites
 from attnlab.bench.machine import machine_info, matmul_peak_gflops, precision_info
 from attnlab.bench.report import render
 from attnlab.bench.scaling import run_scaling
+from attnlab.errors import UserError
 
 # (quick, full) settings of every section
 PLAN = {
@@ -36,9 +37,9 @@ def run_bench(
     """Run ``sections``, write the report to ``out`` (.md) and ``out`` with .json; return it."""
     unknown = set(sections) - set(SECTIONS)
     if unknown:
-        raise ValueError(f"unknown bench sections {sorted(unknown)}; choose from {SECTIONS}")
+        raise UserError(f"unknown bench sections {sorted(unknown)}; choose from {SECTIONS}")
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError("--device cuda, but torch sees no CUDA device; use --device cpu")
+        raise UserError("--device cuda, but torch sees no CUDA device; use --device cpu")
     if threads > 0:
         torch.set_num_threads(threads)
     dev = torch.device(device)

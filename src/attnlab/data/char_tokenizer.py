@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 
 from attnlab.data.errors import DataError
 from attnlab.data.io import read_json, write_json
+from attnlab.errors import UserError
 
 PAD, UNK, CLS, MASK = "<pad>", "<unk>", "<cls>", "<mask>"
 SPECIALS = (PAD, UNK, CLS, MASK)  # ids 0..3; <mask> is reserved for masked-LM pretraining
@@ -29,13 +30,13 @@ class CharTokenizer:
 
     def __init__(self, vocab: Sequence[str]) -> None:
         if tuple(vocab[: len(SPECIALS)]) != SPECIALS:
-            raise ValueError(f"vocab must start with the specials {SPECIALS}")
+            raise UserError(f"vocab must start with the specials {SPECIALS}")
         chars = vocab[len(SPECIALS) :]
         bad = [c for c in chars if len(c) != 1]
         if bad:
-            raise ValueError(f"vocab entries after the specials must be single characters: {bad}")
+            raise UserError(f"vocab entries after the specials must be single characters: {bad}")
         if len(set(vocab)) != len(vocab):
-            raise ValueError("vocab has repeated entries")
+            raise UserError("vocab has repeated entries")
         self.id_to_token: list[str] = list(vocab)
         self.token_to_id: dict[str, int] = {t: i for i, t in enumerate(vocab)}
 
@@ -49,9 +50,9 @@ class CharTokenizer:
         by code point so the result never depends on text order.
         """
         if min_freq < 1:
-            raise ValueError(f"min_freq must be >= 1, got {min_freq}")
+            raise UserError(f"min_freq must be >= 1, got {min_freq}")
         if max_vocab is not None and max_vocab <= len(SPECIALS):
-            raise ValueError(f"max_vocab must exceed the {len(SPECIALS)} specials, got {max_vocab}")
+            raise UserError(f"max_vocab must exceed the {len(SPECIALS)} specials, got {max_vocab}")
         counts = Counter(c for text in texts for c in text)
         chars = sorted(
             (c for c, n in counts.items() if n >= min_freq), key=lambda c: (-counts[c], c)
@@ -75,9 +76,9 @@ class CharTokenizer:
         end with the verdict).
         """
         if max_len < 1:
-            raise ValueError(f"max_len must be >= 1, got {max_len}")
+            raise UserError(f"max_len must be >= 1, got {max_len}")
         if not 0.0 <= tail_share <= 1.0:
-            raise ValueError(f"tail_share must be in [0, 1], got {tail_share}")
+            raise UserError(f"tail_share must be in [0, 1], got {tail_share}")
         ids = [CLS_ID] if add_cls else []
         room = max_len - len(ids)
         if len(text) > room:
@@ -101,7 +102,7 @@ class CharTokenizer:
         out = []
         for i in ids:
             if not 0 <= i < self.vocab_size:
-                raise ValueError(f"id {i} is outside the vocabulary (size {self.vocab_size})")
+                raise UserError(f"id {i} is outside the vocabulary (size {self.vocab_size})")
             if i not in dropped:
                 out.append(self.id_to_token[i])
         return "".join(out)

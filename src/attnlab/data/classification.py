@@ -6,9 +6,10 @@ from collections.abc import Sequence
 
 import torch
 
-from attnlab.data.buckets import LengthBucketSampler, pad_batch
+from attnlab.data.buckets import PAD_MULTIPLE, LengthBucketSampler, bucket_length, pad_batch
 from attnlab.data.char_tokenizer import PAD_ID, CharTokenizer
 from attnlab.data.labels import LabelVocab
+from attnlab.errors import UserError
 
 
 class ClassificationData:
@@ -24,16 +25,19 @@ class ClassificationData:
         labels: Sequence[int],
         sampler: LengthBucketSampler,
         pad_id: int = PAD_ID,
+        pad_multiple: int = PAD_MULTIPLE,
     ) -> None:
         if len(sequences) != len(labels):
-            raise ValueError(f"{len(sequences)} sequences but {len(labels)} labels")
+            raise UserError(f"{len(sequences)} sequences but {len(labels)} labels")
         lengths = [len(s) for s in sequences]
         if sampler.lengths.tolist() != lengths:
-            raise ValueError("the sampler was built for other sequence lengths than these")
+            raise UserError("the sampler was built for other sequence lengths than these")
         self.sequences = [list(s) for s in sequences]
         self.labels = list(labels)
         self.sampler = sampler
         self.pad_id = pad_id
+        self.pad_multiple = pad_multiple
+        self.longest = max(lengths, default=1)
 
     @classmethod
     def from_texts(
@@ -65,8 +69,11 @@ class ClassificationData:
         return self.sampler.batches(epoch)
 
     def collate(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
-        """`input_ids` (B, T), `lengths` (B,) and `labels` (B,), all long, for these examples."""
-        input_ids, lengths = pad_batch([self.sequences[i] for i in indices], self.pad_id)
+        """`input_ids` (B, T), `lengths` (B,) and `labels` (B,), all long, for these examples;
+        T is the longest row rounded up by :func:`bucket_length` (a few shapes per run)."""
+        seqs = [self.sequences[i] for i in indices]
+        T = bucket_length(max(len(s) for s in seqs), self.longest, self.pad_multiple)
+        input_ids, lengths = pad_batch(seqs, self.pad_id, T)
         labels = torch.tensor([self.labels[i] for i in indices], dtype=torch.long)
         return {"input_ids": input_ids, "lengths": lengths, "labels": labels}
 

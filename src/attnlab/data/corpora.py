@@ -24,6 +24,7 @@ from pathlib import Path
 from attnlab.data.corpus import LabeledCorpus
 from attnlab.data.errors import DataError
 from attnlab.data.io import read_utf8
+from attnlab.errors import UserError
 
 NEGATIVE = "negative"
 POSITIVE = "positive"
@@ -73,7 +74,7 @@ def load_line_files(files: Mapping[str, Path], source: str) -> LabeledCorpus:
     by first line of occurrence.
     """
     if not files:
-        raise ValueError(f"{source}: no label files given; pass {{label: path}} for each label")
+        raise UserError(f"{source}: no label files given; pass {{label: path}} for each label")
     first_seen: dict[str, dict[str, str]] = {}  # label -> text -> "file:line"
     stats: dict[str, dict[str, int]] = {
         "raw_lines": {},

@@ -6,6 +6,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from attnlab.errors import UserError
+
 
 @dataclass
 class LabeledCorpus:
@@ -22,12 +24,12 @@ class LabeledCorpus:
 
     def __post_init__(self) -> None:
         if len(self.texts) != len(self.labels):
-            raise ValueError(
+            raise UserError(
                 f"{self.source}: {len(self.texts)} texts but {len(self.labels)} labels; "
                 "texts and labels must be parallel lists"
             )
         if self.origins is not None and len(self.origins) != len(self.texts):
-            raise ValueError(
+            raise UserError(
                 f"{self.source}: {len(self.origins)} origins for {len(self.texts)} texts; "
                 "give one 'file:line' per text or none"
             )

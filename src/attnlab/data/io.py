@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import errno
 import json
 import os
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from attnlab.data.errors import DataError
+from attnlab.errors import UserError
+
+# the file system's refusals of a write (as opposed to a bug)
+WRITE_REFUSALS = frozenset(
+    {errno.EISDIR, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT,
+     errno.ENOTDIR, errno.ENAMETOOLONG, errno.EFBIG}
+)  # fmt: skip
 
 
 def read_utf8(path: str | os.PathLike[str], what: str = "file") -> str:
@@ -28,6 +38,19 @@ def read_utf8(path: str | os.PathLike[str], what: str = "file") -> str:
         raise DataError(
             path, f"cannot read this {what} ({err.strerror})", "check its permissions"
         ) from None
+    if raw[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        raise DataError(
+            path,
+            "is UTF-16 text (it starts with a UTF-16 byte-order mark)",
+            f"re-save it as UTF-8, e.g. `iconv -f UTF-16 -t UTF-8 {path} > {path.stem}.utf8"
+            f"{path.suffix}`",
+        )
+    if b"\0" in raw[:8192]:
+        raise DataError(
+            path,
+            f"is not a text file (it holds NUL bytes: binary data) but was given as a {what}",
+            "pass a UTF-8 text file",
+        )
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as err:
@@ -36,16 +59,52 @@ def read_utf8(path: str | os.PathLike[str], what: str = "file") -> str:
         raise DataError(
             path,
             f"byte 0x{raw[err.start]:02x} at byte column {column} is not valid UTF-8",
-            "re-save the file with UTF-8 encoding (e.g. `iconv -f GB18030 -t UTF-8`)",
+            f"re-save the file with UTF-8 encoding ({_encoding_hint(raw)})",
             line=line,
         ) from None
 
 
-def read_json(path: str | os.PathLike[str], what: str, fix: str | None = None) -> Any:
+def _encoding_hint(raw: bytes) -> str:
+    """How to convert bytes that are not UTF-8: from the first legacy encoding that reads them."""
+    for encoding, name in (
+        ("gb18030", "GB18030"),
+        ("shift_jis", "SHIFT_JIS"),
+        ("cp1252", "CP1252"),
+    ):
+        try:
+            raw.decode(encoding)
+        except UnicodeDecodeError:
+            continue
+        return f"if it is {name}: `iconv -f {name} -t UTF-8`"
+    return "find its encoding with `file -i`, then convert it with `iconv -f ENCODING -t UTF-8`"
+
+
+ZERO_WIDTH = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad\u180e"))
+
+
+def is_blank(text: str) -> bool:
+    """Whether a text holds nothing to read: only whitespace and zero-width characters."""
+    return not text.translate(ZERO_WIDTH).strip()
+
+
+def split_lines(text: str) -> list[str]:
+    """Lines ended by \\n, \\r\\n or a lone \\r (old Mac files, some terminals)."""
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    return lines[:-1] if lines and lines[-1] == "" else lines
+
+
+def read_json(
+    path: str | os.PathLike[str],
+    what: str,
+    fix: str | None = None,
+    keys: dict[str, type] | None = None,
+) -> Any:
     """Parse a UTF-8 JSON file; errors are one line naming the file, its kind and the fix.
 
     `what` names the kind ("tokenizer", "run config"); `fix` replaces the default advice for a
-    missing or broken file (e.g. "retrain into a new --out").
+    missing or broken file (e.g. "retrain into a new --out"). With `keys` ({name: type}), the
+    file must hold a JSON object with those entries (valid JSON of the wrong shape is refused
+    like broken JSON).
     """
     path = Path(path)
     if not path.exists():
@@ -54,7 +113,7 @@ def read_json(path: str | os.PathLike[str], what: str, fix: str | None = None) -
     if not text.strip():
         raise DataError(path, f"the {what} file is empty", fix or f"regenerate the {what} file")
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except json.JSONDecodeError as err:
         raise DataError(
             path,
@@ -62,6 +121,21 @@ def read_json(path: str | os.PathLike[str], what: str, fix: str | None = None) -
             fix or f"regenerate the {what} file instead of editing it by hand",
             line=err.lineno,
         ) from None
+    shape = keys or {}
+    if keys is not None and not (
+        isinstance(value, dict)
+        and all(
+            isinstance(value.get(k), kind) and value[k] is not True for k, kind in shape.items()
+        )
+    ):
+        want = ", ".join(f"{k} ({kind.__name__})" for k, kind in shape.items())
+        found = {k: value.get(k) for k in shape} if isinstance(value, dict) else value
+        raise DataError(
+            path,
+            f"not a {what} file: expected a JSON object with {want}, found {str(found)[:80]}",
+            fix or f"regenerate the {what} file instead of editing it by hand",
+        )
+    return value
 
 
 CSV_FIELD_LIMIT = 2**31 - 1  # the largest limit a C long takes on every platform
@@ -93,3 +167,18 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
 def write_json(path: str | os.PathLike[str], obj: Any) -> None:
     """Write `obj` as indented UTF-8 JSON (non-ASCII kept readable), atomically."""
     atomic_write_text(path, json.dumps(obj, ensure_ascii=False, indent=1) + "\n")
+
+
+@contextlib.contextmanager
+def output_errors(flag: str) -> Iterator[None]:
+    """Turn the file system's refusal to write an output file (a folder in its place, a
+    read-only folder, a full disk) into one line naming the file and the option to change."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno not in WRITE_REFUSALS:
+            raise
+        raise UserError(
+            f"cannot write {err.filename or 'the output file'} ({err.strerror}); "
+            f"pass {flag} FILE in a folder you can write to"
+        ) from None

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Sequence
 
 from attnlab.data.errors import DataError
 from attnlab.data.io import read_json, write_json
+from attnlab.errors import UserError
 
 _FORMAT = "attnlab.label_vocab"
 MIN_CLASS_EXAMPLES = 5  # fewer training examples than this make a class suspect (a typo, junk)
@@ -18,9 +19,9 @@ class LabelVocab:
 
     def __init__(self, labels: Sequence[str]) -> None:
         if not labels:
-            raise ValueError("a label vocabulary needs at least one label")
+            raise UserError("a label vocabulary needs at least one label")
         if list(labels) != sorted(set(labels)):
-            raise ValueError(f"labels must be distinct and sorted, got {list(labels)}")
+            raise UserError(f"labels must be distinct and sorted, got {list(labels)}")
         self.labels: list[str] = list(labels)
         self._ids = {label: i for i, label in enumerate(self.labels)}
 
@@ -37,7 +38,7 @@ class LabelVocab:
         ids = []
         for label in labels:
             if label not in self._ids:
-                raise ValueError(f"unknown label {label!r}; known labels: {self.labels}")
+                raise UserError(f"unknown label {label!r}; known labels: {self.labels}")
             ids.append(self._ids[label])
         return ids
 
@@ -46,7 +47,7 @@ class LabelVocab:
         out = []
         for i in ids:
             if not 0 <= i < len(self.labels):
-                raise ValueError(f"label id {i} outside 0..{len(self.labels) - 1}")
+                raise UserError(f"label id {i} outside 0..{len(self.labels) - 1}")
             out.append(self.labels[i])
         return out
 
@@ -82,7 +83,7 @@ def check_label_counts(
         found = "no examples"
         for label, n in counts.items():
             found = f"only the class {label!r} ({n} examples)"
-        raise ValueError(
+        raise UserError(
             f"the training split has {found}; a classifier needs at least two classes. "
             "Fix: check the label column and that the data file holds every class"
         )
@@ -101,7 +102,7 @@ def check_label_counts(
             twin = f", like {twins[0]!r} but for case or spaces" if twins else ""
             named.append(f"{label!r} ({n}{twin})")
         noun = "class has" if len(rare) == 1 else "classes have"
-        raise ValueError(
+        raise UserError(
             f"{len(rare)} {noun} fewer than {MIN_CLASS_EXAMPLES} training examples: "
             f"{', '.join(named)}. Fix: correct or remove those rows, or pass --allow-rare-labels "
             "to train on them anyway"

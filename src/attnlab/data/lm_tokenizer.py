@@ -15,6 +15,7 @@ import numpy as np
 
 from attnlab.data.bpe import BPETokenizer
 from attnlab.data.io import read_json, write_json
+from attnlab.errors import UserError
 
 FORMAT = "attnlab.lm_tokenizer"
 KINDS = ("char", "gpt2", "bpe")
@@ -43,7 +44,7 @@ class CharLMTokenizer:
     def __init__(self, chars: Iterable[str]) -> None:
         self.chars = sorted(set(chars))
         if not self.chars or any(len(c) != 1 for c in self.chars):
-            raise ValueError("a character vocabulary needs at least one single-character entry")
+            raise UserError("a character vocabulary needs at least one single-character entry")
         codes = np.array([ord(c) for c in self.chars], dtype=np.int64)
         self._lut = np.full(int(codes.max()) + 1, -1, dtype=np.int64)  # code point -> id
         self._lut[codes] = np.arange(len(codes))
@@ -56,7 +57,7 @@ class CharLMTokenizer:
         for text in texts:
             seen.update(text)
         if not seen:
-            raise ValueError("the corpus is empty: there are no characters to build a vocabulary")
+            raise UserError("the corpus is empty: there are no characters to build a vocabulary")
         return cls(seen)
 
     @property
@@ -72,7 +73,7 @@ class CharLMTokenizer:
         if (ids < 0).any():
             unknown = sorted({chr(c) for c in codes[ids < 0].tolist()})
             shown = ", ".join(repr(c) for c in unknown[:20])
-            raise ValueError(
+            raise UserError(
                 f"{len(unknown)} character(s) are not in the model's vocabulary of "
                 f"{self.vocab_size}: {shown}; remove or replace them (a character-level model "
                 "only knows the characters of its training corpus)"
@@ -105,9 +106,9 @@ def load_tokenizer(path: str | Path) -> LMTokenizer:
     """Read a tokenizer written by `save_tokenizer`."""
     data = read_json(Path(path), "tokenizer")
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ValueError(f"{path} is not an attnlab language-model tokenizer file")
+        raise UserError(f"{path} is not an attnlab language-model tokenizer file")
     if data["kind"] == "char":
         return CharLMTokenizer(data["chars"])
     if data["kind"] in ("gpt2", "bpe"):
         return BPETokenizer.from_json(data)
-    raise ValueError(f"{path}: unknown tokenizer kind {data['kind']!r}; expected one of {KINDS}")
+    raise UserError(f"{path}: unknown tokenizer kind {data['kind']!r}; expected one of {KINDS}")

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from attnlab.data.buckets import LengthBucketSampler, pad_batch
+from attnlab.errors import UserError
 
 
 def mask_tokens(
@@ -27,7 +28,7 @@ def mask_tokens(
     positions (N,)). At least one token of the batch is selected when any is selectable.
     """
     if not 0.0 < mask_prob < 1.0:
-        raise ValueError(f"mask_prob must be in (0, 1), got {mask_prob}")
+        raise UserError(f"mask_prob must be in (0, 1), got {mask_prob}")
     B, T = input_ids.shape
     real = torch.arange(T)[None, :] < lengths[:, None]  # (B, T)
     candidate = real & ~torch.isin(input_ids, torch.tensor(list(special_ids)))
@@ -62,7 +63,7 @@ class MLMData:
         mask_prob: float = 0.15,
     ) -> None:
         if sampler.lengths.tolist() != [len(s) for s in sequences]:
-            raise ValueError("the sampler was built for other sequence lengths than these")
+            raise UserError("the sampler was built for other sequence lengths than these")
         self.sequences = [list(s) for s in sequences]
         self.sampler = sampler
         self.pad_id, self.mask_id = pad_id, mask_id

@@ -19,6 +19,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 
 from attnlab.data.buckets import LengthBucketSampler
 from attnlab.data.errors import DataError
+from attnlab.errors import UserError
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIALS = [PAD, BOS, EOS, UNK]  # ids 0, 1, 2, 3 in every vocabulary
@@ -89,7 +90,7 @@ def synthetic_pairs(
 ) -> list[Pair]:
     """``n`` random letter strings and their copy or reversal (seeded); each its own group."""
     if task not in ("copy", "reverse"):
-        raise ValueError(f"synthetic task must be copy or reverse, got {task!r}")
+        raise UserError(f"synthetic task must be copy or reverse, got {task!r}")
     rng = random.Random(seed)
     letters = "abcdefghijklmnopqrstuvwxyz"[:alphabet]
     pairs = []
@@ -114,7 +115,7 @@ def split_pairs(
         out[split_of(p.group, dev_percent, test_percent)].append(p)
     for name, part in out.items():
         if not part:
-            raise ValueError(
+            raise UserError(
                 f"the {name} split is empty ({len(pairs)} pairs in all); give more pairs or "
                 "raise dev_percent/test_percent"
             )
@@ -145,7 +146,7 @@ class TextTokenizer:
             tok = Tokenizer(models.WordLevel(unk_token=UNK))
             trainer = trainers.WordLevelTrainer(vocab_size=vocab_size, special_tokens=SPECIALS)
         else:
-            raise ValueError(f"tokenizer must be bpe, unigram or char, got {kind!r}")
+            raise UserError(f"tokenizer must be bpe, unigram or char, got {kind!r}")
         tok.normalizer = normalizers.NFKC()
         if kind == "char":
             tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")

@@ -14,6 +14,7 @@ from attnlab.data.corpus import LabeledCorpus
 from attnlab.data.errors import DataError
 from attnlab.data.io import read_json, write_json
 from attnlab.data.tabular import load_labeled_file
+from attnlab.errors import UserError
 
 SPLIT_NAMES = ("train", "val", "test")
 _FORMAT = "attnlab.split"
@@ -30,11 +31,11 @@ def stratified_split(
     labels, ratios and seed always give the same split.
     """
     if len(ratios) != len(SPLIT_NAMES):
-        raise ValueError(f"ratios must give (train, val, test) shares, got {tuple(ratios)}")
+        raise UserError(f"ratios must give (train, val, test) shares, got {tuple(ratios)}")
     if any(r < 0 for r in ratios) or not math.isclose(sum(ratios), 1.0, abs_tol=1e-6):
-        raise ValueError(f"ratios must be non-negative and sum to 1, got {tuple(ratios)}")
+        raise UserError(f"ratios must be non-negative and sum to 1, got {tuple(ratios)}")
     if not labels:
-        raise ValueError("cannot split an empty corpus")
+        raise UserError("cannot split an empty corpus")
     rng = np.random.default_rng(seed)
     by_class: dict[str, list[int]] = {}
     for index, label in enumerate(labels):
@@ -75,7 +76,7 @@ def save_split(
 def load_split(path: str | os.PathLike[str], texts: Sequence[str]) -> dict[str, list[int]]:
     """Read a split saved by `save_split`, refusing it if it was made for a different corpus."""
     data = read_json(path, "split")
-    fix = "delete the split file and make a new one with stratified_split + save_split"
+    fix = "use the data the run was trained on (restore the file), or train a new run"
     if not isinstance(data, dict) or data.get("format") != _FORMAT:
         raise DataError(path, "not an attnlab split file", fix)
     try:
@@ -87,7 +88,7 @@ def load_split(path: str | os.PathLike[str], texts: Sequence[str]) -> dict[str, 
             path,
             f"split was made for a different corpus ({num_examples} texts, sha256 {sha[:12]}…) "
             f"than the one given ({len(texts)} texts, sha256 {corpus_fingerprint(texts)[:12]}…)",
-            "load the corpus the split was made for, or " + fix,
+            fix,
         )
     for name, members in indices.items():
         if not all(isinstance(i, int) and 0 <= i < len(texts) for i in members):
@@ -116,7 +117,7 @@ def check_labels(
             for label, position in unseen.items()
         ]
         noun = "label" if len(unseen) == 1 else "labels"
-        raise ValueError(
+        raise UserError(
             f"{noun} {', '.join(where)} seen only in {name}, never in train. Fix: add training "
             f"examples with {'that label' if len(unseen) == 1 else 'those labels'} or remove "
             f"those rows from {name}"

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from attnlab.data.corpus import LabeledCorpus
 from attnlab.data.errors import DataError
-from attnlab.data.io import allow_long_csv_fields, read_utf8
+from attnlab.data.io import allow_long_csv_fields, is_blank, read_utf8
+from attnlab.errors import UserError
 
 FORMATS = ("csv", "tsv", "jsonl")
 _EXTENSIONS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
@@ -31,6 +32,12 @@ def load_labeled_file(
     naming the line, so no row is ever dropped silently.
     """
     path = Path(path)
+    if text_col == label_col:
+        raise DataError(
+            path,
+            f"the text and the label are the same column ({text_col!r})",
+            "name the text column with --text-col and the label column with --label-col",
+        )
     fmt = _resolve_format(path, fmt)
     text = read_utf8(path)
     if not text.strip():
@@ -64,7 +71,7 @@ def load_labeled_file(
 def _resolve_format(path: Path, fmt: str | None) -> str:
     if fmt is not None:
         if fmt not in FORMATS:
-            raise ValueError(f"unknown format {fmt!r} for {path}; use one of {', '.join(FORMATS)}")
+            raise UserError(f"unknown format {fmt!r} for {path}; use one of {', '.join(FORMATS)}")
         return fmt
     suffix = path.suffix.lower()
     if suffix not in _EXTENSIONS:
@@ -205,7 +212,7 @@ def _field(path: Path, line: int, row: dict, column: str, role: str) -> str:
             line=line,
         )
     value = value.strip()
-    if not value:
+    if is_blank(value):
         fix = "fill in the text or delete the row" if role == "text" else "give the row a label"
         raise DataError(path, f"empty {role} in column {column!r}", fix, line=line)
     return value

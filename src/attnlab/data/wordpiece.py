@@ -16,6 +16,7 @@ from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, process
 from tokenizers.models import WordPiece
 
 from attnlab.data.errors import DataError
+from attnlab.errors import UserError
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIALS = (PAD, UNK, CLS, SEP, MASK)
@@ -27,7 +28,7 @@ class WordPieceTokenizer:
     def __init__(self, tokenizer: Tokenizer) -> None:
         missing = [t for t in SPECIALS if tokenizer.token_to_id(t) is None]
         if missing:
-            raise ValueError(f"the tokenizer's vocabulary lacks the BERT special tokens {missing}")
+            raise UserError(f"the tokenizer's vocabulary lacks the BERT special tokens {missing}")
         tokenizer.no_padding()
         tokenizer.no_truncation()
         self._tok = tokenizer
@@ -49,12 +50,15 @@ class WordPieceTokenizer:
         if (path / "tokenizer.json").is_file():
             return cls.load(path / "tokenizer.json")
         if (path / "vocab.txt").is_file():
-            lowercase = True
             config = path / "tokenizer_config.json"
-            if config.is_file():
-                lowercase = bool(json.loads(config.read_text()).get("do_lower_case", True))
-            return cls.from_vocab(path / "vocab.txt", lowercase)
-        raise ValueError(
+            options = json.loads(config.read_text()) if config.is_file() else {}
+            return cls.from_vocab(
+                path / "vocab.txt",
+                lowercase=bool(options.get("do_lower_case", True)),
+                chinese_chars=bool(options.get("tokenize_chinese_chars", True)),
+                strip_accents=options.get("strip_accents"),
+            )
+        raise UserError(
             f"{path} has neither tokenizer.json nor vocab.txt; a BERT checkpoint directory "
             "needs one of them"
         )
@@ -74,11 +78,23 @@ class WordPieceTokenizer:
         return cls(tok)
 
     @classmethod
-    def from_vocab(cls, vocab_file: str | Path, lowercase: bool = True) -> WordPieceTokenizer:
-        """BERT's pipeline around a ``vocab.txt`` (one piece per line, the line is its id)."""
+    def from_vocab(
+        cls,
+        vocab_file: str | Path,
+        lowercase: bool = True,
+        chinese_chars: bool = True,
+        strip_accents: bool | None = None,
+    ) -> WordPieceTokenizer:
+        """BERT's pipeline around a ``vocab.txt`` (one piece per line, the line is its id).
+
+        ``chinese_chars`` puts spaces around every CJK ideograph, so each becomes a word of its
+        own (``tokenize_chinese_chars`` of BERT, on by default: bert-base-chinese relies on it);
+        ``strip_accents`` None follows ``lowercase``, as in BERT.
+        """
         pieces = Path(vocab_file).read_text(encoding="utf-8").split("\n")
         vocab = {piece: i for i, piece in enumerate(pieces) if piece}
-        return cls(_bert_pipeline(WordPiece(vocab, unk_token=UNK), lowercase))
+        model = WordPiece(vocab, unk_token=UNK)
+        return cls(_bert_pipeline(model, lowercase, chinese_chars, strip_accents))
 
     @classmethod
     def train(
@@ -94,7 +110,7 @@ class WordPieceTokenizer:
         vocabulary is essentially characters (plus pieces of any Latin words and numbers).
         """
         if vocab_size <= len(SPECIALS):
-            raise ValueError(
+            raise UserError(
                 f"vocab_size must exceed the {len(SPECIALS)} specials, got {vocab_size}"
             )
         tok = _bert_pipeline(WordPiece(unk_token=UNK), lowercase)
@@ -117,6 +133,12 @@ class WordPieceTokenizer:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size()
 
+    def cjk_share(self) -> float:
+        """Share of the vocabulary's pieces that are one CJK ideograph (a Chinese BERT's
+        vocabulary is mostly such characters; an English one holds few)."""
+        vocab = self._tok.get_vocab()
+        return sum(len(p) == 1 and _is_cjk(p) for p in vocab) / max(len(vocab), 1)
+
     @property
     def special_ids(self) -> tuple[int, ...]:
         return (self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id)
@@ -128,7 +150,7 @@ class WordPieceTokenizer:
     def encode_batch(self, texts: Sequence[str], max_len: int) -> list[list[int]]:
         """``encode`` for many texts at once (parallel in the library)."""
         if max_len < 3:
-            raise ValueError(f"max_len must be >= 3 ([CLS] + a piece + [SEP]), got {max_len}")
+            raise UserError(f"max_len must be >= 3 ([CLS] + a piece + [SEP]), got {max_len}")
         self._tok.enable_truncation(max_length=max_len)
         try:
             return [e.ids for e in self._tok.encode_batch(list(texts))]
@@ -144,12 +166,38 @@ class WordPieceTokenizer:
         return [len(e.ids) for e in self._tok.encode_batch(list(texts))]
 
 
-def _bert_pipeline(model: WordPiece, lowercase: bool) -> Tokenizer:
+def _bert_pipeline(
+    model: WordPiece,
+    lowercase: bool,
+    chinese_chars: bool = True,
+    strip_accents: bool | None = None,
+) -> Tokenizer:
     """A Tokenizer with BERT's normaliser, pre-tokeniser and decoder around ``model``."""
     tok = Tokenizer(model)
     tok.normalizer = normalizers.BertNormalizer(
-        clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=lowercase
+        clean_text=True,
+        handle_chinese_chars=chinese_chars,
+        strip_accents=strip_accents,
+        lowercase=lowercase,
     )
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece(prefix="##")
     return tok
+
+
+def _is_cjk(char: str) -> bool:
+    """A CJK ideograph, in the ranges BERT's tokenize_chinese_chars splits apart."""
+    cp = ord(char)
+    return any(lo <= cp <= hi for lo, hi in _CJK_RANGES)
+
+
+_CJK_RANGES = (
+    (0x4E00, 0x9FFF),
+    (0x3400, 0x4DBF),
+    (0x20000, 0x2A6DF),
+    (0x2A700, 0x2B73F),
+    (0x2B740, 0x2B81F),
+    (0x2B820, 0x2CEAF),
+    (0xF900, 0xFAFF),
+    (0x2F800, 0x2FA1F),
+)

@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from attnlab.errors import UserError
+
 VIEWS = ("head", "matrix", "scale", "tokens", "steps", "image", "gates")
 
 
@@ -36,8 +38,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def options(args: argparse.Namespace) -> dict:
     """The keyword arguments of :func:`attnlab.explore.page.explore_data` from the CLI."""
+    if not 0 <= args.port <= 65535:
+        raise UserError(f"--port {args.port}: give a port from 1 to 65535 (0 picks a free one)")
     if args.max_chars < 1:
-        raise ValueError(f"--max-chars must be >= 1, got {args.max_chars}")
+        raise UserError(f"--max-chars must be >= 1, got {args.max_chars}")
     return {
         "max_chars": args.max_chars,
         "member": args.member - 1,
@@ -49,31 +53,34 @@ def options(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    from attnlab.data.io import output_errors
     from attnlab.explore.page import explore_data, render_page
     from attnlab.explore.sources import load_source
 
     opts = options(args)
     if args.serve:
         if args.png or args.out:
-            raise ValueError("--serve shows the page live; leave out --out and --png")
+            raise UserError("--serve shows the page live; leave out --out and --png")
         from attnlab.explore.server import serve
 
         serve(load_source(args.run), args.inputs, opts, args.host, args.port)
         return 0
     if args.view and not args.png:
-        raise ValueError("--view chooses the view of --png; give --png FILE too")
+        raise UserError("--view chooses the view of --png; give --png FILE too")
     source = load_source(args.run)
     data = explore_data(source, args.inputs, **opts)
     out = Path(args.out) if args.out else Path(args.run) / "explore.html"
     if not args.out and not Path(args.run).is_dir():  # minilm: no run folder to write into
         out = Path(f"explore-{source.name}.html")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_page(data), encoding="utf-8")
+    with output_errors("--out"):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(render_page(data), encoding="utf-8")
     size = out.stat().st_size
     print(f"page written to {out} ({size / 1024:.0f} KiB); open it in any browser")
     if args.png:
         from attnlab.explore.png import screenshot
 
-        png = screenshot(out, args.png, args.view)
+        with output_errors("--png"):
+            png = screenshot(out, args.png, args.view)
         print(f"screenshot written to {png}", file=sys.stderr)
     return 0

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from attnlab.attention import record_attention
+from attnlab.errors import UserError
 from attnlab.explore.pack import build_group, calls_named
 from attnlab.explore.sources import Source
 from attnlab.models.generation import Generation, check_sampling, sample_next
@@ -39,7 +40,7 @@ def gpt_examples(
     context = model.cfg.context
     check_sampling(temperature, 0, 1.0)
     if not 1 <= max_new_tokens < context:
-        raise ValueError(f"--max-new-tokens must be in 1..{context - 1}, got {max_new_tokens}")
+        raise UserError(f"--max-new-tokens must be in 1..{context - 1}, got {max_new_tokens}")
     examples = []
     for prompt in prompts:
         ids, dropped = encode_prompt(tokenizer, prompt, context - max_new_tokens)

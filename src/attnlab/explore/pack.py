@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from attnlab.attention import AttentionCall
+from attnlab.errors import UserError
 
 # Raw scores double a group's size; past this many numbers (L·H·Tq·Tk) they are left out and the
 # page says why (a 1,000-token input of a 2-layer, 4-head model is 8 million).
@@ -56,20 +57,22 @@ def build_group(
 ) -> dict[str, Any]:
     """One attention kind (e.g. encoder self-attention) of one batch row, all its layers.
 
-    ``calls`` are the recorder's calls of this kind in layer order; each (B, H, Tq, Tk).
+    ``calls`` are the recorder's calls of this kind in layer order; each (B, H, Tq, Tk). A row
+    shorter than its batch (padded) keeps its own length: the tokens given, no padding.
     """
     if not calls:
-        raise ValueError(
+        raise UserError(
             f"no softmax attention was recorded for {name}; this model's attention (linear "
             "attention?) forms no weights to show"
         )
-    weights = _stack_layers([c.weights[row] for c in calls])  # (L, H, Tq, Tk)
+    nq, nk = len(query_tokens), len(key_tokens)
+    weights = _stack_layers([c.weights[row, :, :nq, :nk] for c in calls])  # (L, H, nq, nk)
     L, H, Tq, Tk = weights.shape
-    if (Tq, Tk) != (len(query_tokens), len(key_tokens)):
-        raise AssertionError(f"{name}: {Tq}x{Tk} weights for {len(query_tokens)}x{len(key_tokens)}")
-    mask = _mask_of(calls[0], row, H, Tq, Tk)  # (Tq, Tk)
+    if (Tq, Tk) != (nq, nk):
+        raise AssertionError(f"{name}: {Tq}x{Tk} weights for {nq}x{nk}")
+    mask = _mask_of(calls[0], row)[:nq, :nk]  # (Tq, Tk)
     for call in calls[1:]:
-        if not torch.equal(_mask_of(call, row, H, Tq, Tk), mask):
+        if not torch.equal(_mask_of(call, row)[:nq, :nk], mask):
             raise AssertionError(f"{name}: layers differ in their masks")
     group: dict[str, Any] = {
         "name": name,
@@ -90,10 +93,14 @@ def build_group(
         "scores_note": "",
     }
     if L * H * Tq * Tk <= SCORE_BUDGET:
-        group["scores"] = f32(_stack_layers([c.scores[row] for c in calls]))  # (L, H, Tq, Tk)
+        group["scores"] = f32(_stack_layers([c.scores[row, :, :Tq, :Tk] for c in calls]))
         if calls[0].bias is not None:
             bias = _stack_layers(
-                [c.bias.expand(c.weights.shape)[row] for c in calls if c.bias is not None]
+                [
+                    c.bias.expand(c.weights.shape)[row, :, :Tq, :Tk]
+                    for c in calls
+                    if c.bias is not None
+                ]
             )  # (L, H, Tq, Tk)
             group["bias"] = f32(bias)
     else:
@@ -113,11 +120,12 @@ def _stack_layers(layers: list[Tensor]) -> Tensor:
     )
 
 
-def _mask_of(call: AttentionCall, row: int, H: int, Tq: int, Tk: int) -> Tensor:
+def _mask_of(call: AttentionCall, row: int) -> Tensor:
     """The (Tq, Tk) mask applied in one call (all True when none), the same for every head."""
+    Tq, Tk = call.weights.shape[-2:]
     if call.mask is None:
         return torch.ones(Tq, Tk, dtype=torch.bool)
-    mask = call.mask.expand(call.weights.shape[0], H, Tq, Tk)[row]  # (H, Tq, Tk)
+    mask = call.mask.expand(call.weights.shape)[row]  # (H, Tq, Tk)
     if not bool((mask == mask[:1]).all()):
         raise AssertionError("a mask that differs between heads")
     return mask[0].cpu()

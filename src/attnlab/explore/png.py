@@ -10,6 +10,8 @@ import shutil
 import threading
 from pathlib import Path
 
+from attnlab.errors import UserError
+
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 
 
@@ -28,14 +30,14 @@ def screenshot(
     """Open ``page`` from disk, switch to ``view`` (default: the page's first), save ``out``."""
     browser_path = find_browser()
     if browser_path is None:
-        raise ValueError(
+        raise UserError(
             "--png needs chromium: install it with `apt-get install chromium` "
             "(bash scripts/setup.sh --test does)"
         )
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        raise ValueError(
+        raise UserError(
             "--png needs the playwright package: pip install 'attnlab[test]' "
             "(bash scripts/setup.sh --test)"
         ) from None
@@ -71,7 +73,7 @@ def _shoot(
             if view is not None:
                 views = tab.eval_on_selector_all("#tabs button", "b => b.map(x => x.dataset.view)")
                 if view not in views:
-                    raise ValueError(f"--view {view}: this page has the views {', '.join(views)}")
+                    raise UserError(f"--view {view}: this page has the views {', '.join(views)}")
                 tab.evaluate("v => window.attnlab.setView(v)", view)
             tab.locator("body").screenshot(path=str(out))
         finally:

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from attnlab.attention import record_attention
+from attnlab.errors import UserError
 from attnlab.explore.pack import build_group, calls_named
 from attnlab.explore.sources import Source
 from attnlab.models.beam import DecodeSettings, beam_search, greedy_decode
@@ -29,7 +30,7 @@ def translate_examples(
     d, model = run.cfg.data, run.model.eval()
     beam = d.beam_size if beam_size is None else beam_size
     if beam < 1:
-        raise ValueError(f"--beam-size must be >= 1 (1 = greedy), got {beam}")
+        raise UserError(f"--beam-size must be >= 1 (1 = greedy), got {beam}")
     settings = DecodeSettings(BOS, EOS, d.max_len_a, d.max_len_b)
     limit = run.cfg.model.context if run.cfg.model.pos == "learned" else 10_000
     examples = []

@@ -4,6 +4,11 @@
 ``POST /api/explore`` takes ``{"inputs": [text]}`` or ``{"image": "data:image/...;base64,..."}``
 and returns the page data for it, or ``{"error": message}`` with status 400. The model is loaded
 once; one request runs at a time; request bodies are bounded.
+
+Only this machine's browser may use it: a request must name a loopback host in ``Host`` (a web
+page cannot reach the server through DNS rebinding) and, when it says where it comes from
+(``Origin``, ``Sec-Fetch-Site``), come from the page itself. A client that goes away
+mid-answer is dropped without a traceback.
 """
 
 from __future__ import annotations
@@ -13,14 +18,33 @@ import json
 import sys
 import tempfile
 import threading
+import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from attnlab.errors import UserError
 from attnlab.explore.page import explore_data, render_page
 from attnlab.explore.sources import Source
 
 MAX_BODY = 4 * 1024 * 1024  # bytes of one request (an uploaded image as a data URL)
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def host_name(header: str) -> str:
+    """The host of a ``Host`` header or an origin's authority, without port or brackets."""
+    header = header.strip().lower()
+    if header.startswith("["):  # [::1]:8000
+        return header[1 : header.find("]")] if "]" in header else header
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+def allowed_host(header: str | None, bound: str) -> bool:
+    """A loopback Host (or the address the server was told to listen on)."""
+    if not header:
+        return False
+    name = host_name(header)
+    return name in LOOPBACK or (bound not in ("", "0.0.0.0", "::") and name == bound.lower())
 
 
 def live_info(source: Source, max_chars: int) -> dict[str, Any]:
@@ -56,11 +80,11 @@ class Explorer:
         if self.source.kind in ("vit", "cnn"):
             image = body.get("image")
             if not isinstance(image, str) or not image.startswith("data:image/"):
-                raise ValueError("send an image file (a data:image/... URL in 'image')")
+                raise UserError("send an image file (a data:image/... URL in 'image')")
             try:
                 raw = base64.b64decode(image.split(",", 1)[1], validate=True)
             except (IndexError, ValueError):
-                raise ValueError("the image is not valid base64 data") from None
+                raise UserError("the image is not valid base64 data") from None
             with tempfile.TemporaryDirectory() as tmp:
                 path = Path(tmp) / "upload"
                 path.write_bytes(raw)
@@ -69,15 +93,37 @@ class Explorer:
             return data
         inputs = body.get("inputs")
         if not isinstance(inputs, list) or not all(isinstance(t, str) for t in inputs):
-            raise ValueError("send {'inputs': [text, ...]}")
+            raise UserError("send {'inputs': [text, ...]}")
         if len(inputs) > 8:
-            raise ValueError(f"at most 8 inputs per request, got {len(inputs)}")
+            raise UserError(f"at most 8 inputs per request, got {len(inputs)}")
         return self.data(inputs)
 
 
-def make_handler(explorer: Explorer, first_page: str) -> type[BaseHTTPRequestHandler]:
+def make_handler(
+    explorer: Explorer, first_page: str, bound: str = "127.0.0.1"
+) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        def refused(self) -> bool:
+            """Answer 403 to a request from anywhere but this machine's own page."""
+            host = self.headers.get("Host")
+            why = None
+            if not allowed_host(host, bound):
+                why = f"host {host!r} is not this machine; open the page at 127.0.0.1"
+            origin = self.headers.get("Origin")
+            if why is None and origin is not None:
+                authority = origin.split("://", 1)[-1]
+                if origin == "null" or host_name(authority) != host_name(host or ""):
+                    why = f"requests from {origin} are not accepted; use the page itself"
+            site = self.headers.get("Sec-Fetch-Site", "same-origin")
+            if why is None and site not in ("same-origin", "none"):
+                why = "cross-site requests are not accepted; use the page itself"
+            if why is not None:
+                self._json(403, {"error": why})
+            return why is not None
+
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            if self.refused():
+                return
             if self.path not in ("/", "/index.html"):
                 self._send(404, b"not found", "text/plain")
                 return
@@ -87,17 +133,34 @@ def make_handler(explorer: Explorer, first_page: str) -> type[BaseHTTPRequestHan
             if self.path != "/api/explore":
                 self._send(404, b"not found", "text/plain")
                 return
-            length = int(self.headers.get("Content-Length") or 0)
+            if self.refused():
+                return
+            text = (self.headers.get("Content-Length") or "0").strip()
+            if not text.isdigit():
+                self._json(400, {"error": f"Content-Length {text[:20]!r} is not a byte count"})
+                return
+            length = int(text)
             if length > MAX_BODY:
                 self._json(413, {"error": f"request over {MAX_BODY // 1024} KiB; send less"})
                 return
             try:
                 body = json.loads(self.rfile.read(length) or b"{}")
+            except (ValueError, RecursionError) as err:  # JSONDecodeError, undecodable bytes
+                deep = isinstance(err, RecursionError)
+                self._json(400, {"error": "the JSON is nested too deeply" if deep else str(err)})
+                return
+            try:
                 if not isinstance(body, dict):
-                    raise ValueError("send a JSON object")
-                self._json(200, explorer.answer(body))
-            except ValueError as err:  # bad input (json.JSONDecodeError is one too)
+                    raise UserError("send a JSON object")
+                answer = explorer.answer(body)
+            except UserError as err:  # bad input
                 self._json(400, {"error": str(err).splitlines()[0]})
+                return
+            except Exception:  # a bug: its traceback in the log, and the client told so
+                traceback.print_exc()
+                self._json(500, {"error": "internal error (a bug): see the server's log"})
+                return
+            self._json(200, answer)
 
         def _json(self, status: int, obj: dict[str, Any]) -> None:
             body = json.dumps(obj, ensure_ascii=False).encode("utf-8")
@@ -108,6 +171,9 @@ def make_handler(explorer: Explorer, first_page: str) -> type[BaseHTTPRequestHan
             self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(body)))
             self.send_header("Cache-Control", "no-store")
+            if status >= 400:
+                self.close_connection = True  # a refused body may still be in flight
+                self.send_header("Connection", "close")
             self.end_headers()
             self.wfile.write(body)
 
@@ -115,6 +181,17 @@ def make_handler(explorer: Explorer, first_page: str) -> type[BaseHTTPRequestHan
             print(f"explore: {format % args}", file=sys.stderr)
 
     return Handler
+
+
+class Server(ThreadingHTTPServer):
+    """The explorer's HTTP server: a client that goes away is not an error worth a traceback."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError):  # BrokenPipe, reset, aborted
+            return
+        super().handle_error(request, client_address)
 
 
 def make_server(
@@ -126,11 +203,9 @@ def make_server(
         inputs = [_default_input(source)]
     page = render_page(explorer.data(inputs))
     try:
-        return ThreadingHTTPServer((host, port), make_handler(explorer, page))
+        return Server((host, port), make_handler(explorer, page, host))
     except OSError as err:
-        raise ValueError(
-            f"cannot listen on {host}:{port} ({err.strerror}); choose --port"
-        ) from None
+        raise UserError(f"cannot listen on {host}:{port} ({err.strerror}); choose --port") from None
 
 
 def _default_input(source: Source) -> str:

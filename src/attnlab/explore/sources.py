@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from attnlab.errors import UserError
+
 Kind = Literal["classifier", "bert", "gpt", "translate", "vit", "cnn"]  # the pages it draws
 
 
@@ -36,7 +38,7 @@ def load_source(run: str | Path) -> Source:
     path = Path(run)
     config = path / "config.json"
     if not config.is_file():
-        raise ValueError(
+        raise UserError(
             f"{path} is not a run directory (no config.json); give a run of `attnlab train ...`, "
             "a BERT or GPT-2 checkpoint directory, or minilm"
         )
@@ -51,5 +53,5 @@ def load_source(run: str | Path) -> Source:
 
     loaded = load_run(path)
     if loaded.explore_page is None:  # the Run says which page draws it (tasks.task.Run)
-        raise ValueError(f"{path} holds a {loaded.task!r} run, which has no attention to explore")
+        raise UserError(f"{path} holds a {loaded.task!r} run, which has no attention to explore")
     return Source(loaded.explore_page, loaded, path.name)

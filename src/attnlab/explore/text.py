@@ -13,29 +13,25 @@ import torch
 
 from attnlab.attention import record_attention
 from attnlab.data import pad_batch
+from attnlab.data.io import is_blank
+from attnlab.errors import UserError
 from attnlab.explore.pack import build_group, calls_named, rollout
 from attnlab.explore.sources import Source
 from attnlab.models.classifier import TextClassifierEnsemble
-
-PAD = "<pad>"
 
 
 def check_texts(texts: list[str], max_chars: int) -> None:
     """Refuse empty or oversized inputs with a message that says what to change."""
     if not texts:
-        raise ValueError("no input given: pass one or more texts after the run")
+        raise UserError("no input given: pass one or more texts after the run")
     for i, text in enumerate(texts):
-        if not text.strip():
-            raise ValueError(f"input {i + 1} is empty; give some text to look inside")
+        if is_blank(text):
+            raise UserError(f"input {i + 1} is empty; give some text to look inside")
         if len(text) > max_chars:
-            raise ValueError(
+            raise UserError(
                 f"input {i + 1} has {len(text)} characters, over the limit of {max_chars}; "
                 "shorten it (the model truncates long inputs anyway)"
             )
-
-
-def _padded(tokens: list[str], T: int) -> list[str]:
-    return tokens + [PAD] * (T - len(tokens))
 
 
 @torch.no_grad()
@@ -46,20 +42,17 @@ def classifier_examples(source: Source, texts: list[str], member: int = 0) -> di
     model = run.model
     if isinstance(model, TextClassifierEnsemble):
         if not 0 <= member < len(model.members):
-            raise ValueError(f"--member must be in 1..{len(model.members)}, got {member + 1}")
+            raise UserError(f"--member must be in 1..{len(model.members)}, got {member + 1}")
         model = model.members[member]
     elif member != 0:
-        raise ValueError("--member: this run is a single model, not an ensemble")
+        raise UserError("--member: this run is a single model, not an ensemble")
     with record_attention(model) as rec:
         info = model.inspect(ids, lengths)  # the classifier's own rollout (token_share)
     calls = calls_named(rec.calls, "self_attn")
     preds = run.predict(texts)
-    T = ids.shape[1]
     examples = []
     for b, text in enumerate(texts):
-        tokens = _padded(
-            run.tokenizer.tokens(text, run.max_len, run.add_cls, run.config.data.tail_share), T
-        )
+        tokens = run.tokenizer.tokens(text, run.max_len, run.add_cls, run.config.data.tail_share)
         group = build_group("self-attention", calls, b, tokens, tokens)
         n = int(lengths[b])
         examples.append(
@@ -87,15 +80,14 @@ def bert_examples(source: Source, texts: list[str]) -> dict[str, Any]:
     ids, lengths = pad_batch(seqs, run.tokenizer.pad_id)  # (B, T), (B,)
     with record_attention(bert) as rec:
         bert(ids, lengths)
-    calls = calls_named(rec.calls, "self_attn")
+    calls = calls_named(rec.calls, "attn")  # self_attn; DeBERTa's attn
     pooling = getattr(run.model, "pooling", "mean")
     preds = run.predict(texts) if hasattr(run, "predict") else None
     vectors = None if preds is not None else run.encode(texts)  # (B, D) unit sentence vectors
-    T = ids.shape[1]
     examples = []
     for b, text in enumerate(texts):
         n = int(lengths[b])
-        tokens = _padded(run.tokenizer.tokens(text, run.max_len), T)
+        tokens = run.tokenizer.tokens(text, run.max_len)
         group = build_group("self-attention", calls, b, tokens, tokens)
         weights = torch.stack([c.weights[b, :, :n, :n] for c in calls])  # (L, H, n, n)
         r = rollout(weights)  # (n, n)
@@ -122,7 +114,9 @@ def bert_examples(source: Source, texts: list[str]) -> dict[str, Any]:
 
 
 def _prediction(pred: dict[str, Any]) -> dict[str, Any]:
-    return {"label": pred["label"], "probs": pred["probs"]}
+    """Label, probabilities and the input's reach (share of <unk> tokens, flag, warning)."""
+    keep = ("label", "probs", "unknown_share", "out_of_reach", "warning")
+    return {k: pred[k] for k in keep if k in pred}
 
 
 def _share_note(pooling: str) -> str:

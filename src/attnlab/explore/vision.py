@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from attnlab.attention import record_attention
 from attnlab.channel import CBAM, ECA, CoordinateAttention, SqueezeExcite
 from attnlab.data.images import normalize
+from attnlab.errors import UserError
 from attnlab.explore.pack import build_group, calls_named, f32, u8
 from attnlab.explore.sources import Source
 from attnlab.models.vit import attention_rollout
@@ -56,6 +57,8 @@ def vit_examples(source: Source, paths: list[str]) -> dict[str, Any]:
     """One example per image: attention of every layer and head, rollout, prediction."""
     run = source.run
     model = run.model
+    if not hasattr(model.cfg, "n_layers"):  # a Swin run: windows instead of one sequence
+        return swin_examples(source, paths)
     images, names = load_images(source, paths)
     x = normalize(images, run.report["mean"], run.report["std"])
     with record_attention(model) as rec:
@@ -63,11 +66,12 @@ def vit_examples(source: Source, paths: list[str]) -> dict[str, Any]:
     calls = calls_named(rec.calls, "self_attn")
     cfg = model.cfg
     g, cls = cfg.grid, cfg.pooling == "cls"
-    tokens = (["[cls]"] if cls else []) + [f"p{r},{c}" for r in range(g) for c in range(g)]
+    prefix = (["[cls]"] if cls else []) + (["[dist]"] if getattr(cfg, "distill", False) else [])
+    tokens = prefix + [f"p{r},{c}" for r in range(g) for c in range(g)]
     roll = attention_rollout(info["attention"])  # (B, T, T)
     examples = []
     for b, name in enumerate(names):
-        share = roll[b, 0, 1:] if cls else roll[b].mean(dim=0)  # (N,)
+        share = roll[b, 0, len(prefix) :] if cls else roll[b].mean(dim=0)  # (N,)
         examples.append(
             {
                 "input": name,
@@ -94,6 +98,59 @@ def vit_examples(source: Source, paths: list[str]) -> dict[str, Any]:
 
 
 @torch.no_grad()
+def swin_examples(source: Source, paths: list[str]) -> dict[str, Any]:
+    """One example per image: each block's window attention spread over the token grid (one
+    group per block, so plain and shifted windows show as different masks), the attention
+    each first-stage token receives, the prediction."""
+    from attnlab.attention import AttentionCall
+    from attnlab.models.swin import attention_received, dense_window_attention
+
+    run = source.run
+    model = run.model
+    images, names = load_images(source, paths)
+    x = normalize(images, run.report["mean"], run.report["std"])
+    info = model.inspect(x)
+    blocks = [(i, j, b) for i, st in enumerate(model.stages) for j, b in enumerate(st.blocks)]
+    received = attention_received(model, x)  # (B, G, G)
+    groups: list[list[dict[str, Any]]] = [[] for _ in names]
+    for (i, j, block), w in zip(blocks, info["attention"]):
+        dense, mask = dense_window_attention(block, w)  # (B, H, R², R²), (R², R²)
+        R = block.resolution
+        tokens = [f"s{i + 1} p{r},{c}" for r in range(R) for c in range(R)]
+        call = AttentionCall(
+            "self_attn", torch.zeros_like(dense), 1.0, None, mask[None, None], False, dense
+        )
+        how = f"shifted by {block.shift}" if block.shift else "not shifted"
+        label = f"stage {i + 1} block {j + 1}: {block.window}×{block.window} windows, {how}"
+        for b in range(len(names)):
+            group = build_group(label, [call], b, tokens, tokens)
+            group.update(scores=None, bias=None, scores_note="window attention: weights only")
+            groups[b].append(group)
+    g = model.stages[0].resolution
+    examples = [
+        {
+            "input": name,
+            "groups": groups[b],
+            "prediction": _prediction(run, info["logits"][b]),
+            "image": _image(images[b]),
+            "patches": {
+                "grid": g,
+                "cls": False,
+                "rollout": f32(received[b].flatten()),
+                "note": "attention each first-stage token receives (mean over its window)",
+            },
+        }
+        for b, name in enumerate(names)
+    ]
+    cfg = model.cfg
+    title = (
+        f"Swin {source.name} · stages {list(cfg.depths)} · heads {list(cfg.stage_heads)} · "
+        f"window {cfg.window} · {g}×{g} tokens of {cfg.patch_size}px"
+    )
+    return {"title": title, "examples": examples}
+
+
+@torch.no_grad()
 def cnn_examples(source: Source, paths: list[str]) -> dict[str, Any]:
     """One example per image: the attention gates of every residual block."""
     run = source.run
@@ -111,7 +168,7 @@ def cnn_examples(source: Source, paths: list[str]) -> dict[str, Any]:
         for hook in hooks:
             hook.remove()
     if not inputs:
-        raise ValueError(
+        raise UserError(
             f"{source.name} is a CNN without attention (channel_attention = none): nothing "
             "to explore; train one with --channel-attention se, eca, cbam or ca"
         )

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from attnlab.errors import UserError
 from attnlab.models.seq2seq import Seq2SeqTransformer
 
 
@@ -125,7 +126,7 @@ def beam_search(
     current length), or at its length limit, where the live beams are finished as they are.
     """
     if beam_size < 1:
-        raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+        raise UserError(f"beam_size must be >= 1, got {beam_size}")
     model.eval()
     K = beam_size
     memory, src_mask = model.encode(src)  # (B, S, D), (B, 1, 1, S)

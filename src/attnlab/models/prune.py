@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.attention import MultiHeadAttention
+from attnlab.errors import UserError
 
 
 def attention_layers(model: nn.Module) -> list[MultiHeadAttention]:
@@ -33,10 +34,10 @@ def attention_layers(model: nn.Module) -> list[MultiHeadAttention]:
 def check_prunable(layers: list[MultiHeadAttention]) -> None:
     """Refuse layers whose heads cannot be cut out alone (shared key/value heads)."""
     if not layers:
-        raise ValueError("the model has no attention layers to prune")
+        raise UserError("the model has no attention layers to prune")
     for i, layer in enumerate(layers):
         if layer.n_kv_heads != layer.n_heads:
-            raise ValueError(
+            raise UserError(
                 f"attention layer {i} shares key/value heads (grouped-query); heads cannot be "
                 "pruned one by one there"
             )
@@ -91,7 +92,7 @@ def heads_to_remove(importance: Tensor, n: int) -> list[list[int]]:
     counts = torch.isfinite(importance).sum(dim=1).tolist()
     available = sum(c - 1 for c in counts)
     if not 0 <= n <= available:
-        raise ValueError(
+        raise UserError(
             f"can remove 0..{available} heads (every layer keeps one of its {counts}), got {n}"
         )
     order = sorted(
@@ -164,24 +165,18 @@ def prune_heads(model: nn.Module, remove: list[list[int]]) -> list[int]:
     return [layer.n_heads for layer in attention_layers(model)]
 
 
-def parse_head_counts(text: str, n_layers: int) -> list[int]:
-    """``"4,2"`` -> [4, 2] (one per attention layer); ValueError if the count is wrong."""
-    counts = [int(part) for part in text.split(",")]
-    if len(counts) != n_layers or min(counts) < 1:
-        raise ValueError(
-            f"heads_per_layer={text!r} must list {n_layers} counts of at least 1, comma separated"
-        )
-    return counts
-
-
-def apply_head_counts(model: nn.Module, text: str) -> None:
-    """Rebuild the attention layers with the head counts ``text`` ("4,2"; "" = leave as is),
-    as a pruned run was saved; the weights are loaded afterwards."""
-    if not text:
+def apply_head_counts(model: nn.Module, counts: tuple[int, ...]) -> None:
+    """Rebuild the attention layers with ``counts`` heads each (one per attention layer; empty =
+    leave as is), as a pruned run was saved; the weights are loaded afterwards."""
+    if not counts:
         return
     layers = attention_layers(model)
-    for layer, n in zip(layers, parse_head_counts(text, len(layers))):
+    if len(counts) != len(layers) or min(counts) < 1:
+        raise UserError(
+            f"heads_per_layer={list(counts)} must list {len(layers)} counts of at least 1"
+        )
+    for layer, n in zip(layers, counts):
         if n > layer.n_heads:
-            raise ValueError(f"heads_per_layer asks for {n} heads in a layer of {layer.n_heads}")
+            raise UserError(f"heads_per_layer asks for {n} heads in a layer of {layer.n_heads}")
         if n != layer.n_heads:
             _replace(model, layer, smaller_attention(layer, n))

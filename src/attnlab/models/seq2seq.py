@@ -29,6 +29,7 @@ from attnlab.blocks import (
 )
 from attnlab.configs import Alias, ConfigBase, coerce_value, project, setting
 from attnlab.efficient import AttentionKind
+from attnlab.errors import UserError
 from attnlab.positions import make_positions
 
 
@@ -68,6 +69,12 @@ class Seq2SeqConfig(ConfigBase):
         0, 'attention="local": leading tokens that see and are seen by all', min=0
     )
 
+    arch: Literal["transformer", "t5"] = setting(
+        "transformer",
+        "transformer (Vaswani et al.) | t5 (models/t5.py: relative bias, RMSNorm; needs "
+        "shared_embeddings, activation relu or geglu_tanh; ignores norm, pos, tie_weights)",
+    )
+
     ALIASES = (
         Alias("norm_first", "norm_position", convert=_norm_first_to_position),
         Alias("max_len", "context"),
@@ -76,11 +83,18 @@ class Seq2SeqConfig(ConfigBase):
 
     def check(self) -> None:
         if self.shared_embeddings and self.src_vocab_size != self.tgt_vocab_size:
-            raise ValueError(
+            raise UserError(
                 "shared_embeddings needs one vocabulary for both sides, got sizes "
                 f"{self.src_vocab_size} and {self.tgt_vocab_size}; set shared_embeddings=false"
             )
         self.block_config()  # head counts, attention kernel
+        if self.arch == "t5":
+            if not self.shared_embeddings:
+                raise UserError("arch=t5 has one embedding for both sides: shared_embeddings")
+            if self.activation not in ("relu", "geglu_tanh"):
+                raise UserError("arch=t5 takes activation relu (v1.0) or geglu_tanh (v1.1)")
+            if self.attention != "full":
+                raise UserError("arch=t5 takes attention=full")
 
     def block_config(self) -> BlockConfig:
         """The block of both stacks (the decoder adds cross-attention; it is always full)."""

@@ -18,16 +18,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.attention import padding_mask
+from attnlab.attention import KVCache, padding_mask, padding_mask_from_ids
 from attnlab.blocks import Block, BlockConfig, BlockStack, Decoder, DecoderBlock, RMSNorm
 from attnlab.configs import ConfigBase, setting
-from attnlab.positions import T5RelativePositionBias
+from attnlab.positions import T5RelativePositionBias, make_positions
 
 
 @dataclass
@@ -84,12 +84,11 @@ class T5(nn.Module):
         self.decoder = Decoder(
             [DecoderBlock(block) for _ in range(n_dec)], RMSNorm(cfg.d_model, cfg.norm_eps)
         )
-        self.encoder_bias = T5RelativePositionBias(
-            cfg.n_heads, cfg.num_buckets, cfg.max_distance, bidirectional=True
-        )
-        self.decoder_bias = T5RelativePositionBias(
-            cfg.n_heads, cfg.num_buckets, cfg.max_distance, bidirectional=False
-        )
+        buckets = {"num_buckets": cfg.num_buckets, "max_distance": cfg.max_distance}
+        self.encoder_bias = make_positions("t5", cfg.d_model, cfg.n_heads, 0, **buckets).bias
+        self.decoder_bias = make_positions(
+            "t5", cfg.d_model, cfg.n_heads, 0, causal=True, **buckets
+        ).bias
         self.dropout = nn.Dropout(cfg.dropout)
         init_t5_weights(self)
 
@@ -132,6 +131,74 @@ class T5(nn.Module):
         """Source (B, S) and target-input (B, T) ids -> logits (B, T, V)."""
         memory = self.encode(src, src_lengths)
         return self.logits(self.decode(tgt, memory, src_lengths, tgt_lengths))
+
+
+class T5Translator(T5):
+    """T5 behind the interface of :class:`attnlab.models.seq2seq.Seq2SeqTransformer`, so the
+    translation task, its greedy/beam decoders (KV caches) and the explorer drive it unchanged:
+    ``encode(src) -> (memory, src_mask)``, ``decode(tgt, memory, src_mask, offset=, caches=,
+    cross_caches=) -> logits``, ``forward(src, tgt_in)``, ``new_caches()``. Padding is read
+    from the ids (``pad_id``), as the translation batches are right-padded with it."""
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+        """src ids (B, S) -> memory (B, S, D) and the source key mask (B, 1, 1, S)."""
+        S = src.shape[1]
+        src_mask = padding_mask_from_ids(src, self.cfg.pad_id)  # (B, 1, 1, S)
+        x = self.dropout(self.shared(src))  # (B, S, D)
+        x = self.encoder(x, src_mask, bias=self.encoder_bias(S, S))
+        return self.dropout(x), src_mask  # type: ignore[arg-type]
+
+    def decode(  # type: ignore[override]
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        src_mask: Tensor,
+        *,
+        offset: int = 0,
+        caches: list[Any] | None = None,
+        cross_caches: list[KVCache] | None = None,
+    ) -> Tensor:
+        """Target ids (B, T) at positions offset.. -> logits (B, T, V); with caches the
+        relative bias covers the cached keys too (queries offset.., keys 0..offset+T-1)."""
+        T = tgt.shape[1]
+        self_mask = None
+        if caches is None and bool((tgt == self.cfg.pad_id).any()):
+            self_mask = padding_mask_from_ids(tgt, self.cfg.pad_id)  # (B, 1, 1, T)
+        y = self.dropout(self.shared(tgt))  # (B, T, D)
+        bias = self.decoder_bias(T, offset + T, offset)  # (1, H, T, offset + T)
+        y = self.decoder(
+            y, memory, self_mask, src_mask, bias=bias, caches=caches, cross_caches=cross_caches
+        )
+        return self.logits(self.dropout(y))  # type: ignore[arg-type]
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:  # type: ignore[override]
+        """Teacher forcing: src (B, S), shifted target tgt_in (B, T) -> logits (B, T, V)."""
+        memory, src_mask = self.encode(src)
+        return self.decode(tgt_in, memory, src_mask)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def new_caches(self) -> tuple[list[Any], list[KVCache]]:
+        """Empty self- and cross-attention caches, one per decoder layer."""
+        blocks = self.decoder.blocks
+        return [b.self_attn.new_cache() for b in blocks], [KVCache() for _ in blocks]
+
+
+def t5_from_seq2seq(cfg: Any) -> T5Config:
+    """The T5 of a translation run's model section (``Seq2SeqConfig`` with ``arch = "t5"``):
+    one shared vocabulary, its sizes and dropout; T5's own norm, positions and output scale."""
+    return T5Config(
+        vocab_size=cfg.src_vocab_size,
+        d_model=cfg.d_model,
+        n_heads=cfg.n_heads,
+        d_ff=cfg.d_ff,
+        n_layers=cfg.n_encoder_layers,
+        n_decoder_layers=cfg.n_decoder_layers,
+        activation=cfg.activation,
+        dropout=cfg.dropout,
+        pad_id=cfg.pad_id,
+    )
 
 
 @torch.no_grad()

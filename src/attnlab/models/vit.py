@@ -4,6 +4,12 @@ z_0 = [x_cls; x_p^1 E; ...; x_p^N E] + E_pos  (eq. 1), pre-norm encoder blocks (
 y = LN(z_L^0)  (eq. 4), then a linear head. The patch projection E is a convolution whose
 kernel and stride are the patch size, which is the same as flattening each patch and
 multiplying by E.
+
+``distill = true`` makes it DeiT (Touvron et al. 2021, §4): a second learned token, the
+distillation token, follows the class token (both get positions); its final state feeds a
+second head trained on a teacher's predictions. :meth:`ViT.heads` returns both heads' logits;
+``forward`` (inference) returns their mean, as DeiT and Hugging Face's
+``DeiTForImageClassificationWithTeacher`` do.
 """
 
 from __future__ import annotations
@@ -14,9 +20,10 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from attnlab.blocks import Activation, Block, BlockConfig, BlockStack
+from attnlab.blocks import Activation, Block, BlockConfig, BlockStack, NormKind
 from attnlab.configs import ConfigBase, project, setting
 from attnlab.efficient import AttentionKind
+from attnlab.errors import UserError
 from attnlab.positions import make_positions, sincos_2d_table
 
 
@@ -35,7 +42,9 @@ class ViTConfig(ConfigBase):
     attn_dropout: float = setting(0.0, min=0.0, below=1.0)
     activation: Activation = setting("gelu")
     norm_eps: float = setting(1e-6, min=0.0)
+    norm: NormKind = setting("layer", "layer | rms | dyt (Dynamic Tanh, no statistics)")
     pooling: Literal["cls", "mean"] = setting("cls")
+    distill: bool = setting(False, "DeiT: a distillation token with its own head (pooling cls)")
     pos: Literal["learned", "sincos2d"] = setting("learned")
     stem: Literal["patch", "conv"] = setting("patch")
     attention: AttentionKind = setting(
@@ -51,17 +60,19 @@ class ViTConfig(ConfigBase):
 
     def check(self) -> None:
         if self.image_size % self.patch_size != 0:
-            raise ValueError(
+            raise UserError(
                 f"image_size={self.image_size} is not a multiple of patch_size="
                 f"{self.patch_size}; choose a patch size that divides it"
             )
         if self.stem == "conv" and (self.patch_size & (self.patch_size - 1) or self.patch_size < 2):
-            raise ValueError(
+            raise UserError(
                 f"stem=conv halves the image per 3x3 stride-2 conv, so patch_size must be a power "
                 f"of two >= 2, got {self.patch_size}; use stem=patch for other patch sizes"
             )
+        if self.distill and self.pooling != "cls":
+            raise UserError("distill=true (DeiT) needs pooling='cls': both tokens are read out")
         if self.pos == "sincos2d" and self.d_model % 4 != 0:
-            raise ValueError(f"pos=sincos2d needs d_model divisible by 4, got {self.d_model}")
+            raise UserError(f"pos=sincos2d needs d_model divisible by 4, got {self.d_model}")
         self.block_config()  # head counts, attention kernel
 
     @property
@@ -70,9 +81,14 @@ class ViTConfig(ConfigBase):
         return self.image_size // self.patch_size
 
     @property
+    def n_prefix(self) -> int:
+        """Tokens before the patches: the class token (pooling cls), the distillation token."""
+        return int(self.pooling == "cls") + int(self.distill)
+
+    @property
     def n_tokens(self) -> int:
-        """Sequence length: patches plus the class token when pooling is cls."""
-        return self.grid**2 + int(self.pooling == "cls")
+        """Sequence length: patches plus the class (and distillation) token."""
+        return self.grid**2 + self.n_prefix
 
     def block_config(self) -> BlockConfig:
         """The pre-norm encoder block (eqs. 2-3)."""
@@ -129,8 +145,9 @@ class ViT(nn.Module):
             self.patch_embed = PatchEmbedding(cfg.in_channels, cfg.patch_size, cfg.d_model)
         cls = cfg.pooling == "cls"
         self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.d_model)) if cls else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, cfg.d_model)) if cfg.distill else None
         self.pos_embed = make_positions(
-            cfg.pos, cfg.d_model, cfg.n_heads, cfg.n_tokens, grid=cfg.grid, n_prefix=int(cls)
+            cfg.pos, cfg.d_model, cfg.n_heads, cfg.n_tokens, grid=cfg.grid, n_prefix=cfg.n_prefix
         ).absolute  # the class token's position is learned too, or zero with sincos2d
         self._register_load_state_dict_pre_hook(_read_old_position_table)
         self.dropout = nn.Dropout(cfg.dropout)
@@ -138,9 +155,11 @@ class ViT(nn.Module):
         self.encoder = BlockStack([Block(block) for _ in range(cfg.n_layers)], block.make_norm())
         self.encoder.gradient_checkpointing = cfg.gradient_checkpointing
         self.head = nn.Linear(cfg.d_model, cfg.n_classes)
+        self.head_dist = nn.Linear(cfg.d_model, cfg.n_classes) if cfg.distill else None
         self.apply(_init_weights)
-        if self.cls_token is not None:
-            nn.init.normal_(self.cls_token, std=0.02)
+        for token in (self.cls_token, self.dist_token):
+            if token is not None:
+                nn.init.normal_(token, std=0.02)
 
     def embed(self, images: Tensor) -> Tensor:
         """(B, C, H, W) -> z_0 (B, T, D): patch tokens, class token, positions  (eq. 1)."""
@@ -151,18 +170,30 @@ class ViT(nn.Module):
                 "resize them to the model's image_size"
             )
         x = self.patch_embed(images)  # (B, N, D)
-        if self.cls_token is not None:
-            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1+N, D)
+        prefix = [
+            t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.dist_token) if t is not None
+        ]
+        x = torch.cat([*prefix, x], dim=1)  # (B, n_prefix + N, D)
         return self.dropout(self.pos_embed(x))  # (B, T, D)
 
     def pool(self, h: Tensor) -> Tensor:
         """(B, T, D) final-normed states -> (B, D): the class token or the mean of patches."""
         return h[:, 0] if self.cfg.pooling == "cls" else h.mean(dim=1)
 
+    def heads(self, h: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Final-normed states (B, T, D) -> class-head logits and distillation-head logits
+        (the latter None without ``distill``), each (B, n_classes)."""
+        dist = None if self.head_dist is None else self.head_dist(h[:, 1])
+        return self.head(self.pool(h)), dist
+
+    def logits(self, cls_logits: Tensor, dist_logits: Tensor | None) -> Tensor:
+        """The prediction: the class head, or with DeiT the mean of both heads."""
+        return cls_logits if dist_logits is None else (cls_logits + dist_logits) / 2
+
     def forward(self, images: Tensor) -> Tensor:
         """(B, C, H, W) -> logits (B, n_classes)."""
         h = self.encoder(self.embed(images))  # (B, T, D)
-        return self.head(self.pool(h))
+        return self.logits(*self.heads(h))
 
     @torch.no_grad()
     def inspect(self, images: Tensor) -> dict[str, Tensor | list[Tensor]]:
@@ -179,7 +210,7 @@ class ViT(nn.Module):
             "hidden_states": hidden,
             "last_hidden_state": out,
             "attention": torch.stack(weights),
-            "logits": self.head(self.pool(out)),
+            "logits": self.logits(*self.heads(out)),
         }
 
 
@@ -218,8 +249,8 @@ def rollout_map(model: ViT, images: Tensor, residual: float = 0.5) -> Tensor:
     """How much each patch flows into the pooled output: (B, C, H, W) -> (B, G, G), rows sum 1."""
     rollout = attention_rollout(model.inspect(images)["attention"], residual)  # (B, T, T)
     # The class token's row (patches only), or the mean of every row for mean pooling: (B, N)
-    cls = model.cfg.pooling == "cls"
-    share = rollout[:, 0, 1:] if cls else rollout.mean(dim=1)
+    cls, n = model.cfg.pooling == "cls", model.cfg.n_prefix
+    share = rollout[:, 0, n:] if cls else rollout.mean(dim=1)
     share = share / share.sum(dim=-1, keepdim=True)
     g = model.cfg.grid
     return share.reshape(-1, g, g)

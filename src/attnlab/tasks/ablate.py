@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.configs import parse_key_values, resolve_aliases
+from attnlab.errors import UserError
 from attnlab.tasks import classify, runner
 
 COLUMNS = (
@@ -43,10 +44,10 @@ def parse_factors(items: list[str]) -> dict[str, list[str]]:
     owner = classify.field_owner()
     for key, value in parse_key_values(items).items():
         if key not in owner:
-            raise ValueError(f"cannot vary {key!r}: not a config field of the classify task")
+            raise UserError(f"cannot vary {key!r}: not a config field of the classify task")
         values = [v.strip() for v in value.split(",") if v.strip()]
         if not values:
-            raise ValueError(f"factor {key!r} has no values; write e.g. {key}=1,2")
+            raise UserError(f"factor {key!r} has no values; write e.g. {key}=1,2")
         factors[key] = values
     return factors
 

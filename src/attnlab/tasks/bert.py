@@ -19,6 +19,7 @@ from torch import Tensor
 from attnlab.data import pad_batch
 from attnlab.data.io import read_utf8
 from attnlab.data.wordpiece import WordPieceTokenizer
+from attnlab.errors import UserError
 from attnlab.models.bert import BertModel, mean_pool
 from attnlab.models.bert_checkpoint import load_pretrained, resolve_checkpoint
 
@@ -34,6 +35,13 @@ class SentenceEncoder:
     @classmethod
     def load(cls, checkpoint: str | Path = "minilm") -> SentenceEncoder:
         """From a checkpoint directory (or ``"minilm"``), in eval mode on the CPU."""
+        zoo = Path(checkpoint) / "config.json"
+        if zoo.is_file() and '"arch": "' in zoo.read_text(encoding="utf-8"):
+            raw = json.loads(zoo.read_text(encoding="utf-8"))
+            if raw.get("task") == "mlm" and raw["model"].get("arch", "bert") != "bert":
+                from attnlab.tasks.runs import load_run  # an ALBERT/DeBERTa `train mlm` run
+
+                return load_run(checkpoint).encoder  # type: ignore[attr-defined]
         path = resolve_checkpoint(checkpoint)
         model, _, tokenizer, _ = load_pretrained(path)
         max_len = model.cfg.context
@@ -46,9 +54,9 @@ class SentenceEncoder:
     def encode(self, texts: list[str], batch_size: int = 32) -> Tensor:
         """Unit-length sentence vectors (N, D), in the order of ``texts``."""
         if not texts:
-            raise ValueError("no texts to embed; give at least one sentence")
+            raise UserError("no texts to embed; give at least one sentence")
         if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+            raise UserError(f"batch_size must be >= 1, got {batch_size}")
         seqs = self.tokenizer.encode_batch(texts, self.max_len)
         order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))  # little padding per batch
         out = torch.empty(len(texts), self.model.cfg.d_model)
@@ -71,7 +79,7 @@ def read_lines(path: str | Path) -> list[str]:
     lines = [line.strip() for line in read_utf8(path).splitlines()]
     lines = [line for line in lines if line]
     if not lines:
-        raise ValueError(f"{path} has no non-empty lines to search")
+        raise UserError(f"{path} has no non-empty lines to search")
     return lines
 
 
@@ -80,7 +88,7 @@ def search(
 ) -> list[list[tuple[int, float]]]:
     """For each query, the top ``k`` (document index, cosine) pairs, best first."""
     if k < 1:
-        raise ValueError(f"k must be >= 1, got {k}")
+        raise UserError(f"k must be >= 1, got {k}")
     docs = encoder.encode(documents)  # (N, D)
     scores = encoder.encode(queries) @ docs.T  # (Q, N)
     top = scores.topk(min(k, len(documents)), dim=-1)
@@ -98,5 +106,5 @@ def write_vectors(vectors: Tensor, texts: list[str], out: str | Path | None) -> 
     elif out.suffix == ".json":
         out.write_text(json.dumps(records, ensure_ascii=False) + "\n", encoding="utf-8")
     else:
-        raise ValueError(f"--out must end in .npy or .json, got {out.name}")
+        raise UserError(f"--out must end in .npy or .json, got {out.name}")
     return None

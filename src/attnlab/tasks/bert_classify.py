@@ -1,7 +1,8 @@
 """Fine-tuning a pretrained BERT for text classification (`attnlab train classify --init`).
 
 The encoder and its WordPiece tokenizer come from a checkpoint (all-MiniLM-L6-v2 by default,
-or an `attnlab train mlm` run); a dropout + linear head on the pooled vector is added and the
+a Hugging Face BERT directory the user downloaded such as bert-base-chinese, or an
+`attnlab train mlm` run); a dropout + linear head on the pooled vector is added and the
 whole network is trained with the generic engine. ``from_scratch`` keeps the checkpoint's
 architecture and tokenizer but starts from BERT's random initialisation: the control arm of a
 fair pretrained-vs-scratch comparison. The run directory mirrors the char-level classifier's
@@ -35,9 +36,11 @@ from attnlab.data import (
     stratified_split,
     truncation_report,
 )
+from attnlab.data.coverage import reach
 from attnlab.data.english_sentiment import CORPORA, balanced_subsample, load_english_sentiment
-from attnlab.data.io import read_json, write_json
+from attnlab.data.io import is_blank, read_json, write_json
 from attnlab.data.wordpiece import WordPieceTokenizer
+from attnlab.errors import UserError
 from attnlab.metrics import classification_report, format_report
 from attnlab.models.bert import BertClassifier, BertConfig
 from attnlab.models.bert_checkpoint import load_pretrained, resolve_checkpoint
@@ -52,7 +55,11 @@ class BertClassifyConfig(ConfigBase):
 
     init: str = setting("minilm", "BERT checkpoint dir, `train mlm` run, or minilm")
     from_scratch: bool = setting(False, "with --init: its architecture, random weights")
-    data: str = setting("pang_lee", "pang_lee, imdb, chinese_reviews or a CSV/TSV/JSONL file")
+    data: str = setting(
+        "auto",
+        "pang_lee, imdb, chinese_reviews, a CSV/TSV/JSONL file, or auto: chinese_reviews when "
+        "the checkpoint's vocabulary is Chinese, else pang_lee",
+    )
     text_col: str = setting("text")
     label_col: str = setting("label")
     max_examples: int = setting(0, "with --init: balanced random subsample first; 0 = all", min=0)
@@ -73,6 +80,17 @@ class BertClassifyConfig(ConfigBase):
 
 SECTIONS: dict[str, type[ConfigBase]] = {"data": BertClassifyConfig, "train": TrainConfig}
 
+# data="auto" picks the bundled Chinese reviews for a vocabulary with at least this share of
+# single CJK characters (bert-base-chinese), else the English Pang & Lee sentences (MiniLM).
+CHINESE_VOCAB_SHARE = 0.25
+
+
+def resolve_data(data: str, tokenizer: WordPieceTokenizer) -> str:
+    """The corpus ``data="auto"`` means for this tokenizer; any other value as given."""
+    if data != "auto":
+        return data
+    return "chinese_reviews" if tokenizer.cjk_share() >= CHINESE_VOCAB_SHARE else "pang_lee"
+
 
 def load_corpus(dcfg: BertClassifyConfig) -> LabeledCorpus:
     """The named corpus or the user's file, subsampled when ``max_examples`` is set."""
@@ -83,7 +101,7 @@ def load_corpus(dcfg: BertClassifyConfig) -> LabeledCorpus:
     else:
         corpus = load_labeled_file(dcfg.data, dcfg.text_col, dcfg.label_col)
     if dcfg.max_examples < 0:
-        raise ValueError(f"max_examples must be >= 0 (0 = all), got {dcfg.max_examples}")
+        raise UserError(f"max_examples must be >= 0 (0 = all), got {dcfg.max_examples}")
     if dcfg.max_examples:
         corpus = balanced_subsample(corpus, dcfg.max_examples, dcfg.split_seed)
     return corpus
@@ -117,6 +135,36 @@ class Prepared:
     report: dict[str, Any]
 
 
+def zoo_run(init: str) -> Any:
+    """The ALBERT/DeBERTa pretraining run (``train mlm --arch``) ``init`` names, else None."""
+    config = Path(init) / "config.json"
+    if not config.is_file() or '"arch": "' not in config.read_text(encoding="utf-8"):
+        return None
+    raw = read_json(config, "run config")
+    if raw.get("task") != "mlm" or raw["model"].get("arch", "bert") == "bert":
+        return None
+    from attnlab.tasks.runs import load_run
+
+    return load_run(init)
+
+
+def encoder_of(mlm_cfg: RunConfig) -> dict[str, Any]:
+    return {"arch": mlm_cfg.model.arch, "embedding_size": mlm_cfg.model.embedding_size}
+
+
+def classifier(cfg: RunConfig, n_classes: int, encoder: dict[str, Any] | None) -> BertClassifier:
+    """BertClassifier around a BERT, or around the ALBERT/DeBERTa encoder of ``encoder``."""
+    model = BertClassifier(cfg.model, n_classes, cfg.data.pooling)
+    if encoder is not None and encoder["arch"] != "bert":
+        from attnlab.models.zoo_mlm import ZooForMaskedLM
+
+        if cfg.data.pooling == "cls" and encoder["arch"] == "deberta":
+            raise UserError("DeBERTa has no [CLS] pooler: use pooling=mean")
+        zoo = ZooForMaskedLM(encoder["arch"], cfg.model, encoder["embedding_size"])
+        model.bert = zoo.bert  # type: ignore[assignment]
+    return model
+
+
 class BertClassifyTask(Task):
     """Fine-tuning a pretrained BERT encoder with a classification head."""
 
@@ -124,6 +172,7 @@ class BertClassifyTask(Task):
     preset = "bert_classify"
     preset_prefix = "bert_classify"
     resumable = frozenset({"eval_batch_size"})
+    data_paths = ("data", "init")
 
     def sections(self) -> dict[str, type[ConfigBase]]:
         return SECTIONS
@@ -133,8 +182,15 @@ class BertClassifyTask(Task):
 
     def setup(self, cfg: RunConfig, run_dir: Path, resume: bool, device: str) -> Setup:
         dcfg: BertClassifyConfig = cfg.data
-        checkpoint = resolve_checkpoint(dcfg.init)
-        encoder, _, tokenizer, notes = load_pretrained(checkpoint)
+        zoo = zoo_run(dcfg.init)
+        if zoo is not None:  # an ALBERT/DeBERTa `train mlm --arch` run
+            encoder, tokenizer, notes, checkpoint = zoo.model, zoo.tokenizer, [], Path(dcfg.init)
+            shape, arch = zoo.config.bert, encoder_of(zoo.config)
+        else:
+            checkpoint = resolve_checkpoint(dcfg.init)
+            encoder, _, tokenizer, notes = load_pretrained(checkpoint)
+            shape, arch = encoder.cfg, {"arch": "bert", "embedding_size": 0}
+        dcfg.data = resolve_data(dcfg.data, tokenizer)  # config.json records the corpus used
         corpus = load_corpus(dcfg)
         split_path = run_dir / "split.json"
         if resume and split_path.exists():
@@ -143,7 +199,7 @@ class BertClassifyTask(Task):
             ratios = (1.0 - dcfg.val_ratio - dcfg.test_ratio, dcfg.val_ratio, dcfg.test_ratio)
             split = stratified_split(corpus.labels, ratios, dcfg.split_seed)
         if not split["val"]:
-            raise ValueError("the validation split is empty; set val_ratio > 0")
+            raise UserError("the validation split is empty; set val_ratio > 0")
         texts = {name: [corpus.texts[i] for i in idx] for name, idx in split.items()}
         labels_str = {name: [corpus.labels[i] for i in idx] for name, idx in split.items()}
         for name in ("val", "test"):
@@ -151,11 +207,11 @@ class BertClassifyTask(Task):
         check_label_counts(labels_str["train"], dcfg.allow_rare_labels)
         labels = LabelVocab.build(labels_str["train"])
         train_lengths = tokenizer.lengths(texts["train"])
-        cap = min(dcfg.max_truncate_len, encoder.cfg.context)
+        cap = min(dcfg.max_truncate_len, shape.context)
         max_len = min(dcfg.truncate_len, cap) or choose_max_len(
             train_lengths, dcfg.len_percentile, cap
         )
-        cfg.sections["model"] = BertConfig(**{**to_dict(encoder.cfg), "dropout": dcfg.dropout})
+        cfg.sections["model"] = BertConfig(**{**to_dict(shape), "dropout": dcfg.dropout})
         report = {
             "source": corpus.source,
             "corpus_stats": corpus.stats,
@@ -169,6 +225,7 @@ class BertClassifyTask(Task):
             "vocab_size": tokenizer.vocab_size,
             "max_len": max_len,
             "truncation": str(truncation_report(train_lengths, max_len)),
+            "encoder": arch,
         }
         ids = {name: labels.encode(v) for name, v in labels_str.items()}
         prep = Prepared(texts, ids, labels, tokenizer, max_len, encoder, report)
@@ -193,14 +250,16 @@ class BertClassifyTask(Task):
 
     def build_model(self, cfg: RunConfig, setup: Setup) -> BertClassifier:
         prep: Prepared = setup.prepared
-        model = BertClassifier(cfg.model, len(prep.labels), cfg.data.pooling)
+        model = classifier(cfg, len(prep.labels), prep.report["encoder"])
         if not cfg.data.from_scratch:
             model.bert.load_state_dict(prep.encoder.state_dict())
-        if cfg.data.pooling == "mean":  # the [CLS] pooler is unused: no gradient, so frozen
+        # with mean pooling the [CLS] pooler is unused: no gradient, so frozen (DeBERTa: none)
+        if cfg.data.pooling == "mean" and hasattr(model.bert, "pooler"):
             model.bert.pooler.requires_grad_(False)
         n_params = sum(p.numel() for p in model.parameters())
         setup.messages.append(
-            f"model: BERT {cfg.model.n_layers} layers, d_model {cfg.model.d_model}, "
+            f"model: {prep.report['encoder']['arch'].upper()} {cfg.model.n_layers} layers, "
+            f"d_model {cfg.model.d_model}, "
             f"{n_params / 1e6:.1f}M parameters, {prep.report['init']} from "
             f"{prep.report['checkpoint']}"
         )
@@ -236,10 +295,11 @@ class BertClassifyTask(Task):
 
     def load(self, run_dir: Path, cfg: RunConfig, device: str) -> BertClassifierRun:
         labels = LabelVocab.load(run_dir / "labels.json")
-        model = BertClassifier(cfg.model, len(labels), cfg.data.pooling)
+        report = read_json(run_dir / "data_report.json", "data report", keys={"max_len": int})
+        model = classifier(cfg, len(labels), report.get("encoder"))
         load_weights(model, run_dir / "model.safetensors")
         model.to(device).eval()
-        max_len = read_json(run_dir / "data_report.json", "data report")["max_len"]
+        max_len = report["max_len"]
         tokenizer = WordPieceTokenizer.load(run_dir / "tokenizer.json")
         return BertClassifierRun(run_dir, cfg, model, tokenizer, labels, max_len)
 
@@ -281,22 +341,26 @@ class BertClassifierRun(Run):
 
     @torch.no_grad()
     def predict(self, texts: list[str]) -> list[dict[str, Any]]:
-        """Label and per-class probabilities for each text (the classifier run's format)."""
+        """Label, per-class probabilities and the share of [UNK] pieces for each text (the
+        classifier run's format)."""
         for i, text in enumerate(texts):
-            if not text.strip():
-                raise ValueError(f"text {i + 1} is empty; give some words to classify")
+            if is_blank(text):
+                raise UserError(f"text {i + 1} is empty; give some words to classify")
         from attnlab.data import pad_batch
 
         seqs = self.tokenizer.encode_batch(texts, self.max_len)
         ids, lengths = pad_batch(seqs, self.tokenizer.pad_id)
-        probs = torch.softmax(self.model(ids, lengths), dim=-1)  # (B, C)
+        logits = self.model(ids.to(self.device), lengths.to(self.device))  # (B, C)
+        probs = torch.softmax(logits.float(), dim=-1).cpu()  # (B, C)
+        tok = self.tokenizer
         return [
             {
                 "text": text,
                 "label": self.labels.labels[int(p.argmax())],
                 "probs": {label: float(p[i]) for i, label in enumerate(self.labels.labels)},
+                **reach(seq, tok.unk_id, {tok.cls_id, tok.sep_id}, unit="word pieces"),
             }
-            for text, p in zip(texts, probs)
+            for text, p, seq in zip(texts, probs, seqs)
         ]
 
     def evaluate(
@@ -311,7 +375,7 @@ class BertClassifierRun(Run):
             corpus = load_corpus(self.data)
             indices = load_split(self.run_dir / "split.json", corpus.texts)[split]
             if not indices:
-                raise ValueError(
+                raise UserError(
                     f"the run's {split} split is empty; pass --data FILE to evaluate on"
                 )
             texts = [corpus.texts[i] for i in indices]
@@ -324,7 +388,7 @@ class BertClassifierRun(Run):
             check_labels(self.labels.labels, corpus.labels, data, corpus.origins)
             texts, labels, source = corpus.texts, corpus.labels, str(data)
         dataset = self.dataset(texts, labels)
-        y_true, y_pred, loss = predict_dataset(self.model, dataset)  # type: ignore[arg-type]
+        y_true, y_pred, loss = predict_dataset(self.model, dataset, self.device)  # type: ignore[arg-type]
         report = classification_report(y_true, y_pred, self.labels.labels)
         return {**report, "loss": loss, "source": source}
 

@@ -17,7 +17,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -27,11 +27,13 @@ from attnlab.data import LabeledCorpus, LengthBucketSampler, stratified_split
 from attnlab.data.io import read_utf8, write_json
 from attnlab.data.mlm import MLMData
 from attnlab.data.wordpiece import WordPieceTokenizer
+from attnlab.errors import UserError
 from attnlab.models.bert import BertConfig, BertForMaskedLM
 from attnlab.models.bert_checkpoint import load_pretrained, resolve_checkpoint, save_pretrained
+from attnlab.models.zoo_mlm import ZooForMaskedLM
 from attnlab.tasks.bert_classify import BertClassifyConfig, load_corpus
 from attnlab.tasks.task import Run, RunConfig, Setup, Task
-from attnlab.train import StepOutput, TrainConfig, seed_everything
+from attnlab.train import StepOutput, TrainConfig, load_weights, seed_everything
 
 
 @dataclass
@@ -64,6 +66,14 @@ class MLMModelConfig(ConfigBase):
     d_ff: int = setting(1024, min=1)
     dropout: float = setting(0.1, min=0, below=1)
     attn_dropout: float = setting(0.1, min=0, below=1)
+    arch: Literal["bert", "albert", "deberta"] = setting(
+        "bert", "bert | albert (shared layer) | deberta (disentangled attention), models/"
+    )
+    embedding_size: int = setting(0, "albert/deberta: token embedding width; 0 = d_model", min=0)
+
+    def check(self) -> None:
+        if self.arch == "bert" and self.embedding_size:
+            raise UserError("embedding_size is for arch albert or deberta")
 
 
 SECTIONS: dict[str, type[ConfigBase]] = {
@@ -78,7 +88,7 @@ def load_texts(dcfg: MLMDataConfig) -> LabeledCorpus:
     if dcfg.data.endswith(".txt"):
         texts = [line.strip() for line in read_utf8(dcfg.data).splitlines() if line.strip()]
         if len(texts) < 2:
-            raise ValueError(f"{dcfg.data} needs at least 2 non-empty lines to pretrain on")
+            raise UserError(f"{dcfg.data} needs at least 2 non-empty lines to pretrain on")
         return LabeledCorpus(texts, ["text"] * len(texts), source=dcfg.data)
     fields = ("data", "text_col", "label_col", "max_examples", "split_seed")
     return load_corpus(BertClassifyConfig(**{f: getattr(dcfg, f) for f in fields}))
@@ -133,6 +143,8 @@ def build_model(
 
     A new WordPiece vocabulary is trained on ``train_texts`` unless a resumed run ``saved`` one.
     """
+    if dcfg.init and mcfg.arch != "bert":
+        raise UserError(f"arch={mcfg.arch} trains a new model: init takes BERT checkpoints")
     if dcfg.init:
         encoder, head, tokenizer, notes = load_pretrained(dcfg.init, with_mlm=True)
         model = BertForMaskedLM(encoder.cfg)
@@ -149,8 +161,11 @@ def build_model(
         vocab_size=tokenizer.vocab_size,
         context=dcfg.max_len,
         pad_id=tokenizer.pad_id,
-        **to_dict(mcfg),
+        **{k: v for k, v in to_dict(mcfg).items() if k not in ("arch", "embedding_size")},
     )
+    if mcfg.arch != "bert":
+        model = ZooForMaskedLM(mcfg.arch, cfg, mcfg.embedding_size)
+        return model, tokenizer, [], f"new {mcfg.arch}"  # type: ignore[return-value]
     return BertForMaskedLM(cfg), tokenizer, [], "new"
 
 
@@ -171,6 +186,7 @@ class MLMTask(Task):
     preset = "bert_mlm"
     preset_prefix = "bert_mlm"
     resumable = frozenset({"eval_batch_size"})
+    data_paths = ("data", "init")
 
     def sections(self) -> dict[str, type[ConfigBase]]:
         return SECTIONS
@@ -184,14 +200,14 @@ class MLMTask(Task):
         ratios = (1.0 - dcfg.val_ratio - dcfg.test_ratio, dcfg.val_ratio, dcfg.test_ratio)
         split = stratified_split(corpus.labels, ratios, dcfg.split_seed)
         if not split["val"]:
-            raise ValueError("the validation split is empty; set val_ratio > 0")
+            raise UserError("the validation split is empty; set val_ratio > 0")
         texts = {name: [corpus.texts[i] for i in split[name]] for name in ("train", "val")}
         saved = run_dir / "tokenizer.json" if resume else None
         seed_everything(cfg.train.seed)  # the model is built here, with its tokenizer
         model, tokenizer, notes, source = build_model(dcfg, cfg.model, texts["train"], saved)
-        bert = model.bert.cfg
+        bert = model.shape if isinstance(model, ZooForMaskedLM) else model.bert.cfg
         if dcfg.max_len > bert.context:
-            raise ValueError(f"max_len={dcfg.max_len} exceeds the model's {bert.context} positions")
+            raise UserError(f"max_len={dcfg.max_len} exceeds the model's {bert.context} positions")
         cfg.sections["bert"] = bert
         seqs = {
             name: [s for s in tokenizer.encode_batch(t, dcfg.max_len) if len(s) > 2]
@@ -226,11 +242,12 @@ class MLMTask(Task):
         model, bert = prep.model, cfg.bert
         # the [CLS] pooler is not part of the MLM loss: frozen, so that DDP expects no gradient
         # for it (it would stop on a parameter that never receives one)
-        model.bert.pooler.requires_grad_(False)
+        if hasattr(model.bert, "pooler"):  # DeBERTa has none
+            model.bert.pooler.requires_grad_(False)
         n_params = sum(p.numel() for p in model.parameters())
         setup.messages.append(
-            f"model: BERT {bert.n_layers} layers, d_model {bert.d_model}, vocab "
-            f"{bert.vocab_size}, {n_params / 1e6:.1f}M parameters"
+            f"model: {cfg.model.arch.upper()} {bert.n_layers} layers, d_model {bert.d_model}, "
+            f"vocab {bert.vocab_size}, {n_params / 1e6:.1f}M parameters"
         )
         return model
 
@@ -241,15 +258,25 @@ class MLMTask(Task):
         self, cfg: RunConfig, setup: Setup, model: BertForMaskedLM, run_dir: Path, device: str
     ) -> dict[str, Any]:
         prep: Prepared = setup.prepared
+        n_params = sum(p.numel() for p in model.parameters())
+        if cfg.model.arch != "bert":  # no Hugging Face BERT folder: the run is model.safetensors
+            return {"n_params": n_params, "checkpoint": None}
         checkpoint = save_pretrained(run_dir / "checkpoint", model.bert, prep.tokenizer, model.mlm)
         n_params = sum(p.numel() for p in model.parameters())
         return {"n_params": n_params, "checkpoint": str(checkpoint)}
 
     def describe(self, results: Mapping[str, Any], run_dir: Path) -> list[str]:
+        if results["checkpoint"] is None:
+            return [f"model: {run_dir / 'model.safetensors'} (explore, embed)"]
         return [f"Hugging Face checkpoint: {results['checkpoint']}"]
 
     def load(self, run_dir: Path, cfg: RunConfig, device: str) -> MLMRun:
-        return MLMRun(run_dir, cfg)
+        if cfg.model.arch == "bert":
+            return MLMRun(run_dir, cfg)
+        model = ZooForMaskedLM(cfg.model.arch, cfg.bert, cfg.model.embedding_size)
+        load_weights(model, run_dir / "model.safetensors")
+        tokenizer = WordPieceTokenizer.load(run_dir / "tokenizer.json")
+        return ZooMLMRun(run_dir, cfg, model.to(device).eval(), tokenizer)
 
 
 class MLMRun(Run):
@@ -262,6 +289,25 @@ class MLMRun(Run):
         from attnlab.tasks.bert import SentenceEncoder
 
         return SentenceEncoder.load(self.run_dir).encode(texts)
+
+
+class ZooMLMRun(MLMRun):
+    """An ALBERT or DeBERTa pretraining run (``--arch``): its encoder embeds sentences (mean
+    pooling, unit length, as for BERT) and opens in the explorer as a BERT page."""
+
+    explore_page = "bert"
+
+    def __init__(
+        self, run_dir: Path, cfg: RunConfig, model: ZooForMaskedLM, tokenizer: WordPieceTokenizer
+    ) -> None:
+        from attnlab.tasks.bert import SentenceEncoder
+
+        super().__init__(run_dir, cfg)
+        self.model, self.tokenizer, self.max_len = model.bert, tokenizer, cfg.data.max_len
+        self.encoder = SentenceEncoder(self.model, tokenizer, self.max_len)  # type: ignore[arg-type]
+
+    def encode(self, texts: list[str]) -> Any:
+        return self.encoder.encode(texts)
 
 
 TASK = MLMTask()

@@ -1,7 +1,8 @@
 """Text classification end to end: data, model, training, evaluation, prediction, heatmaps.
 
 A run directory holds everything another command needs:
-config.json (task, data, model and training configs), tokenizer.json, labels.json, split.json,
+config.json (task, data, model and training configs), data_files.json (the data's resolved paths
+and checksums), tokenizer.json, labels.json, split.json,
 data_report.json, model.safetensors (best by validation), metrics.jsonl, tensorboard/, state/,
 curves.png, summary.json, results.json and test_report.txt.
 """
@@ -35,9 +36,12 @@ from attnlab.data import (
     stratified_split,
     truncation_report,
 )
-from attnlab.data.io import read_json, write_json
+from attnlab.data.char_tokenizer import CLS_ID, UNK_ID
+from attnlab.data.coverage import reach
+from attnlab.data.io import is_blank, read_json, write_json
 from attnlab.data.lexicons import PROVENANCE, lexicon_phrases, load_lexicon, load_modifiers
 from attnlab.data.ood import load_ood, ood_files, ood_texts
+from attnlab.errors import UserError
 from attnlab.metrics import classification_report, format_report
 from attnlab.models.classifier import (
     ClassifierConfig,
@@ -102,7 +106,7 @@ class ClassifyConfig(ConfigBase):
     def check(self) -> None:
         unknown = set(self.lexicon_names) - set(LEXICON_NAMES)
         if unknown:
-            raise ValueError(
+            raise UserError(
                 f"unknown lexicon(s) {sorted(unknown)}; choose from {', '.join(LEXICON_NAMES)}"
             )
 
@@ -114,6 +118,8 @@ class ClassifyConfig(ConfigBase):
             return [] if self.data else list(AUTO_LEXICONS)
         return [name.strip() for name in self.lexicons.split(",") if name.strip()]
 
+
+REPORT = {"max_len": int}  # what a run's data_report.json must hold for loading
 
 SECTIONS: dict[str, type[ConfigBase]] = {
     "data": ClassifyConfig,
@@ -134,7 +140,7 @@ def load_corpus(dcfg: ClassifyConfig) -> tuple[LabeledCorpus, dict[str, list[int
     """The bundled reviews, or the user's file(s); a split comes back when files define it."""
     if not dcfg.data:
         if dcfg.val_data or dcfg.test_data:
-            raise ValueError("--val-data/--test-data need --data (the training file) as well")
+            raise UserError("--val-data/--test-data need --data (the training file) as well")
         return load_chinese_reviews(), None
     if dcfg.val_data or dcfg.test_data:
         corpus, split = load_split_files(
@@ -196,7 +202,7 @@ def prepare(cfg: RunConfig, run_dir: Path, resume: bool) -> Prepared:
     for name in ("val", "test"):
         check_labels(train_labels, [corpus.labels[i] for i in split[name]], name)
     if not split["val"]:
-        raise ValueError(
+        raise UserError(
             "the validation split is empty; give --val-data or a val_ratio > 0 "
             "(early stopping and best-checkpoint selection need it)"
         )
@@ -204,7 +210,7 @@ def prepare(cfg: RunConfig, run_dir: Path, resume: bool) -> Prepared:
     if resume and (run_dir / "tokenizer.json").exists():
         tokenizer = CharTokenizer.load(run_dir / "tokenizer.json")
         labels = LabelVocab.load(run_dir / "labels.json")
-        max_len = read_json(run_dir / "data_report.json", "data report")["max_len"]
+        max_len = read_json(run_dir / "data_report.json", "data report", keys=REPORT)["max_len"]
     else:
         vocab_texts = train_texts + (extra.texts if extra is not None else [])
         tokenizer = CharTokenizer.build(vocab_texts, min_freq=dcfg.min_freq)
@@ -249,7 +255,7 @@ def extra_examples(
     if not names:
         return None, {}
     if labels != {"positive", "negative"}:
-        raise ValueError(
+        raise UserError(
             f"lexicons={dcfg.lexicons!r} adds positive/negative words, but this corpus's labels "
             f"are {sorted(labels)}; leave lexicons empty for other label sets"
         )
@@ -400,6 +406,7 @@ class ClassifyTask(Task):
     preset = "classify"
     preset_prefix = "classify"
     resumable = frozenset({"eval_batch_size"})
+    data_paths = ("data", "val_data", "test_data")
     redirect = ("init", "bert_classify", "BERT fine-tuning from a checkpoint")
 
     def sections(self) -> dict[str, type[ConfigBase]]:
@@ -410,13 +417,22 @@ class ClassifyTask(Task):
         add_cls = cfg.model.pooling == "cls"
         cfg.model.vocab_size = prep.tokenizer.vocab_size
         cfg.model.n_classes = len(prep.labels)
-        cfg.model.context = max(cfg.model.context, prep.max_len)
+        if cfg.model.pos == "learned" and cfg.model.context < prep.max_len:
+            raise UserError(
+                f"--context {cfg.model.context} is shorter than the texts' truncation length "
+                f"{prep.max_len} (max_len), and learned positions stop at the context: give "
+                f"--context {prep.max_len} or more, or --truncate-len {cfg.model.context} to cut "
+                "the texts to it"
+            )
+        cfg.model.context = max(cfg.model.context, prep.max_len)  # other positions: any length
         train_data = make_dataset(
             prep, "train", add_cls, cfg.train.batch_size, True, cfg.train.seed
         )
         val_data = make_dataset(prep, "val", add_cls, cfg.data.eval_batch_size, False, 0)
         lengths = [len(s) for s in train_data.sequences]
-        prep.report["padding_fraction_bucketed"] = padding_fraction(train_data.batches(0), lengths)
+        prep.report["padding_fraction_bucketed"] = padding_fraction(
+            train_data.batches(0), lengths, train_data.pad_multiple
+        )
         files = {
             "tokenizer.json": prep.tokenizer.save,
             "labels.json": prep.labels.save,
@@ -482,15 +498,15 @@ class ClassifyTask(Task):
         model = build_classifier(cfg.model)
         load_weights(model, run_dir / "model.safetensors")
         model.to(device).eval()
-        report = read_json(run_dir / "data_report.json", "data report")
-        return ClassifierRun(
-            run_dir,
-            cfg,
-            model,
-            CharTokenizer.load(run_dir / "tokenizer.json"),
-            LabelVocab.load(run_dir / "labels.json"),
-            report["max_len"],
-        )
+        report = read_json(run_dir / "data_report.json", "data report", keys=REPORT)
+        labels = LabelVocab.load(run_dir / "labels.json")
+        if len(labels) != cfg.model.n_classes:
+            raise UserError(
+                f"{run_dir / 'labels.json'} names {len(labels)} labels but the model has "
+                f"{cfg.model.n_classes} classes; restore the run's labels.json"
+            )
+        tokenizer = CharTokenizer.load(run_dir / "tokenizer.json")
+        return ClassifierRun(run_dir, cfg, model, tokenizer, labels, report["max_len"])
 
 
 def evaluate_split(
@@ -615,24 +631,27 @@ class ClassifierRun(Run):
         from attnlab.data import pad_batch
 
         for i, text in enumerate(texts):
-            if not text.strip():
-                raise ValueError(f"text {i + 1} is empty; give some characters to classify")
+            if is_blank(text):
+                raise UserError(f"text {i + 1} is empty; give some characters to classify")
         seqs = [self.encode_text(t) for t in texts]
         return pad_batch(seqs)
 
     @torch.no_grad()
     def predict(self, texts: list[str]) -> list[dict[str, Any]]:
-        """Label and per-class probabilities for each text."""
+        """Label and per-class probabilities for each text, with the share of its characters
+        the model reads as <unk> (``unknown_share``, ``out_of_reach``: data/coverage.py)."""
         ids, lengths = self.encode(texts)
-        probs = torch.softmax(self.model(ids, lengths), dim=-1)  # (B, C)
+        logits = self.model(ids.to(self.device), lengths.to(self.device))  # (B, C)
+        probs = torch.softmax(logits.float(), dim=-1).cpu()  # (B, C)
         out = []
-        for text, p in zip(texts, probs):
+        for text, p, row, n in zip(texts, probs, ids.tolist(), lengths.tolist()):
             k = int(p.argmax())
             out.append(
                 {
                     "text": text,
                     "label": self.labels.labels[k],
                     "probs": {label: float(p[i]) for i, label in enumerate(self.labels.labels)},
+                    **reach(row[:n], UNK_ID, {CLS_ID}),
                 }
             )
         return out
@@ -643,10 +662,11 @@ class ClassifierRun(Run):
         For an ensemble, attention and shares are those of member ``member``; the prediction is
         the ensemble's."""
         ids, lengths = self.encode([text])
+        ids, lengths = ids.to(self.device), lengths.to(self.device)
         if isinstance(self.model, TextClassifierEnsemble):
             info = self.model.inspect(ids, lengths, member)
         elif member != 0:
-            raise ValueError(
+            raise UserError(
                 f"{self.run_dir} holds a single model, not an ensemble: there is only member 1"
             )
         else:
@@ -657,8 +677,8 @@ class ClassifierRun(Run):
             "tokens": self.tokenizer.tokens(
                 text, self.max_len, self.add_cls, self.config.data.tail_share
             ),
-            "attention": info["attention"][:, 0],
-            "token_share": info["token_share"][0],
+            "attention": info["attention"][:, 0].cpu(),
+            "token_share": info["token_share"][0].cpu(),
             "label": self.labels.labels[k],
             "prob": float(probs[k]),
         }
@@ -669,7 +689,7 @@ class ClassifierRun(Run):
 
         members = self.config.model.members
         if not 1 <= member <= members:
-            raise ValueError(
+            raise UserError(
                 f"--member {member}: this run has {members} member(s), give 1..{members}"
             )
         info = self.attention(text, member=member - 1)
@@ -701,7 +721,7 @@ class ClassifierRun(Run):
         if data is None:
             prep = prepare(self.config, self.run_dir, resume=True)  # the run's saved split
             if not prep.split[split]:
-                raise ValueError(
+                raise UserError(
                     f"the run's {split} split is empty; pass --data FILE to evaluate on"
                 )
             dataset = make_dataset(prep, split, self.add_cls, batch_size, False, 0)
@@ -713,7 +733,7 @@ class ClassifierRun(Run):
             sampler = LengthBucketSampler([len(s) for s in seqs], batch_size, shuffle=False)
             dataset = ClassificationData(seqs, self.labels.encode(corpus.labels), sampler)
             source = str(data)
-        y_true, y_pred, loss = predict_dataset(self.model, dataset)
+        y_true, y_pred, loss = predict_dataset(self.model, dataset, self.device)
         report = classification_report(y_true, y_pred, self.labels.labels)
         return {**report, "loss": loss, "source": source}
 

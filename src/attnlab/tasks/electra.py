@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from attnlab.attention import padding_mask
 from attnlab.configs import ConfigBase, setting, to_dict
+from attnlab.errors import UserError
 from attnlab.models.bert import BertModel
 from attnlab.models.bert_checkpoint import save_pretrained
 from attnlab.models.electra import (
@@ -131,6 +132,10 @@ class ElectraTask(MLMTask):
 
     def sections(self) -> dict[str, type]:
         return {**SECTIONS, "electra": ElectraSettings}
+
+    def check(self, cfg: RunConfig) -> None:
+        if cfg.model.arch != "bert":
+            raise UserError("ELECTRA's discriminator is a BERT: leave arch at bert")
 
     def setup(self, cfg: RunConfig, run_dir: Path, resume: bool, device: str) -> Setup:
         setup = super().setup(cfg, run_dir, resume, device)  # data, tokenizer, a BERT

@@ -193,6 +193,7 @@ class LMTask(Task):
     preset = "lm"
     preset_prefix = "lm"
     resumable = frozenset({"eval_batch_size", "sample_tokens"})
+    data_paths = ("data",)
 
     def sections(self) -> dict[str, type[ConfigBase]]:
         return SECTIONS
@@ -240,7 +241,7 @@ class LMTask(Task):
     ) -> dict[str, Any]:
         prep: Prepared = setup.prepared
         results: dict[str, Any] = {"n_params": model.num_params()}
-        results["val_loss"] = mean_loss_of_best(run_dir)
+        results.update(final_val_loss(model, prep.val, cfg, run_dir, device))
         if cfg.data.sample_tokens:
             sample = generate_text(
                 model,
@@ -256,7 +257,12 @@ class LMTask(Task):
 
     def describe(self, results: Mapping[str, Any], run_dir: Path) -> list[str]:
         loss = results["val_loss"]
-        lines = [f"validation perplexity {math.exp(loss):.2f}"]
+        lines = [f"validation loss {loss:.4f}, perplexity {math.exp(loss):.2f}"]
+        if "val_scope" in results:  # runs of older attnlab versions reported the sample alone
+            lines[0] += (
+                f" ({results['val_scope']}, the best weights); the 'best' above is the "
+                f"monitoring sample ({results['monitor_scope']})"
+            )
         if "sample" in results:
             lines.append(f"sample:\n{results['sample']}")
         return lines
@@ -269,8 +275,25 @@ class LMTask(Task):
 
 
 def mean_loss_of_best(run_dir: Path) -> float:
-    """The best validation loss of a run, as the engine recorded it in summary.json."""
+    """The best validation loss of a run, as the engine recorded it in summary.json (on the
+    monitoring sample of ``eval_windows`` windows)."""
     return read_json(run_dir / "summary.json", "summary")["best_metric"]
+
+
+def final_val_loss(
+    model: GPT, val: np.ndarray, cfg: RunConfig, run_dir: Path, device: str
+) -> dict[str, Any]:
+    """The figure a run reports: the best weights' loss on every window of the validation
+    split (fp32), beside the cheap sample that monitored training (``eval_windows``)."""
+    context = cfg.model.context
+    every = eval_starts(len(val), context, 0)
+    sample = eval_starts(len(val), context, cfg.data.eval_windows)
+    return {
+        "val_loss": mean_loss(model, val, every, cfg.data.eval_batch_size, device),
+        "val_scope": f"whole validation split, {len(every):,} windows of {context} tokens",
+        "monitor_val_loss": mean_loss_of_best(run_dir),
+        "monitor_scope": f"{len(sample):,} evenly spaced windows, used to pick the best step",
+    }
 
 
 # ---------------------------------------------------------------------------- generation
@@ -286,7 +309,7 @@ def default_prompt(tokenizer: LMTokenizer) -> str:
 def encode_prompt(tokenizer: LMTokenizer, prompt: str, context: int) -> tuple[list[int], int]:
     """Prompt ids, cropped to the last ``context`` tokens; also how many were dropped."""
     if not prompt:
-        raise ValueError("the prompt is empty; give some text (or leave --prompt out)")
+        raise UserError("the prompt is empty; give some text (or leave --prompt out)")
     ids = tokenizer.encode(prompt)
     dropped = max(0, len(ids) - context)
     return ids[dropped:], dropped
@@ -343,7 +366,7 @@ def check_request(
     """Reject generation settings that mean nothing, before anything is printed."""
     check_sampling(temperature, top_k, top_p)
     if max_new_tokens < 1 or num_samples < 1:
-        raise ValueError(
+        raise UserError(
             f"--max-new-tokens and --num-samples must be >= 1, got {max_new_tokens}, {num_samples}"
         )
 
@@ -498,11 +521,15 @@ class LMRun(Run):
             raw = read_json(config_path, "config")
             if isinstance(raw, dict) and raw.get("model_type") == "gpt2":
                 model = load_hf_gpt2(run_dir).to(device)
-                return cls(model, _hf_tokenizer(run_dir, raw), "hf-gpt2", run_dir)
+                run = cls(model, _hf_tokenizer(run_dir, raw), "hf-gpt2", run_dir)
+                run.device = torch.device(device)
+                return run
         return load_run_of(run_dir, cls, "a language model", device)  # type: ignore[return-value]
 
     def generate(self, prompt: str, max_new_tokens: int, **settings: Any) -> Generated:
-        """Continue ``prompt``; ``settings`` are generate_text's keywords."""
+        """Continue ``prompt``; ``settings`` are generate_text's keywords (on the run's device
+        unless ``device`` says otherwise)."""
+        settings.setdefault("device", str(self.device))
         return generate_text(self.model, self.tokenizer, prompt, max_new_tokens, **settings)
 
 
@@ -514,7 +541,7 @@ def _hf_tokenizer(directory: Path, config: dict) -> LMTokenizer:
         return BPETokenizer(Tokenizer.from_file(str(directory / "tokenizer.json")), "bpe")
     if config["vocab_size"] == 50257:
         return BPETokenizer.gpt2()
-    raise ValueError(
+    raise UserError(
         f"{directory} has no tokenizer.json and a vocabulary of {config['vocab_size']} tokens, "
         "not GPT-2's 50257; save the tokenizer with the model (tokenizer.save_pretrained)"
     )

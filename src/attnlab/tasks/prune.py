@@ -109,7 +109,7 @@ def prune_run(source: str | Path, n_heads: int, out: str | Path) -> dict[str, An
     kept = prune_heads(model, remove)
     after = accuracy(model, data)
     raw = rundir.read_config(run.run_dir)
-    raw["model"]["heads_per_layer"] = ",".join(map(str, kept))
+    raw["model"]["heads_per_layer"] = list(kept)
     staging = out.with_name(out.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     shutil.copytree(run.run_dir, staging, ignore=lambda d, names: [n for n in names if n in _SKIP])

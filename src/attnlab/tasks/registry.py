@@ -12,6 +12,8 @@ import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from attnlab.errors import UserError
+
 if TYPE_CHECKING:
     from attnlab.tasks.task import Task
 
@@ -70,6 +72,21 @@ REGISTRY: dict[str, TaskEntry] = {
             "attnlab.tasks.vision",
         ),
         TaskEntry(
+            "swin",
+            "Swin Transformer image classifier: shifted windows, patch merging (Fashion-MNIST)",
+            "attnlab.tasks.vision",
+        ),
+        TaskEntry(
+            "deit",
+            "DeiT: a ViT with a distillation token taught by --teacher RUN (Fashion-MNIST)",
+            "attnlab.tasks.vision",
+        ),
+        TaskEntry(
+            "mae",
+            "masked-autoencoder pretraining of a ViT encoder on images (Fashion-MNIST)",
+            "attnlab.tasks.mae",
+        ),
+        TaskEntry(
             "cnn",
             "small ResNet with --channel-attention none|se|eca|cbam|ca (Fashion-MNIST by default)",
             "attnlab.tasks.vision",
@@ -90,7 +107,7 @@ def get_task(name: str) -> Task:
     """The task called ``name``; a ValueError lists the known ones."""
     name = ALIASES.get(name, name)
     if name not in REGISTRY:
-        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(REGISTRY)}")
+        raise UserError(f"unknown task {name!r}; known tasks: {', '.join(REGISTRY)}")
     module = importlib.import_module(REGISTRY[name].module)
     tasks = getattr(module, "TASKS", None) or {module.TASK.name: module.TASK}
     return tasks[name]

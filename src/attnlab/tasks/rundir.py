@@ -12,19 +12,24 @@
 
 from __future__ import annotations
 
+import errno
 import fcntl
+import glob
 import json
 import os
+import secrets
 import shutil
 import socket
 import time
 from pathlib import Path
 from typing import Any
 
+from attnlab.errors import UserError
 from attnlab.tasks.task import FORMAT
 
 LOCK = ".lock"
 CONFIG = "config.json"
+NAME_MAX = 255  # bytes of one folder name on Linux and macOS file systems
 
 
 def is_main_process() -> bool:
@@ -48,19 +53,78 @@ def free_run_dir(base: Path) -> Path:
 
 def check_target(out: Path, resume: bool) -> None:
     """Refuse an --out that cannot hold this run, before anything is written."""
+    longest = max([*out.parent.parts, staging_name(out)], key=lambda part: len(part.encode()))
+    if len(longest.encode()) > NAME_MAX:
+        name = out.name if longest == staging_name(out) else longest
+        raise UserError(
+            f"--out: the folder name {name[:40]}... is {len(name.encode())} bytes long; "
+            f"give names of at most {NAME_MAX - 40} bytes"
+        )
+    if out.is_symlink() and not out.exists():
+        raise UserError(
+            f"--out {out} is a symbolic link to {os.readlink(out)}, which does not exist; "
+            "remove the link or give another --out"
+        )
     if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file, not a folder; give a folder path for the run")
+        raise UserError(f"--out {out} is a file, not a folder; give a folder path for the run")
+    existing = next(d for d in (out, *out.parents) if d.exists() or d == d.parent)
+    if not existing.is_dir():
+        raise UserError(
+            f"--out {out}: {existing} is a file, so no folder can be made below it; "
+            "give another --out"
+        )
     has_run = (out / CONFIG).is_file()
     if resume and not has_run:
-        raise ValueError(f"--resume: {out} holds no run (no {CONFIG}); start one without --resume")
+        raise UserError(f"--resume: {out} holds no run (no {CONFIG}); start one without --resume")
     if not resume and has_run:
-        raise ValueError(
+        raise UserError(
             f"{out} already holds a run; pass --resume to continue it or choose another --out"
         )
     if not resume and out.is_dir() and any(out.iterdir()):
-        raise ValueError(
+        raise UserError(
             f"--out {out} is a folder with other files in it; give a new or empty folder"
         )
+    if not resume and out.is_dir() and out.is_mount():
+        raise UserError(
+            f"--out {out} is a mount point, which cannot be replaced by the run's folder; "
+            f"give a folder inside it, e.g. --out {out / 'run'}"
+        )
+    writable = out if resume else (existing if existing != out else out.parent)
+    if not os.access(writable, os.W_OK):
+        fix = (
+            f"copy the run to a writable place (cp -r {out} NEW) and resume that"
+            if resume
+            else "give an --out in a folder you can write to"
+        )
+        raise UserError(f"--out {out}: {writable} is not writable ({_why(writable)}); {fix}")
+
+
+def _why(folder: Path) -> str:
+    """'read-only file system' or 'permission denied', for a folder one cannot write."""
+    try:
+        read_only = os.statvfs(folder).f_flag & os.ST_RDONLY
+    except OSError:
+        read_only = False
+    return "read-only file system" if read_only else "permission denied"
+
+
+WRITE_ERRORS = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG,
+     errno.ENAMETOOLONG, errno.ENOTDIR, errno.EIO}
+)  # fmt: skip
+
+
+def write_failure(err: BaseException) -> str | None:
+    """Why writing a run file failed, when ``err`` is the file system's refusal (disk full,
+    read-only, no permission, ...) rather than a bug; None otherwise."""
+    if isinstance(err, OSError) and err.errno in WRITE_ERRORS:
+        return os.strerror(err.errno)
+    if type(err).__name__ == "SafetensorError":  # safetensors' Rust IO error, as text
+        text = str(err)
+        for code in WRITE_ERRORS:
+            if f"os error {code})" in text or os.strerror(code) in text:
+                return os.strerror(code)
+    return None
 
 
 class RunLock:
@@ -71,12 +135,20 @@ class RunLock:
         self.fd: int | None = None
 
     def acquire(self) -> RunLock:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            if write_failure(err) is None:
+                raise
+            raise UserError(
+                f"{self.path.parent} cannot be written ({err.strerror}); a run is trained and "
+                "resumed in a writable folder: copy it somewhere writable, or choose another --out"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise ValueError(
+            raise UserError(
                 f"{self.path.parent} is in use by another attnlab process ({holder(self.path)}); "
                 "wait for it to finish or stop it, or choose another --out"
             ) from None
@@ -115,17 +187,62 @@ def _now() -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
 
 
+def staging_name(out: Path, tag: str = "0" * 8) -> str:
+    """The hidden folder a new run of ``out`` is assembled in (see :class:`Staging`)."""
+    return f".{out.name}.starting-{os.getpid()}-{tag}"
+
+
+def stale_staging(folder: Path, grace_s: float = 60.0) -> bool:
+    """Whether a staging folder was left by a start that died (a kill -9 during start-up).
+
+    Told by its lock, never by the pid in its name (process ids are reused, e.g. by a trainer
+    that is process 1 of every container): a living start holds the flock on its ``.lock``. A
+    folder whose lock is free is stale once the lock says who wrote it, or, with no holder
+    written yet, once it is older than ``grace_s`` (a start between mkdir and locking)."""
+    lock = folder / LOCK
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except FileNotFoundError:
+        return _age(folder) > grace_s
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False  # a living start holds it
+    finally:
+        os.close(fd)
+    return lock.stat().st_size > 0 or _age(folder) > grace_s
+
+
+def _age(path: Path) -> float:
+    try:
+        return time.time() - path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
 class Staging:
-    """A new run's files assembled in ``.{name}.starting-{pid}`` and renamed to ``out``."""
+    """A new run's files assembled in ``.{name}.starting-{pid}-{random}``, renamed to ``out``.
+
+    Staging folders of ``out`` that earlier starts left behind (killed before they could clean
+    up) are removed first, once their lock shows no process holds them."""
 
     def __init__(self, out: Path) -> None:
         self.out = out
-        self.path = out.parent / f".{out.name}.starting-{os.getpid()}"
+        self.path = out.parent / staging_name(out, secrets.token_hex(4))
         self.lock = RunLock(self.path)
 
     def __enter__(self) -> Staging:
+        for old in self.out.parent.glob(f".{glob.escape(self.out.name)}.starting-*"):
+            if old.is_dir() and not old.is_symlink() and stale_staging(old):
+                shutil.rmtree(old, ignore_errors=True)
         self.path.mkdir(parents=True)
-        self.lock.acquire()  # the flock follows the folder through the rename
+        try:
+            self.lock.acquire()  # the flock follows the folder through the rename
+        except BaseException:
+            shutil.rmtree(self.path, ignore_errors=True)
+            raise
         return self
 
     def publish(self) -> None:
@@ -134,10 +251,16 @@ class Staging:
             if self.out.is_dir() and not any(self.out.iterdir()):
                 self.out.rmdir()
             os.rename(self.path, self.out)
-        except OSError:
+        except OSError as err:
             taken = self.out / LOCK
+            if not (self.out / CONFIG).exists() and not taken.exists():
+                mount = " (a mount point: give a folder inside it)" if self.out.is_mount() else ""
+                raise UserError(
+                    f"--out {self.out} cannot be created ({err.strerror}){mount}; "
+                    "give another --out"
+                ) from None
             who = f" ({holder(taken)})" if taken.exists() else ""
-            raise ValueError(
+            raise UserError(
                 f"{self.out} was taken by another run while this one started{who}; "
                 "choose another --out"
             ) from None
@@ -170,17 +293,17 @@ def read_config(folder: str | Path) -> dict[str, Any]:
     folder = Path(folder)
     path = folder / CONFIG
     if not folder.exists():
-        raise ValueError(f"{folder} does not exist; give the folder of a trained run")
+        raise UserError(f"{folder} does not exist; give the folder of a trained run")
     if not path.is_file():
-        raise ValueError(
+        raise UserError(
             f"{folder} is not a run directory (no {CONFIG}); train one with `attnlab train TASK`"
         )
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, OSError) as err:
-        raise ValueError(f"{path} is not valid JSON ({err}); restore it from a backup") from None
+        raise UserError(f"{path} is not valid JSON ({err}); restore it from a backup") from None
     if not isinstance(raw, dict) or "task" not in raw:
-        raise ValueError(f"{path} does not say which task made the run (no 'task' key)")
+        raise UserError(f"{path} does not say which task made the run (no 'task' key)")
     return upgrade(raw, path)
 
 
@@ -195,7 +318,7 @@ def upgrade(raw: dict[str, Any], path: Path) -> dict[str, Any]:
     if version == FORMAT:
         return raw
     if version != 1:
-        raise ValueError(
+        raise UserError(
             f"{path} has config format {version}, newer than this attnlab reads ({FORMAT}); "
             "upgrade attnlab"
         )

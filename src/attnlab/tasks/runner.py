@@ -15,6 +15,8 @@ Under torchrun only rank 0 writes; the other ranks prepare their data in a priva
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import sys
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -22,10 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.configs import apply_overrides, from_dict, load_toml, resolve_aliases, to_dict
-from attnlab.data.io import write_json
-from attnlab.tasks import rundir, sections
+from attnlab.data.io import read_json, write_json
+from attnlab.errors import UserError
+from attnlab.tasks import datafiles, rundir, sections
 from attnlab.tasks.registry import get_task
 from attnlab.tasks.task import RESUMABLE_FIELDS, RunConfig, Task
+
+DIVERGED = "diverged.json"  # written when training diverged; allows a resume with another lr
+FREE = "free space or choose another --out"
+DIVERGED_FIELDS = frozenset({"lr", "muon_lr", "clip_norm", "warmup_steps", "warmup_ratio"})
 
 
 def build_config(
@@ -37,8 +44,17 @@ def build_config(
     if preset:
         sources.append(sections.preset_file(preset, task.preset_prefix))
     cfg = RunConfig(task.name, sections.build_sections(task.sections(), sources, overrides))
+    check_finite(cfg)
     task.check(cfg)
     return cfg
+
+
+def check_finite(cfg: RunConfig) -> None:
+    """Refuse inf and nan in any number of the config (``--lr inf`` trains nothing)."""
+    for part in cfg.sections.values():
+        for name, value in vars(part).items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise UserError(f"--{name.replace('_', '-')} {value}: give a finite number")
 
 
 def saved_config(task: Task, raw: Mapping[str, Any]) -> RunConfig:
@@ -46,26 +62,42 @@ def saved_config(task: Task, raw: Mapping[str, Any]) -> RunConfig:
     parts = {**task.sections(), **task.derived_sections()}
     missing = [name for name in parts if name not in raw]
     if missing:
-        raise ValueError(f"the run's config.json lacks the section(s) {', '.join(missing)}")
+        raise UserError(f"the run's config.json lacks the section(s) {', '.join(missing)}")
+    wrong = [name for name in parts if not isinstance(raw[name], dict)]
+    if wrong:
+        raise UserError(
+            f"the run's config.json has {', '.join(repr(raw[n]) for n in wrong)} where the "
+            f"section(s) {', '.join(wrong)} belong; restore the file or retrain"
+        )
     return RunConfig(task.name, {name: from_dict(cls, raw[name]) for name, cls in parts.items()})
 
 
 def resumed_config(
-    task: Task, raw: Mapping[str, Any], overrides: Mapping[str, Any], preset: str | None
+    task: Task,
+    raw: Mapping[str, Any],
+    overrides: Mapping[str, Any],
+    preset: str | None,
+    out: Path | None = None,
 ) -> RunConfig:
     """The saved config with the command line's safe changes; others are refused by name.
 
-    A ``preset`` given again counts as its fields typed out: what it agrees on is no change."""
+    A ``preset`` given again counts as its fields typed out: what it agrees on is no change.
+    A data path may be given again when its file moved (the same content, see datafiles); a
+    run that diverged may change its learning rate (``DIVERGED``)."""
     cfg = saved_config(task, raw)
     owner = sections.field_owner(task.sections())
     if preset:
         overrides = {**preset_fields(preset, task, owner), **overrides}
+    moved = {k: str(overrides[k]) for k in task.data_paths if k in overrides and out is not None}
+    overrides = {k: v for k, v in overrides.items() if k not in moved}
     allowed = RESUMABLE_FIELDS | task.resumable
+    if out is not None and (out / DIVERGED).exists():
+        allowed |= DIVERGED_FIELDS
     changes: dict[str, dict[str, Any]] = {}
     refused = []
     for key, value in overrides.items():
         if key not in owner:
-            raise ValueError(sections.unknown_field(key, owner, "the command line"))
+            raise UserError(sections.unknown_field(key, owner, "the command line"))
         part = owner[key]
         ((key, value),) = resolve_aliases(type(cfg.sections[part]), {key: value}).items()
         new = apply_overrides(cfg.sections[part], {key: value})  # checked with the saved fields
@@ -75,7 +107,7 @@ def resumed_config(
             refused.append(f"--{key.replace('_', '-')}")
         changes.setdefault(part, {})[key] = value
     if refused:
-        raise ValueError(
+        raise UserError(
             f"{', '.join(refused)} cannot change when resuming (the run was trained with other "
             f"values); only {', '.join(sorted(allowed))} can. Start a new run to change the rest"
         )
@@ -83,7 +115,18 @@ def resumed_config(
         cfg.sections[part] = from_dict(
             type(cfg.sections[part]), {**to_dict(cfg.sections[part]), **values}
         )
+    check_finite(cfg)
     task.check(cfg)
+    if out is not None:
+        datafiles.relocate(cfg, out)
+        record = datafiles.accept_moved(cfg, out, moved)
+        datafiles.require(
+            cfg,
+            out,
+            "pass {flag} NEW_PATH with --resume (the same file, checked by its "
+            "sha256), or restore it",
+        )
+        cfg.data_record = record  # type: ignore[attr-defined]
     return cfg
 
 
@@ -142,52 +185,142 @@ def train(
     device: str = "cpu",
 ) -> dict[str, Any]:
     """Train ``task_name`` into ``out``; returns results (a summary alone on other ranks)."""
-    from attnlab.train import Trainer, load_weights, seed_everything
     from attnlab.train.checkpoint import check_checkpoint
 
     task, out, overrides = get_task(task_name), Path(out), dict(overrides or {})
     main = rundir.is_main_process()
     if main:
         rundir.check_target(out, resume)
+    record: dict[str, Any] = {}
     if resume:
         from attnlab.tasks.quantize import check_not_quantized
 
         check_not_quantized(out, "train --resume")
         raw = rundir.read_config(out)
         if raw["task"] != task.name:
-            raise ValueError(
+            raise UserError(
                 f"--resume: {out} holds a {raw['task']!r} run, not {task.name!r}; "
                 f"resume it with `attnlab train {raw['task']} --out {out} --resume`"
             )
-        cfg = resumed_config(task, raw, overrides, preset)
+        cfg = resumed_config(task, raw, overrides, preset, out)
+        record = cfg.__dict__.pop("data_record", {})
         check_checkpoint(out)  # a damaged checkpoint is refused before any file changes
+        done = finished(out, cfg)
+        if done is not None:
+            return done
     else:
         cfg = build_config(task, preset, overrides)
-    with _take_folder(out, resume) as (folder, staging):
-        setup = task.setup(cfg, folder, resume, device)
-        seed_everything(cfg.train.seed)
-        model = task.build_model(cfg, setup)
+        record = datafiles.resolve(cfg, task.data_paths)
+    try:
+        with _take_folder(out, resume) as (folder, staging):
+            return _train(task, cfg, out, folder, staging, record, resume, device)
+    except FloatingPointError as err:  # the loss or gradients diverged
         if main:
-            rundir.write_config(folder, cfg.to_json())
-            if not resume:
-                for name, write in setup.files.items():
-                    write(folder / name)
-            say(f"run directory: {out}")
-            for line in setup.messages:
-                say(line)
-            if staging is not None:
-                staging.publish()  # the lock stays held: its flock follows the folder
-        trainer = Trainer(
-            model, cfg.train, out, setup.train_data, task.step(cfg), setup.evaluate, device
-        )
-        summary = trainer.fit(resume=resume)
-        if not main:
-            return {"summary": summary}
-        load_weights(model, out / "model.safetensors")
-        model.to(device).eval()
-        results = {"summary": summary, **task.finish(cfg, setup, model, out, device)}
-        write_json(out / "results.json", results)
+            with contextlib.suppress(OSError):
+                write_json(out / DIVERGED, {"error": str(err), "lr": cfg.train.lr})
+        raise UserError(
+            f"training diverged ({err}); the run in {out} keeps its last checkpoint: resume it "
+            f"with a lower learning rate, `attnlab train {task.name} --out {out} --resume "
+            f"--lr {cfg.train.lr / 10:g}`"
+        ) from None
+    except Exception as err:
+        why = rundir.write_failure(err)
+        if why is None:
+            raise
+        raise UserError(_write_failure_message(task, out, why, resume)) from None
+
+
+def _train(
+    task: Task,
+    cfg: RunConfig,
+    out: Path,
+    folder: Path,
+    staging: rundir.Staging | None,
+    record: Mapping[str, Any],
+    resume: bool,
+    device: str,
+) -> dict[str, Any]:
+    """Prepare, write the run's files, train and report (``train`` once the folder is taken)."""
+    from attnlab.train import Trainer, load_weights, seed_everything
+
+    main = rundir.is_main_process()
+    setup = task.setup(cfg, folder, resume, device)
+    seed_everything(cfg.train.seed)
+    model = task.build_model(cfg, setup)
+    if main:
+        rundir.write_config(folder, cfg.to_json())
+        datafiles.write_record(folder, record)
+        if not resume:
+            for name, write in setup.files.items():
+                write(folder / name)
+        say(f"run directory: {out}")
+        for line in setup.messages:
+            say(line)
+        if staging is not None:
+            staging.publish()  # the lock stays held: its flock follows the folder
+    trainer = Trainer(
+        model, cfg.train, out, setup.train_data, task.step(cfg), setup.evaluate, device
+    )
+    summary = trainer.fit(resume=resume)
+    if not main:
+        return {"summary": summary}
+    (out / DIVERGED).unlink(missing_ok=True)
+    load_weights(model, out / "model.safetensors")
+    model.to(device).eval()
+    results = {"summary": summary, **task.finish(cfg, setup, model, out, device)}
+    write_json(out / "results.json", results)
     return results
+
+
+def finished(out: Path, cfg: RunConfig) -> dict[str, Any] | None:
+    """The saved results of a finished run that ``cfg`` does not take further, else None.
+
+    A run that stopped at its step, epoch or time limit, or early, goes on when the resume
+    raises that limit (``--max-steps 100`` on a run that stopped at 60 trains 40 more steps);
+    otherwise nothing is done and no file changes."""
+    from attnlab.train.checkpoint import read_trainer_state
+    from attnlab.train.engine import can_continue
+    from attnlab.train.meter import LoopState
+
+    saved = read_trainer_state(out)
+    if saved is None:
+        return None
+    state = LoopState.from_dict(saved["loop"])
+    if state.stop_reason is None or can_continue(state, cfg.train):
+        return None
+    results_path = out / "results.json"
+    if not results_path.exists():
+        return None  # finished training but not its results: let the runner write them
+    say(
+        f"the run in {out} already finished ({state.stop_reason} at step {state.step}); nothing "
+        "to do and nothing changed (raise --max-steps, --epochs or --max-minutes to train on)"
+    )
+    return read_json(results_path, "results")
+
+
+def _write_failure_message(task: Task, out: Path, why: str, resume: bool) -> str:
+    """The one line for a run whose files could not be written (disk full, read-only, ...)."""
+    from attnlab.train.checkpoint import STATE, recover_state_dir
+
+    if not (out / rundir.CONFIG).exists():  # a start: its staging folder is gone already
+        return f"cannot write the new run {out} ({why}); nothing was kept: {FREE}"
+    with contextlib.suppress(OSError):
+        recover_state_dir(out)  # drop a half-written state.tmp/, keep the last whole checkpoint
+    step = _checkpoint_step(out / STATE)
+    kept = (
+        "it has no checkpoint yet" if step is None else f"its last checkpoint (step {step}) is kept"
+    )
+    return (
+        f"cannot write to the run {out} ({why}); {kept}: free space and continue with "
+        f"`attnlab train {task.name} --out {out} --resume`"
+    )
+
+
+def _checkpoint_step(state: Path) -> int | None:
+    try:
+        return int(json.loads((state / "trainer.json").read_text())["loop"]["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def describe(task_name: str, results: Mapping[str, Any], run_dir: Path) -> list[str]:

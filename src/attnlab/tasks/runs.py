@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from attnlab.tasks import rundir
+import torch
+
+from attnlab.errors import UserError
+from attnlab.tasks import datafiles, rundir
 from attnlab.tasks.registry import get_task
 from attnlab.tasks.runner import saved_config
 from attnlab.tasks.task import Run
@@ -23,18 +26,31 @@ def load_run(run_dir: str | Path, device: str = "cpu") -> Run:
     try:
         cfg = saved_config(task, raw)
     except ValueError as err:
-        raise ValueError(f"{run_dir / rundir.CONFIG}: {err}") from None
+        raise UserError(f"{run_dir / rundir.CONFIG}: {err}") from None
+    datafiles.relocate(cfg, run_dir)  # data files that moved, found again by their content
     if not (run_dir / WEIGHTS).is_file():
-        raise ValueError(
+        raise UserError(
             f"{run_dir} has no {WEIGHTS} yet: training has not finished its first evaluation; "
             f"continue it with `attnlab train {task.name} --out {run_dir} --resume`"
         )
-    return task.load(run_dir, cfg, device)
+    run = task.load(run_dir, cfg, device)
+    run.device = torch.device(device)
+    return run
+
+
+def require_data(run: Run) -> None:
+    """Refuse, with what to pass, when the data a run was trained on is gone or changed
+    (commands that evaluate on the run's own splits need it)."""
+    datafiles.require(
+        run.config,
+        run.run_dir,
+        "restore it there, or evaluate on a labelled file with --data FILE",
+    )
 
 
 def load_run_of(run_dir: str | Path, kind: type, what: str, device: str = "cpu") -> Run:
     """``load_run`` that insists on one kind of run (``what`` names it in the error)."""
     run = load_run(run_dir, device)
     if not isinstance(run, kind):
-        raise ValueError(f"{run_dir} holds a {run.task!r} run, not {what}")
+        raise UserError(f"{run_dir} holds a {run.task!r} run, not {what}")
     return run

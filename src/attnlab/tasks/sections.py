@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.configs import ConfigBase, accepted_names, apply_overrides, load_toml, resolve_aliases
+from attnlab.errors import UserError
 
 PRESETS = Path(__file__).resolve().parent.parent / "presets"
 
@@ -49,7 +50,7 @@ def preset_file(preset: str | Path, prefix: str) -> Path:
         if candidate.is_file():
             return candidate
     bundled = sorted(p.stem for p in PRESETS.glob(f"{prefix}*.toml"))
-    raise ValueError(f"--config {preset}: no such file or bundled preset; bundled: {bundled}")
+    raise UserError(f"--config {preset}: no such file or bundled preset; bundled: {bundled}")
 
 
 def build_sections(
@@ -67,17 +68,17 @@ def build_sections(
             if key in sections and isinstance(value, dict):
                 for name, item in value.items():
                     if owner.get(name) != key:
-                        raise ValueError(unknown_field(name, owner, f"[{key}] of {source}"))
+                        raise UserError(unknown_field(name, owner, f"[{key}] of {source}"))
                     layer[key][name] = item
             elif key in owner:
                 layer[owner[key]][key] = value
             else:
-                raise ValueError(unknown_field(key, owner, source))
+                raise UserError(unknown_field(key, owner, source))
         layers.append(layer)
     command_line: dict[str, dict[str, Any]] = {name: {} for name in sections}
     for key, value in overrides.items():
         if key not in owner:
-            raise ValueError(unknown_field(key, owner, "the command line"))
+            raise UserError(unknown_field(key, owner, "the command line"))
         command_line[owner[key]][key] = value
     for layer in [*layers, command_line]:  # old names -> new per source: a later source wins
         for name, cls in sections.items():

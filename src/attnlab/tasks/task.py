@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from attnlab.configs import ConfigBase, to_dict
+from attnlab.errors import UserError
 
 FORMAT = 2  # version of the config.json layout; rundir.upgrade reads older ones
 
@@ -77,6 +78,7 @@ class Task:
     preset: ClassVar[str | None] = None  # a bundled base preset: presets/{preset}.toml
     preset_prefix: ClassVar[str] = ""  # --config NAME also finds presets/{prefix}_NAME.toml
     resumable: ClassVar[frozenset[str]] = frozenset()  # more fields a resume may change
+    data_paths: ClassVar[tuple[str, ...]] = ()  # fields naming data files (saved resolved)
     # An option that turns this task into another registered one, with why: `attnlab train
     # classify --init CKPT` is BERT fine-tuning. The command line offers the other task's
     # options too and runs that task when the option is given.
@@ -124,6 +126,7 @@ class Run:
     """A finished run loaded for use. Subclasses implement the verbs that apply to them."""
 
     verbs: ClassVar[tuple[str, ...]] = ()
+    device: Any = "cpu"  # where the model lives; load_run sets it, every verb computes there
     # The `attnlab explore` page that draws this run's attention: "classifier", "bert", "gpt",
     # "translate", "vit" or "cnn" (attnlab.explore.page.PAGES); None: nothing to explore.
     explore_page: ClassVar[str | None] = None
@@ -139,7 +142,7 @@ class Run:
         """Refuse a verb this kind of run does not have, saying which it has."""
         if verb not in self.verbs:
             have = ", ".join(self.verbs) or "none"
-            raise ValueError(
+            raise UserError(
                 f"{self.run_dir} holds a {self.task!r} run, which cannot {verb}; "
                 f"what it can do: {have}"
             )

@@ -29,8 +29,10 @@ from attnlab.data.parallel import (
     split_pairs,
     synthetic_pairs,
 )
+from attnlab.errors import UserError
 from attnlab.models.beam import DecodeSettings, beam_search, greedy_decode
 from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
+from attnlab.models.t5 import T5Translator, t5_from_seq2seq
 from attnlab.tasks import runner
 from attnlab.tasks.task import Run, RunConfig, Setup, Task
 from attnlab.train import StepOutput, TrainConfig, load_weights
@@ -66,9 +68,9 @@ class TranslateDataConfig(ConfigBase):
     def check(self) -> None:
         src, _, tgt = self.pair.partition("-")
         if src not in LANGS or tgt not in LANGS or src == tgt:
-            raise ValueError(f"pair must be two of {', '.join(LANGS)} like en-de, got {self.pair}")
+            raise UserError(f"pair must be two of {', '.join(LANGS)} like en-de, got {self.pair}")
         if self.max_tokens < self.max_sentence_tokens + 1:
-            raise ValueError("max_tokens must exceed max_sentence_tokens (a batch holds a pair)")
+            raise UserError("max_tokens must exceed max_sentence_tokens (a batch holds a pair)")
 
 
 SECTIONS: dict[str, type[ConfigBase]] = {
@@ -125,9 +127,9 @@ def prepare(cfg: RunConfig, run_dir: Path, resume: bool) -> Prepared:
     src_path, tgt_path = tokenizer_paths(run_dir, shared)
     tgt_kind = d.tgt_tokenizer or d.tokenizer
     if shared and tgt_kind != d.tokenizer:
-        raise ValueError("a shared vocabulary needs one tokenizer: set shared_embeddings=false")
+        raise UserError("a shared vocabulary needs one tokenizer: set shared_embeddings=false")
     if shared and d.tgt_tokenizer_size not in (0, d.vocab_size):
-        raise ValueError(
+        raise UserError(
             "a shared vocabulary has one size (vocab_size): set shared_embeddings=false"
         )
     if resume and src_path.exists() and tgt_path.exists():
@@ -203,6 +205,13 @@ def mean_nll(model: Seq2SeqTransformer, data: ParallelData, device: str) -> floa
     return total / count
 
 
+def build_translator(cfg: Seq2SeqConfig) -> Seq2SeqTransformer:
+    """The model section's architecture: attnlab's Transformer, or T5 (``arch = "t5"``)."""
+    if cfg.arch == "t5":
+        return T5Translator(t5_from_seq2seq(cfg))  # type: ignore[return-value]
+    return Seq2SeqTransformer(cfg)
+
+
 class TranslateTask(Task):
     """Sequence-to-sequence translation with an encoder-decoder Transformer."""
 
@@ -210,6 +219,7 @@ class TranslateTask(Task):
     preset = "translate"
     preset_prefix = "translate"
     resumable = frozenset({"beam_size", "length_penalty", "eval_batch_sentences"})
+    data_paths = ("data",)
 
     def sections(self) -> dict[str, type[ConfigBase]]:
         return SECTIONS
@@ -234,9 +244,10 @@ class TranslateTask(Task):
         return Setup(prep, train_data, evaluate, files, [message])
 
     def build_model(self, cfg: RunConfig, setup: Setup) -> Seq2SeqTransformer:
-        model, m = Seq2SeqTransformer(cfg.model), cfg.model
+        model, m = build_translator(cfg.model), cfg.model
         setup.messages.append(
-            f"model: {model.num_params() / 1e6:.2f}M parameters; {m.n_encoder_layers}+"
+            f"model: {'T5, ' if m.arch == 't5' else ''}"
+            f"{model.num_params() / 1e6:.2f}M parameters; {m.n_encoder_layers}+"
             f"{m.n_decoder_layers} layers, {m.n_heads} heads, d_model {m.d_model}, d_ff {m.d_ff}"
         )
         return model
@@ -257,7 +268,7 @@ class TranslateTask(Task):
 
     def load(self, run_dir: Path, cfg: RunConfig, device: str) -> TranslatorRun:
         src_path, tgt_path = tokenizer_paths(run_dir, cfg.model.shared_embeddings)
-        model = Seq2SeqTransformer(cfg.model)
+        model = build_translator(cfg.model)
         load_weights(model, run_dir / "model.safetensors")
         model.to(device).eval()
         src_tok, tgt_tok = TextTokenizer.load(src_path), TextTokenizer.load(tgt_path)
@@ -266,11 +277,15 @@ class TranslateTask(Task):
 
 def format_scores(report: Mapping[str, Any]) -> str:
     """One line: split, sentences, beam, BLEU, chrF and exact match."""
-    return (
+    bleu = "BLEU n/a" if report["bleu"] is None else f"BLEU {report['bleu']:.2f}"
+    line = (
         f"{report['split']} ({report['n']} sentences, beam {report['beam_size']}): "
-        f"BLEU {report['bleu']:.2f}, chrF {report['chrf']:.2f}, "
-        f"exact match {report['exact_match']:.4f}"
+        f"{bleu}, chrF {report['chrf']:.2f}, exact match {report['exact_match']:.4f}"
     )
+    return line + (f" ({report['bleu_note']})" if report.get("bleu_note") else "")
+
+
+UNK_ID = 3  # <unk> of every TextTokenizer (<pad> <s> </s> <unk> = 0..3)
 
 
 # ---------------------------------------------------------------------------- use a run
@@ -315,6 +330,17 @@ class TranslatorRun(Run):
 
     def report_text(self, report: Mapping[str, Any]) -> str:
         return format_scores(report)
+
+    def unknown(self, texts: list[str]) -> list[tuple[int, int, int]]:
+        """(input number, unknown tokens, tokens) of each input with tokens outside the
+        source vocabulary: their translation is a guess."""
+        out = []
+        for i, text in enumerate(texts, start=1):
+            ids = self.src_tok.encode(text)
+            n_unk = sum(t == UNK_ID for t in ids)
+            if n_unk:
+                out.append((i, n_unk, len(ids)))
+        return out
 
     def translate(self, texts: list[str], beam_size: int | None = None) -> list[str]:
         """Translate sentences (beam search, or greedy with beam_size 1), in batches."""
@@ -369,12 +395,19 @@ class TranslatorRun(Run):
             sacrebleu.CHRF(),
         )
         bleu = bleu_metric.corpus_score(hyps, [refs])
+        no_4grams = bleu.totals[3] == 0  # every hypothesis shorter than 4 tokens
         chrf = chrf_metric.corpus_score(hyps, [refs])
         (self.run_dir / f"{split}.hyp.txt").write_text("".join(h + "\n" for h in hyps))
         return {
             "split": split,
             "n": len(pairs),
-            "bleu": round(bleu.score, 2),
+            "bleu": None if no_4grams else round(bleu.score, 2),
+            "bleu_note": (
+                "BLEU is undefined here: it counts 4-grams and no line has 4 tokens; "
+                "read chrF and exact match"
+                if no_4grams
+                else ""
+            ),
             "chrf": round(chrf.score, 2),
             "exact_match": sum(h == r for h, r in zip(hyps, refs)) / len(refs),
             "beam_size": self.cfg.data.beam_size if beam_size is None else beam_size,

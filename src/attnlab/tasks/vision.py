@@ -1,7 +1,13 @@
-"""Image classification end to end with a ViT or a ResNet-style CNN (+ SE/ECA/CBAM/CA).
+"""Image classification end to end with a ViT, a Swin, a DeiT student or a ResNet-style CNN
+(+ SE/ECA/CBAM/CA).
 
-A run directory holds config.json ({"task": "vision", "arch": "vit"|"cnn", data, model,
-train}), data_report.json (classes, image shape, normalisation, split sizes),
+``deit`` is the ViT with a distillation token (``distill = true``) trained with DeiT's
+hard-label objective (Touvron et al. 2021, eq. 3): ½ CE(class head, label) + ½ CE(distillation
+head, argmax of the teacher), the teacher being a finished vision run (``--teacher RUN``, e.g.
+a CNN+SE run) run in eval mode on the same augmented batch.
+
+A run directory holds config.json ({"task": "vit"|"swin"|"deit"|"cnn", data, model, train}),
+data_report.json (classes, image shape, normalisation, split sizes),
 model.safetensors, metrics.jsonl, curves.png, state/, results.json and test_report.txt.
 """
 
@@ -32,16 +38,23 @@ from attnlab.data.images import (
 )
 from attnlab.data.io import read_json, write_json
 from attnlab.data.splits import stratified_split
+from attnlab.errors import UserError
 from attnlab.metrics import classification_report, format_report
 from attnlab.models.cnn import CNNConfig, ResNetCNN
+from attnlab.models.swin import Swin, SwinConfig
 from attnlab.models.vit import ViT, ViTConfig
 from attnlab.tasks import runner
 from attnlab.tasks.task import Run, RunConfig, Setup, Task
 from attnlab.tensor_files import load_tensors_into, read_tensors
 from attnlab.train import StepOutput, TrainConfig
 
-Arch = Literal["vit", "cnn"]
-MODEL_CONFIGS: dict[str, type[ConfigBase]] = {"vit": ViTConfig, "cnn": CNNConfig}
+Arch = Literal["vit", "cnn", "swin", "deit"]
+MODEL_CONFIGS: dict[str, type[ConfigBase]] = {
+    "vit": ViTConfig,
+    "cnn": CNNConfig,
+    "swin": SwinConfig,
+    "deit": ViTConfig,
+}
 
 
 @dataclass
@@ -64,6 +77,8 @@ class VisionConfig(ConfigBase):
     crop_padding: int = setting(2, "random crop after zero padding by N", min=0)
     hflip: bool = setting(True, "random horizontal flips")
     label_smoothing: float = setting(0.1, min=0, below=1)
+    teacher: str = setting("", "deit: the run folder of the teacher (e.g. a CNN+SE run)")
+    init: str = setting("", "vit: start from the encoder of this MAE run (fine-tune)")
     eval_batch_size: int = setting(500, min=1)
     allow_rare_labels: bool = setting(
         False, "train even with classes of fewer than 5 training examples"
@@ -73,7 +88,7 @@ class VisionConfig(ConfigBase):
 def sections(arch: Arch) -> dict[str, type[ConfigBase]]:
     """Config sections of ``arch``: data, model and train."""
     if arch not in MODEL_CONFIGS:
-        raise ValueError(f"arch must be vit or cnn, got {arch!r}")
+        raise UserError(f"arch must be one of {', '.join(MODEL_CONFIGS)}, got {arch!r}")
     return {"data": VisionConfig, "model": MODEL_CONFIGS[arch], "train": TrainConfig}
 
 
@@ -95,25 +110,25 @@ def load_splits(dcfg: VisionConfig) -> tuple[dict[str, ImageSet], str]:
         full, test = load_mnist("train"), load_mnist("test")
     elif dcfg.dataset == "idx":
         if not (dcfg.data and dcfg.labels):
-            raise ValueError("dataset=idx needs --data IMAGES.idx and --labels LABELS.idx")
+            raise UserError("dataset=idx needs --data IMAGES.idx and --labels LABELS.idx")
         full = load_idx_pair(dcfg.data, dcfg.labels)
         if dcfg.test_data:
             if not dcfg.test_labels:
-                raise ValueError("--test-data with dataset=idx needs --test-labels as well")
+                raise UserError("--test-data with dataset=idx needs --test-labels as well")
             test = load_idx_pair(dcfg.test_data, dcfg.test_labels, full.classes)
     elif dcfg.dataset == "folder":
         if not dcfg.data:
-            raise ValueError("dataset=folder needs --data ROOT (one sub-folder per class)")
+            raise UserError("dataset=folder needs --data ROOT (one sub-folder per class)")
         channels = dcfg.channels or 3
         full = load_image_folder(dcfg.data, channels, dcfg.resize)
         if dcfg.test_data:
             test = load_image_folder(dcfg.test_data, channels, dcfg.resize or full.images.shape[-1])
             if test.classes != full.classes:
-                raise ValueError(
+                raise UserError(
                     f"test classes {test.classes} differ from train classes {full.classes}"
                 )
     else:
-        raise ValueError(
+        raise UserError(
             f"dataset must be fashion-mnist, mnist, folder or idx; got {dcfg.dataset!r}"
         )
     labels = [str(int(y)) for y in full.labels]
@@ -130,7 +145,7 @@ def load_splits(dcfg: VisionConfig) -> tuple[dict[str, ImageSet], str]:
     out = {"train": full.subset(train_idx), "val": full.subset(split["val"])}
     out["test"] = test if test is not None else full.subset(split["test"])
     if not len(out["val"]):
-        raise ValueError("the validation split is empty; set val_ratio > 0")
+        raise UserError("the validation split is empty; set val_ratio > 0")
     return out, full.source
 
 
@@ -167,8 +182,87 @@ def predict_dataset(
 
 
 def build_model(cfg: RunConfig) -> nn.Module:
-    """The ViT or CNN of a run config."""
-    return ViT(cfg.model) if cfg.task == "vit" else ResNetCNN(cfg.model)
+    """The ViT (DeiT: a ViT with a distillation token), Swin or CNN of a run config."""
+    if cfg.task == "deit" and not cfg.model.distill:
+        raise UserError("the deit task trains a ViT with distill = true; do not turn it off")
+    if cfg.task in ("vit", "deit"):
+        return ViT(cfg.model)
+    return Swin(cfg.model) if cfg.task == "swin" else ResNetCNN(cfg.model)
+
+
+def deit_step_fn(label_smoothing: float, teacher: VisionRun, mean: list[float], std: list[float]):
+    """DeiT's hard-label distillation (Touvron et al. 2021, eq. 3): ½ CE(ψ(Z_s), y) +
+    ½ CE(ψ(Z_d), y_t), y_t = argmax of the teacher on the same (augmented) images."""
+    t_mean = torch.tensor(teacher.report["mean"])[None, :, None, None]
+    t_std = torch.tensor(teacher.report["std"])[None, :, None, None]
+    s_mean = torch.tensor(mean)[None, :, None, None]
+    s_std = torch.tensor(std)[None, :, None, None]
+
+    def step(model: nn.Module, batch: dict[str, Tensor]) -> StepOutput:
+        images, labels = batch["images"], batch["labels"]
+        with torch.no_grad():  # the teacher sees the pixels in its own normalisation
+            raw = images * s_std.to(images) + s_mean.to(images)
+            y_teacher = teacher.model((raw - t_mean.to(images)) / t_std.to(images)).argmax(-1)
+        cls_logits, dist_logits = model.heads(model.encoder(model.embed(images)))
+        loss = 0.5 * F.cross_entropy(cls_logits, labels, label_smoothing=label_smoothing)
+        loss = loss + 0.5 * F.cross_entropy(dist_logits, y_teacher)
+        logits = model.logits(cls_logits, dist_logits)
+        acc = (logits.argmax(-1) == labels).float().mean().item()
+        agree = (dist_logits.argmax(-1) == y_teacher).float().mean().item()
+        return StepOutput(
+            loss=loss, weight=len(labels), metrics={"acc": acc, "teacher_agree": agree}
+        )
+
+    return step
+
+
+MAE_SHAPE = ("patch_size", "d_model", "n_layers", "n_heads", "d_ff", "activation", "norm")
+
+
+def adopt_mae_shape(cfg: RunConfig) -> str:
+    """Give the ViT of ``cfg`` the shape of the MAE run ``cfg.data.init``'s encoder (patch stem,
+    sin-cos positions, class token); returns the line that says so."""
+    from attnlab.tasks.rundir import read_config
+
+    raw = read_config(Path(cfg.data.init))
+    if raw.get("task") != "mae":
+        raise UserError(f"--init {cfg.data.init}: not an MAE run (task {raw.get('task')!r})")
+    for name in MAE_SHAPE:
+        setattr(cfg.model, name, raw["model"][name])
+    cfg.model.norm_eps = raw["model"]["norm_eps"]
+    cfg.model.pos, cfg.model.stem, cfg.model.pooling = "sincos2d", "patch", "cls"
+    shape = ", ".join(f"{n} {raw['model'][n]}" for n in MAE_SHAPE)
+    return f"init: the encoder of MAE run {cfg.data.init} ({shape})"
+
+
+def load_mae_encoder(model: nn.Module, run_dir: Path) -> None:
+    """The pretrained encoder's weights into ``model`` (a ViT of the same shape); the head and
+    nothing else stays as initialised."""
+    tensors = read_tensors(run_dir / "model.safetensors")
+    encoder = {
+        k.removeprefix("encoder."): v
+        for k, v in tensors.items()
+        if k.startswith("encoder.") and not k.startswith("encoder.head.")
+    }
+    missing, unexpected = model.load_state_dict(encoder, strict=False)
+    if unexpected or set(missing) != {"head.weight", "head.bias"}:
+        raise UserError(f"--init {run_dir}: weights do not fit this ViT ({missing or unexpected})")
+
+
+def load_teacher(cfg: RunConfig, classes: list[str], shape: list[int]) -> VisionRun:
+    """The teacher run of a deit config, checked against the student's data."""
+    if not cfg.data.teacher:
+        raise UserError("deit needs --teacher RUN: a finished vision run to distil from")
+    teacher = VisionRun.load(cfg.data.teacher)
+    if teacher.classes != classes or list(teacher.report["image_shape"]) != list(shape):
+        raise UserError(
+            f"teacher {cfg.data.teacher} was trained on classes {teacher.classes} and images "
+            f"{teacher.report['image_shape']}; the student has {classes} and {shape}"
+        )
+    teacher.model.eval()
+    for p in teacher.model.parameters():
+        p.requires_grad_(False)
+    return teacher
 
 
 class VisionTask(Task):
@@ -176,6 +270,7 @@ class VisionTask(Task):
 
     preset_prefix = ""
     resumable = frozenset({"eval_batch_size"})
+    data_paths = ("data", "labels", "test_data", "test_labels")
 
     def __init__(self, arch: Arch) -> None:
         self.name = self.preset = self.preset_prefix = arch  # type: ignore[misc]
@@ -184,18 +279,24 @@ class VisionTask(Task):
         return sections(self.name)  # type: ignore[arg-type]
 
     def setup(self, cfg: RunConfig, run_dir: Path, resume: bool, device: str) -> Setup:
+        if cfg.data.teacher and self.name != "deit":
+            raise UserError(f"--teacher applies to the deit task, not {self.name}")
+        if cfg.data.init and self.name != "vit":
+            raise UserError(f"--init (an MAE run) applies to the vit task, not {self.name}")
+        init_message = adopt_mae_shape(cfg) if cfg.data.init else None
         splits, source = load_splits(cfg.data)
         train_set = splits["train"]
         c, h, w = train_set.images.shape[1:]
         if h != w:
-            raise ValueError(f"images are {h} × {w}; square images are needed (use --resize N)")
+            raise UserError(f"images are {h} × {w}; square images are needed (use --resize N)")
         cfg.model.in_channels = c
         cfg.model.n_classes = len(train_set.classes)
-        if isinstance(cfg.model, ViTConfig):
+        if isinstance(cfg.model, ViTConfig | SwinConfig):
             cfg.model.image_size = h
             # re-validate the patch size against the data
-            cfg.sections["model"] = ViTConfig(**to_dict(cfg.model))
+            cfg.sections["model"] = type(cfg.model)(**to_dict(cfg.model))
         mean, std = channel_stats(train_set.images)
+        self.report_stats = (mean, std)
         report = {
             "source": source,
             "classes": train_set.classes,
@@ -218,15 +319,26 @@ class VisionTask(Task):
 
         files = {"data_report.json": lambda path: write_json(path, report)}
         message = f"data: {source}; {report['split_sizes']}; images {c}×{h}×{w}"
-        return Setup((splits, report), train_data, evaluate, files, [message])
+        setup = Setup((splits, report), train_data, evaluate, files, [message])
+        if init_message:
+            setup.messages.append(init_message)
+        if self.name == "deit":
+            self.teacher = load_teacher(cfg, train_set.classes, [c, h, w])
+            setup.messages.append(f"teacher: {cfg.data.teacher} ({self.teacher.config.task})")
+        return setup
 
     def build_model(self, cfg: RunConfig, setup: Setup) -> nn.Module:
         model = build_model(cfg)
+        if cfg.data.init:  # (on --resume the checkpoint's weights replace these)
+            load_mae_encoder(model, Path(cfg.data.init))
         n_params = sum(p.numel() for p in model.parameters())
         setup.messages.append(f"model: {self.name}, {n_params / 1e6:.3f}M parameters")
         return model
 
     def step(self, cfg: RunConfig):
+        if self.name == "deit":
+            mean, std = self.report_stats
+            return deit_step_fn(cfg.data.label_smoothing, self.teacher, mean, std)
         return step_fn(cfg.data.label_smoothing)
 
     def finish(
@@ -255,11 +367,12 @@ class VisionTask(Task):
         path = run_dir / "model.safetensors"
         load_tensors_into(model, upgrade_weights(read_tensors(path), model), path)
         model.to(device).eval()
-        report = read_json(run_dir / "data_report.json", "data report")
+        keys = {"classes": list, "image_shape": list, "mean": list, "std": list}
+        report = read_json(run_dir / "data_report.json", "data report", keys=keys)
         return VisionRun(run_dir, cfg, model, report)
 
 
-TASKS = {arch: VisionTask(arch) for arch in ("vit", "cnn")}
+TASKS = {arch: VisionTask(arch) for arch in ("vit", "cnn", "swin", "deit")}
 
 
 def evaluate_set(
@@ -313,8 +426,8 @@ class VisionRun(Run):
 
     @property
     def explore_page(self) -> str:  # type: ignore[override]
-        """The explorer's page of the architecture: "vit" or "cnn"."""
-        return self.task
+        """The explorer's page of the architecture: "cnn", or "vit" (ViT, DeiT and Swin)."""
+        return "cnn" if self.task == "cnn" else "vit"
 
     @classmethod
     def load(cls, run_dir: str | Path, device: str = "cpu") -> VisionRun:
@@ -335,7 +448,7 @@ class VisionRun(Run):
     def predict(self, paths: list[str]) -> list[dict[str, Any]]:
         """Label and per-class probabilities for each image file."""
         x = normalize(self.load_images(paths), self.report["mean"], self.report["std"])
-        probs = torch.softmax(self.model(x), dim=-1)  # (B, C)
+        probs = torch.softmax(self.model(x.to(self.device)).float(), dim=-1).cpu()  # (B, C)
         out = []
         for path, p in zip(paths, probs):
             k = int(p.argmax())
@@ -349,16 +462,17 @@ class VisionRun(Run):
             c, h, _ = self.report["image_shape"]
             images = load_image_folder(data, c, h)
             if images.classes != self.classes:
-                raise ValueError(f"{data}: classes {images.classes} differ from {self.classes}")
+                raise UserError(f"{data}: classes {images.classes} differ from {self.classes}")
         else:
             images = load_splits(self.config.data)[0][split]
         mean, std = self.report["mean"], self.report["std"]
-        return evaluate_set(self.model, images, mean, std, self.config.data.eval_batch_size, "cpu")
+        batch = self.config.data.eval_batch_size
+        return evaluate_set(self.model, images, mean, std, batch, self.device)  # type: ignore[arg-type]
 
     def draw_attention(self, image: str, out: str | None, member: int = 1) -> list[str]:
-        """The attention rollout of a ViT over ``image``, drawn over it."""
+        """The attention rollout of a ViT (Swin: attention received) over ``image``, drawn."""
         if member != 1:
-            raise ValueError("--member applies to ensemble classifier runs, not vision runs")
+            raise UserError("--member applies to ensemble classifier runs, not vision runs")
         picture, rollout, pred = self.rollout(image)
         path = Path(out) if out else self.run_dir / "rollout.png"
         title = f"{Path(image).name} → {pred['label']} ({pred['probs'][pred['label']]:.2f})"
@@ -371,14 +485,21 @@ class VisionRun(Run):
         ]
 
     def rollout(self, path: str) -> tuple[Tensor, Tensor, dict[str, Any]]:
-        """The image (C, H, W) uint8, its attention-rollout map (G, G) and the prediction."""
+        """The image (C, H, W) uint8, its attention map (G, G) and the prediction: the rollout
+        of a ViT/DeiT, or for a Swin the attention each first-stage token receives."""
+        from attnlab.models.swin import attention_received
         from attnlab.models.vit import rollout_map
 
-        if not isinstance(self.model, ViT):
-            raise ValueError("attention rollout needs a ViT run; this run is a CNN")
+        if not isinstance(self.model, ViT | Swin):
+            raise UserError("this run is a CNN: the attention map needs a ViT, DeiT or Swin run")
         image = self.load_images([path])  # (1, C, H, W)
         x = normalize(image, self.report["mean"], self.report["std"])
-        return image[0], rollout_map(self.model, x)[0], self.predict([path])[0]
+        x = x.to(self.device)
+        if isinstance(self.model, Swin):
+            heat = attention_received(self.model, x)[0].cpu()  # (G, G)
+        else:
+            heat = rollout_map(self.model, x)[0].cpu()  # (G, G)
+        return image[0], heat, self.predict([path])[0]
 
 
 def plot_rollout(image: Tensor, rollout: Tensor, out: str | Path, title: str) -> Path:

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnlab.errors import UserError
 from attnlab.tensor_files import (
     fsync_file,
     load_tensors_into,
@@ -51,7 +52,7 @@ def _read_json(path: Path) -> Any:
     try:
         return _untag_tuples(json.loads(path.read_text(encoding="utf-8")))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(
+        raise UserError(
             f"{path}: unreadable checkpoint file ({err}); restore it, or train into a new --out"
         ) from None
 
@@ -122,7 +123,7 @@ def _state_device(opt: torch.optim.Optimizer, pid: int, key: str) -> torch.devic
                     return torch.device("cpu")
                 return param.device
             index += 1
-    raise ValueError(f"optimizer state names parameter {pid}, but the optimizer has {index}")
+    raise UserError(f"optimizer state names parameter {pid}, but the optimizer has {index}")
 
 
 def _optimizer_from_files(
@@ -200,7 +201,7 @@ def load_checkpoint(
     """Load `run_dir/state/` into `model` and `optimizer`; return (trainer_state, rng_states)."""
     state = recover_state_dir(run_dir)
     if state is None:
-        raise ValueError(
+        raise UserError(
             f"no complete checkpoint in {Path(run_dir) / STATE}; "
             "start the run anew without --resume"
         )

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from attnlab.configs import ConfigBase, setting
+from attnlab.errors import UserError
 
 
 @dataclass
@@ -114,8 +115,8 @@ class TrainConfig(ConfigBase):
     def check(self) -> None:
         """Cross-field rules; each field's own range is declared with its setting."""
         if self.max_steps == 0 and self.epochs < 1:
-            raise ValueError(f"epochs must be >= 1 when max_steps == 0, got {self.epochs}")
+            raise UserError(f"epochs must be >= 1 when max_steps == 0, got {self.epochs}")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
-            raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas}")
+            raise UserError(f"betas must be two numbers in [0, 1), got {self.betas}")
         if self.schedule == "noam" and self.warmup_steps == 0 and self.warmup_ratio == 0.0:
-            raise ValueError("schedule='noam' needs warmup: set warmup_steps or warmup_ratio > 0")
+            raise UserError("schedule='noam' needs warmup: set warmup_steps or warmup_ratio > 0")

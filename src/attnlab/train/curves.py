@@ -9,6 +9,7 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from attnlab.errors import UserError
 from attnlab.train.metrics_log import read_metrics
 
 _NOT_CURVES = {"step", "epoch", "split", "precision", "elapsed_s", "best"}
@@ -46,7 +47,7 @@ def plot_curves(metrics_jsonl_path: str | Path, out_png: str | Path) -> Path:
     train = [r for r in records if r.get("split") == "train" and "loss" in r]
     val = [r for r in records if r.get("split") == "val"]
     if not train and not val:
-        raise ValueError(f"{metrics_jsonl_path} has no train or val records to plot")
+        raise UserError(f"{metrics_jsonl_path} has no train or val records to plot")
     val_keys = sorted(
         {
             k

@@ -25,7 +25,9 @@ import contextlib
 import copy
 import json
 import math
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +38,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from attnlab.configs import save_json, to_dict
+from attnlab.errors import UserError
 from attnlab.train.checkpoint import (
     load_checkpoint,
     read_trainer_state,
@@ -232,13 +235,15 @@ class Trainer:
 
         def run(dtype: torch.dtype | None) -> None:
             self.model.train()
-            with autocast(self.env.device, dtype):
-                out = self.step_fn(self.model, batch)
-            out.loss.backward()
-            self.model.zero_grad(set_to_none=True)
-            with torch.no_grad():
-                for buf, saved in buffers:
-                    buf.copy_(saved)
+            try:
+                with autocast(self.env.device, dtype):
+                    out = self.step_fn(self.model, batch)
+                out.loss.backward()
+            finally:  # also when the step fails under this dtype (the probe then drops it)
+                self.model.zero_grad(set_to_none=True)
+                with torch.no_grad():
+                    for buf, saved in buffers:
+                        buf.copy_(saved)
 
         return run
 
@@ -263,7 +268,7 @@ class Trainer:
         has_ckpt, has_metrics = broadcast_object(found, env)
         if not resume:
             if has_ckpt or has_metrics:
-                raise ValueError(
+                raise UserError(
                     f"{run_dir} already holds a run; continue it with --resume "
                     "or choose another --out"
                 )
@@ -278,12 +283,14 @@ class Trainer:
         if self.scaler is not None and saved.get("scaler"):
             self.scaler.load_state_dict(saved["scaler"])
         if saved["world_size"] != env.world_size:
-            raise ValueError(
+            raise UserError(
                 f"checkpoint was written by {saved['world_size']} processes but this job has "
                 f"{env.world_size}; resume with --nproc_per_node={saved['world_size']}"
             )
         restore_rng(rng_states[env.rank])
         state = LoopState.from_dict(saved["loop"])
+        if state.stop_reason is not None and can_continue(state, self.cfg):
+            state.stop_reason = None  # a finished run whose limits the resume raised goes on
         if env.is_main:
             _log(f"resuming from step {state.step} (epoch {state.epoch}, batch {state.batch_pos})")
             now = to_dict(self.cfg)
@@ -316,6 +323,7 @@ class Trainer:
             dynamic_ncols=True,
             disable=None if env.is_main else True,
         )
+        signals = _DeferredSignals(active=not env.distributed)
         try:
             while state.stop_reason is None:
                 batches = self.data.batches(state.epoch)
@@ -324,7 +332,7 @@ class Trainer:
                 while True:
                     group = batches[state.batch_pos : state.batch_pos + cfg.grad_accum]
                     sums = self._accumulate(group)
-                    updating = True
+                    updating = signals.busy = True
                     lr, grad_norm = self._update(state.step + 1, sums.weights["loss"])
                     epoch = state.epoch
                     state.step += 1
@@ -335,6 +343,7 @@ class Trainer:
                     self._after_step(state, sums, lr, grad_norm, epoch, epoch_done, bar)
                     boundary = (copy.deepcopy(state), capture_rng())
                     updating = False
+                    signals.done()  # a SIGINT/SIGTERM that came during the update stops here
                     if epoch_done or state.stop_reason is not None:
                         break
         except KeyboardInterrupt:
@@ -357,6 +366,7 @@ class Trainer:
                 )
             raise
         finally:
+            signals.restore()
             bar.close()
         state.elapsed_s, state.cpu_s = self._elapsed(), self._cpu()
         return state
@@ -589,7 +599,7 @@ class Trainer:
             metrics = {k: float(v) for k, v in self.evaluate(self.model).items()}
         self.model.train()
         if self.cfg.monitor not in metrics:
-            raise ValueError(
+            raise UserError(
                 f"monitor '{self.cfg.monitor}' is not among the evaluate() keys "
                 f"{sorted(metrics)}; set TrainConfig.monitor to one of them"
             )
@@ -661,6 +671,45 @@ class Trainer:
             "world_size": self.env.world_size,
             "run_dir": str(self.run_dir),
         }
+
+
+class _DeferredSignals:
+    """SIGINT and SIGTERM stop a single-process run like Ctrl-C, but one that arrives during an
+    optimizer update takes effect once the update (and its eval and checkpoint) is complete, so
+    the checkpoint written on the way out is always of a finished step."""
+
+    def __init__(self, active: bool) -> None:
+        self.busy = self.pending = False
+        self.saved: dict[int, Any] = {}
+        if active and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self.saved[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if not self.busy:
+            raise KeyboardInterrupt
+        self.pending = True
+
+    def done(self) -> None:
+        self.busy = False
+        if self.pending:
+            self.pending = False
+            raise KeyboardInterrupt
+
+    def restore(self) -> None:
+        for sig, handler in self.saved.items():
+            signal.signal(sig, handler)
+
+
+def can_continue(state: LoopState, cfg: TrainConfig) -> bool:
+    """Whether a run that stopped (``state.stop_reason``) trains on under ``cfg``: it stopped at
+    a step, epoch or time limit, or early, and ``cfg`` leaves steps, time and patience."""
+    if state.stop_reason not in ("max_steps", "epochs", "max_minutes", "early_stop"):
+        return False
+    steps_left = state.step < cfg.max_steps if cfg.max_steps > 0 else state.epoch < cfg.epochs
+    time_left = cfg.max_minutes <= 0 or state.elapsed_s < 60 * cfg.max_minutes
+    patience_left = cfg.patience <= 0 or state.bad_evals < cfg.patience
+    return steps_left and time_left and patience_left
 
 
 def _check_output(out: StepOutput) -> float:

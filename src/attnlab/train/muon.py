@@ -34,6 +34,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from attnlab.errors import UserError
+
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # Jordan et al. 2024, quintic iteration
 NS_EPS = 1e-7
 ADJUST_LR_FNS = ("original", "match_rms_adamw")
@@ -140,19 +142,19 @@ def _check_muon_hyper(group: dict[str, Any]) -> None:
     """ValueError for a Muon group whose hyper-parameters or parameters it cannot use."""
     for key in ("lr", "momentum", "weight_decay"):
         if not group[key] >= 0:
-            raise ValueError(f"Muon {key} must be >= 0, got {group[key]}")
+            raise UserError(f"Muon {key} must be >= 0, got {group[key]}")
     adjust = group["adjust_lr_fn"]
     if adjust is not None and adjust not in ADJUST_LR_FNS:
-        raise ValueError(f"adjust_lr_fn must be one of {', '.join(ADJUST_LR_FNS)} or None")
+        raise UserError(f"adjust_lr_fn must be one of {', '.join(ADJUST_LR_FNS)} or None")
     if not 0 <= group["ns_steps"] < 100:
-        raise ValueError(f"ns_steps must be in [0, 100), got {group['ns_steps']}")
+        raise UserError(f"ns_steps must be in [0, 100), got {group['ns_steps']}")
     if group.get("ns_dtype", "bfloat16") not in NS_DTYPES:
-        raise ValueError(
+        raise UserError(
             f"ns_dtype must be one of {', '.join(NS_DTYPES)}, got {group['ns_dtype']!r}"
         )
     for p in group["params"]:
         if p.ndim != 2:
-            raise ValueError(
+            raise UserError(
                 f"Muon updates 2-D matrices only, got a parameter of shape {tuple(p.shape)}; "
                 "give it to AdamW"
             )

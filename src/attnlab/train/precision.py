@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -185,12 +186,29 @@ def time_step_precisions(
 
     `sync` waits for the device before the clock is read at both ends (CUDA launches are
     asynchronous: without it the clock would time the launches, not the step).
+
+    A low precision whose step raises a RuntimeError (an operation without a kernel for that
+    dtype, a dtype mismatch) is not timed: its entry stays ``math.inf``, one line on stderr
+    says why, and :func:`choose_by_step_time` then keeps fp32.
     """
     sync = sync or (lambda: None)
     dtypes = {name: PRECISION_DTYPES[name] for name in names}
-    for dtype in dtypes.values():
-        run_step(dtype)
     best = {name: math.inf for name in dtypes}
+    for name, dtype in list(dtypes.items()):
+        if dtype is None:
+            run_step(dtype)  # fp32 must work: an error there is the model's, not the precision's
+            continue
+        try:
+            run_step(dtype)
+        except RuntimeError as err:  # a kernel without this dtype: time it as never finishing
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            print(
+                f"[attnlab] precision auto: the training step fails under {name} autocast "
+                f"({first[:160]}); falling back to fp32",
+                file=sys.stderr,
+                flush=True,
+            )
+            del dtypes[name]
     for _ in range(repeats):
         for name, dtype in dtypes.items():
             sync()
@@ -210,6 +228,8 @@ def choose_by_step_time(
     and the many small ops under autocast cost more than the matmuls save; on a GPU a small
     model is bound by kernel launches, not arithmetic), so the decision is made on the step.
     """
+    if math.isinf(seconds[low]):
+        return None, f"auto -> fp32: {why}, but the training step fails under {low} autocast"
     speedup = seconds["fp32"] / seconds[low]
     timing = (
         f"one training step took {seconds['fp32'] * 1e3:.1f} ms in fp32 and "

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 
+from attnlab.errors import UserError
+
 SCHEDULES = ("cosine", "linear", "noam", "constant", "wsd")
 
 
@@ -43,12 +45,12 @@ def lr_factor(
       and `lr` is a plain multiplier (lr=1 reproduces the paper). min_lr_ratio is not used.
     """
     if step < 1:
-        raise ValueError(f"step is 1-based and must be >= 1, got {step}")
+        raise UserError(f"step is 1-based and must be >= 1, got {step}")
     if schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
+        raise UserError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
     if schedule == "noam":
         if warmup_steps < 1:
-            raise ValueError("schedule='noam' needs warmup_steps >= 1")
+            raise UserError("schedule='noam' needs warmup_steps >= 1")
         scale = noam_d_model**-0.5 if noam_d_model > 0 else warmup_steps**0.5
         return scale * min(step**-0.5, step * warmup_steps**-1.5)
     if step <= warmup_steps:
@@ -57,7 +59,7 @@ def lr_factor(
         return 1.0
     if schedule == "wsd":
         if not 0.0 <= decay_ratio <= 1.0:
-            raise ValueError(f"decay_ratio must be in [0, 1], got {decay_ratio}")
+            raise UserError(f"decay_ratio must be in [0, 1], got {decay_ratio}")
         decay_start = max(warmup_steps, total_steps - round(decay_ratio * total_steps))
         if step <= decay_start or total_steps <= decay_start:
             return 1.0

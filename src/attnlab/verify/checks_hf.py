@@ -4,8 +4,8 @@ Each check builds a tiny random configuration, scrambles HF's weights (far from 
 a transposed or swapped tensor shows), copies them into attnlab's module through
 :mod:`attnlab.verify.copy_weights` (or attnlab's own checkpoint loaders), and compares outputs
 and, where the check says so, gradients. float64 where HF computes in the input's dtype;
-float32 where HF rounds through float32 whatever the input (LLaMA's RMSNorm, Mamba's scan,
-Mixtral's router), with the tolerance set for float32.
+float32 where HF rounds through float32 whatever the input (LLaMA's RMSNorm, Mixtral's
+router), with the tolerance set for float32.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from attnlab.models.gpt_hf import load_hf_gpt2
 from attnlab.models.vit import ViT, ViTConfig
 from attnlab.moe import MoEFeedForward, load_balancing_loss
 from attnlab.positions import RotaryEmbedding, T5RelativePositionBias
-from attnlab.ssm import MambaLM, MambaLMConfig
 from attnlab.verify.checks_torch import choice, randint
 from attnlab.verify.copy_weights import (
     Link,
@@ -32,7 +31,6 @@ from attnlab.verify.copy_weights import (
     copy_t5_attention,
     copy_vit,
     llama_model_links,
-    mamba_lm_links,
     max_grad_error,
     mixtral_moe_links,
 )
@@ -312,85 +310,8 @@ def check_bert(m: Measure, cases: int = 3) -> None:
         m.case()
 
 
-# --------------------------------------------------------------------------- Mamba, Mixtral
-
-
-def _mamba_pair(tf, scan: str) -> tuple[nn.Module, MambaLM, list[Link]]:
-    d = 8 * randint(2, 5)
-    config = tf.MambaConfig(
-        vocab_size=randint(20, 70),
-        hidden_size=d,
-        state_size=randint(2, 12),
-        num_hidden_layers=randint(1, 2),
-        expand=randint(1, 2),
-        conv_kernel=randint(2, 4),
-        time_step_rank=choice(["auto", randint(1, 6)]),
-        layer_norm_epsilon=1e-5,
-        use_mambapy=False,
-        use_associative_scan=False,  # HF's sequential loop, the CPU path
-    )
-    hf = tf.MambaForCausalLM(config)
-    with torch.no_grad():  # off HF's structured init (A = -(1..N), D = 1)
-        for p in hf.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
-    ours = MambaLM(
-        MambaLMConfig(
-            vocab_size=config.vocab_size,
-            d_model=d,
-            n_layers=config.num_hidden_layers,
-            d_state=config.state_size,
-            d_conv=config.conv_kernel,
-            expand=config.expand,
-            dt_rank=config.time_step_rank,
-            norm_eps=config.layer_norm_epsilon,
-            scan=scan,
-        )
-    )
-    links = mamba_lm_links(ours, hf)
-    copy_links(links)
-    return hf, ours, links
-
-
-def check_mamba_logits(m: Measure, cases: int = 4) -> None:
-    """MambaForCausalLM (PyTorch path) == MambaLM, float32: logits (chunked and sequential
-    scans), greedy continuations token for token, and the cached step-by-step decode."""
-    tf = _transformers()
-    for i in range(cases):
-        hf, ours, _ = _mamba_pair(tf, "chunked" if i % 2 == 0 else "sequential")
-        hf.eval()
-        ids = torch.randint(0, hf.config.vocab_size, (randint(1, 3), randint(1, 80)))
-        with torch.no_grad():
-            m.diff(ours(ids), hf(input_ids=ids).logits, "logits")
-            prompt, steps = ids[:, : randint(1, 6)], randint(4, 16)
-            hf.generation_config.eos_token_id = None  # no early stop: every step is compared
-            want = hf.generate(
-                prompt,
-                attention_mask=torch.ones_like(prompt),
-                max_new_tokens=steps,
-                do_sample=False,
-                pad_token_id=0,
-            )
-            got = ours.greedy(prompt, steps)
-            if not torch.equal(got, want):
-                m.fail("greedy continuation differs from HF generate")
-            caches = ours.new_caches()
-            split = randint(1, ids.shape[1])
-            pieces = [ours(ids[:, :split], caches)]
-            pieces += [ours(ids[:, t : t + 1], caches) for t in range(split, ids.shape[1])]
-            m.diff(torch.cat(pieces, dim=1), ours(ids), "cached decode")
-        m.case()
-
-
-def check_mamba_grads(m: Measure, cases: int = 2) -> None:
-    """Every parameter gradient of MambaLM == MambaForCausalLM's, float32."""
-    tf = _transformers()
-    for _ in range(cases):
-        hf, ours, links = _mamba_pair(tf, "chunked")
-        ids = torch.randint(0, hf.config.vocab_size, (randint(1, 2), randint(2, 40)))
-        want, got = hf(input_ids=ids).logits, ours(ids)
-        backward_both(got, want)
-        m.value(max_grad_error(links))
-        m.case()
+# --------------------------------------------------------------------------- Mixtral
+# (Mamba and RWKV: checks_mixers.py)
 
 
 def check_mixtral(m: Measure, cases: int = 6, gradients: bool = False) -> None:

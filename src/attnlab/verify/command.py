@@ -15,6 +15,8 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from attnlab.errors import UserError
+
 if TYPE_CHECKING:  # torch and the checks load only when verify runs (`attnlab --help` stays fast)
     from attnlab.verify.runner import Row
 
@@ -24,8 +26,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "verify",
         help="rerun every parity check against PyTorch / Hugging Face oracles; print the table",
         description="Runs each of attnlab's parity checks (attention, layers, stacks, LLaMA, T5, "
-        "GPT-2, ViT, BERT, MiniLM, Mamba, Mixtral MoE) on fresh random configurations from one "
-        "seed and prints: component, oracle, cases, max abs error, tolerance, pass. Exits 1 if "
+        "GPT-2, ViT, BERT, MiniLM, Mamba, RWKV, Mixtral MoE) on fresh random configurations from "
+        "one seed and prints: component, oracle, cases, max abs error, tolerance, pass. Exits 1 if "
         "any check fails.",
     )
     p.add_argument("--seed", type=int, default=None, help="seed (default: a fresh one, printed)")
@@ -50,7 +52,7 @@ def select(only: str) -> list:
     ]
     if not chosen:
         names = ", ".join(c.component for c in CHECKS)
-        raise ValueError(f"--only {only!r} matches no check; the checks are: {names}")
+        raise UserError(f"--only {only!r} matches no check; the checks are: {names}")
     return chosen
 
 
@@ -65,9 +67,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{c.component:36s} {c.oracle:32s} tolerance {c.tolerance:.0e}")
         return 0
     if args.num_threads < 0:
-        raise ValueError(
-            f"--num-threads must be >= 0 (0 = torch's default), got {args.num_threads}"
-        )
+        raise UserError(f"--num-threads must be >= 0 (0 = torch's default), got {args.num_threads}")
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")

@@ -23,7 +23,8 @@ from attnlab.blocks import Block, BlockStack, DecoderBlock, FeedForward
 from attnlab.models.vit import ViT
 from attnlab.moe import MoEFeedForward
 from attnlab.positions import T5RelativePositionBias
-from attnlab.ssm import MambaBlock, MambaLM
+from attnlab.rwkv import ChannelMix, TimeMix
+from attnlab.ssm import MambaBlock
 
 
 def _same(t: Tensor) -> Tensor:
@@ -234,14 +235,46 @@ def mamba_mixer_links(ours: MambaBlock, theirs: nn.Module) -> list[Link]:
     return _covers(ours, [Link(p, (ref[n],), name=n) for n, p in mine.items()])
 
 
-def mamba_lm_links(ours: MambaLM, theirs: nn.Module) -> list[Link]:
-    """MambaForCausalLM -> MambaLM: embeddings (tied head), per layer norm + mixer, norm_f."""
+def mamba_lm_links(ours: nn.Module, theirs: nn.Module) -> list[Link]:
+    """MambaForCausalLM -> the GPT with mixer "mamba", ffn "none", RMSNorm, tied head:
+    embeddings, per layer norm + mixer, the final norm."""
     backbone = theirs.backbone
     links = [Link(ours.tok_emb.weight, (backbone.embeddings.weight,), name="embeddings")]
-    for i, (mine, ref) in enumerate(zip(ours.layers, backbone.layers, strict=True)):
-        links += layer_norm_links(mine.norm, ref.norm, f"layers.{i}.norm")
+    for i, (mine, ref) in enumerate(zip(ours.stack.blocks, backbone.layers, strict=True)):
+        links += layer_norm_links(mine.norm1, ref.norm, f"layers.{i}.norm")
         links += mamba_mixer_links(mine.mixer, ref.mixer)
-    links += layer_norm_links(ours.norm_f, backbone.norm_f, "norm_f")
+    links += layer_norm_links(ours.stack.norm, backbone.norm_f, "norm_f")
+    return _covers(ours, links)
+
+
+def _same_names(ours: nn.Module, theirs: nn.Module, prefix: str) -> list[Link]:
+    """One link per parameter of ``ours``, to the parameter of ``theirs`` of the same name."""
+    ref = dict(theirs.named_parameters())
+    mine = dict(ours.named_parameters())
+    if sorted(mine) != sorted(ref):
+        raise ValueError(f"{prefix}: parameters differ: {sorted(mine)} vs {sorted(ref)}")
+    return [Link(p, (ref[n],), name=f"{prefix}.{n}") for n, p in mine.items()]
+
+
+def rwkv_layer_links(ours: TimeMix | ChannelMix, theirs: nn.Module, prefix: str) -> list[Link]:
+    """RwkvSelfAttention -> TimeMix, RwkvFeedForward -> ChannelMix: same names and shapes."""
+    return _covers(ours, _same_names(ours, theirs, prefix))
+
+
+def rwkv_lm_links(ours: nn.Module, theirs: nn.Module) -> list[Link]:
+    """RwkvForCausalLM -> the GPT with mixer "rwkv" (LayerNorm, untied head): embeddings,
+    layer 0's pre_ln, per layer ln1 + time-mix + ln2 + channel-mix, ln_out, head."""
+    model = theirs.rwkv
+    links = [Link(ours.tok_emb.weight, (model.embeddings.weight,), name="embeddings")]
+    for i, (mine, ref) in enumerate(zip(ours.stack.blocks, model.blocks, strict=True)):
+        if i == 0:
+            links += layer_norm_links(mine.pre_norm, ref.pre_ln, "blocks.0.pre_ln")
+        links += layer_norm_links(mine.norm1, ref.ln1, f"blocks.{i}.ln1")
+        links += rwkv_layer_links(mine.mixer, ref.attention, f"blocks.{i}.attention")
+        links += layer_norm_links(mine.norm2, ref.ln2, f"blocks.{i}.ln2")
+        links += rwkv_layer_links(mine.ff, ref.feed_forward, f"blocks.{i}.feed_forward")
+    links += layer_norm_links(ours.stack.norm, model.ln_out, "ln_out")
+    links.append(Link(ours.head.weight, (theirs.head.weight,), name="head"))
     return _covers(ours, links)
 
 

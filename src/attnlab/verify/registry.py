@@ -13,9 +13,12 @@ from functools import partial
 
 from attnlab.verify import checks_hf as hf
 from attnlab.verify import checks_infer as inf
+from attnlab.verify import checks_mixers as mx
 from attnlab.verify import checks_optim as opt
 from attnlab.verify import checks_torch as pt
+from attnlab.verify import checks_vision as vis
 from attnlab.verify import checks_zoo as zoo
+from attnlab.verify.checks_bert_dir import check_chinese_bert_dir
 from attnlab.verify.checks_minilm import check_minilm
 from attnlab.verify.runner import Check, Oracle
 
@@ -32,7 +35,6 @@ TORCH_MUON = Oracle("torch.optim", "torch >= 2.9 has torch.optim.Muon", attr="Mu
 HF = (TRANSFORMERS,)
 llama_grads = partial(hf.check_llama, gradients=True)
 moe_grads = partial(hf.check_mixtral, gradients=True)
-mamba = hf.check_mamba_logits
 
 CHECKS: list[Check] = [
     Check("scaled_dot_product_attention", "F.scaled_dot_product_attention", 1e-10, pt.check_sdpa),
@@ -49,6 +51,22 @@ CHECKS: list[Check] = [
     Check("GPT, GPT-2 layout", "HF GPT2LMHeadModel", 1e-10, hf.check_gpt2, HF),
     Check("ViT (f32)", "HF ViTForImageClassification", 1e-5, hf.check_vit, HF),
     Check("BERT", "HF BertModel", 1e-10, hf.check_bert, HF),
+    Check("Swin", "HF SwinForImageClassification", 1e-10, vis.check_swin, HF),
+    Check("Swin attention (f32)", "HF SwinModel eager", 5e-5, vis.check_swin_f32, HF),
+    Check(
+        "DeiT (distillation token)",
+        "HF DeiTForImageClassificationWithTeacher",
+        1e-10,
+        vis.check_deit,
+        HF,
+    ),
+    Check(
+        "MAE encoder + decoder, loss, gradients",
+        "HF ViTMAEForPreTraining",
+        1e-10,
+        vis.check_mae,
+        HF,
+    ),
     Check(
         "MiniLM embeddings (real weights)",
         "sentence-transformers",
@@ -57,9 +75,24 @@ CHECKS: list[Check] = [
         (TRANSFORMERS, SENTENCE_TRANSFORMERS, MINILM),
     ),
     Check(
-        "MambaLM logits/greedy/cache (f32)", "HF MambaForCausalLM", 1e-5, hf.check_mamba_logits, HF
+        "Chinese BERT dir: WordPiece ids + hidden states",
+        "HF BertTokenizer(Fast), BertModel",
+        1e-10,
+        check_chinese_bert_dir,
+        HF,
     ),
-    Check("MambaLM gradients (f32)", "HF MambaForCausalLM", 1e-4, hf.check_mamba_grads, HF),
+    Check(
+        "Mamba GPT logits/greedy/cache (f32)",
+        "HF MambaForCausalLM",
+        1e-5,
+        mx.check_mamba_logits,
+        HF,
+    ),
+    Check("Mamba GPT gradients (f32)", "HF MambaForCausalLM", 1e-4, mx.check_mamba_grads, HF),
+    Check(
+        "RWKV GPT logits/greedy/cache (f32)", "HF RwkvForCausalLM", 1e-5, mx.check_rwkv_logits, HF
+    ),
+    Check("RWKV GPT gradients (f32)", "HF RwkvForCausalLM", 1e-4, mx.check_rwkv_grads, HF),
     Check("MoEFeedForward (f32)", "HF MixtralSparseMoeBlock", 1e-6, hf.check_mixtral, HF),
     Check("MoEFeedForward gradients (f32)", "HF MixtralSparseMoeBlock", 1e-5, moe_grads, HF),
     Check("MoE balance loss", "HF load_balancing_loss_func", 2e-6, hf.check_balance_loss, HF),

@@ -126,6 +126,12 @@ function renderSummary() {
     wrap.append(el("div", {}, el("div", { class: "kv", text: "prediction" }),
       el("div", { class: "big", id: "pred-label", text: `${p.label}  ${p.probs[p.label].toFixed(3)}` })),
     barList(p.probs, p.label));
+    if (p.unknown_share !== undefined) {
+      const share = `unknown tokens ${(100 * p.unknown_share).toFixed(0)}%`;
+      wrap.append(p.out_of_reach
+        ? el("div", { class: "warn", id: "pred-warning", text: `⚠ out of reach: ${p.warning}` })
+        : el("div", { class: "kv", id: "pred-unknown", text: share }));
+    }
   }
   if (ex.translation) {
     wrap.append(el("div", {}, el("div", { class: "kv", text: "source" }), el("div", { text: ex.input })),
@@ -335,7 +341,7 @@ function maskLegend(view, g) {
   let causal = 0, pad = 0;
   for (let i = 0; i < g.tq; i++) for (let j = 0; j < g.tk; j++) { const k = blockedKind(g, i, j); if (k === 1) causal++; else if (k === 2) pad++; }
   const t = `masks shown: ${causal} cells blocked by the causal mask (pale blue: a query may not see later keys), ${pad} by the padding mask (grey: <pad> keys, or keys outside a local-attention window). Blocked weights are exactly 0.`;
-  view.append(el("div", { class: "note", id: "mask-legend", text: causal + pad ? t : "no cell is masked in this input" + (g.causal ? "" : " (no causal mask; give several inputs of different lengths to see padding)") }));
+  view.append(el("div", { class: "note", id: "mask-legend", text: causal + pad ? t : "no cell is masked in this input" + (g.causal ? "" : " (no causal mask, and each input is shown at its own length: no padding)") }));
 }
 // One enlarged (Tq, Tk) matrix with token labels, hover read-out; returns its canvas.
 function bigMatrix(view, g, vals, extra, id) {

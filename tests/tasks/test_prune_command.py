@@ -52,7 +52,7 @@ def test_the_pruned_run_works_with_every_verb(trained, tmp_path, capsys):
     run = load_run(out)
     heads = [block.self_attn.n_heads for block in run.model.encoder.blocks]
     assert heads == report["heads_per_layer"]
-    assert run.config.model.heads_per_layer == ",".join(map(str, heads))
+    assert list(run.config.model.heads_per_layer) == heads
     for verb in ("predict", "eval", "attention"):
         args = {"predict": ["喜喜"], "eval": [], "attention": ["喜喜", "--out"]}[verb]
         if verb == "attention":

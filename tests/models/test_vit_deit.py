@@ -1,0 +1,33 @@
+"""DeiT: the ViT with a distillation token (attnlab/models/vit.py, ``distill = true``) against
+Hugging Face ``DeiTForImageClassificationWithTeacher`` through ``attnlab verify``'s check
+(float64: hidden states, both heads and their mean to 1e-10), and the config's rules."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnlab.models.vit import ViT, ViTConfig
+from attnlab.verify.checks_vision import check_deit
+from attnlab.verify.runner import Measure
+
+pytest.importorskip("transformers")
+
+
+def test_deit_matches_hugging_face_in_float64() -> None:
+    m = Measure()
+    check_deit(m)
+    assert m.cases == 3 and not m.failures and m.error < 1e-10, (m.error, m.failures)
+
+
+def test_distillation_token_layout_and_rules() -> None:
+    cfg = ViTConfig(image_size=8, patch_size=4, d_model=8, n_heads=2, n_layers=1, distill=True)
+    model = ViT(cfg).eval()
+    assert cfg.n_tokens == 4 + 2 and model.pos_embed.embedding.weight.shape == (6, 8)
+    x = torch.randn(2, 1, 8, 8)
+    info = model.inspect(x)
+    cls_logits, dist_logits = model.heads(info["last_hidden_state"])
+    torch.testing.assert_close(model(x), (cls_logits + dist_logits) / 2)
+    torch.testing.assert_close(dist_logits, model.head_dist(info["last_hidden_state"][:, 1]))
+    with pytest.raises(ValueError, match="distill=true \\(DeiT\\) needs pooling='cls'"):
+        ViTConfig(distill=True, pooling="mean").validate()
