@@ -1,0 +1,37 @@
+"""Every model added this round trains under bf16 autocast, the precision `precision auto` picks on
+CPUs with bf16 units and on GPUs (bf16 autocast runs on any CPU, slowly without those units)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from attnlab.cli import main
+
+COMMANDS = {
+    "swin": ["train", "swin", "--max-train", "64", "--max-steps", "2"],
+    "mae": ["train", "mae", "--max-train", "64", "--max-steps", "2"],
+    "t5 translate": ["train", "translate", "--config", "copy", "--arch", "t5", "--max-steps", "2"],
+    "albert mlm": ["train", "mlm", "--arch", "albert", "--max-steps", "2"],
+    "deberta mlm": ["train", "mlm", "--arch", "deberta", "--max-steps", "2"],
+    "electra": ["train", "electra", "--max-steps", "2"],
+    "lm flash t5-bias": ["train", "lm", "--attention", "flash", "--pos", "t5", "--max-steps", "2"],
+    "lm dyt nope": ["train", "lm", "--norm", "dyt", "--pos", "none", "--max-steps", "2"],
+}
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_trains_under_bf16_autocast(name: str, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    assert main([*COMMANDS[name], "--precision", "bf16", "--out", str(out)]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["train"]["precision"] == "bf16"
+    losses = [
+        json.loads(line)["loss"]
+        for line in (out / "metrics.jsonl").read_text().splitlines()
+        if '"loss"' in line
+    ]
+    assert losses and all(math.isfinite(v) for v in losses)
