@@ -15,37 +15,13 @@ import time
 from pathlib import Path
 
 import pytest
+from _cli import TINY, probe, snapshot, write_corpus
 
 from attnlab.cli import main
 from attnlab.tasks import load_run, rundir
 from attnlab.tasks.registry import REGISTRY, get_task
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "runs_v1"
-TINY = [
-    "--d-model", "16", "--n-heads", "2", "--n-layers", "1", "--d-ff", "32",
-    "--ngram-buckets", "64", "--min-freq", "1", "--batch-size", "16",
-    "--tensorboard", "false", "--precision", "fp32", "--num-threads", "1",
-]  # fmt: skip
-
-
-def write_corpus(path: Path, n: int = 120) -> Path:
-    rows = ["text,label"] + [
-        ("的一是喜在不了有" if i % 2 else "和人这怒中大为上")[i % 5 :]
-        + f"{i},"
-        + ("happy" if i % 2 else "angry")
-        for i in range(n)
-    ]
-    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
-    return path
-
-
-def snapshot(folder: Path) -> dict[str, str]:
-    """Relative path -> sha256 of every file below ``folder``."""
-    return {
-        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(folder.rglob("*"))
-        if p.is_file()
-    }
 
 
 @pytest.fixture(scope="module")
@@ -60,18 +36,6 @@ def finished(tmp_path_factory, corpus) -> Path:
     args = ["train", "classify", "--out", str(run), "--data", str(corpus), *TINY]
     assert main([*args, "--max-steps", "6", "--eval-every", "3", "--checkpoint-every", "3"]) == 0
     return run
-
-
-def probe(capsys, argv: list[str], *needles: str) -> str:
-    """Run the CLI, expect exit 2 with one line on stderr naming each needle; return it."""
-    capsys.readouterr()
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert "\n" not in err and err.startswith("attnlab: error:"), err
-    assert "Traceback" not in err
-    for needle in needles:
-        assert needle in err, (needle, err)
-    return err
 
 
 # ---------------------------------------------------------------------------- registry / format

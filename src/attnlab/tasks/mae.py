@@ -18,12 +18,12 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.configs import to_dict
-from attnlab.data.images import ImageData, channel_stats
+from attnlab.data.images import ImageData
 from attnlab.data.io import read_json, write_json
 from attnlab.errors import UserError
 from attnlab.models.mae import MAE, MAEConfig
 from attnlab.tasks.task import Run, RunConfig, Setup, Task
-from attnlab.tasks.vision import VisionConfig, load_splits
+from attnlab.tasks.vision import VisionConfig, image_data, load_splits
 from attnlab.tensor_files import load_tensors_into, read_tensors
 from attnlab.train import StepOutput, TrainConfig
 
@@ -77,21 +77,7 @@ class MAETask(Task):
         cfg.model.in_channels, cfg.model.image_size = c, h
         cfg.model.n_classes = len(train_set.classes)
         cfg.sections["model"] = MAEConfig(**to_dict(cfg.model))  # re-validate
-        mean, std = channel_stats(train_set.images)
-        report = {
-            "source": source,
-            "classes": train_set.classes,
-            "image_shape": [c, h, w],
-            "mean": mean,
-            "std": std,
-            "split_sizes": {k: len(v) for k, v in splits.items()},
-        }
-        dcfg = cfg.data
-        train_data = ImageData(
-            train_set, mean, std, cfg.train.batch_size, True, cfg.train.seed,
-            dcfg.crop_padding, dcfg.hflip,
-        )  # fmt: skip
-        val_data = ImageData(splits["val"], mean, std, dcfg.eval_batch_size)
+        report, train_data, val_data = image_data(cfg, splits, source)
 
         def evaluate(m: nn.Module) -> dict[str, float]:
             return {"val_loss": reconstruction_loss(m, val_data, device)}

@@ -265,6 +265,30 @@ def load_teacher(cfg: RunConfig, classes: list[str], shape: list[int]) -> Vision
     return teacher
 
 
+
+def image_data(
+    cfg: RunConfig, splits: dict[str, Any], source: str
+) -> tuple[dict[str, Any], ImageData, ImageData]:
+    """The data report (source, classes, shape, channel mean/std, split sizes) and the training
+    and validation batches, normalised by the training split's channel statistics."""
+    train_set = splits["train"]
+    mean, std = channel_stats(train_set.images)
+    report = {
+        "source": source,
+        "classes": train_set.classes,
+        "image_shape": list(train_set.images.shape[1:]),
+        "mean": mean,
+        "std": std,
+        "split_sizes": {k: len(v) for k, v in splits.items()},
+    }
+    dcfg = cfg.data
+    train_data = ImageData(
+        train_set, mean, std, cfg.train.batch_size, True, cfg.train.seed,
+        dcfg.crop_padding, dcfg.hflip,
+    )  # fmt: skip
+    val_data = ImageData(splits["val"], mean, std, dcfg.eval_batch_size)
+    return report, train_data, val_data
+
 class VisionTask(Task):
     """Image classification with a ViT or a CNN (``arch``)."""
 
@@ -295,22 +319,8 @@ class VisionTask(Task):
             cfg.model.image_size = h
             # re-validate the patch size against the data
             cfg.sections["model"] = type(cfg.model)(**to_dict(cfg.model))
-        mean, std = channel_stats(train_set.images)
-        self.report_stats = (mean, std)
-        report = {
-            "source": source,
-            "classes": train_set.classes,
-            "image_shape": [c, h, w],
-            "mean": mean,
-            "std": std,
-            "split_sizes": {k: len(v) for k, v in splits.items()},
-        }
-        dcfg = cfg.data
-        train_data = ImageData(
-            train_set, mean, std, cfg.train.batch_size, True, cfg.train.seed,
-            dcfg.crop_padding, dcfg.hflip,
-        )  # fmt: skip
-        val_data = ImageData(splits["val"], mean, std, dcfg.eval_batch_size)
+        report, train_data, val_data = image_data(cfg, splits, source)
+        self.report_stats = (report["mean"], report["std"])
 
         def evaluate(m: nn.Module) -> dict[str, float]:
             y_true, y_pred, loss = predict_dataset(m, val_data, device)
