@@ -148,3 +148,35 @@ def test_the_rwkv_gpt_matches_hugging_face(what):
     m = Measure()
     check(m)
     assert_verified(m, f"RWKV GPT {what} (f32)")
+
+
+@pytest.mark.parametrize("T", [1, 5, 23])
+def test_wkv_weights_are_the_attention_that_wkv_computes(T):
+    """Σ_i α[t, i] v_i == the recurrence's wkv_t (float64), rows are distributions over i <= t."""
+    from attnlab.rwkv import wkv_weights
+
+    (w, u, k, v), _ = wkv_inputs(2, T, 6)
+    alpha = wkv_weights(w, u, k)  # (B, D, T, T)
+    want, _ = wkv_sequential(w, u, k, v)  # (B, T, D)
+    got = torch.einsum("bdts,bsd->btd", alpha, v)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(alpha.sum(-1), torch.ones_like(alpha.sum(-1)))
+    assert (alpha.triu(1) == 0).all()  # nothing from the future
+
+
+def test_recorded_time_mix_weights_are_its_channel_groups():
+    from attnlab.attention import record_attention
+    from attnlab.rwkv import wkv_weights
+
+    mix = TimeMix(8, 0, 2).double()
+    mix.view_heads = 2
+    x = torch.randn(1, 6, 8, dtype=F64)
+    with record_attention(mix) as rec:
+        mix(x)
+    (call,) = rec.calls
+    shifted = torch.nn.functional.pad(x[:, :-1], (0, 0, 1, 0))
+    k = mix.key(x * mix.time_mix_key + shifted * (1 - mix.time_mix_key))
+    alpha = wkv_weights(torch.exp(mix.time_decay), mix.time_first, k)  # (1, 8, 6, 6)
+    torch.testing.assert_close(call.weights, alpha.reshape(1, 2, 4, 6, 6).mean(2))
+    torch.testing.assert_close(torch.softmax(call.scores.masked_fill(~call.mask, -torch.inf), -1),
+                               call.weights)  # fmt: skip

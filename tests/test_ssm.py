@@ -155,3 +155,29 @@ def test_the_mamba_gpt_matches_hugging_face(what):
     m = Measure()
     check(m)
     assert_verified(m, f"Mamba GPT {what} (f32)")
+
+
+@pytest.mark.parametrize("T", [1, 6, 19])
+def test_hidden_attention_reproduces_the_scan(T):
+    """y_t = Σ_s α[t, s] x_s from a zero state (Ali et al. 2024), float64, against the scan."""
+    from attnlab.ssm import hidden_attention
+
+    x, delta, A, B, C, _ = (t.detach() for t in scan_inputs(2, T, 5, 3))
+    alpha = hidden_attention(delta, A, B, C)  # (b, D, T, T)
+    want, _ = selective_scan_sequential(x, delta, A, B, C)  # (b, T, D)
+    torch.testing.assert_close(torch.einsum("bdts,bsd->btd", alpha, x), want,
+                               rtol=1e-10, atol=1e-12)  # fmt: skip
+    assert (alpha.triu(1) == 0).all()
+
+
+def test_a_mamba_layer_records_its_normalised_hidden_attention():
+    from attnlab.attention import record_attention
+
+    block = MambaBlock(8, d_state=4, d_conv=3, expand=2, dt_rank=2).double()
+    block.view_heads = 4
+    with record_attention(block) as rec:
+        block(torch.randn(2, 7, 8, dtype=torch.float64))
+    (call,) = rec.calls
+    assert call.weights.shape == (2, 4, 7, 7) and call.is_causal
+    torch.testing.assert_close(call.weights.sum(-1), torch.ones(2, 4, 7, dtype=torch.float64))
+    assert (call.weights >= 0).all() and (call.weights.triu(1) == 0).all()

@@ -117,6 +117,31 @@ def is_recording() -> bool:
     return _RECORDER is not None
 
 
+def record_mixer_weights(weights: Tensor) -> None:
+    """Give the active recorder the attention a causal sequence mixer computes implicitly.
+
+    weights (B, H, T, T), each row a distribution over positions <= its own (RWKV's wkv, the
+    normalised hidden attention of Mamba): recorded as a causal call whose scores are the
+    log-weights at scale 1, so softmax(scores) gives the weights back. No-op without a recorder.
+    """
+    if _RECORDER is None:
+        return
+    T = weights.shape[-1]
+    causal = causal_mask(T, T, device=weights.device)  # (T, T)
+    scores = weights.clamp_min(torch.finfo(weights.dtype).tiny).log().masked_fill(~causal, 0.0)
+    _RECORDER.calls.append(
+        AttentionCall(_RECORDER._module, scores, 1.0, None, causal, True, weights)
+    )
+
+
+def channel_groups(per_channel: Tensor, groups: int) -> Tensor:
+    """(B, D, T, T) per-channel weights -> (B, G, T, T), the mean over each group of D / G
+    consecutive channels (G = ``groups`` when it divides D, else 1): a mixer's "heads" to show."""
+    B, D, T, _ = per_channel.shape
+    G = groups if groups > 0 and D % groups == 0 else 1
+    return per_channel.reshape(B, G, D // G, T, T).mean(dim=2)
+
+
 # --------------------------------------------------------------------------- masks
 
 

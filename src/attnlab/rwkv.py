@@ -33,6 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.attention import channel_groups, is_recording, record_mixer_weights
+
 NEG = -1e30  # the running maximum of an empty state (as Hugging Face's); exp(NEG - m) = 0
 
 
@@ -94,6 +96,21 @@ def wkv_sequential(
         out.append(a / b)
         num, den, m = _merge(num, den, m - w, vt, torch.ones_like(vt), kt)  # decay, add t
     return torch.stack(out, dim=1), (num, den, m)  # (B, T, D)
+
+
+def wkv_weights(w: Tensor, u: Tensor, k: Tensor) -> Tensor:
+    """The attention that wkv is (no state before the first position): α (B, D, T, T) with
+    wkv_t = Σ_{i<=t} α[:, :, t, i] v_i, per channel a softmax over i of the exponents of eq. 14,
+    −(t−1−i)·w + k_i for i < t and u + k_t for i = t. w, u (D,); k (B, T, D)."""
+    T = k.shape[1]
+    pos = torch.arange(T, device=k.device)
+    gap = (pos[:, None] - 1 - pos[None, :]).to(k.dtype)  # (T, T): t-1-i
+    kk = k.transpose(1, 2)[:, :, None, :]  # (B, D, 1, T): k_i
+    past = -gap * w[:, None, None] + kk  # (B, D, T, T)
+    now = (u[:, None] + k.transpose(1, 2))[..., None]  # (B, D, T, 1): u + k_t
+    diagonal = pos[:, None] == pos[None, :]  # (T, T)
+    score = torch.where(diagonal, now, past).masked_fill(pos[None, :] > pos[:, None], float("-inf"))
+    return torch.softmax(score, dim=-1)  # (B, D, T, T)
 
 
 def wkv_chunked(
@@ -177,6 +194,8 @@ def _ratios(layer: int, n_layers: int) -> tuple[float, float]:
 class TimeMix(nn.Module):
     """RWKV's time-mix: x (B, T, d_model) -> (B, T, d_model), the sequence mixer."""
 
+    is_attention = True  # `record_attention` names its weights (``wkv_weights``)
+
     def __init__(
         self, d_model: int, layer: int = 0, n_layers: int = 1, d_att: int = 0, chunk: int = 0
     ) -> None:
@@ -184,6 +203,7 @@ class TimeMix(nn.Module):
         d_att = d_att or d_model
         self.layer, self.n_layers, self.chunk = layer, n_layers, chunk
         self.form = "chunked"  # or "sequential" (the reference; one-token steps always use it)
+        self.view_heads = 4  # channel groups shown as heads by `attnlab explore`
         self.time_decay = nn.Parameter(torch.empty(d_att))
         self.time_first = nn.Parameter(torch.empty(d_att))
         self.time_mix_key = nn.Parameter(torch.empty(1, 1, d_model))
@@ -228,6 +248,8 @@ class TimeMix(nn.Module):
                 y, state = wkv_sequential(w, u, k, v, state)
             else:
                 y, state = wkv_chunked(w, u, k, v, state, self.chunk)  # (B, T, Da)
+            if is_recording() and cache is None:
+                record_mixer_weights(channel_groups(wkv_weights(w, u, k), self.view_heads))
         if cache is not None:
             cache.att_shift = x[:, -1].detach()
             cache.wkv = tuple(t.detach() for t in state)  # type: ignore[assignment]

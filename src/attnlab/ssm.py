@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.attention import channel_groups, is_recording, record_mixer_weights
+
 SCANS = ("chunked", "sequential")
 
 
@@ -67,6 +69,22 @@ def selective_scan_sequential(
         y, h = selective_step(x[:, t], delta[:, t], A, B[:, t], C[:, t], h)
         ys.append(y)
     return torch.stack(ys, dim=1), h  # (b, T, D), (b, D, N)
+
+
+def hidden_attention(delta: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
+    """The attention a selective scan computes implicitly (Ali et al. 2024, "The Hidden
+    Attention of Mamba Models", eq. 12): α (batch, D, T, T) with y_t = Σ_{s<=t} α[:, :, t, s]
+    x_s from a zero state, α[t, s] = Σ_n C_t[n] exp(Σ_{k=s+1..t} Δ_k A[:, n]) Δ_s B_s[n].
+    delta (batch, T, D); A (D, N); B, C (batch, T, N). Entries may be negative."""
+    b, T, D = delta.shape
+    cum = torch.cumsum(delta[..., None] * A, dim=1)  # (b, T, D, N): Σ_{k<=t} Δ_k A
+    rows = []
+    for t in range(T):
+        decay = torch.exp(cum[:, t : t + 1, :, :] - cum[:, : t + 1])  # (b, t+1, D, N), s <= t
+        inp = delta[:, : t + 1, :, None] * B[:, : t + 1, None, :]  # (b, t+1, D, N): Δ_s B_s
+        row = (decay * inp * C[:, t, None, None, :]).sum(dim=-1)  # (b, t+1, D)
+        rows.append(F.pad(row.transpose(1, 2), (0, T - t - 1)))  # (b, D, T)
+    return torch.stack(rows, dim=2)  # (b, D, T, T)
 
 
 def selective_scan_chunked(
@@ -224,6 +242,7 @@ def check_mamba_config(d_model: int, d_state: int, d_conv: int, expand: int, dt_
 
 
 class MambaBlock(nn.Module):
+    is_attention = True  # `record_attention` names its hidden attention (``hidden_attention``)
     """The Mamba mixer (Gu & Dao 2023, fig. 3 and Alg. 2): x (B, T, d_model) -> (B, T, d_model).
 
     Parameters, with D_inner = expand · d_model and R = dt_rank (0 = ⌈d_model / 16⌉):
@@ -254,6 +273,7 @@ class MambaBlock(nn.Module):
         self.dt_rank = dt_rank or math.ceil(d_model / 16)
         self.scan = scan
         self.chunk = chunk
+        self.view_heads = 4  # channel groups shown as heads by `attnlab explore`
         Di = self.d_inner
         self.in_proj = nn.Linear(d_model, 2 * Di, bias=bias)
         self.conv1d = nn.Conv1d(Di, Di, d_conv, groups=Di, bias=conv_bias)
@@ -340,6 +360,10 @@ class MambaBlock(nn.Module):
                 y = y[:, None]  # (B, 1, Di)
             else:
                 y, h = self._scan_fn()(u, delta, A, B, C, h0)  # (B, T, Di), (B, Di, N)
+            if is_recording() and h0 is None:  # shown as |α|, each row scaled to sum to 1
+                alpha = hidden_attention(delta, A, B, C).abs()  # (B, Di, T, T)
+                alpha = alpha / alpha.sum(dim=-1, keepdim=True).clamp_min(1e-30)
+                record_mixer_weights(channel_groups(alpha, self.view_heads))
         if cache is not None:
             cache.ssm = h.detach()
             cache.length += T

@@ -324,3 +324,24 @@ def test_fine_tuned_bert_page_has_prediction_and_cls_rollout(tmp_path):
         n = int(lengths[b])
         share = rollout(torch.stack(weights)[:, b, :, :n, :n])[0]  # the [CLS] row (cls pooling)
         assert ex["token_share"] == pytest.approx((share / share.sum()).tolist(), abs=1e-6)
+
+
+@pytest.mark.parametrize("mixer", ["rwkv", "mamba", "hybrid"])
+def test_rwkv_and_mamba_pages_show_the_mixers_weights(tmp_path, mixer):
+    """A GPT without attention layers still gets a page: the mixer's implicit attention."""
+    from explore_runs import gpt_run
+
+    extra = {"ffn": "none"} if mixer == "mamba" else {}
+    extra = {"attn_every": 2} if mixer == "hybrid" else extra
+    run = gpt_run(tmp_path / mixer, mixer=mixer, **extra)
+    data = _page(run, tmp_path / "p.html", "To be", extra=("--max-new-tokens", "3"))
+    groups = data["examples"][0]["groups"]
+    names = [g["name"] for g in groups]
+    want = "RWKV time-mix" if mixer == "rwkv" else "Mamba hidden attention"
+    assert any(name.startswith(want) for name in names)
+    assert ("causal self-attention" in names) == (mixer == "hybrid")
+    for group in groups:
+        weights = _weights(group)
+        np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
+        assert group["causal"] and (np.triu(weights, 1) == 0).all()
+        _softmax_check(group)

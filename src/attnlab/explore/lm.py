@@ -27,6 +27,20 @@ FULL_VOCAB = 512
 CANDIDATES = 200
 
 
+MIXER_NOTE = {
+    "RWKV time-mix (its weights)": "RWKV's wkv is a weighted average over the past: each row "
+    "is that average's weights (the mean over the channels of each group, shown as heads)",
+    "Mamba hidden attention": "the selective scan written as y_t = Σ_s α_ts x_s (Ali et al. "
+    "2024): |α| averaged over the channels of each group (shown as heads), each row scaled to "
+    "sum to 1; signs are not shown",
+}
+
+
+def mixer_name(model: torch.nn.Module) -> str:
+    kinds = set(model.cfg.layer_mixers()) - {"attention"}
+    return "RWKV time-mix (its weights)" if kinds == {"rwkv"} else "Mamba hidden attention"
+
+
 @torch.no_grad()
 def gpt_examples(
     source: Source,
@@ -72,13 +86,18 @@ def gpt_examples(
                     "logits": [round(float(v), 5) for v in cand.values],
                 }
             )
-        group = build_group(
-            "causal self-attention", calls_named(rec.calls, "self_attn"), 0, tokens, tokens
-        )
+        groups = [
+            build_group(name, calls, 0, tokens, tokens, note=note)
+            for name, calls, note in (
+                ("causal self-attention", calls_named(rec.calls, "self_attn"), ""),
+                (mixer_name(model), calls_named(rec.calls, "mixer"), MIXER_NOTE[mixer_name(model)]),
+            )
+            if calls
+        ]
         examples.append(
             {
                 "input": prompt,
-                "groups": [group],
+                "groups": groups,
                 "generation": {
                     "prompt_tokens": len(ids),
                     "dropped": dropped,
@@ -92,6 +111,6 @@ def gpt_examples(
     cfg = model.cfg
     title = (
         f"GPT {source.name} · {cfg.n_layers} layers × {cfg.n_heads} heads · d {cfg.d_model} · "
-        f"pos {cfg.pos}"
+        f"pos {cfg.pos}" + ("" if cfg.mixer == "attention" else f" · mixer {cfg.mixer}")
     )
     return {"title": title, "examples": examples}

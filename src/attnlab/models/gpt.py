@@ -221,13 +221,16 @@ class GPT(nn.Module):
             mixer = MambaBlock(
                 cfg.d_model, cfg.d_state, cfg.d_conv, cfg.expand, cfg.dt_rank, bias=cfg.bias
             )
+            mixer.view_heads = cfg.n_heads  # its hidden attention is shown as n_heads groups
         ff = None
         if kind == "rwkv":
             if cfg.ffn == "dense":
                 ff = ChannelMix(cfg.d_model, cfg.ff_width, i, cfg.n_layers)
             elif cfg.ffn == "moe":
                 ff = self._moe()
-            return RwkvBlock(TimeMix(cfg.d_model, i, cfg.n_layers), ff, block.make_norm, i == 0)
+            time_mix = TimeMix(cfg.d_model, i, cfg.n_layers)
+            time_mix.view_heads = cfg.n_heads  # its weights are shown as n_heads channel groups
+            return RwkvBlock(time_mix, ff, block.make_norm, i == 0)
         if cfg.ffn == "moe":
             ff = self._moe()
         return Block(block, rotary, mixer=mixer, ff=ff, feed_forward=cfg.ffn != "none")

