@@ -397,3 +397,21 @@ def test_sinusoidal_positions_scale_the_embeddings_as_vaswani() -> None:
     model(ids)
     want = model.tok_emb(ids) * math.sqrt(32) + sinusoid_table(10, 32)
     torch.testing.assert_close(seen["x"], want)
+
+
+def test_a_dyt_gpt_feeds_its_blocks_unit_scale_inputs():
+    """DyT has no statistics to rescale GPT-2's N(0, 0.02) embeddings: a learned gain starting at
+    1/0.02 brings them to unit scale (the DyT authors' LLaMA does this with √d), and learns."""
+    cfg = GPTConfig(vocab_size=50, context=16, n_layers=2, n_heads=2, d_model=32, norm="dyt")
+    model = GPT(cfg)
+    seen: list[torch.Tensor] = []
+    model.stack.blocks[0].register_forward_pre_hook(lambda mod, args: seen.append(args[0]))
+    ids = torch.randint(0, 50, (4, 16))
+    model(ids).sum().backward()
+    rms = seen[0].pow(2).mean().sqrt().item()
+    assert 0.7 < rms < 1.5, rms  # the token embeddings at unit scale (plus learned positions)
+    assert model.emb_gain.grad is not None and model.emb_gain.grad.abs() > 0
+    assert (
+        GPT(GPTConfig(vocab_size=50, context=16, n_layers=1, n_heads=2, d_model=32)).emb_gain
+        is None
+    )

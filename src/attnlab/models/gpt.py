@@ -64,6 +64,8 @@ from attnlab.positions import LearnedPositionalEmbedding, RopeScaling, make_posi
 from attnlab.rwkv import ChannelMix, RwkvBlock, TimeMix
 from attnlab.ssm import MambaBlock
 
+EMB_STD = 0.02  # GPT-2's init of every Linear and Embedding weight
+
 
 @dataclass
 class GPTConfig(ConfigBase):
@@ -182,6 +184,10 @@ class GPT(nn.Module):
         self.cfg = cfg
         D = cfg.d_model
         self.tok_emb = nn.Embedding(cfg.vocab_size, D)
+        # DyT divides by nothing, so its inputs must start near unit scale: a learned gain on the
+        # token embeddings starting at 1 / 0.02 (their init std). The DyT authors' LLaMA does the
+        # same: a learned scalar starting at √d on embeddings initialised with std 1/√d.
+        self.emb_gain = nn.Parameter(torch.tensor(EMB_STD**-1)) if cfg.norm == "dyt" else None
         positions = make_positions(
             cfg.pos,
             D,
@@ -256,7 +262,7 @@ class GPT(nn.Module):
         with ``init_weights(std, out_std)`` (Mamba, RWKV, MoE) then initialises itself."""
         for module in self.modules():
             if isinstance(module, nn.Linear | nn.Embedding):
-                nn.init.normal_(module.weight, std=0.02)
+                nn.init.normal_(module.weight, std=EMB_STD)
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
         out_std = 0.0 if self.cfg.zero_init_proj else 0.02 / math.sqrt(2 * self.cfg.n_layers)
@@ -323,7 +329,9 @@ class GPT(nn.Module):
                 "crop the input to the last context tokens"
             )
         x = self.tok_emb(ids)  # (B, T, D)
-        if self.cfg.pos == "sinusoidal":  # Vaswani §3.4: embeddings · √d beside unit sinusoids
+        if self.emb_gain is not None:  # DyT: unit-scale inputs
+            x = x * self.emb_gain
+        elif self.cfg.pos == "sinusoidal":  # Vaswani §3.4: embeddings · √d beside unit sinusoids
             x = x * math.sqrt(self.cfg.d_model)
         if self.pos_emb is not None:
             x = self.pos_emb(x, past)  # (B, T, D)
