@@ -65,6 +65,13 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "epochs": 3,
     },
     "dutir_3ep": {"lexicons": "dutir", "epochs": 3},
+    "hownet_no_attn_dropout": {"lexicons": "hownet", "attn_dropout": 0.0},
+    "hownet_no_attn_dropout+pretrain": {
+        "lexicons": "hownet",
+        "attn_dropout": 0.0,
+        "pretrain": "peoples_daily,reviews",
+        "pretrain_steps": 2000,
+    },
     "hownet+dutir+phrases_3ep": {
         "lexicons": "hownet,dutir",
         "lexicon_negation": 0.25,
@@ -77,6 +84,10 @@ NOTES = {
     "default_3ep": "the same, 3 epochs (the cosine schedule over 3 epochs)",
     "hownet": "+ HowNet word lists as short examples, 6 epochs as the default",
     "hownet_3ep": "+ HowNet word lists as short examples, 3 epochs",
+    "hownet_no_attn_dropout+pretrain": "the same, after 2,000 steps of masked-character "
+    "pretraining of the encoder on People's Daily 1998 and the training split's texts",
+    "hownet_no_attn_dropout": "HowNet, attention dropout 0 (PyTorch's fused CPU attention kernel "
+    "runs only without dropout: the memory fix)",
     "hownet+phrases_3ep": "+ HowNet words; a quarter also negated (不+word, label flipped), a "
     "quarter with a degree adverb (非常+word); 3 epochs",
     "dutir_3ep": "+ DUTIR emotion words (academic-use terms), 3 epochs",

@@ -73,6 +73,7 @@ class Run:
             stdout=subprocess.DEVNULL,
             stderr=open(self.dir / "stderr.txt", "w"),  # noqa: SIM115 (closed with the process)
         )
+        self.end: float | None = None  # when the watcher saw the child exit
         self.curve: dict[int, float] = {}  # step -> highest RSS seen while it was the last step
         self.first_rss = 0.0
         self.thread = threading.Thread(target=self._watch, daemon=True)
@@ -85,8 +86,10 @@ class Run:
         while True:
             try:
                 if os.waitid(os.P_PID, self.proc.pid, flags) is not None:
+                    self.end = time.perf_counter()
                     return
             except ChildProcessError:  # wait4 reaped it meanwhile
+                self.end = time.perf_counter()
                 return
             rss = _rss_mb(self.proc.pid)
             step = _last_step(metrics)
@@ -100,8 +103,8 @@ class Run:
     def wait(self) -> dict:
         _, status, usage = os.wait4(self.proc.pid, 0)
         self.proc.returncode = os.waitstatus_to_exitcode(status)
-        wall = time.perf_counter() - self.start
         self.thread.join()
+        wall = (self.end or time.perf_counter()) - self.start  # the child's own, not the wait's
         error, precision = None, "auto"
         with contextlib.suppress(OSError, json.JSONDecodeError, IndexError):
             lines = (self.dir / "run" / "metrics.jsonl").read_text().splitlines()
@@ -119,6 +122,7 @@ class Run:
             "rss_before_first_log_mb": round(self.first_rss, 1),
             "rss_by_step_mb": {str(k): round(v, 1) for k, v in sorted(self.curve.items())},
             "wall_s": round(wall, 1),
+            "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
         }
 
 
@@ -151,9 +155,26 @@ What held the memory of `attnlab train classify` (found with short runs, RSS rea
 - **Not the cause:** the number of live tensors stayed constant over training (no metrics,
   history or autograd graph kept alive); the n-gram features hash by arithmetic (no tables);
   the precision probe times one step per precision; TensorBoard was off in these runs.
-- **What remains:** the live set of one step. Attention dropout makes PyTorch's CPU attention
-  take its math path, which keeps the (batch, heads, T, T) weights for the backward pass; with
-  `attn_dropout = 0` the fused kernel would run instead (a model choice, not made here).
+- **Attention dropout (fixed since).** PyTorch's fused CPU attention kernel
+  (`_scaled_dot_product_flash_attention_for_cpu`) refuses dropout, so with `attn_dropout = 0.1`
+  every attention call took the math path, which materialises the scores, the softmax, the
+  dropout mask and the dropped weights, (batch, heads, T, T) each, and keeps most of them for
+  the backward pass: 315 MiB allocated per call's forward and backward against 48 MiB for the
+  fused kernel, for a batch of 64 reviews of 192 characters (docs/results/sdpa_dropout_memory.md,
+  `python benchmarks/sdpa_dropout_memory.py`). The preset now has `attn_dropout = 0` (three
+  seeds: the same in-domain and out-of-domain accuracy within noise, docs/classify.md), so the
+  fused kernel runs.
+- **Evaluation batches of 256.** Validation and test ran 256 texts per batch (no gradients, but
+  a 256 × 192 × 512 feed-forward activation is 100 MB by itself); `eval_batch_size` now defaults
+  to 64.
+- **Gradient checkpointing (the preset now).** Each block's activations are recomputed in the
+  backward pass instead of kept (dropout masks replayed, so the numbers are the same: a test in
+  tests/test_blocks.py compares outputs and gradients). The last run of this page compares the
+  tree with `gradient_checkpointing = true` ("this tree") against the same tree with it false
+  (`--before`, a copy of src/ with the preset line flipped), side by side.
+- **What remains:** the imported libraries, the parameters, gradients and AdamW
+  moments (the n-gram bag alone is 65,536 × 128: 134 MB with its gradient and moments), one
+  training step's activations, and what glibc keeps of freed blocks (see above).
 """
 
 
@@ -169,8 +190,9 @@ def write_report(rows: list[dict], meta: dict, out: Path) -> None:
         "high-water mark (ru_maxrss, as `/usr/bin/time -v`); the curve is its resident memory "
         "(VmRSS) when the given step was the last one logged. MB = MiB.",
         "",
-        "| run | task | precision | steps | peak RSS MB | RSS at first log | wall s | note |",
-        "|---|---|---|---:|---:|---:|---:|---|",
+        "| run | task | precision | steps | peak RSS MB | RSS at first log | wall s | CPU s "
+        "| note |",
+        "|---|---|---|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         first = next(iter(r["rss_by_step_mb"].values()), "")
@@ -179,18 +201,18 @@ def write_report(rows: list[dict], meta: dict, out: Path) -> None:
         lines.append(
             f"| {r['label']} | {r['task']} | {r.get('precision', 'auto')} | {steps} | "
             f"{r['peak_rss_mb']:.0f} | {first} | "
-            f"{r['wall_s']:.0f} | {note} |"
+            f"{r['wall_s']:.0f} | {r.get('cpu_s', float('nan')):.0f} | {note} |"
         )
     classify = [r for r in rows if r["task"] == "classify"]
     if classify:
         top = max(int(k) for r in classify for k in r["rss_by_step_mb"]) if classify else 0
         logged = sorted({int(k) for r in classify for k in r["rss_by_step_mb"]})
-        fixed = [s for s in (10, 20, 50, 100, 150, 200, 250, 300, 400, 500) if s <= top]
+        fixed = [s for s in (10, 50, 100, 200, 300, 400, 500, 600, 800, 1000) if s <= top]
         marks = logged if len(logged) <= 10 else fixed
         lines += [
             "",
-            "Resident memory (MB) of classify over training steps (an epoch is about 218 "
-            "steps of 64 reviews):",
+            "Resident memory (MB) of classify over training steps (an epoch is about 487 "
+            "steps of 64 texts with the preset's HowNet words, 218 without):",
             "",
             "| run | " + " | ".join(f"step {s}" for s in marks) + " |",
             "|---|" + "---:|" * len(marks),
