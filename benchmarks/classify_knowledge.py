@@ -52,6 +52,7 @@ OLD_DEFAULT: dict[str, Any] = {
     "label_smoothing": 0.1,
     "members": 1,
     "epochs": 6,
+    "attn_dropout": 0.1,  # the preset's value before the memory work (now 0)
 }
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
