@@ -67,6 +67,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
     },
     "dutir_3ep": {"lexicons": "dutir", "epochs": 3},
     "hownet_no_attn_dropout": {"lexicons": "hownet", "attn_dropout": 0.0},
+    "hownet_no_attn_dropout_no_smoothing": {
+        "lexicons": "hownet",
+        "attn_dropout": 0.0,
+        "label_smoothing": 0.0,
+    },
     "hownet_no_attn_dropout+pretrain": {
         "lexicons": "hownet",
         "attn_dropout": 0.0,
@@ -85,6 +90,8 @@ NOTES = {
     "default_3ep": "the same, 3 epochs (the cosine schedule over 3 epochs)",
     "hownet": "+ HowNet word lists as short examples, 6 epochs as the default",
     "hownet_3ep": "+ HowNet word lists as short examples, 3 epochs",
+    "hownet_no_attn_dropout_no_smoothing": "the default now (HowNet, attention dropout 0) "
+    "without label smoothing",
     "hownet_no_attn_dropout+pretrain": "the same, after 2,000 steps of masked-character "
     "pretraining of the encoder on People's Daily 1998 and the training split's texts",
     "hownet_no_attn_dropout": "HowNet, attention dropout 0 (PyTorch's fused CPU attention kernel "
