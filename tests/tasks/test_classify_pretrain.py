@@ -66,8 +66,12 @@ def test_the_task_pretrains_before_fine_tuning_and_reports_it(tmp_path, monkeypa
     report = (tmp_path / "run" / "data_report.json").read_text(encoding="utf-8")
     assert '"pretraining"' in report and '"loss_first"' in report and '"reviews"' in report
     assert any("pretraining step 10/10" in line for line in said)
-    # A resumed run takes its weights from the checkpoint: no second pretraining.
+    # A resumed run takes its weights and vocabulary from its files: the pretraining text is
+    # not read again and the encoder is not pretrained again.
     said.clear()
+    monkeypatch.setattr(
+        classify, "load_unlabeled", lambda *a, **k: pytest.fail("pretraining text read on resume")
+    )
     runner.train("classify", tmp_path / "run", {**settings, "epochs": "2"}, resume=True)
     assert not any("pretraining step" in line for line in said)
 

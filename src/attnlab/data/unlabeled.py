@@ -82,6 +82,15 @@ def pieces(paragraph: str, max_chars: int) -> list[str]:
     return out
 
 
+def check_unlabeled_names(names: Sequence[str]) -> None:
+    """Refuse a source name that is not one of UNLABELED_NAMES, naming the choices."""
+    unknown = sorted(set(names) - set(UNLABELED_NAMES))
+    if unknown:
+        raise UserError(
+            f"unknown pretraining source(s) {unknown}; choose from {', '.join(UNLABELED_NAMES)}"
+        )
+
+
 def load_unlabeled(
     names: Sequence[str],
     train_texts: Sequence[str],
@@ -89,11 +98,7 @@ def load_unlabeled(
     max_chars: int,
 ) -> tuple[list[str], dict[str, Any]]:
     """The named sources' pieces (held-out texts dropped) and a report with provenance."""
-    unknown = sorted(set(names) - set(UNLABELED_NAMES))
-    if unknown:
-        raise UserError(
-            f"unknown pretraining source(s) {unknown}; choose from {', '.join(UNLABELED_NAMES)}"
-        )
+    check_unlabeled_names(names)
     held = set(held_out)
     texts: list[str] = []
     sources: dict[str, Any] = {}

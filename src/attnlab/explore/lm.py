@@ -27,18 +27,18 @@ FULL_VOCAB = 512
 CANDIDATES = 200
 
 
-MIXER_NOTE = {
-    "RWKV time-mix (its weights)": "RWKV's wkv is a weighted average over the past: each row "
-    "is that average's weights (the mean over the channels of each group, shown as heads)",
-    "Mamba hidden attention": "the selective scan written as y_t = Σ_s α_ts x_s (Ali et al. "
-    "2024): |α| averaged over the channels of each group (shown as heads), each row scaled to "
-    "sum to 1; signs are not shown",
-}
-
-
-def mixer_name(model: torch.nn.Module) -> str:
-    kinds = set(model.cfg.layer_mixers()) - {"attention"}
-    return "RWKV time-mix (its weights)" if kinds == {"rwkv"} else "Mamba hidden attention"
+def mixer_group(model: torch.nn.Module) -> tuple[str, str]:
+    """Name and note of the group that shows the Mamba or RWKV layers' implicit attention."""
+    if set(model.cfg.layer_mixers()) - {"attention"} == {"rwkv"}:
+        return "RWKV time-mix (its weights)", (
+            "RWKV's wkv is a weighted average over the past: each row is that average's weights "
+            "(the mean over the channels of each group, shown as heads)"
+        )
+    return "Mamba hidden attention", (
+        "the selective scan written as y_t = Σ_s α_ts x_s (Ali et al. 2024): |α| averaged over "
+        "the channels of each group (shown as heads), each row scaled to sum to 1; signs are not "
+        "shown"
+    )
 
 
 @torch.no_grad()
@@ -86,11 +86,12 @@ def gpt_examples(
                     "logits": [round(float(v), 5) for v in cand.values],
                 }
             )
+        mixer, note = mixer_group(model)
         groups = [
-            build_group(name, calls, 0, tokens, tokens, note=note)
-            for name, calls, note in (
+            build_group(name, calls, 0, tokens, tokens, note=about)
+            for name, calls, about in (
                 ("causal self-attention", calls_named(rec.calls, "self_attn"), ""),
-                (mixer_name(model), calls_named(rec.calls, "mixer"), MIXER_NOTE[mixer_name(model)]),
+                (mixer, calls_named(rec.calls, "mixer"), note),
             )
             if calls
         ]

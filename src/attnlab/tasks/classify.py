@@ -41,7 +41,7 @@ from attnlab.data.coverage import reach
 from attnlab.data.io import is_blank, read_json, write_json
 from attnlab.data.lexicons import PROVENANCE, lexicon_phrases, load_lexicon, load_modifiers
 from attnlab.data.ood import load_ood, ood_files, ood_texts
-from attnlab.data.unlabeled import UNLABELED_NAMES, load_unlabeled
+from attnlab.data.unlabeled import check_unlabeled_names, load_unlabeled
 from attnlab.errors import UserError
 from attnlab.metrics import classification_report, format_report
 from attnlab.models.classifier import (
@@ -123,12 +123,7 @@ class ClassifyConfig(ConfigBase):
             raise UserError(
                 f"unknown lexicon(s) {sorted(unknown)}; choose from {', '.join(LEXICON_NAMES)}"
             )
-        unknown = set(self.pretrain_names) - set(UNLABELED_NAMES)
-        if unknown:
-            raise UserError(
-                f"unknown pretraining source(s) {sorted(unknown)}; choose from "
-                f"{', '.join(UNLABELED_NAMES)}"
-            )
+        check_unlabeled_names(self.pretrain_names)
         if bool(self.pretrain_names) != (self.pretrain_steps > 0):
             raise UserError(
                 "pretraining needs both a source and steps: give --pretrain peoples_daily with "
@@ -239,12 +234,13 @@ def prepare(cfg: RunConfig, run_dir: Path, resume: bool) -> Prepared:
             "(early stopping and best-checkpoint selection need it)"
         )
     extra, extra_report = extra_examples(dcfg, corpus, split, set(train_labels))
+    reuse_vocab = resume and (run_dir / "tokenizer.json").exists()
     unlabeled, unlabeled_report = None, {}
-    if dcfg.pretrain_names:
+    if dcfg.pretrain_names and not reuse_vocab:  # read for the vocabulary and the pretraining
         unlabeled, unlabeled_report = load_unlabeled(
             dcfg.pretrain_names, train_texts, held_out_texts(corpus, split), dcfg.pretrain_len
         )
-    if resume and (run_dir / "tokenizer.json").exists():
+    if reuse_vocab:
         tokenizer = CharTokenizer.load(run_dir / "tokenizer.json")
         labels = LabelVocab.load(run_dir / "labels.json")
         max_len = read_json(run_dir / "data_report.json", "data report", keys=REPORT)["max_len"]
