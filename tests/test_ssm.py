@@ -129,7 +129,7 @@ def test_bad_configurations_name_the_field():
         with pytest.raises(ValueError, match=words):
             MambaBlock(8, **kw)
     with pytest.raises(ValueError, match="chunk"):
-        selective_scan_chunked(*scan_inputs(1, 4, 2, 2)[:5], chunk=0)
+        selective_scan_chunked(*scan_inputs(1, 4, 2, 2)[:5], chunk=-1)
     with pytest.raises(ValueError, match=r"\(B, T, d_model\)"):
         MambaBlock(8)(torch.randn(4, 8))
 

@@ -14,9 +14,10 @@ The block (Gu & Dao 2023, fig. 3): in_proj to 2·D_inner (x and the gate z), a c
 conv1d of width d_conv over x, SiLU, the selective scan, y · SiLU(z), out_proj back to d_model.
 
 Two scans compute the same recurrence: :func:`selective_scan_sequential`, a plain loop over time
-(the readable reference) and :func:`selective_scan_chunked`, the fast path (chunks of time
-steps formed in whole-tensor operations, one fused multiply-add per step in place, the state
-carried across chunks, a hand-written backward that recomputes each chunk). Decoding runs the
+(the readable reference) and :func:`selective_scan_chunked`, the fast path (time cut into
+chunks that all advance together, one fused multiply-add per step for every chunk at once, the
+states entering the chunks joined by a short loop over chunks, a hand-written backward that
+recomputes the states). Decoding runs the
 block one token at a time from a :class:`MambaCache` (the last d_conv − 1 conv inputs and the
 state h), so each new token costs the same whatever the length so far. A Mamba language model
 is the GPT with ``mixer = "mamba"`` (:mod:`attnlab.models.gpt`; ``ffn = "none"`` gives Gu &
@@ -35,6 +36,7 @@ from torch import Tensor, nn
 from attnlab.attention import channel_groups, is_recording, record_mixer_weights
 
 SCANS = ("chunked", "sequential")
+LOG2E = math.log2(math.e)  # exp(x) = 2^(x log₂e)
 
 
 # --------------------------------------------------------------------------- the scan
@@ -94,101 +96,157 @@ def selective_scan_chunked(
     B: Tensor,
     C: Tensor,
     h0: Tensor | None = None,
-    chunk: int = 16,
+    chunk: int = 0,
 ) -> tuple[Tensor, Tensor]:
-    """The same recurrence as :func:`selective_scan_sequential`, computed chunk by chunk.
+    """The same recurrence as :func:`selective_scan_sequential`, all chunks of time at once.
 
-    Time is cut into chunks of ``chunk`` steps. Inside a chunk the decays a_t = exp(Δ_t A) and
-    inputs b_t = Δ_t x_t B_t are formed for all its steps in one tensor operation each, the
-    recurrence h_t = a_t h_{t-1} + b_t runs as one fused multiply-add per step in place (time
-    major, the state laid out (N, D), so each step is one contiguous block and each sum over N
-    or D a batched matmul over contiguous rows), and y_t = C_t h_t is one batched matmul; each
-    chunk starts from the previous chunk's last state. Only the chunk boundaries' states are
-    kept: the backward pass recomputes each chunk's states and runs the adjoint recurrence
-    g_t = C_t ∂y_t + a_{t+1} g_{t+1} the same way, reversed, so memory grows with T·D, not
-    T·D·N, and the working set of a chunk stays in cache. Only decays a ≤ 1 are multiplied,
-    so nothing overflows (the exp(−cumsum) shortcut can, once Δ·|A| adds up past ~88 in
-    float32). Same shapes in and out as the sequential scan.
+    Time is cut into n chunks of L = ``chunk`` steps (0: ⌈√T⌉, which balances the two loops
+    below). Position t = c·L + j is stored at [j, c], so step j of every chunk is one
+    contiguous block and the recurrence h_t = a_t h_{t−1} + b_t (eq. 2, a_t = exp(Δ_t A),
+    b_t = Δ_t x_t B_t) runs for all n chunks together in L fused multiply-adds. Three passes:
+
+    1. each chunk from a zero state, keeping only its last state;
+    2. the states entering the chunks, one step per chunk:
+       H_{c+1} = exp(A Σ_{j ∈ c} Δ_j) H_c + (chunk c's last state from zero), the decay of a
+       whole chunk being exp(A ΣΔ) since A is the same at every step (never > 1: no overflow);
+    3. every chunk again from its true starting state H_c, writing all states; y_t = C_t h_t
+       is then one batched matmul.
+
+    Only the starting states are kept: the backward pass recomputes the states with pass 3 and
+    runs the adjoint recurrence g_t = C_t ∂y_t + a_{t+1} g_{t+1} the same way, reversed, so
+    memory grows with T·D, not T·D·N. exp is evaluated as exp2 of Δ·(A log₂e) (the same value,
+    a faster kernel). Same shapes in and out as the sequential scan.
     """
     _check_scan_shapes(x, delta, A, B, C)
-    if chunk < 1:
-        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    if chunk < 0:
+        raise ValueError(f"chunk must be >= 1 (0 = automatic), got {chunk}")
     if h0 is None:
         h0 = x.new_zeros(x.shape[0], x.shape[2], A.shape[1])  # (b, D, N)
-    return _ChunkedScan.apply(x, delta, A, B, C, h0, chunk)
+    T = x.shape[1]
+    L = max(1, min(chunk or math.ceil(math.sqrt(T)), T))
+    return _ChunkedScan.apply(x, delta, A, B, C, h0, L)
 
 
-def _chunk_states(a: Tensor, bx: Tensor, h: Tensor) -> Tensor:
-    """States of h_t = a_t h_{t-1} + b_t over one chunk, time major: a, bx (L, b, N, D), h
-    (b, N, D) the state before the chunk -> the states (L, b, N, D), written over ``bx``."""
-    for t in range(bx.shape[0]):
-        h = torch.addcmul(bx[t], a[t], h, out=bx[t])  # (b, N, D)
+def _to_chunks(t: Tensor, L: int) -> Tensor:
+    """(b, T, K) -> (L, n, b, K): position c·L + j at [j, c], zeros after T (a step with
+    Δ = 0 has a = 1 and b = 0: the padding leaves the state as it was)."""
+    b, T, K = t.shape
+    n = -(-T // L)
+    t = F.pad(t, (0, 0, 0, n * L - T))  # (b, n·L, K)
+    return t.view(b, n, L, K).permute(2, 1, 0, 3).contiguous()
+
+
+def _from_chunks(t: Tensor, T: int) -> Tensor:
+    """(L, n, b, K) -> (b, T, K), the inverse of :func:`_to_chunks`."""
+    L, n, b, K = t.shape
+    return t.permute(2, 1, 0, 3).reshape(b, n * L, K)[:, :T]
+
+
+def _chunk_decays(ds: Tensor, A2: Tensor) -> Tensor:
+    """a_t = exp(Δ_t A) = 2^(Δ_t A log₂e): ds (L, n, b, D), A2 (N, D) -> (L, n, b, N, D)."""
+    a = ds.new_empty(*ds.shape[:-1], *A2.shape)
+    return torch.mul(A2, ds[..., None, :], out=a).exp2_()
+
+
+def _chunk_inputs(ds: Tensor, us: Tensor, Bs: Tensor) -> Tensor:
+    """b_t = Δ_t x_t B_t: ds, us (L, n, b, D), Bs (L, n, b, N) -> (L, n, b, N, D)."""
+    bx = ds.new_empty(*Bs.shape, ds.shape[-1])
+    return torch.mul(Bs[..., None], (ds * us)[..., None, :], out=bx)
+
+
+def _chunk_ends(a: Tensor, bx: Tensor) -> Tensor:
+    """Pass 1: each chunk's last state from a zero start. a, bx (L, n, b, N, D) -> (n, b, N, D)."""
+    h = bx[0].clone()  # (n, b, N, D)
+    for j in range(1, bx.shape[0]):
+        torch.addcmul(bx[j], a[j], h, out=h)
+    return h
+
+
+def _starts(ends: Tensor, decay: Tensor, h0: Tensor) -> Tensor:
+    """Pass 2: H_0 = h0, H_{c+1} = decay_c H_c + ends_c. ends, decay (n, b, N, D), h0 (b, N, D)
+    -> the n + 1 states before each chunk and after the last (n + 1, b, N, D)."""
+    H = [h0]
+    for c in range(ends.shape[0]):
+        H.append(torch.addcmul(ends[c], decay[c], H[-1]))
+    return torch.stack(H)
+
+
+def _chunk_states(a: Tensor, bx: Tensor, H: Tensor) -> Tensor:
+    """Pass 3: every state, each chunk from its start H (n, b, N, D); written over bx."""
+    torch.addcmul(bx[0], a[0], H, out=bx[0])
+    for j in range(1, bx.shape[0]):
+        torch.addcmul(bx[j], a[j], bx[j - 1], out=bx[j])
     return bx
 
 
-def _decays_and_inputs(d: Tensor, u: Tensor, A_t: Tensor, Bc: Tensor) -> tuple[Tensor, Tensor]:
-    """a = exp(Δ A), b = Δ x B for one chunk: d, u (L, b, D); A_t (N, D); Bc (L, b, N)."""
-    a = torch.mul(d[:, :, None, :], A_t).exp_()  # (L, b, N, D)
-    bx = (d * u)[:, :, None, :] * Bc[..., None]  # (L, b, N, D)
-    return a, bx
-
-
 class _ChunkedScan(torch.autograd.Function):
-    """Forward: chunk by chunk, keeping the state at each chunk start. Backward: chunks in
-    reverse, recomputing their states, with the adjoint recurrence and the local derivatives
-    ∂a/∂(ΔA) = a, b = Δ x B. Everything runs time major with the state as (N, D): (T, b, N, D),
-    so each reduction over N or D is a batched matmul along contiguous rows of D."""
+    """Forward: the three passes of :func:`selective_scan_chunked`, keeping the chunks' starting
+    states. Backward: the states recomputed (pass 3), then the adjoint recurrence in the same
+    three passes, reversed, and the local derivatives ∂a/∂(ΔA) = a, b = Δ x B. Everything is
+    laid out (L, n, b, N, D), D contiguous; the backward allocates three such tensors (a, the
+    states, the adjoint) and writes its products over them."""
 
     @staticmethod
-    def forward(ctx, x, delta, A, B, C, h0, chunk):
-        xs, ds, Bs, Cs = (t.transpose(0, 1).contiguous() for t in (x, delta, B, C))  # (T, b, ·)
+    def forward(ctx, x, delta, A, B, C, h0, L):
+        T = x.shape[1]
+        us, ds, Bs, Cs = (_to_chunks(t, L) for t in (x, delta, B, C))  # (L, n, b, ·)
         A_t = A.t().contiguous()  # (N, D)
-        T = xs.shape[0]
-        y = torch.empty_like(xs)  # (T, b, D)
-        h, starts = h0.transpose(1, 2).contiguous(), []  # (b, N, D)
-        for t0 in range(0, T, chunk):
-            sl = slice(t0, t0 + chunk)
-            starts.append(h)
-            a, bx = _decays_and_inputs(ds[sl], xs[sl], A_t, Bs[sl])  # (L, b, N, D) each
-            hs = _chunk_states(a, bx, h)  # (L, b, N, D)
-            torch.matmul(Cs[sl, :, None, :], hs, out=y[sl, :, None, :])  # (L, b, 1, D) C h
-            h = hs[-1].clone()  # (b, N, D)
-        ctx.save_for_backward(xs, ds, A_t, Bs, Cs, torch.stack(starts))
-        ctx.chunk = chunk
-        return y.transpose(0, 1), h.transpose(1, 2)  # (b, T, D), (b, D, N)
+        a, bx = _chunk_decays(ds, A_t * LOG2E), _chunk_inputs(ds, us, Bs)  # (L, n, b, N, D)
+        decay = _chunk_decays(ds.sum(0), A_t * LOG2E)  # (n, b, N, D) exp(A Σ_j Δ_j)
+        H = _starts(_chunk_ends(a, bx), decay, h0.transpose(1, 2))  # (n + 1, b, N, D)
+        hs = _chunk_states(a, bx, H[:-1])  # (L, n, b, N, D)
+        y = torch.matmul(Cs[..., None, :], hs)[..., 0, :]  # (L, n, b, D)  C_t h_t
+        ctx.save_for_backward(us, ds, A_t, Bs, Cs, H)
+        ctx.T = T
+        return _from_chunks(y, T), H[-1].transpose(1, 2)  # (b, T, D), (b, D, N)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, gy, gh):
-        xs, ds, A_t, Bs, Cs, starts = ctx.saved_tensors
-        L = ctx.chunk
-        gys = torch.zeros_like(xs) if gy is None else gy.transpose(0, 1).contiguous()  # (T, b, D)
-        # ∂/∂(state at the end of the chunk), (b, N, D)
-        carry = torch.zeros_like(starts[0]) if gh is None else gh.transpose(1, 2).contiguous()
-        gx, gd, gB, gC = (torch.empty_like(t) for t in (xs, ds, Bs, Cs))
-        gA = torch.zeros_like(A_t)  # (N, D)
-        for c in reversed(range(starts.shape[0])):
-            sl = slice(c * L, (c + 1) * L)
-            d, u, Bc, Cc, g_y = ds[sl], xs[sl], Bs[sl], Cs[sl], gys[sl]
-            a, hs = _decays_and_inputs(d, u, A_t, Bc)
-            hs = _chunk_states(a, hs, starts[c])  # (L, b, N, D) recomputed
-            torch.matmul(hs, g_y[..., None], out=gC[sl, ..., None])  # (L, b, N, 1) Σ_d h ∂y
-            # adjoint: g_t = C_t ∂y_t + a_{t+1} g_{t+1}, the chunk's end fed by ``carry``
-            g = Cc[..., None] * g_y[:, :, None, :]  # (L, b, N, D)
-            g[-1] += carry
-            for t in range(g.shape[0] - 2, -1, -1):
-                torch.addcmul(g[t], a[t + 1], g[t + 1], out=g[t])
-            carry = a[0] * g[0]  # ∂/∂(state before the chunk)
-            g_logA = g * a  # (L, b, N, D)  ∂/∂(Δ A) = g a h_{t-1}
-            g_logA[1:].mul_(hs[:-1])
-            g_logA[0].mul_(starts[c])
-            gA += (g_logA * d[:, :, None, :]).sum((0, 1))  # (N, D)
-            gBx = torch.matmul(Bc[:, :, None, :], g)[:, :, 0]  # (L, b, D)  Σ_n B g
-            gd[sl] = (g_logA * A_t).sum(2) + gBx * u
-            gx[sl] = gBx * d
-            torch.matmul(g, (d * u)[..., None], out=gB[sl, ..., None])  # (L, b, N, 1)
-        gx, gd, gB, gC = (t.transpose(0, 1) for t in (gx, gd, gB, gC))  # (b, T, ·)
-        return gx, gd, gA.t(), gB, gC, carry.transpose(1, 2), None
+        us, ds, A_t, Bs, Cs, H = ctx.saved_tensors
+        L = us.shape[0]
+        a = _chunk_decays(ds, A_t * LOG2E)  # (L, n, b, N, D)
+        hs = _chunk_states(a, _chunk_inputs(ds, us, Bs), H[:-1])  # (L, n, b, N, D)
+        gys = torch.zeros_like(us) if gy is None else _to_chunks(gy, L)  # (L, n, b, D)
+        g = torch.mul(hs, gys[..., None, :], out=torch.empty_like(hs))  # (L, n, b, N, D)
+        gC = g.sum(-1)  # (L, n, b, N)  Σ_d h ∂y
+        torch.mul(Cs[..., None], gys[..., None, :], out=g)  # C_t ∂y_t
+        g_end = torch.zeros_like(H[-1]) if gh is None else gh.transpose(1, 2)  # (b, N, D)
+        G = _adjoint_ends(a, g, _chunk_decays(ds.sum(0), A_t * LOG2E), g_end)  # (n + 1, b, N, D)
+        g = _adjoint_states(a, g, G[1:])  # (L, n, b, N, D)  ∂/∂h_t
+        g_la = a.mul_(g)  # (L, n, b, N, D)  ∂/∂(Δ A) = g a h_{t−1}, written over a
+        g_la[1:].mul_(hs[:-1])
+        g_la[0].mul_(H[:-1])
+        gB = torch.mul(g, (ds * us)[..., None, :], out=hs).sum(-1)  # (L, n, b, N), over hs
+        gBx = torch.matmul(Bs[..., None, :], g)[..., 0, :]  # (L, n, b, D)  Σ_n B g
+        gd = torch.mul(g_la, A_t, out=hs).sum(3) + gBx * us  # (L, n, b, D)
+        gA = g_la.mul_(ds[..., None, :]).sum((0, 1, 2))  # (N, D)
+        gx, gd, gB, gC = (_from_chunks(t, ctx.T) for t in (gBx * ds, gd, gB, gC))
+        return gx, gd, gA.t(), gB, gC, G[0].transpose(1, 2), None
+
+
+def _adjoint_ends(a: Tensor, g: Tensor, decay: Tensor, g_end: Tensor) -> Tensor:
+    """The adjoint's passes 1 and 2: G_c = ∂/∂(state before chunk c), from G_n = g_end, the
+    gradient of the last state. Pass 1 runs g_t = c_t + a_{t+1} g_{t+1} inside each chunk from
+    zero at its end, keeping a_0 g_0; pass 2: G_c = a_0 g_0 + decay_c G_{c+1}.
+    a, g (L, n, b, N, D) with g = C ∂y; decay (n, b, N, D) -> (n + 1, b, N, D)."""
+    s = g[-1].clone()  # (n, b, N, D)
+    for j in range(g.shape[0] - 2, -1, -1):
+        torch.addcmul(g[j], a[j + 1], s, out=s)
+    s.mul_(a[0])
+    G = [g_end]
+    for c in range(g.shape[1] - 1, -1, -1):
+        G.append(torch.addcmul(s[c], decay[c], G[-1]))
+    return torch.stack(G[::-1])
+
+
+def _adjoint_states(a: Tensor, g: Tensor, G_next: Tensor) -> Tensor:
+    """The adjoint's pass 3, written over g: ∂/∂h_t for every t, the chunk's end fed by
+    G_next (n, b, N, D), the gradient of the state after it."""
+    g[-1] += G_next
+    for j in range(g.shape[0] - 2, -1, -1):
+        torch.addcmul(g[j], a[j + 1], g[j + 1], out=g[j])
+    return g
 
 
 def _check_scan_shapes(x: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor) -> None:
@@ -261,7 +319,7 @@ class MambaBlock(nn.Module):
         bias: bool = False,
         conv_bias: bool = True,
         scan: str = "chunked",
-        chunk: int = 16,
+        chunk: int = 0,
     ) -> None:
         super().__init__()
         check_mamba_config(d_model, d_state, d_conv, expand, dt_rank)
