@@ -11,10 +11,14 @@ import torch
 from torch import nn
 
 from attnlab.quant import (
+    EPS,
     Int8Linear,
     dynamic_bound,
+    int8_matmul,
     quantize_model,
     quantize_per_channel,
+    quantize_per_token,
+    rescale,
     weight_only_bound,
 )
 from attnlab.verify.checks_infer import ao_per_channel
@@ -46,6 +50,67 @@ def test_int8_matmul_within_the_bound_of_its_scales(dynamic: bool) -> None:
         slack = 1e-5 * (1 + linear(x).abs())  # float32 rounding of the two sums
         assert (err <= bound + slack).all(), (err - bound).max()
         assert err.max() > 0  # it is quantised
+
+
+def test_per_token_quantisation_needs_no_clamp() -> None:
+    """Rows of every kind (all zero, below 127·ε, huge, maximum on the negative side, random):
+    the unclamped rounding equals clamp(round(x / t), -127, 127), and each row's largest entry
+    lands on ±127 unless t was raised to ε."""
+    x = torch.randn(8, 50) * torch.logspace(-3, 3, 8)[:, None]
+    x[0] = 0.0
+    x[1] = torch.randn(50) * EPS  # max |x| < 127 ε: t = ε
+    x[2] = torch.randn(50) * 1e30
+    x[3, 7] = -x[3].abs().max() * 2  # the largest magnitude is negative
+    q, t = quantize_per_token(x)
+    assert q.dtype == torch.int8 and t.shape == (8, 1)
+    assert torch.equal(q, torch.clamp(torch.round(x / t), -127, 127).to(torch.int8))
+    at_full_scale = (x.abs().amax(dim=1) / 127.0) >= EPS
+    assert torch.equal(q.abs().amax(dim=1)[at_full_scale], torch.full((6,), 127, dtype=torch.int8))
+    assert q[3, 7] == -127
+
+
+@pytest.mark.parametrize("inner", [1, 2, 37, 384])
+def test_int8_matmul_is_exact(inner: int) -> None:
+    """The int32 product equals the int64 one: no rounding, no overflow at the extremes."""
+    xq = torch.randint(-127, 128, (19, inner), dtype=torch.int8)
+    q = torch.randint(-128, 128, (23, inner), dtype=torch.int8)
+    xq[0], q[0] = -127, -128  # the largest magnitude a sum can reach
+    got = int8_matmul(xq, q)
+    assert got.dtype == torch.int32
+    assert torch.equal(got.long(), xq.long() @ q.long().t())
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_rescale_writes_over_the_accumulator(with_bias: bool) -> None:
+    """t_n s_i acc_ni + b_i, computed in acc's own memory (no (N, out) allocation)."""
+    acc = torch.randint(-(2**24), 2**24, (9, 31), dtype=torch.int32)
+    t, s = torch.rand(9, 1) + 0.1, torch.rand(31) + 0.1
+    bias = torch.randn(31) if with_bias else None
+    want = acc.double() * t.double() * s.double() + (0 if bias is None else bias.double())
+    pointer = acc.data_ptr()
+    with torch.no_grad():
+        got = rescale(acc, t, s, bias)
+    assert got.dtype == torch.float32 and got.data_ptr() == pointer
+    torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_forward_under_autograd_equals_inference(dynamic: bool) -> None:
+    """With gradients recorded the layer gives the output it gives under no_grad (there it
+    fuses the scale and the bias into one addcmul: equal up to float32 rounding), and its
+    gradients are the dequantised layer's: the bias gets the summed output gradient; the
+    input (weight-only) gets the product with the dequantised weight."""
+    layer = Int8Linear.from_linear(nn.Linear(24, 16), "dynamic" if dynamic else "none")
+    x = torch.randn(3, 5, 24, requires_grad=True)
+    with torch.no_grad():
+        want = layer(x)
+    got = layer(x)
+    torch.testing.assert_close(got, want)
+    grad = torch.randn_like(got)
+    got.backward(grad)
+    torch.testing.assert_close(layer.bias.grad, grad.sum(dim=(0, 1)))
+    if not dynamic:
+        torch.testing.assert_close(x.grad, grad @ layer.weight)
 
 
 def test_the_bound_is_tight_enough_to_catch_a_wrong_scale() -> None:

@@ -37,9 +37,14 @@ def quantize_per_channel(w: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def quantize_per_token(x: Tensor) -> tuple[Tensor, Tensor]:
-    """x (N, in) -> (int8 (N, in), scales (N, 1)), symmetric per row, 127 levels each side."""
-    scale = (x.abs().amax(dim=-1, keepdim=True) / 127.0).clamp_min(EPS)  # (N, 1)
-    return torch.clamp(torch.round(x / scale), -127, 127).to(torch.int8), scale
+    """x (N, in) float32 -> (int8 (N, in), scales (N, 1)), symmetric per row, 127 levels each
+    side. No clamp is needed: |x_j| ≤ max_j |x_j| = 127 t (or < 127 t when t is raised to ε),
+    so |x_j / t| rounds to at most 127. Four passes over x, one float temporary; no gradient
+    (rounding has none)."""
+    x = x.detach()
+    magnitude = x.abs()  # (N, in); its memory is reused for x / t
+    scale = magnitude.amax(dim=-1, keepdim=True).div_(127.0).clamp_min_(EPS)  # (N, 1)
+    return torch.div(x, scale, out=magnitude).round_().to(torch.int8), scale
 
 
 class Int8Linear(nn.Module):
@@ -87,19 +92,39 @@ class Int8Linear(nn.Module):
         if self.dynamic:
             flat = x.reshape(-1, self.in_features).float()  # (N, in)
             xq, xs = quantize_per_token(flat)  # (N, in) int8, (N, 1)
-            if self.in_features > 1:
-                acc = torch._int_mm(xq, self.weight_int8.t()).float()  # (N, out) int32, exact
-            else:  # torch's CPU _int_mm is wrong for an inner size of 1; the products are exact
-                acc = xq.float() @ self.weight_int8.float().t()  # (N, out)
-            y = acc * xs * self.weight_scale  # (N, out)
-            y = y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
-        else:
-            y = F.linear(x, self.weight_int8.to(x.dtype)) * self.weight_scale.to(x.dtype)
-        return y if self.bias is None else y + self.bias.to(y.dtype)  # (…, out)
+            y = rescale(int8_matmul(xq, self.weight_int8), xs, self.weight_scale, self.bias)
+            return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)  # (…, out)
+        y = F.linear(x, self.weight_int8.to(x.dtype))  # (…, out), float accumulation
+        return scale_and_shift(y, self.weight_scale.to(y.dtype), self.bias)
 
     def extra_repr(self) -> str:
         acts = "int8 dynamic" if self.dynamic else "float"
         return f"{self.in_features}, {self.out_features}, int8 weights, {acts} activations"
+
+
+def int8_matmul(xq: Tensor, q: Tensor) -> Tensor:
+    """int8 (N, in) · int8 (out, in)ᵀ -> int32 (N, out), exact (|sum| < 2³¹ for in < 2¹⁷)."""
+    if q.shape[1] == 1:  # torch's CPU _int_mm is wrong for an inner size of 1
+        return xq.int() * q.int().t()  # (N, out), the one product per entry
+    return torch._int_mm(xq, q.t())
+
+
+def rescale(acc: Tensor, token_scale: Tensor, channel_scale: Tensor, bias: Tensor | None) -> Tensor:
+    """int32 acc (N, out) -> float32 t_n s_i acc_ni + b_i (N, out), written over acc's memory:
+    the int32 -> float32 conversion is elementwise, each entry read before it is overwritten,
+    so the (N, out) result costs no new allocation (three passes; four under autograd)."""
+    y = acc.view(torch.float32).copy_(acc)  # (N, out) float32, same storage
+    return scale_and_shift(y.mul_(token_scale), channel_scale, bias)
+
+
+def scale_and_shift(y: Tensor, channel_scale: Tensor, bias: Tensor | None) -> Tensor:
+    """y (…, out) -> y s + b in place (s one scale per output channel): one pass when autograd
+    need not see it, else two in-place ops it records."""
+    if bias is None:
+        return y.mul_(channel_scale)
+    if torch.is_grad_enabled() and (y.requires_grad or bias.requires_grad):
+        return y.mul_(channel_scale).add_(bias)
+    return torch.addcmul(bias, y, channel_scale, out=y)
 
 
 def _tied_weights(model: nn.Module) -> set[int]:
