@@ -44,8 +44,14 @@ def true_sums(state):
 
 @pytest.mark.parametrize("T, chunk", [(1, 16), (7, 4), (16, 4), (37, 8), (5, 16), (33, 1), (90, 0)])
 @pytest.mark.parametrize("with_state", [False, True])
-def test_chunked_wkv_equals_the_recurrence_forward_and_backward(T, chunk, with_state):
+@pytest.mark.parametrize("far", [False, True])
+def test_chunked_wkv_equals_the_recurrence_forward_and_backward(T, chunk, with_state, far):
+    """``far``: two keys ±400 apart in the first chunk, past the range of the matrix form, so
+    the chunks take the exact form (a chunk of one position keeps the matrix form)."""
     args, state = wkv_inputs(2, T, 5)
+    if far:
+        args[2][:, 0] += 400.0
+        args[2][:, 1:2] -= 400.0
     leaves = [t.requires_grad_() for t in args + state]
     st = tuple(state) if with_state else None
     y1, s1 = wkv_sequential(*args, st)

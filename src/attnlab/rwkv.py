@@ -17,8 +17,9 @@ Time-mix (eq. 14-16 of the paper; w = exp(time_decay) > 0, u = time_first):
 Two forms compute wkv: :func:`wkv_sequential`, the recurrence over a state (numerator,
 denominator, running maximum of the exponents, so nothing overflows) that also decodes one
 token at a time, and :func:`wkv_chunked`, the parallel form: inside chunks of ``chunk``
-positions every weight e^{score} is formed at once, stabilised per output position by the
-largest exponent, and the states of the chunk boundaries are carried from chunk to chunk.
+positions the past is one matrix product per channel with the decays e^{−(j−1−l) w} (every
+weight formed and stabilised per output position when a chunk's keys span too wide a range),
+and the states entering the chunks are formed at once from the chunks' own sums.
 
 Channel-mix (eq. 17-18): out_t = σ(W_r x'_t) ⊙ W_v relu(W_k x''_t)², x', x'' token-shifted.
 Parameter names and shapes are Hugging Face's ``RwkvSelfAttention`` / ``RwkvFeedForward``.
@@ -113,6 +114,28 @@ def wkv_weights(w: Tensor, u: Tensor, k: Tensor) -> Tensor:
     return torch.softmax(score, dim=-1)  # (B, D, T, T)
 
 
+def _chunk_starts(
+    state: tuple[Tensor, Tensor, Tensor], num_c: Tensor, den_c: Tensor, m_end: Tensor, Lw: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The state entering each of n chunks and after the last, all at once: the carried state
+    is itself a decayed sum (eq. 14 one level up, each chunk a token with decay L·w per chunk).
+    Entering chunk c: Σ_{s<=c} e^{m_s − (c−s) L w} (num_s, den_s), source 0 the state before the
+    sequence and source s = c'+1 chunk c''s own sums at its end (num_c, den_c, m_end; (B, n, D)
+    each); state (B, D) each. Stabilised by each target's largest exponent, as in the chunks.
+    -> (num, den, m), (B, n + 1, D) each."""
+    num0, den0, m0 = state
+    src_num = torch.cat([num0[:, None], num_c], dim=1)  # (B, n + 1, D)
+    src_den = torch.cat([den0[:, None], den_c], dim=1)
+    src_m = torch.cat([m0[:, None], m_end], dim=1)
+    c = torch.arange(src_m.shape[1], device=src_m.device)
+    gap = (c[:, None] - c[None, :]).to(src_m.dtype)  # (n + 1, n + 1): c − s
+    exps = src_m[:, None] - gap[..., None] * Lw  # (B, n + 1 targets, n + 1 sources, D)
+    exps = exps.masked_fill((gap < 0)[..., None], float("-inf"))
+    top = exps.amax(dim=2).detach()  # (B, n + 1, D)
+    e = torch.exp(exps - top[:, :, None])  # (B, n + 1, n + 1, D)
+    return (e * src_num[:, None]).sum(2), (e * src_den[:, None]).sum(2), top
+
+
 def wkv_chunked(
     w: Tensor,
     u: Tensor,
@@ -122,53 +145,102 @@ def wkv_chunked(
     chunk: int = 0,
 ) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor]]:
     """wkv in parallel inside chunks of ``chunk`` positions: same arguments and results as
-    :func:`wkv_sequential`. ``chunk = 0`` picks T/32 between 4 and 8 (the work inside chunks
-    grows with the chunk, the steps of the loop over chunks with their number).
+    :func:`wkv_sequential`. ``chunk = 0`` picks ⌈√T⌉ (at least 4).
 
     In a chunk (positions j, l = 0..L−1) the exponent of token l at output j is
     k_l − (j−1−l) w for l < j, u + k_j for l = j; the state carried in from before the chunk
-    enters with m − j w. Each output's exponents are shifted by their maximum before exp (the
-    result does not depend on the shift, so it carries no gradient). Every chunk's own
-    contribution to the state at its end is formed at once too; only the combination of those
-    states runs as a loop, one step per chunk.
+    enters with m − j w. Each chunk's own sums at its end are formed at once, and from them the
+    states entering all chunks (:func:`_chunk_starts`). The outputs are then per channel a
+    matrix product with the decays e^{−(j−1−l) w} (:func:`_outputs_by_matmul`) when no exponent
+    of a chunk lies more than :data:`RANGE` below the chunk's largest, and otherwise
+    :func:`_outputs_exact`, every weight formed and shifted by its own output's maximum.
     """
     if chunk < 0:
         raise ValueError(f"chunk must be >= 1 (0 = automatic), got {chunk}")
     B, T, D = k.shape
-    L = min(chunk or min(8, max(4, T // 32)), T)
+    L = min(chunk or max(4, math.ceil(math.sqrt(T))), T)
     pad = -T % L
     n = (T + pad) // L
     kc = F.pad(k, (0, 0, 0, pad), value=NEG).view(B, n, L, D)  # padding: weight e^NEG = 0
     vc = F.pad(v, (0, 0, 0, pad)).view(B, n, L, D)
     j = torch.arange(L, device=k.device, dtype=k.dtype)
-    lag = j[:, None] - 1 - j[None, :]  # (L, L) j−1−l
-    # what output j adds to key l's exponent: −(j−1−l) w for l < j, u for l = j, −inf after
-    add = torch.where(lag[..., None] == -1, u, -lag[..., None] * w)  # (L, L, D)
-    add = add.masked_fill((lag < -1)[..., None], float("-inf"))
-    score = kc[:, :, None, :, :] + add  # (B, n, L_j, L_l, D) exponents
     # each chunk's own sums at its end (exponent k_l − (L−1−l) w), for the carried state
     end = kc - (L - 1 - j)[:, None] * w  # (B, n, L, D)
     m_end = end.amax(dim=2).detach()  # (B, n, D)
     e_end = torch.exp(end - m_end[:, :, None])  # (B, n, L, D)
     num_c, den_c = (e_end * vc).sum(2), e_end.sum(2)  # (B, n, D)
-    # the state entering each chunk: a loop over chunks (decay L·w per chunk, add its sums)
     if state is None:
         zeros = k.new_zeros(B, D)
         state = (zeros, zeros, torch.full_like(zeros, NEG))
-    num, den, m = state
-    starts = []
-    for c in range(n):
-        starts.append((num, den, m))
-        num, den, m = _merge(num, den, m - L * w, num_c[:, c], den_c[:, c], m_end[:, c])
-    s_num, s_den, s_m = (torch.stack(t, dim=1) for t in zip(*starts))  # (B, n, D) each
+    s_num, s_den, s_m = _chunk_starts(state, num_c, den_c, m_end, L * w)  # (B, n + 1, D) each
+    starts = s_num[:, :n], s_den[:, :n], s_m[:, :n]  # the state entering each chunk
+    # the largest exponent of each chunk's own terms: max_l k_l + max(u, 0) (B, n, 1, D)
+    top = kc.amax(dim=2, keepdim=True).detach() + u.detach().clamp(min=0)
+    low = torch.where(kc > NEG / 2, u + kc - top, 0.0).amin()  # the smallest diagonal's
+    if low > -RANGE[k.dtype]:
+        out = _outputs_by_matmul(w, u, kc, vc, top, starts)
+    else:
+        out = _outputs_exact(w, u, kc, vc, starts)
+    out = out.reshape(B, n * L, D)[:, :T]  # (B, T, D)
+    return out, (s_num[:, n], s_den[:, n], s_m[:, n] + pad * w)  # padding only decayed it
+
+
+RANGE = {torch.float32: 60.0, torch.float64: 600.0}  # e^-RANGE is far from underflow
+"""How far below a chunk's largest exponent its diagonal terms may lie for the matrix form:
+then every output keeps a term of at least e^−RANGE next to the shared shift, and what
+underflows there (below e^−87 in float32, e^−708 in float64) is e^−27 of it or less."""
+
+
+def _outputs_by_matmul(
+    w: Tensor,
+    u: Tensor,
+    kc: Tensor,
+    vc: Tensor,
+    top: Tensor,
+    starts: tuple[Tensor, Tensor, Tensor],
+) -> Tensor:
+    """wkv outputs (B, n, L, D) with the past inside the chunk as one batched matmul per
+    channel: Σ_{l<j} e^{−(j−1−l) w} (e^{k_l − top} v_l, e^{k_l − top}), the decays a (D, L, L)
+    lower-triangular matrix, every chunk's keys shifted by its own ``top`` (B, n, 1, D) so
+    that no factor exceeds 1. kc, vc (B, n, L, D); starts (num, den, m) (B, n, D) each."""
+    B, n, L, D = kc.shape
+    j = torch.arange(L, device=kc.device, dtype=kc.dtype)
+    lag = j[:, None] - 1 - j[None, :]  # (L, L) j−1−l
+    decays = torch.exp(-lag.clamp(min=0) * w[:, None, None]) * (lag >= 0)  # (D, L, L)
+    ek = torch.exp(kc - top)  # (B, n, L, D)
+    rhs = torch.stack([ek * vc, ek]).permute(4, 3, 0, 1, 2).reshape(D, L, 2 * B * n)
+    past = torch.bmm(decays, rhs).view(D, L, 2, B, n).permute(2, 3, 4, 1, 0)  # (2, B, n, L, D)
+    now = torch.exp(u + kc - top)  # (B, n, L, D) the current token, e^{u + k_j − top}
+    s_num, s_den, s_m = starts
+    carried = s_m[:, :, None, :] - j[:, None] * w  # (B, n, L, D) the start state at output j
+    shift = torch.maximum(top, carried).detach()  # (B, n, L, D)
+    e_own, e_s = torch.exp(top - shift), torch.exp(carried - shift)  # (B, n, L, D)
+    numer = e_own * (past[0] + now * vc) + e_s * s_num[:, :, None]  # (B, n, L, D)
+    denom = e_own * (past[1] + now) + e_s * s_den[:, :, None]
+    return numer / denom
+
+
+def _outputs_exact(
+    w: Tensor, u: Tensor, kc: Tensor, vc: Tensor, starts: tuple[Tensor, Tensor, Tensor]
+) -> Tensor:
+    """wkv outputs (B, n, L, D) with every weight e^{score} of output j for token l formed in
+    a (B, n, L, L, D) tensor and shifted by that output's largest exponent (robust to any
+    range of keys). kc, vc (B, n, L, D); starts (num, den, m) (B, n, D) each."""
+    L = kc.shape[2]
+    j = torch.arange(L, device=kc.device, dtype=kc.dtype)
+    lag = j[:, None] - 1 - j[None, :]  # (L, L) j−1−l
+    # what output j adds to key l's exponent: −(j−1−l) w for l < j, u for l = j, −inf after
+    add = torch.where(lag[..., None] == -1, u, -lag[..., None] * w)  # (L, L, D)
+    add = add.masked_fill((lag < -1)[..., None], float("-inf"))
+    score = kc[:, :, None, :, :] + add  # (B, n, L_j, L_l, D) exponents
+    s_num, s_den, s_m = starts
     carried = s_m[:, :, None, :] - j[:, None] * w  # (B, n, L, D) the start state at output j
     top = torch.maximum(score.amax(dim=3), carried).detach()  # (B, n, L, D)
     e = torch.exp(score - top[:, :, :, None, :])  # (B, n, L, L, D)
     e_s = torch.exp(carried - top)  # (B, n, L, D)
     numer = (e * vc[:, :, None]).sum(3) + e_s * s_num[:, :, None]  # (B, n, L, D)
     denom = e.sum(3) + e_s * s_den[:, :, None]  # (B, n, L, D)
-    out = (numer / denom).reshape(B, n * L, D)[:, :T]  # (B, T, D)
-    return out, (num, den, m + pad * w)  # the padding only decayed the state: undo it
+    return numer / denom
 
 
 # --------------------------------------------------------------------------- the layers
