@@ -49,6 +49,23 @@ def test_chunked_scan_equals_sequential_forward_and_backward(T, chunk, with_h0):
         torch.testing.assert_close(g2, g1, rtol=1e-9, atol=1e-11, msg=name)
 
 
+@pytest.mark.parametrize("block, chunk", [(60, 0), (60, 3), (1500, 0), (1500, 16)])
+def test_blocks_of_rows_and_stretches_of_time_chain_their_states(block, chunk):
+    """With D·N = 15, block 60 scans 4 steps of one row at a time (3 rows × 10 stretches),
+    block 1500 all 37 steps of 2 rows (a group of 2, then 1): the state and its gradient
+    pass from each stretch to the next, float64, equal to the loop."""
+    args = scan_inputs(3, 37, 5, 3)
+    y1, h1 = selective_scan_sequential(*args)
+    y2, h2 = selective_scan_chunked(*args, chunk=chunk, block=block)
+    torch.testing.assert_close(y2, y1, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(h2, h1, rtol=1e-10, atol=1e-12)
+    gy, gh = torch.randn_like(y1), torch.randn_like(h1)
+    grads1 = torch.autograd.grad((y1 * gy).sum() + (h1 * gh).sum(), args)
+    grads2 = torch.autograd.grad((y2 * gy).sum() + (h2 * gh).sum(), args)
+    for name, g1, g2 in zip(("x", "delta", "A", "B", "C", "h0"), grads1, grads2):
+        torch.testing.assert_close(g2, g1, rtol=1e-9, atol=1e-11, msg=name)
+
+
 def test_chunked_scan_stays_finite_with_large_steps():
     """Large Δ|A| (fast decay) over long chunks: the parallel scan must not overflow."""
     x, delta, A, B, C, _ = scan_inputs(1, 300, 4, 2, dtype=torch.float32)
@@ -130,6 +147,8 @@ def test_bad_configurations_name_the_field():
             MambaBlock(8, **kw)
     with pytest.raises(ValueError, match="chunk"):
         selective_scan_chunked(*scan_inputs(1, 4, 2, 2)[:5], chunk=-1)
+    with pytest.raises(ValueError, match="block"):
+        selective_scan_chunked(*scan_inputs(1, 4, 2, 2)[:5], block=0)
     with pytest.raises(ValueError, match=r"\(B, T, d_model\)"):
         MambaBlock(8)(torch.randn(4, 8))
 

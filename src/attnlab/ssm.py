@@ -37,6 +37,7 @@ from attnlab.attention import channel_groups, is_recording, record_mixer_weights
 
 SCANS = ("chunked", "sequential")
 LOG2E = math.log2(math.e)  # exp(x) = 2^(x log₂e)
+BLOCK = 2**19  # state elements a chunked scan works on at once: 2 MiB per tensor in float32
 
 
 # --------------------------------------------------------------------------- the scan
@@ -97,12 +98,16 @@ def selective_scan_chunked(
     C: Tensor,
     h0: Tensor | None = None,
     chunk: int = 0,
+    block: int = BLOCK,
 ) -> tuple[Tensor, Tensor]:
     """The same recurrence as :func:`selective_scan_sequential`, all chunks of time at once.
 
-    Time is cut into n chunks of L = ``chunk`` steps (0: ⌈√T⌉, which balances the two loops
-    below). Position t = c·L + j is stored at [j, c], so step j of every chunk is one
-    contiguous block and the recurrence h_t = a_t h_{t−1} + b_t (eq. 2, a_t = exp(Δ_t A),
+    The work is cut into blocks of about ``block`` state elements (batch rows × time steps
+    × D × N; a stretch of time continues from the state the one before left), so that a
+    block's tensors stay in the processor's cache. Inside a block of T steps, time is cut
+    into n chunks of L = ``chunk`` steps (0: ⌈√T⌉, which balances the two loops below).
+    Position t = c·L + j is stored at [j, c], so step j of every chunk is one contiguous
+    block and the recurrence h_t = a_t h_{t−1} + b_t (eq. 2, a_t = exp(Δ_t A),
     b_t = Δ_t x_t B_t) runs for all n chunks together in L fused multiply-adds. Three passes:
 
     1. each chunk from a zero state, keeping only its last state;
@@ -120,11 +125,28 @@ def selective_scan_chunked(
     _check_scan_shapes(x, delta, A, B, C)
     if chunk < 0:
         raise ValueError(f"chunk must be >= 1 (0 = automatic), got {chunk}")
+    if block < 1:
+        raise ValueError(f"block must be >= 1, got {block}")
     if h0 is None:
         h0 = x.new_zeros(x.shape[0], x.shape[2], A.shape[1])  # (b, D, N)
-    T = x.shape[1]
-    L = max(1, min(chunk or math.ceil(math.sqrt(T)), T))
-    return _ChunkedScan.apply(x, delta, A, B, C, h0, L)
+    return _ChunkedScan.apply(x, delta, A, B, C, h0, chunk, block)
+
+
+Blocks = list[tuple[slice, list[tuple[slice, int]]]]
+
+
+def _blocks(b: int, T: int, DN: int, block: int, chunk: int) -> Blocks:
+    """The blocks of a (b, T) scan with D·N = ``DN``, about ``block`` state elements each:
+    groups of batch rows, each with its stretches of time in order and their chunk length
+    (``chunk``, or ⌈√stretch⌉ for 0)."""
+    steps = max(1, block // DN)  # batch rows × time steps per block
+    span = min(T, steps)  # time steps per block
+    rows = max(1, steps // span)  # batch rows per block
+    times = []
+    for t in range(0, T, span):
+        length = min(span, T - t)
+        times.append((slice(t, t + length), min(chunk or math.ceil(math.sqrt(length)), length)))
+    return [(slice(r, r + rows), times) for r in range(0, b, rows)]
 
 
 def _to_chunks(t: Tensor, L: int) -> Tensor:
@@ -133,7 +155,7 @@ def _to_chunks(t: Tensor, L: int) -> Tensor:
     b, T, K = t.shape
     n = -(-T // L)
     t = F.pad(t, (0, 0, 0, n * L - T))  # (b, n·L, K)
-    return t.view(b, n, L, K).permute(2, 1, 0, 3).contiguous()
+    return t.reshape(b, n, L, K).permute(2, 1, 0, 3).contiguous()
 
 
 def _from_chunks(t: Tensor, T: int) -> Tensor:
@@ -179,50 +201,100 @@ def _chunk_states(a: Tensor, bx: Tensor, H: Tensor) -> Tensor:
     return bx
 
 
+def _block_forward(
+    x: Tensor, delta: Tensor, A2: Tensor, B: Tensor, C: Tensor, h: Tensor, L: int
+) -> tuple[Tensor, Tensor]:
+    """One block by the three passes: x, delta (b, T, D); A2 (N, D) = A log₂e; B, C (b, T, N);
+    h (b, N, D) the state before it -> y (b, T, D) and the states H (n + 1, b, N, D) before
+    each chunk and after the last."""
+    us, ds, Bs, Cs = (_to_chunks(t, L) for t in (x, delta, B, C))  # (L, n, b, ·)
+    a, bx = _chunk_decays(ds, A2), _chunk_inputs(ds, us, Bs)  # (L, n, b, N, D)
+    H = _starts(_chunk_ends(a, bx), _chunk_decays(ds.sum(0), A2), h)  # (n + 1, b, N, D)
+    hs = _chunk_states(a, bx, H[:-1])  # (L, n, b, N, D)
+    y = torch.matmul(Cs[..., None, :], hs)[..., 0, :]  # (L, n, b, D)  C_t h_t
+    return _from_chunks(y, x.shape[1]), H
+
+
+def _block_backward(
+    x: Tensor,
+    delta: Tensor,
+    A_t: Tensor,
+    B: Tensor,
+    C: Tensor,
+    H: Tensor,
+    L: int,
+    gy: Tensor,
+    G: Tensor,
+) -> tuple[Tensor, ...]:
+    """Gradients of one block: the states recomputed from H (pass 3), the adjoint in the same
+    three passes reversed, then the local derivatives ∂a/∂(ΔA) = a, b = Δ x B. x, delta, gy
+    (b, T, D); A_t (N, D); B, C (b, T, N); H, L as the forward made them; G (b, N, D) the
+    gradient of the state after the block -> those of x, delta (b, T, D), A (N, D),
+    B, C (b, T, N), the state before it (b, N, D)."""
+    us, ds, Bs, Cs, gys = (_to_chunks(t, L) for t in (x, delta, B, C, gy))  # (L, n, b, ·)
+    a = _chunk_decays(ds, A_t * LOG2E)  # (L, n, b, N, D)
+    hs = _chunk_states(a, _chunk_inputs(ds, us, Bs), H[:-1])  # (L, n, b, N, D)
+    g = torch.mul(hs, gys[..., None, :], out=torch.empty_like(hs))  # (L, n, b, N, D)
+    gC = g.sum(-1)  # (L, n, b, N)  Σ_d h ∂y
+    torch.mul(Cs[..., None], gys[..., None, :], out=g)  # C_t ∂y_t
+    G = _adjoint_ends(a, g, _chunk_decays(ds.sum(0), A_t * LOG2E), G)  # (n + 1, b, N, D)
+    g = _adjoint_states(a, g, G[1:])  # (L, n, b, N, D)  ∂/∂h_t
+    g_la = a.mul_(g)  # (L, n, b, N, D)  ∂/∂(Δ A) = g a h_{t−1}, written over a
+    g_la[1:].mul_(hs[:-1])
+    g_la[0].mul_(H[:-1])
+    gB = torch.mul(g, (ds * us)[..., None, :], out=hs).sum(-1)  # (L, n, b, N), over hs
+    gBx = torch.matmul(Bs[..., None, :], g)[..., 0, :]  # (L, n, b, D)  Σ_n B g
+    gd = torch.mul(g_la, A_t, out=hs).sum(3) + gBx * us  # (L, n, b, D)
+    gA = g_la.mul_(ds[..., None, :]).sum((0, 1, 2))  # (N, D)
+    T = x.shape[1]
+    gx, gd, gB, gC = (_from_chunks(t, T) for t in (gBx * ds, gd, gB, gC))
+    return gx, gd, gA, gB, gC, G[0]
+
+
 class _ChunkedScan(torch.autograd.Function):
-    """Forward: the three passes of :func:`selective_scan_chunked`, keeping the chunks' starting
-    states. Backward: the states recomputed (pass 3), then the adjoint recurrence in the same
-    three passes, reversed, and the local derivatives ∂a/∂(ΔA) = a, b = Δ x B. Everything is
-    laid out (L, n, b, N, D), D contiguous; the backward allocates three such tensors (a, the
-    states, the adjoint) and writes its products over them."""
+    """Forward: block by block (:func:`_blocks`), each by the three passes, keeping the
+    states before its chunks. Backward: the blocks in reverse, each recomputed and run
+    through the adjoint (:func:`_block_backward`). Inside a block everything is laid out
+    (L, n, b, N, D), D contiguous; the backward allocates three such tensors (a, the states,
+    the adjoint) and writes its products over them."""
 
     @staticmethod
-    def forward(ctx, x, delta, A, B, C, h0, L):
-        T = x.shape[1]
-        us, ds, Bs, Cs = (_to_chunks(t, L) for t in (x, delta, B, C))  # (L, n, b, ·)
-        A_t = A.t().contiguous()  # (N, D)
-        a, bx = _chunk_decays(ds, A_t * LOG2E), _chunk_inputs(ds, us, Bs)  # (L, n, b, N, D)
-        decay = _chunk_decays(ds.sum(0), A_t * LOG2E)  # (n, b, N, D) exp(A Σ_j Δ_j)
-        H = _starts(_chunk_ends(a, bx), decay, h0.transpose(1, 2))  # (n + 1, b, N, D)
-        hs = _chunk_states(a, bx, H[:-1])  # (L, n, b, N, D)
-        y = torch.matmul(Cs[..., None, :], hs)[..., 0, :]  # (L, n, b, D)  C_t h_t
-        ctx.save_for_backward(us, ds, A_t, Bs, Cs, H)
-        ctx.T = T
-        return _from_chunks(y, T), H[-1].transpose(1, 2)  # (b, T, D), (b, D, N)
+    def forward(ctx, x, delta, A, B, C, h0, chunk, block):
+        A2 = A.t() * LOG2E  # (N, D)
+        y, h_last, starts = torch.empty_like(x), torch.empty_like(h0), []  # (b, T, D), (b, D, N)
+        ctx.blocks = _blocks(x.shape[0], x.shape[1], A.numel(), block, chunk)
+        for rs, times in ctx.blocks:
+            h = h0[rs].transpose(1, 2)  # (rows, N, D)
+            for ts, L in times:
+                y[rs, ts], H = _block_forward(
+                    x[rs, ts], delta[rs, ts], A2, B[rs, ts], C[rs, ts], h, L
+                )
+                h = H[-1]
+                starts.append(H)
+            h_last[rs] = h.transpose(1, 2)
+        ctx.save_for_backward(x, delta, A, B, C, *starts)
+        return y, h_last
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, gy, gh):
-        us, ds, A_t, Bs, Cs, H = ctx.saved_tensors
-        L = us.shape[0]
-        a = _chunk_decays(ds, A_t * LOG2E)  # (L, n, b, N, D)
-        hs = _chunk_states(a, _chunk_inputs(ds, us, Bs), H[:-1])  # (L, n, b, N, D)
-        gys = torch.zeros_like(us) if gy is None else _to_chunks(gy, L)  # (L, n, b, D)
-        g = torch.mul(hs, gys[..., None, :], out=torch.empty_like(hs))  # (L, n, b, N, D)
-        gC = g.sum(-1)  # (L, n, b, N)  Σ_d h ∂y
-        torch.mul(Cs[..., None], gys[..., None, :], out=g)  # C_t ∂y_t
-        g_end = torch.zeros_like(H[-1]) if gh is None else gh.transpose(1, 2)  # (b, N, D)
-        G = _adjoint_ends(a, g, _chunk_decays(ds.sum(0), A_t * LOG2E), g_end)  # (n + 1, b, N, D)
-        g = _adjoint_states(a, g, G[1:])  # (L, n, b, N, D)  ∂/∂h_t
-        g_la = a.mul_(g)  # (L, n, b, N, D)  ∂/∂(Δ A) = g a h_{t−1}, written over a
-        g_la[1:].mul_(hs[:-1])
-        g_la[0].mul_(H[:-1])
-        gB = torch.mul(g, (ds * us)[..., None, :], out=hs).sum(-1)  # (L, n, b, N), over hs
-        gBx = torch.matmul(Bs[..., None, :], g)[..., 0, :]  # (L, n, b, D)  Σ_n B g
-        gd = torch.mul(g_la, A_t, out=hs).sum(3) + gBx * us  # (L, n, b, D)
-        gA = g_la.mul_(ds[..., None, :]).sum((0, 1, 2))  # (N, D)
-        gx, gd, gB, gC = (_from_chunks(t, ctx.T) for t in (gBx * ds, gd, gB, gC))
-        return gx, gd, gA.t(), gB, gC, G[0].transpose(1, 2), None
+        x, delta, A, B, C, *starts = ctx.saved_tensors
+        A_t = A.t().contiguous()  # (N, D)
+        gy = torch.zeros_like(x) if gy is None else gy  # (b, T, D)
+        gh = x.new_zeros(x.shape[0], *A.shape) if gh is None else gh  # (b, D, N)
+        gx, gd, gB, gC, gh0 = (torch.empty_like(t) for t in (x, delta, B, C, gh))
+        gA = torch.zeros_like(A_t)  # (N, D)
+        k = len(starts)
+        for rs, times in reversed(ctx.blocks):
+            G = gh[rs].transpose(1, 2)  # (rows, N, D) ∂/∂(state after the stretch)
+            for ts, L in reversed(times):
+                k -= 1
+                gx[rs, ts], gd[rs, ts], gA_k, gB[rs, ts], gC[rs, ts], G = _block_backward(
+                    x[rs, ts], delta[rs, ts], A_t, B[rs, ts], C[rs, ts], starts[k], L, gy[rs, ts], G
+                )
+                gA += gA_k
+            gh0[rs] = G.transpose(1, 2)
+        return gx, gd, gA.t(), gB, gC, gh0, None, None
 
 
 def _adjoint_ends(a: Tensor, g: Tensor, decay: Tensor, g_end: Tensor) -> Tensor:
