@@ -149,6 +149,15 @@ def _blocks(b: int, T: int, DN: int, block: int, chunk: int) -> Blocks:
     return [(slice(r, r + rows), times) for r in range(0, b, rows)]
 
 
+def _largest_block(blocks: Blocks, b: int, DN: int) -> int:
+    """State elements of the largest block, chunks padded to full length."""
+    return max(
+        len(range(b)[rs]) * -(-(ts.stop - ts.start) // L) * L * DN
+        for rs, times in blocks
+        for ts, L in times
+    )
+
+
 def _to_chunks(t: Tensor, L: int) -> Tensor:
     """(b, T, K) -> (L, n, b, K): position c·L + j at [j, c], zeros after T (a step with
     Δ = 0 has a = 1 and b = 0: the padding leaves the state as it was)."""
@@ -164,23 +173,33 @@ def _from_chunks(t: Tensor, T: int) -> Tensor:
     return t.permute(2, 1, 0, 3).reshape(b, n * L, K)[:, :T]
 
 
-def _chunk_decays(ds: Tensor, A2: Tensor) -> Tensor:
+def _place(shape: tuple[int, ...], like: Tensor, work: Tensor | None) -> Tensor:
+    """A tensor of ``shape``: the start of the flat buffer ``work``, or new if None. The
+    blocks of a scan reuse one buffer: allocating a few MiB anew each time costs page faults
+    that take longer than the arithmetic on them."""
+    if work is None:
+        return like.new_empty(shape)
+    return work[: math.prod(shape)].view(shape)
+
+
+def _chunk_decays(ds: Tensor, A2: Tensor, work: Tensor | None = None) -> Tensor:
     """a_t = exp(Δ_t A) = 2^(Δ_t A log₂e): ds (L, n, b, D), A2 (N, D) -> (L, n, b, N, D)."""
-    a = ds.new_empty(*ds.shape[:-1], *A2.shape)
+    a = _place((*ds.shape[:-1], *A2.shape), ds, work)
     return torch.mul(A2, ds[..., None, :], out=a).exp2_()
 
 
-def _chunk_inputs(ds: Tensor, us: Tensor, Bs: Tensor) -> Tensor:
+def _chunk_inputs(ds: Tensor, us: Tensor, Bs: Tensor, work: Tensor) -> Tensor:
     """b_t = Δ_t x_t B_t: ds, us (L, n, b, D), Bs (L, n, b, N) -> (L, n, b, N, D)."""
-    bx = ds.new_empty(*Bs.shape, ds.shape[-1])
+    bx = _place((*Bs.shape, ds.shape[-1]), ds, work)
     return torch.mul(Bs[..., None], (ds * us)[..., None, :], out=bx)
 
 
 def _chunk_ends(a: Tensor, bx: Tensor) -> Tensor:
     """Pass 1: each chunk's last state from a zero start. a, bx (L, n, b, N, D) -> (n, b, N, D)."""
-    h = bx[0].clone()  # (n, b, N, D)
-    for j in range(1, bx.shape[0]):
-        torch.addcmul(bx[j], a[j], h, out=h)
+    a_, bx_ = a.unbind(0), bx.unbind(0)  # L views (n, b, N, D) each
+    h = bx_[0].clone()  # (n, b, N, D)
+    for a_j, b_j in zip(a_[1:], bx_[1:]):
+        torch.addcmul(b_j, a_j, h, out=h)
     return h
 
 
@@ -188,27 +207,27 @@ def _starts(ends: Tensor, decay: Tensor, h0: Tensor) -> Tensor:
     """Pass 2: H_0 = h0, H_{c+1} = decay_c H_c + ends_c. ends, decay (n, b, N, D), h0 (b, N, D)
     -> the n + 1 states before each chunk and after the last (n + 1, b, N, D)."""
     H = [h0]
-    for c in range(ends.shape[0]):
-        H.append(torch.addcmul(ends[c], decay[c], H[-1]))
+    for end, dec in zip(ends.unbind(0), decay.unbind(0)):
+        H.append(torch.addcmul(end, dec, H[-1]))
     return torch.stack(H)
 
 
 def _chunk_states(a: Tensor, bx: Tensor, H: Tensor) -> Tensor:
     """Pass 3: every state, each chunk from its start H (n, b, N, D); written over bx."""
-    torch.addcmul(bx[0], a[0], H, out=bx[0])
-    for j in range(1, bx.shape[0]):
-        torch.addcmul(bx[j], a[j], bx[j - 1], out=bx[j])
+    h = H
+    for a_j, b_j in zip(a.unbind(0), bx.unbind(0)):
+        h = torch.addcmul(b_j, a_j, h, out=b_j)
     return bx
 
 
 def _block_forward(
-    x: Tensor, delta: Tensor, A2: Tensor, B: Tensor, C: Tensor, h: Tensor, L: int
+    x: Tensor, delta: Tensor, A2: Tensor, B: Tensor, C: Tensor, h: Tensor, L: int, work: Tensor
 ) -> tuple[Tensor, Tensor]:
     """One block by the three passes: x, delta (b, T, D); A2 (N, D) = A log₂e; B, C (b, T, N);
-    h (b, N, D) the state before it -> y (b, T, D) and the states H (n + 1, b, N, D) before
-    each chunk and after the last."""
+    h (b, N, D) the state before it; work (2, ≥ block) scratch -> y (b, T, D) and the states
+    H (n + 1, b, N, D) before each chunk and after the last."""
     us, ds, Bs, Cs = (_to_chunks(t, L) for t in (x, delta, B, C))  # (L, n, b, ·)
-    a, bx = _chunk_decays(ds, A2), _chunk_inputs(ds, us, Bs)  # (L, n, b, N, D)
+    a, bx = _chunk_decays(ds, A2, work[0]), _chunk_inputs(ds, us, Bs, work[1])  # (L, n, b, N, D)
     H = _starts(_chunk_ends(a, bx), _chunk_decays(ds.sum(0), A2), h)  # (n + 1, b, N, D)
     hs = _chunk_states(a, bx, H[:-1])  # (L, n, b, N, D)
     y = torch.matmul(Cs[..., None, :], hs)[..., 0, :]  # (L, n, b, D)  C_t h_t
@@ -225,16 +244,17 @@ def _block_backward(
     L: int,
     gy: Tensor,
     G: Tensor,
+    work: Tensor,
 ) -> tuple[Tensor, ...]:
     """Gradients of one block: the states recomputed from H (pass 3), the adjoint in the same
     three passes reversed, then the local derivatives ∂a/∂(ΔA) = a, b = Δ x B. x, delta, gy
     (b, T, D); A_t (N, D); B, C (b, T, N); H, L as the forward made them; G (b, N, D) the
-    gradient of the state after the block -> those of x, delta (b, T, D), A (N, D),
-    B, C (b, T, N), the state before it (b, N, D)."""
+    gradient of the state after the block; work (3, ≥ block) scratch -> the gradients of x,
+    delta (b, T, D), A (N, D), B, C (b, T, N), the state before it (b, N, D)."""
     us, ds, Bs, Cs, gys = (_to_chunks(t, L) for t in (x, delta, B, C, gy))  # (L, n, b, ·)
-    a = _chunk_decays(ds, A_t * LOG2E)  # (L, n, b, N, D)
-    hs = _chunk_states(a, _chunk_inputs(ds, us, Bs), H[:-1])  # (L, n, b, N, D)
-    g = torch.mul(hs, gys[..., None, :], out=torch.empty_like(hs))  # (L, n, b, N, D)
+    a = _chunk_decays(ds, A_t * LOG2E, work[0])  # (L, n, b, N, D)
+    hs = _chunk_states(a, _chunk_inputs(ds, us, Bs, work[1]), H[:-1])  # (L, n, b, N, D)
+    g = torch.mul(hs, gys[..., None, :], out=_place(hs.shape, hs, work[2]))  # (L, n, b, N, D)
     gC = g.sum(-1)  # (L, n, b, N)  Σ_d h ∂y
     torch.mul(Cs[..., None], gys[..., None, :], out=g)  # C_t ∂y_t
     G = _adjoint_ends(a, g, _chunk_decays(ds.sum(0), A_t * LOG2E), G)  # (n + 1, b, N, D)
@@ -260,14 +280,15 @@ class _ChunkedScan(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, delta, A, B, C, h0, chunk, block):
-        A2 = A.t() * LOG2E  # (N, D)
+        A2 = A.t().contiguous() * LOG2E  # (N, D), contiguous: the broadcasts below run fast
         y, h_last, starts = torch.empty_like(x), torch.empty_like(h0), []  # (b, T, D), (b, D, N)
         ctx.blocks = _blocks(x.shape[0], x.shape[1], A.numel(), block, chunk)
+        work = x.new_empty(2, _largest_block(ctx.blocks, x.shape[0], A.numel()))
         for rs, times in ctx.blocks:
             h = h0[rs].transpose(1, 2)  # (rows, N, D)
             for ts, L in times:
                 y[rs, ts], H = _block_forward(
-                    x[rs, ts], delta[rs, ts], A2, B[rs, ts], C[rs, ts], h, L
+                    x[rs, ts], delta[rs, ts], A2, B[rs, ts], C[rs, ts], h, L, work
                 )
                 h = H[-1]
                 starts.append(H)
@@ -284,13 +305,15 @@ class _ChunkedScan(torch.autograd.Function):
         gh = x.new_zeros(x.shape[0], *A.shape) if gh is None else gh  # (b, D, N)
         gx, gd, gB, gC, gh0 = (torch.empty_like(t) for t in (x, delta, B, C, gh))
         gA = torch.zeros_like(A_t)  # (N, D)
+        work = x.new_empty(3, _largest_block(ctx.blocks, x.shape[0], A.numel()))
         k = len(starts)
         for rs, times in reversed(ctx.blocks):
             G = gh[rs].transpose(1, 2)  # (rows, N, D) ∂/∂(state after the stretch)
             for ts, L in reversed(times):
                 k -= 1
                 gx[rs, ts], gd[rs, ts], gA_k, gB[rs, ts], gC[rs, ts], G = _block_backward(
-                    x[rs, ts], delta[rs, ts], A_t, B[rs, ts], C[rs, ts], starts[k], L, gy[rs, ts], G
+                    *(x[rs, ts], delta[rs, ts], A_t, B[rs, ts], C[rs, ts]),
+                    *(starts[k], L, gy[rs, ts], G, work),
                 )
                 gA += gA_k
             gh0[rs] = G.transpose(1, 2)
@@ -302,22 +325,24 @@ def _adjoint_ends(a: Tensor, g: Tensor, decay: Tensor, g_end: Tensor) -> Tensor:
     gradient of the last state. Pass 1 runs g_t = c_t + a_{t+1} g_{t+1} inside each chunk from
     zero at its end, keeping a_0 g_0; pass 2: G_c = a_0 g_0 + decay_c G_{c+1}.
     a, g (L, n, b, N, D) with g = C ∂y; decay (n, b, N, D) -> (n + 1, b, N, D)."""
-    s = g[-1].clone()  # (n, b, N, D)
-    for j in range(g.shape[0] - 2, -1, -1):
-        torch.addcmul(g[j], a[j + 1], s, out=s)
-    s.mul_(a[0])
+    a_, g_ = a.unbind(0), g.unbind(0)  # L views (n, b, N, D) each
+    s = g_[-1].clone()  # (n, b, N, D)
+    for j in range(len(g_) - 2, -1, -1):
+        torch.addcmul(g_[j], a_[j + 1], s, out=s)
+    s.mul_(a_[0])
     G = [g_end]
-    for c in range(g.shape[1] - 1, -1, -1):
-        G.append(torch.addcmul(s[c], decay[c], G[-1]))
+    for s_c, dec in zip(reversed(s.unbind(0)), reversed(decay.unbind(0))):
+        G.append(torch.addcmul(s_c, dec, G[-1]))
     return torch.stack(G[::-1])
 
 
 def _adjoint_states(a: Tensor, g: Tensor, G_next: Tensor) -> Tensor:
     """The adjoint's pass 3, written over g: ∂/∂h_t for every t, the chunk's end fed by
     G_next (n, b, N, D), the gradient of the state after it."""
-    g[-1] += G_next
-    for j in range(g.shape[0] - 2, -1, -1):
-        torch.addcmul(g[j], a[j + 1], g[j + 1], out=g[j])
+    a_, g_ = a.unbind(0), g.unbind(0)  # L views (n, b, N, D) each
+    g_[-1].add_(G_next)
+    for j in range(len(g_) - 2, -1, -1):
+        torch.addcmul(g_[j], a_[j + 1], g_[j + 1], out=g_[j])
     return g
 
 
@@ -448,23 +473,27 @@ class MambaBlock(nn.Module):
 
     def _conv(self, u: Tensor, cache: MambaCache | None) -> Tensor:
         """Causal depthwise conv + SiLU: u (B, T, Di) -> (B, T, Di); the cache holds the
-        d_conv − 1 inputs before u (zeros at the start) and is updated with u's last ones."""
-        u = u.transpose(1, 2)  # (B, Di, T)
+        d_conv − 1 inputs before u (zeros at the start) and is updated with u's last ones.
+        The convolution is K shifted multiply-adds, out_t = bias + Σ_k w_k ⊙ u_{t−K+1+k}
+        (the cross-correlation F.conv1d computes), along time in the (B, T, Di) layout."""
+        B, T, Di = u.shape
         K = self.d_conv
         if cache is not None and cache.conv is not None:
-            past = cache.conv  # (B, Di, K-1)
+            past = cache.conv.transpose(1, 2)  # (B, K-1, Di)
         else:
-            past = u.new_zeros(u.shape[0], u.shape[1], K - 1)  # (B, Di, K-1)
-        full = torch.cat([past, u], dim=-1)  # (B, Di, K-1+T)
+            past = u.new_zeros(B, K - 1, Di)  # (B, K-1, Di)
+        full = torch.cat([past, u], dim=1)  # (B, K-1+T, Di)
         if cache is not None:
-            cache.conv = full[:, :, full.shape[-1] - (K - 1) :].detach()  # (B, Di, K-1)
-        if u.shape[-1] == 1:  # one decoding step: a dot product per channel, no conv kernel
-            out = (full * self.conv1d.weight[:, 0]).sum(-1, keepdim=True)  # (B, Di, 1)
-            if self.conv1d.bias is not None:
-                out = out + self.conv1d.bias[:, None]
-        else:
-            out = F.conv1d(full, self.conv1d.weight, self.conv1d.bias, groups=self.d_inner)
-        return F.silu(out).transpose(1, 2)  # (B, T, Di)
+            cache.conv = full[:, T:].transpose(1, 2).detach()  # (B, Di, K-1)
+        w, bias = self.conv1d.weight[:, 0], self.conv1d.bias  # (Di, K), (Di,) or None
+        out = (
+            full[:, K - 1 :] * w[:, K - 1]
+            if bias is None
+            else torch.addcmul(bias, full[:, K - 1 :], w[:, K - 1])
+        )  # (B, T, Di) the newest tap
+        for k in range(K - 1):
+            out = torch.addcmul(out, full[:, k : k + T], w[:, k])
+        return F.silu(out)  # (B, T, Di)
 
     def forward(self, x: Tensor, cache: MambaCache | None = None) -> Tensor:
         """x (B, T, d_model) -> (B, T, d_model). With ``cache``, x continues the sequence held
