@@ -6,9 +6,9 @@ experts, whose outputs are summed with the router probabilities renormalised ove
 (Mixtral eq. in §2.1: y = Σ_{i ∈ top-k} softmax(top-k logits)_i · E_i(x)). Each expert is a
 feed-forward network: SwiGLU as in Mixtral, W2 (SiLU(W1 x) ⊙ W3 x), or GELU.
 
-Tokens are dispatched by sorting the (token, expert) assignments by expert and gathering each
-expert's rows in one index_select; the outputs come back with one index_add (a loop over the
-experts, none over tokens).
+Tokens are dispatched by sorting the (token, expert) assignments by expert and gathering all
+rows in that order with one index_select, split into the experts' blocks; the outputs come back
+with one index_add (a loop over the experts, none over tokens).
 
 Auxiliary losses, computed on every forward and kept on the module (:attr:`MoEFeedForward.stats`):
 - load balance (Switch Transformer eq. 4-6): E · Σ_i f_i P_i, f_i the share of tokens routed to
@@ -183,11 +183,8 @@ class MoEFeedForward(nn.Module):
             order, expert_sorted = order[kept], expert_sorted[kept]  # (M,) kept assignments
         tokens = token_of[order]  # (M,)
         w_in, w_out = self.w_in.unbind(0), self.w_out.unbind(0)  # E views; backward: 1 stack
-        outs = [  # each expert's rows gathered into a fresh (n_e, D) block
-            self.expert(e, x2.index_select(0, rows), w_in[e], w_out[e])
-            for e, rows in enumerate(tokens.split(counts.tolist()))
-            if rows.numel() > 0
-        ]
+        rows = x2.index_select(0, tokens).split(counts.tolist())  # E blocks (n_e, D), 1 gather
+        outs = [self.expert(e, r, w_in[e], w_out[e]) for e, r in enumerate(rows) if r.numel()]
         y = torch.cat(outs, dim=0) if outs else x2[:0]  # (M, D)
         y = y * weight_of[order, None].to(y.dtype)  # (M, D)
         # y is in the experts' compute dtype (bf16 under autocast, while x may be float32)
