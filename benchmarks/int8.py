@@ -15,8 +15,10 @@ weight-only and dynamic (`attnlab quantize`'s layers, :func:`attnlab.quant.quant
 torch.ao dynamic int8 (``quantize_dynamic(model, {nn.Linear}, qint8)``). Size on disk: the
 weights file as `attnlab quantize` writes it (safetensors), bf16 as safetensors, torch.ao's
 state dict with torch.save (its packed weights have no safetensors form). Latency: median of
---repeats forward passes at batch 1 and 32 (classify: 64 tokens; lm: 128 tokens), the
-variants interleaved. Writes docs/results/int8.{json,md}.
+--repeats forward passes at batch 1 and 32 (classify: 64 tokens; lm: --lm-latency-tokens), the
+variants interleaved; beside it, each variant's time over torch.ao's in the same round (the
+median of those ratios, which a shared machine's load shifts less than the times). Writes
+docs/results/int8.{json,md}.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ from attnlab.tasks.runs import load_run
 from attnlab.train.checkpoint import save_weights
 
 VARIANTS = ("fp32", "bf16", "attnlab int8", "attnlab int8 dynamic", "torch.ao dynamic int8")
+REFERENCE = VARIANTS[-1]  # latencies are also given relative to it
+DEFAULTS = {"work": "runs/bench_int8", "lm": "runs/bench_speculative/target"}
 
 
 def variant(model: nn.Module, name: str) -> nn.Module:
@@ -67,7 +71,8 @@ def size_mib(model: nn.Module, name: str) -> float:
 
 
 @torch.no_grad()
-def latency_ms(models: dict[str, nn.Module], make_input, repeats: int) -> dict[str, float]:
+def latency_ms(models: dict[str, nn.Module], make_input, repeats: int) -> dict[str, tuple]:
+    """name -> (median ms, median over rounds of its time / REFERENCE's time that round)."""
     samples: dict[str, list[float]] = {n: [] for n in models}
     for name, model in models.items():  # warm-up
         model(*make_input(name))
@@ -77,7 +82,17 @@ def latency_ms(models: dict[str, nn.Module], make_input, repeats: int) -> dict[s
             start = time.perf_counter()
             model(*args)
             samples[name].append(1e3 * (time.perf_counter() - start))
-    return {n: statistics.median(s) for n, s in samples.items()}
+    ref = samples[REFERENCE]
+    return {
+        n: (statistics.median(s), statistics.median(a / b for a, b in zip(s, ref)))
+        for n, s in samples.items()
+    }
+
+
+def add_latency(rows: dict, lat: dict[str, tuple], batch: int) -> None:
+    for name, (ms, ratio) in lat.items():
+        rows[name][f"ms_batch{batch}"] = ms
+        rows[name][f"x_ao_batch{batch}"] = ratio
 
 
 def ensure(task: str, out: Path, overrides: dict, preset: str | None = None) -> None:
@@ -87,8 +102,8 @@ def ensure(task: str, out: Path, overrides: dict, preset: str | None = None) -> 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--work", default="runs/bench_int8")
-    parser.add_argument("--lm", default="runs/bench_speculative/target")
+    parser.add_argument("--work", default=DEFAULTS["work"])
+    parser.add_argument("--lm", default=DEFAULTS["lm"])
     parser.add_argument("--classify-minutes", type=float, default=3.0)
     parser.add_argument("--translate-steps", type=int, default=700)
     parser.add_argument("--lm-windows", type=int, default=100)
@@ -134,8 +149,7 @@ def bench_classify(work: Path, args: argparse.Namespace) -> dict:
         ids = torch.randint(1, vocab, (batch, 64))
         lengths = torch.full((batch,), 64)
         lat = latency_ms(models, lambda n, ids=ids, lengths=lengths: (ids, lengths), args.repeats)
-        for name in models:
-            rows[name][f"ms_batch{batch}"] = lat[name]
+        add_latency(rows, lat, batch)
     return rows
 
 
@@ -155,9 +169,7 @@ def bench_lm(args: argparse.Namespace) -> dict:
                       "val_loss": mean_loss(model, val, starts, 16)}  # fmt: skip
     for batch in (1, 32):
         ids = torch.randint(0, base.cfg.vocab_size, (batch, args.lm_latency_tokens))
-        lat = latency_ms(models, lambda n, ids=ids: (ids,), args.repeats)
-        for name in models:
-            rows[name][f"ms_batch{batch}"] = lat[name]
+        add_latency(rows, latency_ms(models, lambda n, ids=ids: (ids,), args.repeats), batch)
     return rows
 
 
@@ -186,6 +198,9 @@ def write(table: dict, args: argparse.Namespace, load_start: list[float]) -> Non
         f"python benchmarks/int8.py --tasks {args.tasks} --lm-windows {args.lm_windows} "
         f"--repeats {args.repeats} --lm-latency-tokens {args.lm_latency_tokens}"
     )
+    for flag in ("work", "lm"):  # where the runs were, when not the default folders
+        if getattr(args, flag) != DEFAULTS[flag]:
+            command += f" --{flag} {getattr(args, flag)}"
     result = {"command": command, "table": table, "machine": info,
               "settings": vars(args)}  # fmt: skip
     out = Path(args.out)
@@ -199,7 +214,8 @@ def write(table: dict, args: argparse.Namespace, load_start: list[float]) -> Non
         f"One thread; load average {load_start[0]:.1f} at start, "
         f"{info['load_average_at_end'][0]:.1f} at end ({info['cpu']}, {info['logical_cores']} "
         "cores shared with other jobs). Latency: median of "
-        f"{args.repeats} interleaved forward passes. Runs: see the script's docstring.",
+        f"{args.repeats} interleaved forward passes; × torch.ao: the median over those rounds "
+        "of the variant's time over torch.ao's. Runs: see the script's docstring.",
         "",
     ]
     for task, cols in (
@@ -211,20 +227,28 @@ def write(table: dict, args: argparse.Namespace, load_start: list[float]) -> Non
             continue
         rows = table[task]
         lat = task != "translate"
-        head = ["variant", "size MiB", *cols] + (["ms batch 1", "ms batch 32"] if lat else [])
+        timing = ["ms batch 1", "ms batch 32", "× torch.ao batch 1", "× torch.ao batch 32"]
+        head = ["variant", "size MiB", *cols] + (timing if lat else [])
         lines += [f"## {task}", "", "| " + " | ".join(head) + " |",
                   "|---|" + "---:|" * (len(head) - 1)]  # fmt: skip
         for name, r in rows.items():
             if "error" in r:
                 lines.append(f"| {name} | {r['size_mib']:.2f} | error: {r['error']} |")
                 continue
-            cells = [f"{r['size_mib']:.2f}"] + [f"{r[c]:.4f}" for c in cols]
+            cells = [f"{r['size_mib']:.2f}"] + [_quality(r[c]) for c in cols]
             if lat:
-                cells += [f"{r['ms_batch1']:.1f}", f"{r['ms_batch32']:.1f}"]
+                cells += [f"{r['ms_batch1']:.1f}", f"{r['ms_batch32']:.1f}",
+                          f"{r['x_ao_batch1']:.2f}", f"{r['x_ao_batch32']:.2f}"]  # fmt: skip
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
         lines.append("")
     out.with_suffix(".md").write_text("\n".join(lines))
     print("\n".join(lines))
+
+
+def _quality(value: float | None) -> str:
+    """A quality figure for the table; None (e.g. BLEU of one-word sentences, which have no
+    4-grams) is shown as n/a, as `attnlab eval` shows it."""
+    return "n/a" if value is None else f"{value:.4f}"
 
 
 if __name__ == "__main__":
