@@ -202,22 +202,26 @@ def _outputs_by_matmul(
     """wkv outputs (B, n, L, D) with the past inside the chunk as one batched matmul per
     channel: Σ_{l<j} e^{−(j−1−l) w} (e^{k_l − top} v_l, e^{k_l − top}), the decays a (D, L, L)
     lower-triangular matrix, every chunk's keys shifted by its own ``top`` (B, n, 1, D) so
-    that no factor exceeds 1. kc, vc (B, n, L, D); starts (num, den, m) (B, n, D) each."""
+    that no factor exceeds 1. kc, vc (B, n, L, D); starts (num, den, m) (B, n, D) each.
+    Computed channel first, (D, L, B, n), so that the matmul's operands and gradients are
+    contiguous (a strided one makes the CPU kernel copy each of the D matrices)."""
     B, n, L, D = kc.shape
     j = torch.arange(L, device=kc.device, dtype=kc.dtype)
     lag = j[:, None] - 1 - j[None, :]  # (L, L) j−1−l
     decays = torch.exp(-lag.clamp(min=0) * w[:, None, None]) * (lag >= 0)  # (D, L, L)
-    ek = torch.exp(kc - top)  # (B, n, L, D)
-    rhs = torch.stack([ek * vc, ek]).permute(4, 3, 0, 1, 2).reshape(D, L, 2 * B * n)
-    past = torch.bmm(decays, rhs).view(D, L, 2, B, n).permute(2, 3, 4, 1, 0)  # (2, B, n, L, D)
-    now = torch.exp(u + kc - top)  # (B, n, L, D) the current token, e^{u + k_j − top}
-    s_num, s_den, s_m = starts
-    carried = s_m[:, :, None, :] - j[:, None] * w  # (B, n, L, D) the start state at output j
-    shift = torch.maximum(top, carried).detach()  # (B, n, L, D)
-    e_own, e_s = torch.exp(top - shift), torch.exp(carried - shift)  # (B, n, L, D)
-    numer = e_own * (past[0] + now * vc) + e_s * s_num[:, :, None]  # (B, n, L, D)
-    denom = e_own * (past[1] + now) + e_s * s_den[:, :, None]
-    return numer / denom
+    k, v = (t.permute(3, 2, 0, 1).contiguous() for t in (kc, vc))  # (D, L, B, n)
+    top = top.permute(3, 2, 0, 1).contiguous()  # (D, 1, B, n)
+    ek = torch.exp(k - top)  # (D, L, B, n)
+    rhs = torch.stack([ek * v, ek], dim=2).view(D, L, 2 * B * n)  # (D, L, 2·B·n)
+    past = torch.bmm(decays, rhs).view(D, L, 2, B, n)  # Σ_{l<j} over each chunk's past
+    now = torch.exp(u[:, None, None, None] + k - top)  # (D, L, B, n) e^{u + k_j − top}
+    s_num, s_den, s_m = (t.permute(2, 0, 1)[:, None].contiguous() for t in starts)  # (D, 1, B, n)
+    carried = s_m - j[:, None, None] * w[:, None, None, None]  # (D, L, B, n) start state at j
+    shift = torch.maximum(top, carried).detach()  # (D, L, B, n)
+    e_own, e_s = torch.exp(top - shift), torch.exp(carried - shift)  # (D, L, B, n)
+    numer = e_own * (past[:, :, 0] + now * v) + e_s * s_num  # (D, L, B, n)
+    denom = e_own * (past[:, :, 1] + now) + e_s * s_den
+    return (numer / denom).permute(2, 3, 1, 0)  # (B, n, L, D)
 
 
 def _outputs_exact(
@@ -254,8 +258,8 @@ def _shift(x: Tensor, last: Tensor | None) -> Tensor:
 
 
 def _lerp(x: Tensor, shifted: Tensor, mu: Tensor) -> Tensor:
-    """μ x + (1 − μ) x_{t−1}, per channel."""
-    return x * mu + shifted * (1 - mu)
+    """μ x + (1 − μ) x_{t−1} = x_{t−1} + μ (x − x_{t−1}), per channel, in one kernel."""
+    return torch.lerp(shifted, x, mu)
 
 
 def _ratios(layer: int, n_layers: int) -> tuple[float, float]:
