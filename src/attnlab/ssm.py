@@ -163,7 +163,8 @@ def _to_chunks(t: Tensor, L: int) -> Tensor:
     Δ = 0 has a = 1 and b = 0: the padding leaves the state as it was)."""
     b, T, K = t.shape
     n = -(-T // L)
-    t = F.pad(t, (0, 0, 0, n * L - T))  # (b, n·L, K)
+    if n * L > T:
+        t = F.pad(t, (0, 0, 0, n * L - T))  # (b, n·L, K)
     return t.reshape(b, n, L, K).permute(2, 1, 0, 3).contiguous()
 
 
