@@ -15,8 +15,8 @@ import pytest
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "attnlab"
 LAYERS: list[set[str]] = [
-    {"configs", "attention", "flash", "quant", "positions", "efficient", "blocks", "channel",
-     "ssm", "rwkv", "moe", "metrics", "viz", "tensor_files", "errors"},
+    {"configs", "attention", "flash", "flash_triton", "quant", "positions", "efficient", "blocks",
+     "channel", "ssm", "rwkv", "moe", "metrics", "viz", "tensor_files", "errors"},
     {"data"},
     {"models"},
     {"train"},
