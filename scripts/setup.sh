@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs attnlab and everything it needs on a fresh Debian machine with Python >= 3.10.
 #   bash scripts/setup.sh          the package, its data packages and fonts
-#   bash scripts/setup.sh --test   the same plus the test-only dependencies
+#   bash scripts/setup.sh --test   the same plus the test-only dependencies (the [test] extra:
+#                                  pytest, hypothesis, the oracles, and triton for the Triton
+#                                  kernel's tests, which need no GPU: its interpreter runs them)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras=""

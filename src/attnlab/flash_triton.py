@@ -69,8 +69,9 @@ def _triton() -> types.ModuleType:
         import triton.language
     except ImportError as err:
         raise RuntimeError(
-            "flash_attention_triton needs the triton package (Linux x86_64, Python >= 3.11): "
-            "pip install --no-deps triton==3.9.0 (bash scripts/setup.sh --test installs it); "
+            "flash_attention_triton needs the triton package (Linux): pip install "
+            "triton==3.7.1, the version torch 2.13's CUDA wheels bring (bash scripts/setup.sh "
+            "--test installs it); "
             f"importing it failed: {err}"
         ) from err
     tl = triton.language
