@@ -29,13 +29,20 @@
 #   lm         the larger LM preset, `attnlab train lm --config small --device cuda
 #              --batch-size 64 --max-minutes 1.25` (nanoGPT's Shakespeare model with its GPU
 #              batch)  -> runs/lm/
+#   flash_triton  the Triton FlashAttention forward (attnlab.flash_triton): its tests compiled
+#              and run on the GPU (ATTNLAB_TEST_DEVICE=cuda pytest tests/test_flash_triton.py),
+#              then benchmarks/flash_triton.py, its forward time and peak memory beside SDPA
+#              and attnlab.flash at T = 1k..8k, bf16  -> tests/flash_triton.xml,
+#              bench/flash_triton.{json,md}. Last, so it never squeezes the stages above: it
+#              gets what is left of the budget (skipped, and recorded so, if that is < 15 s).
 # Then summary.md and summary.json: every stage's status, exit code, duration and limit.
 # Per-stage logs in logs/, per-stage results in results/STAGE.json.
 #
 # --dry-run runs the same machinery on the CPU at toy sizes: the install stage only checks
 # (and prints the commands above), a small test subset, `attnlab bench --quick` on the kernels
-# and MHA sections, and classify/lm runs of a few steps on tiny models. Exit status: 0 when
-# every stage is ok, 1 otherwise.
+# and MHA sections, classify/lm runs of a few steps on tiny models, and flash_triton's tests and
+# `--quick` benchmark under Triton's interpreter (CPU; without triton installed the tests skip
+# and the benchmark says so). Exit status: 0 when every stage is ok, 1 otherwise.
 set -uo pipefail
 
 DRY=0
@@ -66,7 +73,7 @@ if [ "$DRY" = 1 ]; then
   BUDGET_S=540  # generous: the toy stages take ~1 minute on an idle 2-core machine
   BENCH_SECTIONS="kernels mha"
   declare -A LIMIT=([env]=60 [install]=60 [tests]=120 [bench_kernels]=90 [bench_mha]=90
-    [classify]=120 [lm]=120)
+    [classify]=120 [lm]=120 [flash_triton]=120)
 else
   MODE="CUDA"
   DEVICE=cuda
@@ -75,7 +82,7 @@ else
   # without install: 555 s; scaling starts a fresh process (CUDA context) per point
   declare -A LIMIT=([env]=20 [install]=150 [tests]=90 [bench_kernels]=20 [bench_mha]=20
     [bench_encoder_layer]=15 [bench_gpt_step]=40 [bench_generation]=40 [bench_scaling]=100
-    [classify]=90 [lm]=120)
+    [classify]=90 [lm]=120 [flash_triton]=90)
 fi
 START=$(date +%s)
 DEADLINE=$((START + BUDGET_S))
@@ -183,6 +190,22 @@ run_stage classify "runs/classify/results.json" "" -- \
   python3 -m attnlab train classify --out "$OUT/runs/classify" --device "$DEVICE" "${CLASSIFY[@]}"
 run_stage lm "runs/lm/results.json" "" -- \
   python3 -m attnlab train lm --out "$OUT/runs/lm" --device "$DEVICE" "${LM[@]}"
+
+# flash_triton: the kernel's tests on the device (CPU: Triton's interpreter, set by the tests),
+# then its benchmark; the stage fails if either does.
+flash_triton_stage() {
+  local rc=0 bench=(--device "$DEVICE")
+  [ "$DRY" = 1 ] && bench=(--quick)
+  env ATTNLAB_TEST_DEVICE="$DEVICE" python3 -m pytest -q -p no:cacheprovider -rs \
+    --junitxml "$OUT/tests/flash_triton.xml" tests/test_flash_triton.py || rc=1
+  python3 benchmarks/flash_triton.py "${bench[@]}" --out "$OUT/bench/flash_triton" || rc=1
+  return $rc
+}
+export -f flash_triton_stage
+export OUT DEVICE
+run_stage flash_triton "tests/flash_triton.xml,bench/flash_triton.json,bench/flash_triton.md" \
+  "$([ "$DRY" = 1 ] && echo 'dry run: Triton interpreter on CPU, toy sizes')" -- \
+  bash -c flash_triton_stage
 
 echo
 "${REPORT[@]}" summary "$OUT" "$MODE" "$BUDGET_S"

@@ -12,7 +12,16 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
-DRY_STAGES = ["install", "env", "tests", "bench_kernels", "bench_mha", "classify", "lm"]
+DRY_STAGES = [
+    "install",
+    "env",
+    "tests",
+    "bench_kernels",
+    "bench_mha",
+    "classify",
+    "lm",
+    "flash_triton",
+]
 
 
 def _report_module():
@@ -52,6 +61,13 @@ def test_dry_run_runs_every_stage_and_writes_every_result(tmp_path: Path) -> Non
         assert section in bench["sections"] and bench["machine"]["device"] == "cpu"
     for run in ("classify", "lm"):
         assert json.loads((out / "runs" / run / "results.json").read_text())
+    flash = json.loads((out / "bench" / "flash_triton.json").read_text())
+    assert flash["settings"]["quick"] and set(flash["points"]) == {"sdpa", "triton", "torch_flash"}
+    for row in flash["points"]["torch_flash"] + flash["points"]["triton"]:
+        assert "max_abs_err" in row or row.get("skipped") == "triton is not installed", row
+        assert row.get("max_abs_err", 0) < 1e-5, row
+    junit = (out / "tests" / "flash_triton.xml").read_text()
+    assert 'failures="0"' in junit and 'errors="0"' in junit, junit[:500]
 
 
 def test_stage_outcomes_are_classified(tmp_path: Path) -> None:
