@@ -13,7 +13,9 @@ checks that need no kernel (input errors; attnlab imports and fails clearly with
   row that may attend to nothing (zeros, L = −∞), causal (bottom-right) or not, blocks 16/32;
 * bfloat16 and float16 against float64 SDPA of the same rounded inputs;
 * any leading dimensions (2-D, 3-D, 5-D), an explicit scale, strided (transposed) inputs;
-* gradients (the PyTorch recomputation backward of attnlab.flash fed by the kernel's O and L).
+* gradients (the PyTorch recomputation backward of attnlab.flash fed by the kernel's O and L);
+* Triton's GPU compiler (with the ptxas it ships) builds the kernel for sm_80 and sm_90 without
+  a GPU: the kernel as the real compiler reads it, which the interpreter does not check.
 
 Interpreted Triton is slow (~10 ms a program here): the shapes are small, ~20 s in all.
 """
@@ -155,6 +157,42 @@ def test_gradients_equal_torch_sdpa(kernel_device) -> None:
     want_grads = torch.autograd.grad(want, leaves, d_out.to(F64))
     for g, w, name in zip(grads, want_grads, ("dq", "dk", "dv")):
         torch.testing.assert_close(g, w.float(), **tol(torch.float32), msg=lambda m, n=name: n + m)
+
+
+@pytest.mark.parametrize(
+    "arch, dtype, mask, causal, head_dim",
+    [(90, torch.bfloat16, True, True, 64), (80, torch.float32, False, False, 128)],
+)
+def test_compiles_for_nvidia_gpus_without_one(arch, dtype, mask, causal, head_dim, monkeypatch):
+    """Triton's whole GPU compiler (its frontend, MLIR passes, LLVM, the ptxas it ships) turns
+    the kernel into a cubin for sm_90 (H100/H200) and sm_80 (A100) at the default blocks: what
+    the interpreter cannot check (the kernel as Triton's compiler reads it). No GPU needed."""
+    triton = pytest.importorskip("triton", reason="triton is not installed")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    import attnlab.flash_triton as ft
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    ft._triton()
+    if not isinstance(ft.tl.standard._sum_combine, triton.runtime.JITFunction):
+        pytest.skip("triton was imported with TRITON_INTERPRET=1: its library is interpreted")
+    kernel = triton.jit(ft._flash_fwd)
+    consts = ft._constexprs(dtype, head_dim, head_dim, mask, causal, ft.BLOCK_Q, ft.BLOCK_K,
+                            allow_tf32=False, interpret=False)  # fmt: skip
+    ptr = {torch.float32: "*fp32", torch.bfloat16: "*bf16"}[dtype]
+    kinds = dict(Q=ptr, K=ptr, V=ptr, O=ptr, M="*u8" if mask else ptr, L="*fp32", qk_scale="fp32")
+    signature = {
+        name: "constexpr" if name in consts else kinds.get(name, "i32") for name in kernel.arg_names
+    }
+    constexprs = {(kernel.arg_names.index(name),): value for name, value in consts.items()}
+    compiled = triton.compile(
+        ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
+        target=GPUTarget("cuda", arch, 32),
+        options={"num_warps": 4, "num_stages": 2},
+    )
+    assert compiled.asm["cubin"] and ".entry _flash_fwd" in compiled.asm["ptx"]
+    assert compiled.metadata.shared <= {80: 163 * 1024, 90: 227 * 1024}[arch]  # fits on chip
 
 
 def test_refuses_what_it_does_not_take() -> None:

@@ -194,14 +194,35 @@ def _launch(
         q, k, v, m, out, lse,
         *q.stride(), *k.stride(), *v.stride(), *m_strides, *out.stride(), *lse.stride(),
         H, H // Hkv, Tq, Tk, Dk, Dv, scale * LOG2E,
-        HAS_MASK=mask is not None, CAUSAL=causal,
-        PRECISION="tf32" if allow_tf32 else "ieee",
-        BLOCK_M=block_q, BLOCK_N=block_k,
-        BLOCK_DK=max(16, 1 << (Dk - 1).bit_length()), BLOCK_DV=max(16, 1 << (Dv - 1).bit_length()),
-        DOT_F32=interpret and q.dtype == torch.bfloat16,
+        **_constexprs(q.dtype, Dk, Dv, mask is not None, causal, block_q, block_k, allow_tf32,
+                      interpret),
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return out, lse
+
+
+def _constexprs(
+    dtype: torch.dtype,
+    Dk: int,
+    Dv: int,
+    has_mask: bool,
+    causal: bool,
+    block_q: int,
+    block_k: int,
+    allow_tf32: bool,
+    interpret: bool,
+) -> dict[str, Any]:
+    """The kernel's compile-time arguments (one compiled kernel per distinct set)."""
+    return dict(
+        HAS_MASK=has_mask,
+        CAUSAL=causal,
+        PRECISION="ieee" if dtype == torch.float32 and not allow_tf32 else "tf32",  # 16-bit: moot
+        BLOCK_M=block_q,
+        BLOCK_N=block_k,
+        BLOCK_DK=max(16, 1 << (Dk - 1).bit_length()),  # head sizes padded to a power of two
+        BLOCK_DV=max(16, 1 << (Dv - 1).bit_length()),
+        DOT_F32=interpret and dtype == torch.bfloat16,
+    )
 
 
 class _FlashTriton(torch.autograd.Function):
