@@ -276,8 +276,9 @@ class _ChunkedScan(torch.autograd.Function):
     """Forward: block by block (:func:`_blocks`), each by the three passes, keeping the
     states before its chunks. Backward: the blocks in reverse, each recomputed and run
     through the adjoint (:func:`_block_backward`). Inside a block everything is laid out
-    (L, n, b, N, D), D contiguous; the backward allocates three such tensors (a, the states,
-    the adjoint) and writes its products over them."""
+    (L, n, b, N, D), D contiguous, in scratch buffers that every block reuses: two in the
+    forward (a, the states), three in the backward (a, the states, the adjoint), which also
+    writes its products over them."""
 
     @staticmethod
     def forward(ctx, x, delta, A, B, C, h0, chunk, block):
