@@ -152,7 +152,7 @@ def wkv_chunked(
     enters with m − j w. Each chunk's own sums at its end are formed at once, and from them the
     states entering all chunks (:func:`_chunk_starts`). The outputs are then per channel a
     matrix product with the decays e^{−(j−1−l) w} (:func:`_outputs_by_matmul`) when no exponent
-    of a chunk lies more than :data:`RANGE` below the chunk's largest, and otherwise
+    of a chunk lies more than :func:`matmul_range` below the chunk's largest, and otherwise
     :func:`_outputs_exact`, every weight formed and shifted by its own output's maximum.
     """
     if chunk < 0:
@@ -177,7 +177,7 @@ def wkv_chunked(
     # the largest exponent of each chunk's own terms: max_l k_l + max(u, 0) (B, n, 1, D)
     top = kc.amax(dim=2, keepdim=True).detach() + u.detach().clamp(min=0)
     low = torch.where(kc > NEG / 2, u + kc - top, 0.0).amin()  # the smallest diagonal's
-    if low > -RANGE[k.dtype]:
+    if low > -matmul_range(k.dtype):
         out = _outputs_by_matmul(w, u, kc, vc, top, starts)
     else:
         out = _outputs_exact(w, u, kc, vc, starts)
@@ -185,10 +185,12 @@ def wkv_chunked(
     return out, (s_num[:, n], s_den[:, n], s_m[:, n] + pad * w)  # padding only decayed it
 
 
-RANGE = {torch.float32: 60.0, torch.float64: 600.0}  # e^-RANGE is far from underflow
-"""How far below a chunk's largest exponent its diagonal terms may lie for the matrix form:
-then every output keeps a term of at least e^−RANGE next to the shared shift, and what
-underflows there (below e^−87 in float32, e^−708 in float64) is e^−27 of it or less."""
+def matmul_range(dtype: torch.dtype) -> float:
+    """How far below a chunk's largest exponent its diagonal terms may lie for the matrix
+    form: 0.7 ln(1 / smallest normal), 61 in float32, 496 in float64. Every output then keeps a
+    term of at least e^−range next to the shared shift, and what underflows there (below the
+    smallest normal, e^−87 in float32) is e^−26 of it or less in float32, e^−212 in float64."""
+    return -0.7 * math.log(torch.finfo(dtype).tiny)
 
 
 def _outputs_by_matmul(
