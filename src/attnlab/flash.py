@@ -70,28 +70,10 @@ def flash_attention(
     ``scale`` defaults to 1/√Dk; ``block_q``/``block_k`` are the tile sizes (any T works,
     the last tile is shorter). Differentiable in q, k and v.
     """
-    n = q.dim()
-    if n < 2 or k.dim() != n or v.dim() != n:
-        raise ValueError(
-            "q, k, v must have the same number of dimensions (…, T, D), at least 2; got "
-            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
-        )
+    check_qkv(q, k, v, is_causal)
     if block_q < 1 or block_k < 1:
         raise ValueError(f"block sizes must be >= 1, got block_q={block_q}, block_k={block_k}")
-    outer = 3 if n >= 4 else 2
-    if (
-        not q.shape[:-outer] == k.shape[:-outer] == v.shape[:-outer]
-        or k.shape[-2] != v.shape[-2]
-        or k.shape[-1] != q.shape[-1]
-    ):
-        raise ValueError(
-            "q (…, Tq, Dk), k (…, Tk, Dk), v (…, Tk, Dv) must agree in their leading dimensions "
-            f"(all but the heads), k and v in length, q and k in width; got {tuple(q.shape)}, "
-            f"{tuple(k.shape)}, {tuple(v.shape)}"
-        )
-    Tq, Tk = q.shape[-2], k.shape[-2]
-    if is_causal and Tk < Tq:
-        raise ValueError(f"a causal mask needs Tk >= Tq, got Tq={Tq}, Tk={Tk}")
+    n, Tk = q.dim(), k.shape[-2]
     target = (*q.shape[:-1], Tk)  # (…, Tq, Tk)
     if mask is not None:
         mask = _check_mask(mask, target)
@@ -108,6 +90,31 @@ def flash_attention(
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     out = _Flash.apply(q4, k4, v4, mask4, is_causal, scale, block_q, block_k)  # (N, H, Tq, Dv)
     return out.reshape(*q.shape[:-1], v.shape[-1])  # (…, Tq, Dv)
+
+
+def check_qkv(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> None:
+    """The shape rules every flash kernel shares (this one and :mod:`attnlab.flash_triton`):
+    q (…, Tq, Dk), k (…, Tk, Dk), v (…, Tk, Dv) with the same leading dimensions (all but the
+    heads, which may differ for GQA), and Tk >= Tq under a causal mask; ValueError otherwise."""
+    n = q.dim()
+    if n < 2 or k.dim() != n or v.dim() != n:
+        raise ValueError(
+            "q, k, v must have the same number of dimensions (…, T, D), at least 2; got "
+            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    outer = 3 if n >= 4 else 2
+    if (
+        not q.shape[:-outer] == k.shape[:-outer] == v.shape[:-outer]
+        or k.shape[-2] != v.shape[-2]
+        or k.shape[-1] != q.shape[-1]
+    ):
+        raise ValueError(
+            "q (…, Tq, Dk), k (…, Tk, Dk), v (…, Tk, Dv) must agree in their leading dimensions "
+            f"(all but the heads), k and v in length, q and k in width; got {tuple(q.shape)}, "
+            f"{tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    if is_causal and k.shape[-2] < q.shape[-2]:
+        raise ValueError(f"a causal mask needs Tk >= Tq, got Tq={q.shape[-2]}, Tk={k.shape[-2]}")
 
 
 def _tiles(

@@ -51,6 +51,7 @@ import torch
 from torch import Tensor
 
 from attnlab.attention import _as_4d, _check_mask
+from attnlab.flash import check_qkv
 
 BLOCK_Q = 64
 BLOCK_K = 64
@@ -115,12 +116,7 @@ def flash_attention_triton(
     (backward by recomputation in PyTorch, :mod:`attnlab.flash`). Raises ValueError on inputs
     it does not take, RuntimeError without triton, or for CPU tensors outside the interpreter.
     """
-    n = q.dim()
-    if n < 2 or k.dim() != n or v.dim() != n:
-        raise ValueError(
-            "q, k, v must have the same number of dimensions (…, T, D), at least 2; got "
-            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
-        )
+    check_qkv(q, k, v, is_causal)
     for name, b in (("block_q", block_q), ("block_k", block_k)):
         if b < 16 or b & (b - 1):
             raise ValueError(f"{name} must be a power of two >= 16 (tl.dot tiles), got {b}")
@@ -129,20 +125,7 @@ def flash_attention_triton(
             "the Triton kernel takes q, k, v of one dtype among float32, bfloat16, float16; got "
             f"{q.dtype}, {k.dtype}, {v.dtype} (attnlab.flash.flash_attention takes float64)"
         )
-    outer = 3 if n >= 4 else 2
-    if (
-        not q.shape[:-outer] == k.shape[:-outer] == v.shape[:-outer]
-        or k.shape[-2] != v.shape[-2]
-        or k.shape[-1] != q.shape[-1]
-    ):
-        raise ValueError(
-            "q (…, Tq, Dk), k (…, Tk, Dk), v (…, Tk, Dv) must agree in their leading dimensions "
-            f"(all but the heads), k and v in length, q and k in width; got {tuple(q.shape)}, "
-            f"{tuple(k.shape)}, {tuple(v.shape)}"
-        )
-    Tq, Tk = q.shape[-2], k.shape[-2]
-    if is_causal and Tk < Tq:
-        raise ValueError(f"a causal mask needs Tk >= Tq, got Tq={Tq}, Tk={Tk}")
+    n, Tk = q.dim(), k.shape[-2]
     if mask is not None:
         mask = _check_mask(mask, (*q.shape[:-1], Tk))
     q4, k4, v4 = (_as_4d(t, n) for t in (q, k, v))  # (N, H, T, D), views where possible
