@@ -31,15 +31,11 @@ def scan_inputs(batch: int, T: int, D: int, N: int, dtype=F64) -> list[torch.Ten
     return [t.requires_grad_() for t in (x, delta, A, B, C, h0)]
 
 
-@pytest.mark.parametrize(
-    "T, chunk", [(1, 64), (7, 4), (16, 4), (37, 8), (50, 64), (33, 1), (70, 32)]
-)
-@pytest.mark.parametrize("with_h0", [False, True])
-def test_chunked_scan_equals_sequential_forward_and_backward(T, chunk, with_h0):
-    inputs = scan_inputs(2, T, 5, 3)
-    args = inputs if with_h0 else inputs[:5]
+def assert_chunked_equals_loop(args, **kwargs) -> None:
+    """The chunked scan (with ``kwargs``) equals the sequential loop in float64: outputs,
+    final state, and the gradients of every input for random output gradients."""
     y1, h1 = selective_scan_sequential(*args)
-    y2, h2 = selective_scan_chunked(*args, chunk=chunk)
+    y2, h2 = selective_scan_chunked(*args, **kwargs)
     torch.testing.assert_close(y2, y1, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(h2, h1, rtol=1e-10, atol=1e-12)
     gy, gh = torch.randn_like(y1), torch.randn_like(h1)
@@ -47,6 +43,16 @@ def test_chunked_scan_equals_sequential_forward_and_backward(T, chunk, with_h0):
     grads2 = torch.autograd.grad((y2 * gy).sum() + (h2 * gh).sum(), args)
     for name, g1, g2 in zip(("x", "delta", "A", "B", "C", "h0"), grads1, grads2):
         torch.testing.assert_close(g2, g1, rtol=1e-9, atol=1e-11, msg=name)
+
+
+@pytest.mark.parametrize(
+    "T, chunk", [(1, 64), (7, 4), (16, 4), (37, 8), (50, 64), (33, 1), (70, 32)]
+)
+@pytest.mark.parametrize("with_h0", [False, True])
+def test_chunked_scan_equals_sequential_forward_and_backward(T, chunk, with_h0):
+    inputs = scan_inputs(2, T, 5, 3)
+    args = inputs if with_h0 else inputs[:5]
+    assert_chunked_equals_loop(args, chunk=chunk)
 
 
 @pytest.mark.parametrize("block, chunk", [(60, 0), (60, 3), (1500, 0), (1500, 16)])
@@ -55,15 +61,7 @@ def test_blocks_of_rows_and_stretches_of_time_chain_their_states(block, chunk):
     block 1500 all 37 steps of 2 rows (a group of 2, then 1): the state and its gradient
     pass from each stretch to the next, float64, equal to the loop."""
     args = scan_inputs(3, 37, 5, 3)
-    y1, h1 = selective_scan_sequential(*args)
-    y2, h2 = selective_scan_chunked(*args, chunk=chunk, block=block)
-    torch.testing.assert_close(y2, y1, rtol=1e-10, atol=1e-12)
-    torch.testing.assert_close(h2, h1, rtol=1e-10, atol=1e-12)
-    gy, gh = torch.randn_like(y1), torch.randn_like(h1)
-    grads1 = torch.autograd.grad((y1 * gy).sum() + (h1 * gh).sum(), args)
-    grads2 = torch.autograd.grad((y2 * gy).sum() + (h2 * gh).sum(), args)
-    for name, g1, g2 in zip(("x", "delta", "A", "B", "C", "h0"), grads1, grads2):
-        torch.testing.assert_close(g2, g1, rtol=1e-9, atol=1e-11, msg=name)
+    assert_chunked_equals_loop(args, chunk=chunk, block=block)
 
 
 def test_chunked_scan_stays_finite_with_large_steps():
