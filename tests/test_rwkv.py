@@ -186,3 +186,20 @@ def test_recorded_time_mix_weights_are_its_channel_groups():
     torch.testing.assert_close(call.weights, alpha.reshape(1, 2, 4, 6, 6).mean(2))
     torch.testing.assert_close(torch.softmax(call.scores.masked_fill(~call.mask, -torch.inf), -1),
                                call.weights)  # fmt: skip
+
+
+def test_one_token_rows_of_a_batch_match_hugging_face_row_by_row():
+    """A batch of one-token rows (the case HF's RWKV gets wrong as a batch, returning (B, B, V)
+    logits, so verify compares it row by row): the GPT's logits equal HF's on each row alone."""
+    pytest.importorskip("transformers")
+    from attnlab.verify import checks_mixers
+
+    hf, ours, _ = checks_mixers.rwkv_pair(checks_mixers._transformers())
+    hf.eval()
+    ours.eval()
+    ids = torch.randint(0, hf.config.vocab_size, (3, 1))
+    with torch.no_grad():
+        want = torch.cat([hf(input_ids=row).logits for row in ids.split(1)])  # (3, 1, V)
+        got = ours(ids)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

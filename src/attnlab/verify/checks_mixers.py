@@ -63,13 +63,17 @@ def _cached_equals_full(m: Measure, model: GPT, ids: Tensor) -> None:
 
 
 def _compare_lm(m: Measure, hf: nn.Module, ours: GPT, rowwise: bool = False) -> None:
-    """Logits, greedy continuations token for token (HF's generate on each row alone with
-    ``rowwise``), the cached decode."""
+    """Logits, greedy continuations token for token, the cached decode. With ``rowwise`` HF
+    sees each row alone, for its forward and its generate (transformers 5.24's RWKV returns
+    (B, B, V) logits for a batch of B > 1 one-token rows, and its stateful batched decode
+    departs from its own full forward)."""
     hf.eval()
     ours.eval()
     ids = torch.randint(0, hf.config.vocab_size, (randint(1, 3), randint(1, 80)))
     with torch.no_grad():
-        m.diff(ours(ids), hf(input_ids=ids).logits, "logits")
+        pieces = ids.split(1) if rowwise else [ids]
+        want_logits = torch.cat([hf(input_ids=piece).logits for piece in pieces])
+        m.diff(ours(ids), want_logits, "logits")
         prompt, steps = ids[:, : randint(1, 6)], randint(4, 16)
         rows = prompt.split(1) if rowwise else [prompt]
         want = torch.cat([_hf_greedy(hf, row, steps) for row in rows])
