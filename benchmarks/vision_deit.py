@@ -1,7 +1,7 @@
 """DeiT distillation on Fashion-MNIST: the ViT with a distillation token, taught by a CNN+SE
 teacher, against the plain ViT at the same training budget.
 
-    python benchmarks/vision_deit.py teacher  [--minutes 15]   # the CNN+SE teacher, alone
+    python benchmarks/vision_deit.py teacher  [--minutes 15]   # the CNN+SE teacher, first
     python benchmarks/vision_deit.py students [--minutes 15]   # ViT and DeiT, side by side
     python benchmarks/vision_deit.py report
 
@@ -101,7 +101,7 @@ def report() -> None:
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
     names = {
-        "teacher": "teacher: CNN + SE (trained alone, before the students)",
+        "teacher": "teacher: CNN + SE (trained first, before the students)",
         "vit": "ViT (plain)",
         "deit": "DeiT student: ViT + distillation token, hard labels from the teacher",
     }
