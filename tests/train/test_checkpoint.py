@@ -347,6 +347,9 @@ def test_loading_maps_every_tensor_to_its_device_explicitly(
     group = fresh_opt.param_groups[0]
     group["params"] = [p.to(meta) for p in group["params"]]
     assert ckpt._state_device(fresh_opt, 0, "exp_avg") == meta
+    assert group["fused"]  # the engine's AdamW is torch's fused one on the CPU
+    assert ckpt._state_device(fresh_opt, 0, "step") == meta
+    group["fused"] = False
     assert ckpt._state_device(fresh_opt, 0, "step") == torch.device("cpu")
     group["capturable"] = True
     assert ckpt._state_device(fresh_opt, 0, "step") == meta

@@ -9,6 +9,7 @@ from torch import nn
 from attnlab.train.optim import (
     build_muon_optimizer,
     build_optimizer,
+    fused_ok,
     muon_params,
     output_head,
     param_groups,
@@ -52,6 +53,36 @@ def test_decay_is_decoupled_and_skips_no_decay_group() -> None:
     torch.testing.assert_close(model.proj.weight, before["proj.weight"] * (1 - 0.1 * 0.5))
     assert torch.equal(model.embed.weight, before["embed.weight"])
     assert torch.equal(model.norm.weight, before["norm.weight"])
+
+
+def test_fused_adamw_is_chosen_and_equals_the_reference_loop() -> None:
+    """build_optimizer picks torch's fused kernel on the CPU; ten steps of it, with random
+    gradients, move every parameter as torch's per-tensor loop (the unfused reference) does."""
+    torch.manual_seed(0)
+    model = Tied()
+    reference = Tied()
+    reference.load_state_dict(model.state_dict())
+    opt = build_optimizer(model, lr=0.01, weight_decay=0.1, betas=(0.9, 0.98))
+    assert all(g["fused"] for g in opt.param_groups)
+    ref = torch.optim.AdamW(
+        param_groups(reference, 0.1), lr=0.01, betas=(0.9, 0.98), foreach=False, fused=False
+    )
+    for _ in range(10):
+        for p, q in zip(model.parameters(), reference.parameters()):
+            if p.requires_grad:
+                p.grad = torch.randn_like(p)
+                q.grad = p.grad.clone()
+        opt.step()
+        ref.step()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-6, msg=name)
+    assert not torch.equal(model.proj.weight, Tied().proj.weight)
+
+
+def test_fused_adamw_is_refused_for_integer_or_meta_tensors() -> None:
+    assert fused_ok([torch.zeros(2)])
+    assert not fused_ok([torch.zeros(2), torch.zeros(2, device="meta")])
+    assert not fused_ok([torch.zeros(2, dtype=torch.int64)])
 
 
 SPEEDRUN_TRICKS = {

@@ -47,11 +47,21 @@ def param_groups(model: nn.Module, weight_decay: float, exclude: set[int] = froz
 def build_optimizer(
     model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float]
 ) -> torch.optim.AdamW:
-    """AdamW (Loshchilov & Hutter 2019) over `param_groups(model, weight_decay)`."""
+    """AdamW (Loshchilov & Hutter 2019) over `param_groups(model, weight_decay)`, torch's fused
+    kernel where every parameter allows it (`fused_ok`)."""
     groups = param_groups(model, weight_decay)
     if not groups:
         raise ValueError("model has no trainable parameters (all have requires_grad=False)")
-    return torch.optim.AdamW(groups, lr=lr, betas=betas)
+    params = [p for g in groups for p in g["params"]]
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused_ok(params) or None)
+
+
+def fused_ok(params: list[torch.Tensor]) -> bool:
+    """Whether torch's fused AdamW takes these parameters: floating point, on the CPU or a CUDA
+    device. On the CPU torch's default is a Python loop over the tensors; the fused kernel is
+    one pass per tensor (AdamW over the 4.5M parameters of the MoE LM: 21 -> 9.5 ms a step, one
+    thread), the same update up to float rounding (tests/train/test_optim.py)."""
+    return all(p.dtype.is_floating_point and p.device.type in ("cpu", "cuda") for p in params)
 
 
 def output_head(model: nn.Module) -> nn.Linear | None:
