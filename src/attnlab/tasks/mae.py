@@ -135,7 +135,7 @@ class MAERun(Run):
 def plot_reconstructions(
     model: MAE, data: ImageData, out: Path, device: str = "cpu", n: int = 8
 ) -> Path:
-    """Rows: original, masked (hidden patches grey), reconstruction (visible patches pasted
+    """Rows: original, masked (hidden patches blue), reconstruction (visible patches pasted
     back), for the first ``n`` images of ``data`` with the evaluation's fixed noise."""
     import matplotlib
 
@@ -145,19 +145,21 @@ def plot_reconstructions(
     batch = data.collate(list(range(min(n, len(data)))))["images"].to(device)
     patches = (model.cfg.image_size // model.cfg.patch_size) ** 2
     rec = model.reconstruct(batch, fixed_noise(len(batch), patches).to(device))
+    cmap = plt.get_cmap("gray").copy()
+    cmap.set_bad("#6baed6")
     rows = [("original", batch), ("masked", rec["masked"]), ("MAE", rec["reconstruction"])]
     fig, axes = plt.subplots(3, len(batch), figsize=(1.3 * len(batch), 4.2), squeeze=False)
     for r, (title, images) in enumerate(rows):
         for i in range(len(batch)):
             img = images[i].cpu()
             shown = img[0] if img.shape[0] == 1 else img.permute(1, 2, 0)
-            if title == "masked":  # hidden patches as grey, not as the normalised zero
+            if title == "masked":  # hidden patches in a colour no grey pixel has (NaN = "bad")
                 p = model.cfg.patch_size
                 hidden = rec["mask"][i].view(model.cfg.image_size // p, -1).cpu()
                 hidden = hidden.repeat_interleave(p, 0).repeat_interleave(p, 1).bool()
                 shown = shown.clone()
                 shown[hidden] = float("nan")
-            axes[r, i].imshow(shown.numpy(), cmap="gray" if img.shape[0] == 1 else None)
+            axes[r, i].imshow(shown.numpy(), cmap=cmap if img.shape[0] == 1 else None)
             axes[r, i].axis("off")
         axes[r, 0].set_title(title, fontsize=8, loc="left")
     fig.suptitle(f"MAE: {int(model.cfg.mask_ratio * 100)}% of patches hidden", fontsize=9)
