@@ -3,8 +3,8 @@
 (Dynamic Tanh for LayerNorm), on Fashion-MNIST or MNIST.
 
     python benchmarks/vision_pairs.py teacher [--minutes 30]     # DeiT's CNN+SE teacher, first
-    python benchmarks/vision_pairs.py pair PAIR [--dataset mnist] [--minutes 15]
-    python benchmarks/vision_pairs.py report PAIR [--dataset mnist]
+    python benchmarks/vision_pairs.py pair PAIR [--dataset mnist] [--minutes 15] [--seed 0]
+    python benchmarks/vision_pairs.py report PAIR [--dataset mnist] [--seed 0]
 
 PAIR is deit, swin, mae or dyt. `pair` starts two processes at once, one thread each, so both
 runs get the same wall-clock budget under the same load (each run's lr schedule runs on the
@@ -24,9 +24,10 @@ could pick differently for the two):
 
 Each classifier's best checkpoint by validation accuracy (6,000 training images held out) is
 scored on the 10k test images. Every run's row (test accuracy, steps, epochs, CPU minutes,
-load before/after) lands in runs/vision_pairs/PAIR-DATASET/NAME.json; `report` writes
-docs/results/vision_PAIR[_mnist].{md,json}. One seed per pair: the 10k test images alone give
-a sampling error of about 0.3 points of accuracy.
+load before/after) lands in runs/vision_pairs/PAIR-DATASET[-sSEED]/NAME.json; `report` writes
+docs/results/vision_PAIR[_mnist][_sSEED].{md,json} (seed 0 without the suffix). One seed per
+call (both runs of a pair get it): the 10k test images alone give a sampling error of about
+0.3 points of accuracy.
 """
 
 from __future__ import annotations
@@ -72,11 +73,13 @@ LABELS = {
 }
 
 
-def _folder(pair: str, dataset: str) -> Path:
-    return ROOT / f"{pair}-{dataset}"
+def _folder(pair: str, dataset: str, seed: int) -> Path:
+    return ROOT / (f"{pair}-{dataset}" + (f"-s{seed}" if seed else ""))
 
 
-def train_stage(task: str, out: Path, overrides: dict, minutes: float, dataset: str) -> dict:
+def train_stage(
+    task: str, out: Path, overrides: dict, minutes: float, dataset: str, seed: int = 0
+) -> dict:
     """One `runner.train` call on one thread with a wall-time cap; its results and costs."""
     load_start = round(os.getloadavg()[0], 1)
     cpu0 = time.process_time()
@@ -88,6 +91,7 @@ def train_stage(task: str, out: Path, overrides: dict, minutes: float, dataset: 
             **data,
             **overrides,
             "max_minutes": minutes,
+            "seed": seed,
             "schedule_by_time": True,
             "num_threads": 1,
             "tensorboard": False,
@@ -109,23 +113,24 @@ def train_stage(task: str, out: Path, overrides: dict, minutes: float, dataset: 
     }
 
 
-def train_run(pair: str, name: str, minutes: float, dataset: str) -> None:
+def train_run(pair: str, name: str, minutes: float, dataset: str, seed: int) -> None:
     """Train run `name` of `pair` (its stages in turn, one thread) and write its row."""
     torch.set_num_threads(1)
-    folder = _folder(pair, dataset)
+    folder = _folder(pair, dataset, seed)
     stages, prev = [], ""
     for i, (task, overrides, share) in enumerate(PAIRS[pair][name]):
         out = folder / (name if i == len(PAIRS[pair][name]) - 1 else f"{name}-{task}")
         overrides = {
             k: v.format(prev=prev) if isinstance(v, str) else v for k, v in overrides.items()
         }
-        stages.append(train_stage(task, out, overrides, minutes * share, dataset))
+        stages.append(train_stage(task, out, overrides, minutes * share, dataset, seed))
         prev = str(out)
     last = stages[-1]["results"]
     row = {
         "run": name,
         "pair": pair,
         "dataset": dataset,
+        "seed": seed,
         "budget_min": minutes,
         "stages": [
             {k: v for k, v in st.items() if k != "results"}
@@ -148,11 +153,11 @@ def train_run(pair: str, name: str, minutes: float, dataset: str) -> None:
     print(row, flush=True)
 
 
-def run_pair(pair: str, minutes: float, dataset: str) -> None:
+def run_pair(pair: str, minutes: float, dataset: str, seed: int) -> None:
     if pair == "deit" and not (ROOT / "teacher.json").exists():
         raise SystemExit("train the teacher first: python benchmarks/vision_pairs.py teacher")
-    _folder(pair, dataset).mkdir(parents=True, exist_ok=True)
-    args = ["--dataset", dataset, "--minutes", str(minutes)]
+    _folder(pair, dataset, seed).mkdir(parents=True, exist_ok=True)
+    args = ["--dataset", dataset, "--minutes", str(minutes), "--seed", str(seed)]
     procs = [
         subprocess.Popen([sys.executable, __file__, "one", pair, "--run", name, *args])
         for name in PAIRS[pair]
@@ -170,14 +175,15 @@ def train_teacher(minutes: float, dataset: str) -> None:
     (ROOT / "teacher.json").write_text(json.dumps(row, indent=1) + "\n")
 
 
-def report(pair: str, dataset: str) -> None:
-    folder = _folder(pair, dataset)
+def report(pair: str, dataset: str, seed: int) -> None:
+    folder = _folder(pair, dataset, seed)
     rows = {n: json.loads((folder / f"{n}.json").read_text()) for n in PAIRS[pair]}
     minutes = rows[next(iter(PAIRS[pair]))]["budget_min"]
-    stem = RESULTS / (f"vision_{pair}" + ("_mnist" if dataset == "mnist" else ""))
+    suffix = ("_mnist" if dataset == "mnist" else "") + (f"_s{seed}" if seed else "")
+    stem = RESULTS / f"vision_{pair}{suffix}"
     stem.parent.mkdir(parents=True, exist_ok=True)
     stem.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
-    flag = " --dataset mnist" if dataset == "mnist" else ""
+    flag = (" --dataset mnist" if dataset == "mnist" else "") + (f" --seed {seed}" if seed else "")
     lines = [
         f"# {pair}: the ViT and its successor side by side, {dataset}",
         "",
@@ -185,7 +191,7 @@ def report(pair: str, dataset: str) -> None:
         f"python benchmarks/vision_pairs.py report {pair}{flag}` (see its docstring): both runs "
         f"started together, one thread each, fp32, {minutes:g} minutes of training each (all "
         "stages together) with the lr schedule on the clock. Test accuracy of each classifier's "
-        "best checkpoint by validation accuracy, one seed.",
+        f"best checkpoint by validation accuracy, seed {seed}.",
         "",
         "| run | test acc | macro-F1 | best val acc | parameters | steps | train wall min | "
         "process CPU min | load start/end | measured |",
@@ -226,6 +232,7 @@ def main() -> None:
     p.add_argument("--dataset", default="fashion-mnist", choices=("fashion-mnist", "mnist"))
     p.add_argument("--minutes", type=float, default=15.0, help="training wall time per run")
     p.add_argument("--run", help="for `one`: which run of the pair")
+    p.add_argument("--seed", type=int, default=0, help="the training seed of both runs")
     args = p.parse_args()
     if args.stage != "teacher" and args.pair is None:
         p.error(f"{args.stage} needs a pair: one of {', '.join(sorted(PAIRS))}")
@@ -233,11 +240,11 @@ def main() -> None:
     if args.stage == "teacher":
         train_teacher(args.minutes, args.dataset)
     elif args.stage == "one":
-        train_run(args.pair, args.run, args.minutes, args.dataset)
+        train_run(args.pair, args.run, args.minutes, args.dataset, args.seed)
     elif args.stage == "pair":
-        run_pair(args.pair, args.minutes, args.dataset)
+        run_pair(args.pair, args.minutes, args.dataset, args.seed)
     else:
-        report(args.pair, args.dataset)
+        report(args.pair, args.dataset, args.seed)
 
 
 if __name__ == "__main__":
