@@ -5,7 +5,8 @@
 
 One process, one torch thread, fp32. Every model is the baby GPT of benchmarks/lm_mixers.py
 (4 layers, presets/lm_baby.toml) with one thing changed, and its training step is forward,
-cross-entropy, backward, AdamW step, zero_grad on random tokens (vocabulary 65):
+cross-entropy, backward, AdamW step (``attnlab.train.optim.build_optimizer``: the optimizer
+`attnlab train lm` uses, torch's fused kernel), zero_grad on random tokens (vocabulary 65):
 
 - attention: the preset (width 128, fused causal attention, GELU MLP);
 - mamba:     every attention a Mamba block, width 112 (parameters within 3% of attention);
@@ -36,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.train.optim import build_optimizer
 
 VOCAB = 65
 BASE = dict(n_layers=4, n_heads=4, d_model=128, activation="gelu", bias=False, pos="learned")
@@ -51,7 +53,9 @@ MODELS: dict[str, dict] = {
 def build(name: str, context: int) -> tuple[GPT, torch.optim.Optimizer]:
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=VOCAB, context=context, **{**BASE, **MODELS[name]}))
-    return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
+    # the optimizer `attnlab train lm` builds (AdamW, torch's fused kernel; TrainConfig's
+    # default decay and betas; the learning rate does not change the time of a step)
+    return model, build_optimizer(model, lr=1e-4, weight_decay=0.01, betas=(0.9, 0.98))
 
 
 def step(model: GPT, opt: torch.optim.Optimizer, ids: torch.Tensor) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from attnlab.ssm import MambaBlock, selective_scan_chunked, selective_scan_sequential
 
@@ -73,6 +74,28 @@ def test_chunked_scan_stays_finite_with_large_steps():
     y2, _ = selective_scan_chunked(x, delta, A, B, C, chunk=128)
     assert torch.isfinite(y2).all()
     torch.testing.assert_close(y2, y1, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("conv_bias", [False, True])
+def test_conv_equals_conv1d_with_its_gradients(conv_bias):
+    """The block's causal depthwise conv (shifted multiply-adds, hand-written backward) equals
+    F.conv1d, left-padded, then SiLU: output and the gradients of input, weight, bias (float64)."""
+    block = MambaBlock(12, d_state=4, d_conv=4, expand=2, conv_bias=conv_bias).double()
+    u = torch.randn(3, 9, 24, dtype=F64)
+    u1, u2 = u.clone().requires_grad_(), u.clone().requires_grad_()
+    y1 = block._conv(u1, None)
+    w, b = block.conv1d.weight, block.conv1d.bias
+    w2 = w.detach().clone().requires_grad_()
+    b2 = None if b is None else b.detach().clone().requires_grad_()
+    y2 = F.silu(F.conv1d(F.pad(u2.transpose(1, 2), (3, 0)), w2, b2, groups=24).transpose(1, 2))
+    torch.testing.assert_close(y1, y2, rtol=1e-12, atol=1e-12)
+    g = torch.randn_like(y1)
+    (y1 * g).sum().backward()
+    (y2 * g).sum().backward()
+    torch.testing.assert_close(u1.grad, u2.grad, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(w.grad, w2.grad, rtol=1e-12, atol=1e-12)
+    if conv_bias:
+        torch.testing.assert_close(b.grad, b2.grad, rtol=1e-12, atol=1e-12)
 
 
 def block_pair(**kw) -> tuple[MambaBlock, MambaBlock]:

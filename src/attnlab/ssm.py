@@ -27,6 +27,7 @@ Dao's layout, the mixer alone in each layer).
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 
 import torch
@@ -174,6 +175,23 @@ def _from_chunks(t: Tensor, T: int) -> Tensor:
     return t.permute(2, 1, 0, 3).reshape(b, n * L, K)[:, :T]
 
 
+_SCRATCH = threading.local()  # .buf: the scratch buffer the scans of this thread reuse
+SCRATCH_MAX = 2**23  # elements (32 MiB in float32): larger scratch is not kept between calls
+
+
+def _scratch(rows: int, size: int, like: Tensor) -> Tensor:
+    """Scratch (rows, size) for one scan call, like ``like``'s dtype and device. Kept between
+    calls (one per thread, up to SCRATCH_MAX elements): a fresh buffer of a few MiB costs a
+    page fault per 4 KiB on first touch, every call, forward and backward."""
+    n = rows * size
+    buf = getattr(_SCRATCH, "buf", None)
+    if buf is None or buf.numel() < n or buf.dtype != like.dtype or buf.device != like.device:
+        buf = like.new_empty(n)
+        if n <= SCRATCH_MAX:
+            _SCRATCH.buf = buf
+    return buf[:n].view(rows, size)
+
+
 def _place(shape: tuple[int, ...], like: Tensor, work: Tensor | None) -> Tensor:
     """A tensor of ``shape``: the start of the flat buffer ``work``, or new if None. The
     blocks of a scan reuse one buffer: allocating a few MiB anew each time costs page faults
@@ -189,28 +207,29 @@ def _chunk_decays(ds: Tensor, A2: Tensor, work: Tensor | None = None) -> Tensor:
     return torch.mul(A2, ds[..., None, :], out=a).exp2_()
 
 
-def _chunk_inputs(ds: Tensor, us: Tensor, Bs: Tensor, work: Tensor) -> Tensor:
-    """b_t = Δ_t x_t B_t: ds, us (L, n, b, D), Bs (L, n, b, N) -> (L, n, b, N, D)."""
-    bx = _place((*Bs.shape, ds.shape[-1]), ds, work)
-    return torch.mul(Bs[..., None], (ds * us)[..., None, :], out=bx)
+def _chunk_inputs(dus: Tensor, Bs: Tensor, work: Tensor) -> Tensor:
+    """b_t = Δ_t x_t B_t: dus (L, n, b, D) = Δ x, Bs (L, n, b, N) -> (L, n, b, N, D)."""
+    bx = _place((*Bs.shape, dus.shape[-1]), dus, work)
+    return torch.mul(Bs[..., None], dus[..., None, :], out=bx)
 
 
 def _chunk_ends(a: Tensor, bx: Tensor) -> Tensor:
     """Pass 1: each chunk's last state from a zero start. a, bx (L, n, b, N, D) -> (n, b, N, D)."""
     a_, bx_ = a.unbind(0), bx.unbind(0)  # L views (n, b, N, D) each
-    h = bx_[0].clone()  # (n, b, N, D)
+    h, out = bx_[0], torch.empty_like(bx_[0])  # (n, b, N, D); bx itself is not written
     for a_j, b_j in zip(a_[1:], bx_[1:]):
-        torch.addcmul(b_j, a_j, h, out=h)
+        h = torch.addcmul(b_j, a_j, h, out=out)
     return h
 
 
 def _starts(ends: Tensor, decay: Tensor, h0: Tensor) -> Tensor:
     """Pass 2: H_0 = h0, H_{c+1} = decay_c H_c + ends_c. ends, decay (n, b, N, D), h0 (b, N, D)
     -> the n + 1 states before each chunk and after the last (n + 1, b, N, D)."""
-    H = [h0]
-    for end, dec in zip(ends.unbind(0), decay.unbind(0)):
-        H.append(torch.addcmul(end, dec, H[-1]))
-    return torch.stack(H)
+    H = ends.new_empty(ends.shape[0] + 1, *ends.shape[1:])
+    H[0] = h0
+    for c, (end, dec) in enumerate(zip(ends.unbind(0), decay.unbind(0))):
+        torch.addcmul(end, dec, H[c], out=H[c + 1])
+    return H
 
 
 def _chunk_states(a: Tensor, bx: Tensor, H: Tensor) -> Tensor:
@@ -222,79 +241,97 @@ def _chunk_states(a: Tensor, bx: Tensor, H: Tensor) -> Tensor:
 
 
 def _block_forward(
-    x: Tensor, delta: Tensor, A2: Tensor, B: Tensor, C: Tensor, h: Tensor, L: int, work: Tensor
+    us: Tensor,
+    ds: Tensor,
+    A2: Tensor,
+    Bs: Tensor,
+    Cs: Tensor,
+    decay: Tensor,
+    h: Tensor,
+    work: Tensor,
 ) -> tuple[Tensor, Tensor]:
-    """One block by the three passes: x, delta (b, T, D); A2 (N, D) = A log₂e; B, C (b, T, N);
-    h (b, N, D) the state before it; work (2, ≥ block) scratch -> y (b, T, D) and the states
-    H (n + 1, b, N, D) before each chunk and after the last."""
-    us, ds, Bs, Cs = (_to_chunks(t, L) for t in (x, delta, B, C))  # (L, n, b, ·)
-    a, bx = _chunk_decays(ds, A2, work[0]), _chunk_inputs(ds, us, Bs, work[1])  # (L, n, b, N, D)
-    H = _starts(_chunk_ends(a, bx), _chunk_decays(ds.sum(0), A2), h)  # (n + 1, b, N, D)
+    """One block by the three passes, in the chunk layout of :func:`_to_chunks`: us, ds
+    (L, n, b, D) x and Δ; A2 (N, D) = A log₂e; Bs, Cs (L, n, b, N); decay (n, b, N, D) each
+    chunk's exp(A ΣΔ); h (b, N, D) the state before it; work (2, ≥ block) scratch
+    -> y (L, n, b, D) and the states H (n + 1, b, N, D) before each chunk and after the last."""
+    a, bx = _chunk_decays(ds, A2, work[0]), _chunk_inputs(ds * us, Bs, work[1])  # (L, n, b, N, D)
+    H = _starts(_chunk_ends(a, bx), decay, h)  # (n + 1, b, N, D)
     hs = _chunk_states(a, bx, H[:-1])  # (L, n, b, N, D)
-    y = torch.matmul(Cs[..., None, :], hs)[..., 0, :]  # (L, n, b, D)  C_t h_t
-    return _from_chunks(y, x.shape[1]), H
+    return torch.matmul(Cs[..., None, :], hs)[..., 0, :], H  # C_t h_t (L, n, b, D)
 
 
 def _block_backward(
-    x: Tensor,
-    delta: Tensor,
+    us: Tensor,
+    ds: Tensor,
     A_t: Tensor,
-    B: Tensor,
-    C: Tensor,
+    A2: Tensor,
+    Bs: Tensor,
+    Cs: Tensor,
+    decay: Tensor,
     H: Tensor,
-    L: int,
-    gy: Tensor,
+    gys: Tensor,
     G: Tensor,
     work: Tensor,
 ) -> tuple[Tensor, ...]:
     """Gradients of one block: the states recomputed from H (pass 3), the adjoint in the same
-    three passes reversed, then the local derivatives ∂a/∂(ΔA) = a, b = Δ x B. x, delta, gy
-    (b, T, D); A_t (N, D); B, C (b, T, N); H, L as the forward made them; G (b, N, D) the
+    three passes reversed, then the local derivatives ∂a/∂(ΔA) = a, b = Δ x B. In the chunk
+    layout: us, ds, gys (L, n, b, D) x, Δ and ∂y; A_t (N, D) and A2 = A_t log₂e; Bs, Cs
+    (L, n, b, N); decay (n, b, N, D) and H as the forward pass had them; G (b, N, D) the
     gradient of the state after the block; work (3, ≥ block) scratch -> the gradients of x,
-    delta (b, T, D), A (N, D), B, C (b, T, N), the state before it (b, N, D)."""
-    us, ds, Bs, Cs, gys = (_to_chunks(t, L) for t in (x, delta, B, C, gy))  # (L, n, b, ·)
-    a = _chunk_decays(ds, A_t * LOG2E, work[0])  # (L, n, b, N, D)
-    hs = _chunk_states(a, _chunk_inputs(ds, us, Bs, work[1]), H[:-1])  # (L, n, b, N, D)
-    g = torch.mul(hs, gys[..., None, :], out=_place(hs.shape, hs, work[2]))  # (L, n, b, N, D)
-    gC = g.sum(-1)  # (L, n, b, N)  Σ_d h ∂y
-    torch.mul(Cs[..., None], gys[..., None, :], out=g)  # C_t ∂y_t
-    G = _adjoint_ends(a, g, _chunk_decays(ds.sum(0), A_t * LOG2E), G)  # (n + 1, b, N, D)
+    delta (L, n, b, D), A (N, D), B, C (L, n, b, N), the state before it (b, N, D)."""
+    a = _chunk_decays(ds, A2, work[0])  # (L, n, b, N, D)
+    dus = ds * us  # (L, n, b, D)  Δ x
+    hs = _chunk_states(a, _chunk_inputs(dus, Bs, work[1]), H[:-1])  # (L, n, b, N, D)
+    # Σ_d as (1, D) × (D, N) products: one read of the states, no (L, n, b, N, D) temporary
+    gC = torch.matmul(gys[..., None, :], hs.transpose(-1, -2))[..., 0, :]  # (L, n, b, N)
+    g = torch.mul(Cs[..., None], gys[..., None, :], out=_place(hs.shape, hs, work[2]))  # C_t ∂y_t
+    G = _adjoint_ends(a, g, decay, G)  # (n + 1, b, N, D)
     g = _adjoint_states(a, g, G[1:])  # (L, n, b, N, D)  ∂/∂h_t
     g_la = a.mul_(g)  # (L, n, b, N, D)  ∂/∂(Δ A) = g a h_{t−1}, written over a
     g_la[1:].mul_(hs[:-1])
     g_la[0].mul_(H[:-1])
-    gB = torch.mul(g, (ds * us)[..., None, :], out=hs).sum(-1)  # (L, n, b, N), over hs
+    gB = torch.matmul(dus[..., None, :], g.transpose(-1, -2))[..., 0, :]  # (L, n, b, N)
     gBx = torch.matmul(Bs[..., None, :], g)[..., 0, :]  # (L, n, b, D)  Σ_n B g
-    gd = torch.mul(g_la, A_t, out=hs).sum(3) + gBx * us  # (L, n, b, D)
+    gd = torch.mul(g_la, A_t, out=hs).sum(3).addcmul_(gBx, us)  # (L, n, b, D), over hs
     gA = g_la.mul_(ds[..., None, :]).sum((0, 1, 2))  # (N, D)
-    T = x.shape[1]
-    gx, gd, gB, gC = (_from_chunks(t, T) for t in (gBx * ds, gd, gB, gC))
-    return gx, gd, gA, gB, gC, G[0]
+    return gBx.mul_(ds), gd, gA, gB, gC, G[0]
 
 
 class _ChunkedScan(torch.autograd.Function):
     """Forward: block by block (:func:`_blocks`), each by the three passes, keeping the
     states before its chunks. Backward: the blocks in reverse, each recomputed and run
-    through the adjoint (:func:`_block_backward`). Inside a block everything is laid out
-    (L, n, b, N, D), D contiguous, in scratch buffers that every block reuses: two in the
-    forward (a, the states), three in the backward (a, the states, the adjoint), which also
-    writes its products over them."""
+    through the adjoint (:func:`_block_backward`). The inputs are put in the chunk layout
+    once per stretch of time, all batch rows together (a block works on a group of rows of
+    it), and the outputs leave it the same way. Inside a block everything is laid out
+    (L, n, b, N, D), D contiguous, in scratch buffers that every block reuses (and every
+    call, see :func:`_scratch`): two in the forward (a, the states), three in the backward
+    (a, the states, the adjoint), which also writes its products over them (recomputing
+    measured faster than keeping a and the states from the forward pass, even at T = 64:
+    by the backward pass they are out of the cache)."""
 
     @staticmethod
     def forward(ctx, x, delta, A, B, C, h0, chunk, block):
         A2 = A.t().contiguous() * LOG2E  # (N, D), contiguous: the broadcasts below run fast
         y, h_last, starts = torch.empty_like(x), torch.empty_like(h0), []  # (b, T, D), (b, D, N)
         ctx.blocks = _blocks(x.shape[0], x.shape[1], A.numel(), block, chunk)
-        work = x.new_empty(2, _largest_block(ctx.blocks, x.shape[0], A.numel()))
-        for rs, times in ctx.blocks:
+        work = _scratch(2, _largest_block(ctx.blocks, x.shape[0], A.numel()), x)
+        times = ctx.blocks[0][1]  # every group of rows has the same stretches of time
+        ins = [[_to_chunks(t[:, ts], L) for t in (x, delta, B, C)] for ts, L in times]
+        decays = [_chunk_decays(ds.sum(0), A2) for _, ds, *_ in ins]  # (n, b, N, D) each
+        ys = [x.new_empty(*u.shape) for u, *_ in ins]  # (L, n, b, D) per stretch
+        for rs, _ in ctx.blocks:
             h = h0[rs].transpose(1, 2)  # (rows, N, D)
-            for ts, L in times:
-                y[rs, ts], H = _block_forward(
-                    x[rs, ts], delta[rs, ts], A2, B[rs, ts], C[rs, ts], h, L, work
+            for k, (us, ds, Bs, Cs) in enumerate(ins):
+                y_k, H = _block_forward(
+                    *(us[:, :, rs], ds[:, :, rs], A2, Bs[:, :, rs], Cs[:, :, rs]),
+                    *(decays[k][:, rs], h, work),
                 )
+                ys[k][:, :, rs] = y_k
                 h = H[-1]
                 starts.append(H)
             h_last[rs] = h.transpose(1, 2)
+        for (ts, _), y_k in zip(times, ys):
+            y[:, ts] = _from_chunks(y_k, ts.stop - ts.start)
         ctx.save_for_backward(x, delta, A, B, C, *starts)
         return y, h_last
 
@@ -303,22 +340,36 @@ class _ChunkedScan(torch.autograd.Function):
     def backward(ctx, gy, gh):
         x, delta, A, B, C, *starts = ctx.saved_tensors
         A_t = A.t().contiguous()  # (N, D)
+        A2 = A_t * LOG2E
         gy = torch.zeros_like(x) if gy is None else gy  # (b, T, D)
         gh = x.new_zeros(x.shape[0], *A.shape) if gh is None else gh  # (b, D, N)
         gx, gd, gB, gC, gh0 = (torch.empty_like(t) for t in (x, delta, B, C, gh))
         gA = torch.zeros_like(A_t)  # (N, D)
-        work = x.new_empty(3, _largest_block(ctx.blocks, x.shape[0], A.numel()))
-        k = len(starts)
-        for rs, times in reversed(ctx.blocks):
+        work = _scratch(3, _largest_block(ctx.blocks, x.shape[0], A.numel()), x)
+        times = ctx.blocks[0][1]
+        ins = [[_to_chunks(t[:, ts], L) for t in (x, delta, B, C, gy)] for ts, L in times]
+        decays = [_chunk_decays(ds.sum(0), A2) for _, ds, *_ in ins]  # (n, b, N, D) each
+        outs = [
+            [x.new_empty(*u.shape), x.new_empty(*u.shape), x.new_empty(*b_.shape), None]
+            for u, _, b_, *_ in ins
+        ]  # gx, gd, gB, gC per stretch, (L, n, b, ·)
+        for rs, _ in reversed(ctx.blocks):
             G = gh[rs].transpose(1, 2)  # (rows, N, D) ∂/∂(state after the stretch)
-            for ts, L in reversed(times):
-                k -= 1
-                gx[rs, ts], gd[rs, ts], gA_k, gB[rs, ts], gC[rs, ts], G = _block_backward(
-                    *(x[rs, ts], delta[rs, ts], A_t, B[rs, ts], C[rs, ts]),
-                    *(starts[k], L, gy[rs, ts], G, work),
+            for k in reversed(range(len(times))):
+                us, ds, Bs, Cs, gys = (t[:, :, rs] for t in ins[k])
+                *grads, gA_k, gB_k, gC_k, G = _block_backward(
+                    *(us, ds, A_t, A2, Bs, Cs, decays[k][:, rs], starts.pop(), gys, G, work)
                 )
+                out = outs[k]
+                if out[3] is None:
+                    out[3] = gC_k.new_empty(*ins[k][3].shape)
+                out[0][:, :, rs], out[1][:, :, rs] = grads
+                out[2][:, :, rs], out[3][:, :, rs] = gB_k, gC_k
                 gA += gA_k
             gh0[rs] = G.transpose(1, 2)
+        for (ts, _), out in zip(times, outs):
+            for full, part in zip((gx, gd, gB, gC), out):
+                full[:, ts] = _from_chunks(part, ts.stop - ts.start)
         return gx, gd, gA.t(), gB, gC, gh0, None, None
 
 
@@ -328,14 +379,15 @@ def _adjoint_ends(a: Tensor, g: Tensor, decay: Tensor, g_end: Tensor) -> Tensor:
     zero at its end, keeping a_0 g_0; pass 2: G_c = a_0 g_0 + decay_c G_{c+1}.
     a, g (L, n, b, N, D) with g = C ∂y; decay (n, b, N, D) -> (n + 1, b, N, D)."""
     a_, g_ = a.unbind(0), g.unbind(0)  # L views (n, b, N, D) each
-    s = g_[-1].clone()  # (n, b, N, D)
+    s, out = g_[-1], torch.empty_like(g_[-1])  # (n, b, N, D); g itself is not written
     for j in range(len(g_) - 2, -1, -1):
-        torch.addcmul(g_[j], a_[j + 1], s, out=s)
-    s.mul_(a_[0])
-    G = [g_end]
-    for s_c, dec in zip(reversed(s.unbind(0)), reversed(decay.unbind(0))):
-        G.append(torch.addcmul(s_c, dec, G[-1]))
-    return torch.stack(G[::-1])
+        s = torch.addcmul(g_[j], a_[j + 1], s, out=out)
+    s = torch.mul(s, a_[0], out=out)
+    G = s.new_empty(s.shape[0] + 1, *s.shape[1:])
+    G[-1] = g_end
+    for c in range(s.shape[0] - 1, -1, -1):
+        torch.addcmul(s[c], decay[c], G[c + 1], out=G[c])
+    return G
 
 
 def _adjoint_states(a: Tensor, g: Tensor, G_next: Tensor) -> Tensor:
@@ -362,6 +414,42 @@ def _check_scan_shapes(x: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor
 
 
 # --------------------------------------------------------------------------- the block
+
+
+class _CausalConv(torch.autograd.Function):
+    """The depthwise causal convolution as K shifted multiply-adds along time, with its
+    backward written out (autograd's, op by op, zero-fills and adds a full-size gradient for
+    every shifted slice): full (B, K − 1 + T, Di), w (K, Di) contiguous, bias (Di,) or None
+    -> out (B, T, Di), out_t = bias + Σ_k w_k ⊙ full_{t+k} (the cross-correlation F.conv1d
+    computes)."""
+
+    @staticmethod
+    def forward(ctx, full, w, bias):
+        K = w.shape[0]
+        T = full.shape[1] - K + 1
+        ctx.save_for_backward(full, w)
+        ctx.has_bias = bias is not None
+        out = (
+            full[:, K - 1 :] * w[K - 1]
+            if bias is None
+            else torch.addcmul(bias, full[:, K - 1 :], w[K - 1])
+        )  # (B, T, Di) the newest tap
+        for k in range(K - 1):
+            out.addcmul_(full[:, k : k + T], w[k])
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        full, w = ctx.saved_tensors
+        K, T = w.shape[0], g.shape[1]
+        g_full = torch.empty_like(full)  # (B, K − 1 + T, Di)
+        g_full[:, : K - 1].zero_()
+        torch.mul(g, w[K - 1], out=g_full[:, K - 1 :])
+        for k in range(K - 1):
+            g_full[:, k : k + T].addcmul_(g, w[k])
+        g_w = torch.stack([(g * full[:, k : k + T]).sum((0, 1)) for k in range(K)])  # (K, Di)
+        return g_full, g_w, g.sum((0, 1)) if ctx.has_bias else None
 
 
 class MambaCache:
@@ -487,15 +575,10 @@ class MambaBlock(nn.Module):
         full = torch.cat([past, u], dim=1)  # (B, K-1+T, Di)
         if cache is not None:
             cache.conv = full[:, T:].transpose(1, 2).detach()  # (B, Di, K-1)
-        w, bias = self.conv1d.weight[:, 0], self.conv1d.bias  # (Di, K), (Di,) or None
-        out = (
-            full[:, K - 1 :] * w[:, K - 1]
-            if bias is None
-            else torch.addcmul(bias, full[:, K - 1 :], w[:, K - 1])
-        )  # (B, T, Di) the newest tap
-        for k in range(K - 1):
-            out = torch.addcmul(out, full[:, k : k + T], w[:, k])
-        return F.silu(out)  # (B, T, Di)
+        # (K, Di): each tap's weights contiguous (a strided (Di,) operand broadcast over
+        # (B, T, Di) takes the slow, unvectorised path, forward and backward)
+        w = self.conv1d.weight[:, 0].t().contiguous()
+        return F.silu(_CausalConv.apply(full, w, self.conv1d.bias))  # (B, T, Di)
 
     def forward(self, x: Tensor, cache: MambaCache | None = None) -> Tensor:
         """x (B, T, d_model) -> (B, T, d_model). With ``cache``, x continues the sequence held
