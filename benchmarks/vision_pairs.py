@@ -6,17 +6,21 @@
     python benchmarks/vision_pairs.py pair PAIR [--dataset mnist] [--minutes 15] [--seed 0]
     python benchmarks/vision_pairs.py report PAIR [--dataset mnist] [--seed 0]
 
-PAIR is deit, swin, mae or dyt. `pair` starts two processes at once, one thread each, so both
-runs get the same wall-clock budget under the same load (each run's lr schedule runs on the
-clock, `schedule_by_time`), both pinned to fp32 (precision auto's probe, swayed by the load,
-could pick differently for the two):
+PAIR is deit, swin, mae, dyt or dyt-alpha5. `pair` starts two processes at once, one thread
+each, so both runs get the same wall-clock budget under the same load (each run's lr schedule
+runs on the clock, `schedule_by_time`), both pinned to fp32 (precision auto's probe, swayed by
+the load, could pick differently for the two):
 
 - deit: the plain ViT (presets/vit.toml) | the DeiT student (presets/deit.toml: the same ViT
   plus a distillation token, DeiT's hard-label objective, Touvron et al. 2021 eq. 3, on the
   argmax of the teacher that `teacher` trained); the student pays for the teacher's forward pass
   in every step, inside its budget;
 - swin: the plain ViT | Swin (presets/swin.toml);
-- dyt: the plain ViT | the same ViT with `norm = "dyt"` (Zhu et al. 2025);
+- dyt: the plain ViT | the same ViT with `norm = "dyt"` (Zhu et al. 2025, α0 = 0.5);
+- dyt-alpha5: the plain ViT | DyT with every α starting at 5.0 instead of 0.5 (the conv stem's
+  tokens enter the first block at std 0.11, so tanh(0.5 x) hands it inputs of std 0.055 where
+  LayerNorm hands it 1.0; α0 = 5 won a 150-step sweep of 0.5 / 2.5 / 5 on validation accuracy,
+  docs/results/norm_dyt_vit_alpha*.md);
 - mae: a ViT of the MAE encoder's shape (plain 4x4 patch stem, fixed 2-D sin-cos positions,
   class token) trained from scratch for the whole budget | MAE pretraining (presets/mae.toml,
   He et al. 2022, labels unused) for `--pretrain-share` of the budget, then `train vit --init`
@@ -43,6 +47,7 @@ from pathlib import Path
 
 import torch
 
+from attnlab.blocks import DyT
 from attnlab.tasks import runner
 
 ROOT = Path("runs/vision_pairs")
@@ -58,16 +63,22 @@ PAIRS: dict[str, dict[str, list[tuple[str, dict, float]]]] = {
     },
     "swin": {"vit": [("vit", FP32, 1.0)], "swin": [("swin", FP32, 1.0)]},
     "dyt": {"vit": [("vit", FP32, 1.0)], "vit-dyt": [("vit", {"norm": "dyt", **FP32}, 1.0)]},
+    "dyt-alpha5": {
+        "vit": [("vit", FP32, 1.0)],
+        "vit-dyt-a5": [("vit", {"norm": "dyt", **FP32}, 1.0)],
+    },
     "mae": {
         "vit-scratch": [("vit", MAE_SHAPE_VIT, 1.0)],
         "mae+finetune": [("mae", FP32, 0.5), ("vit", {"init": "{prev}", **FP32}, 0.5)],
     },
 }
+DYT_ALPHA0 = {"vit-dyt-a5": 5.0}  # runs whose DyT layers start at another α than 0.5
 LABELS = {
     "vit": "ViT (presets/vit.toml: conv stem, learned positions)",
     "deit": "DeiT student: ViT + distillation token, hard labels from the CNN+SE teacher",
     "swin": "Swin (presets/swin.toml: 2x2 patches, 7x7 windows, shifted, patch merging)",
     "vit-dyt": "ViT with DyT in place of every LayerNorm",
+    "vit-dyt-a5": "ViT with DyT in place of every LayerNorm, α0 = 5",
     "vit-scratch": "ViT of the MAE encoder's shape, from scratch",
     "mae+finetune": "MAE pretraining, then fine-tuned as that ViT",
 }
@@ -116,6 +127,9 @@ def train_stage(
 def train_run(pair: str, name: str, minutes: float, dataset: str, seed: int) -> None:
     """Train run `name` of `pair` (its stages in turn, one thread) and write its row."""
     torch.set_num_threads(1)
+    if name in DYT_ALPHA0:  # every DyT built from here on starts at this α
+        init, alpha0 = DyT.__init__, DYT_ALPHA0[name]
+        DyT.__init__ = lambda self, d, alpha0_=0.5, bias=True: init(self, d, alpha0, bias)
     folder = _folder(pair, dataset, seed)
     stages, prev = [], ""
     for i, (task, overrides, share) in enumerate(PAIRS[pair][name]):
