@@ -67,7 +67,7 @@ def write(args: argparse.Namespace, info: dict, rows: list[dict]) -> Path:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     settings = vars(args)
-    out.parent / (out.name + ".json").write_text(
+    (out.parent / (out.name + ".json")).write_text(
         json.dumps({"machine": info, "settings": settings, "rows": rows}, indent=1) + "\n"
     )
     lines = [
@@ -95,7 +95,7 @@ def write(args: argparse.Namespace, info: dict, rows: list[dict]) -> Path:
             f"| {r['task']} | {r['norm']} | {r['steps']} | {r['monitor']} {r['best_metric']:.4f} "
             f"| {test} | {r['cpu_s_per_step_incl_eval']:.3f} | {r['train_wall_s']:.0f} |"
         )
-    out.parent / (out.name + ".md").write_text("\n".join(lines) + "\n")
+    (out.parent / (out.name + ".md")).write_text("\n".join(lines) + "\n")
     return out
 
 
