@@ -16,7 +16,7 @@ import pytest
 SRC = Path(__file__).resolve().parent.parent / "src" / "attnlab"
 LAYERS: list[set[str]] = [
     {"configs", "attention", "flash", "flash_triton", "quant", "positions", "efficient", "blocks",
-     "channel", "ssm", "rwkv", "moe", "metrics", "viz", "tensor_files", "errors"},
+     "channel", "ssm", "ssm_cpp", "rwkv", "moe", "metrics", "viz", "tensor_files", "errors"},
     {"data"},
     {"models"},
     {"train"},

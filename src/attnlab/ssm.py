@@ -17,7 +17,9 @@ Two scans compute the same recurrence: :func:`selective_scan_sequential`, a plai
 (the readable reference) and :func:`selective_scan_chunked`, the fast path (time cut into
 chunks that all advance together, one fused multiply-add per step for every chunk at once, the
 states entering the chunks joined by a short loop over chunks, a hand-written backward that
-recomputes the states). Decoding runs the
+recomputes the states). On the CPU the block's chunked scan runs as one fused C++ kernel
+instead, the same function (:mod:`attnlab.ssm_cpp`; ``ATTNLAB_EAGER_SCAN=1`` keeps the eager
+scan). Decoding runs the
 block one token at a time from a :class:`MambaCache` (the last d_conv − 1 conv inputs and the
 state h), so each new token costs the same whatever the length so far. A Mamba language model
 is the GPT with ``mixer = "mamba"`` (:mod:`attnlab.models.gpt`; ``ffn = "none"`` gives Gu &
@@ -35,6 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.attention import channel_groups, is_recording, record_mixer_weights
+from attnlab.ssm_cpp import selective_scan_compiled, usable
 
 SCANS = ("chunked", "sequential")
 LOG2E = math.log2(math.e)  # exp(x) = 2^(x log₂e)
@@ -617,4 +620,23 @@ class MambaBlock(nn.Module):
     def _scan_fn(self) -> Callable[..., tuple[Tensor, Tensor]]:
         if self.scan == "sequential":
             return selective_scan_sequential
-        return lambda *args: selective_scan_chunked(*args, chunk=self.chunk)
+        return lambda *args: selective_scan_fast(*args, chunk=self.chunk)
+
+
+def selective_scan_fast(
+    x: Tensor,
+    delta: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    h0: Tensor | None = None,
+    chunk: int = 0,
+) -> tuple[Tensor, Tensor]:
+    """The scan the block's ``scan = "chunked"`` runs: the fused C++ kernel
+    (:mod:`attnlab.ssm_cpp`) for CPU float32/float64 tensors when it built and
+    ``ATTNLAB_EAGER_SCAN=1`` is not set, else :func:`selective_scan_chunked`. Both compute the
+    function of :func:`selective_scan_sequential`; same shapes in and out."""
+    _check_scan_shapes(x, delta, A, B, C)
+    if usable(x):
+        return selective_scan_compiled(x, delta, A, B, C, h0)
+    return selective_scan_chunked(x, delta, A, B, C, h0, chunk=chunk)
