@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -259,6 +260,7 @@ def _build():
 
             flags = _flags()
             name = "attnlab_scan_v1_" + ("avx2" if "-mavx2" in flags else "base")
+            _say_if_compiling(name)
             _STATE["module"] = load_inline(
                 name=name,
                 cpp_sources=_SOURCE,
@@ -276,6 +278,19 @@ def _build():
                 file=sys.stderr,
             )
         return _STATE.get("module")
+
+
+def _say_if_compiling(name: str) -> None:
+    """One stderr line before a build that has no cached library yet (it takes about a minute
+    on two cores), so the first Mamba run does not look stuck."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    if not any(Path(_get_build_directory(name, verbose=False)).glob(f"{name}*.so")):
+        print(
+            "attnlab: compiling the fused selective scan (first use only, about a minute)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def forced_eager() -> bool:
