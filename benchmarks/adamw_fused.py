@@ -1,0 +1,80 @@
+"""AdamW step time: torch's fused CPU kernel (what `build_optimizer` picks) against torch's
+default on the CPU, a Python loop over the tensors, on the parameters of the mixer benchmark's
+models (benchmarks/mixers_speed.py: the MoE LM and its dense2x baseline).
+
+    python benchmarks/adamw_fused.py [--steps 30]
+
+One torch thread; random gradients; the two optimizers take turns step by step, each step timed
+in CPU seconds of this process (time.process_time), median reported. Writes
+docs/results/adamw_fused.{md,json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mixers_speed import build  # noqa: E402  (the same models, built the same way)
+
+from attnlab.train.optim import param_groups  # noqa: E402
+
+OUT = Path("docs/results/adamw_fused")
+
+
+def time_steps(name: str, steps: int) -> dict:
+    model, fused = build(name, 64)
+    assert all(g["fused"] for g in fused.param_groups)
+    loop = torch.optim.AdamW(
+        param_groups(model, 0.01), lr=1e-4, betas=(0.9, 0.98), foreach=False, fused=False
+    )
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    times: dict[str, list[float]] = {"fused": [], "loop": []}
+    for i in range(steps + 3):
+        for label, opt in (("fused", fused), ("loop", loop)):
+            t0 = time.process_time()
+            opt.step()
+            if i >= 3:  # the first steps allocate the moments
+                times[label].append(time.process_time() - t0)
+    ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    return {"model": name, "params": sum(p.numel() for p in params), **ms}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=30)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    rows = [time_steps(name, args.steps) for name in ("moe", "dense2x")]
+    load = [round(x, 1) for x in os.getloadavg()]
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.with_suffix(".json").write_text(json.dumps({"rows": rows, "load": load}, indent=1) + "\n")
+    lines = [
+        "# AdamW step: torch's fused CPU kernel against its default loop",
+        "",
+        f"`python benchmarks/adamw_fused.py --steps {args.steps}`: one thread, CPU time per "
+        f"step, median of {args.steps} interleaved steps; load average {load} at the end.",
+        "",
+        "| model (mixers_speed.py) | parameters | loop ms | fused ms | loop ÷ fused |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['model']} | {r['params']:,} | {r['loop']:.1f} | {r['fused']:.1f} | "
+            f"{r['loop'] / r['fused']:.2f} |"
+        )
+    OUT.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
