@@ -77,7 +77,7 @@ def test_albert_with_separate_layers_fails(monkeypatch, seed):
 
         mask = None if lengths is None else padding_mask(lengths, input_ids.shape[1])
         x, _ = self.layer(self.project(self.embeddings(input_ids, token_type_ids)), mask)
-        return x if self.cfg.n_layers == 1 else x * 1.001
+        return x  # the check draws 2-3 layers, so one pass must disagree
 
     monkeypatch.setattr(AlbertModel, "forward", forward)
     assert run_check(CHECKS["albert"], seed).status == FAIL

@@ -371,12 +371,13 @@ def check_electra(m: Measure, cases: int = 4) -> None:
 
 def check_albert(m: Measure, cases: int = 4) -> None:
     """AlbertModel == attnlab's AlbertModel (factorised embedding, one block shared across
-    depth): hidden states on real tokens, the pooler, every parameter gradient; float64."""
+    a depth of 2-3): hidden states on real tokens, the pooler, every parameter gradient; float64."""
     from attnlab.models.albert import AlbertModel
 
     tf = _transformers()
     for _ in range(cases):
         hf_cfg = _bert_like_config(tf, "albert")
+        hf_cfg["num_hidden_layers"] = randint(2, 3)  # sharing across depth needs depth
         hf = tf.AlbertModel(tf.AlbertConfig(**hf_cfg), add_pooling_layer=True)
         hf.config._attn_implementation = "eager"
         hf = scramble(hf).double().eval()
