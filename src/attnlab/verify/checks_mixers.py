@@ -25,6 +25,9 @@ from attnlab.verify.copy_weights import (
 from attnlab.verify.runner import Measure
 
 CONTEXT = 256  # longer than any sequence the checks feed
+# Two logits this close are a float32 tie: a greedy step may pick either (HF's rounding differs
+# from ours by up to ~1e-6; RWKV's top two logits are within 1e-4 in ~1% of continuations).
+TIE = 1e-5
 
 
 @torch.no_grad()
@@ -52,6 +55,24 @@ def _hf_greedy(hf: nn.Module, prompt: Tensor, steps: int) -> Tensor:
     )
 
 
+@torch.no_grad()
+def _greedy_ties(model: GPT, got: Tensor, want: Tensor, start: int) -> bool:
+    """Whether two greedy continuations (B, T) agree up to a float32 tie: at the first step
+    where a row parts, our full forward on the common prefix gives the two tokens logits
+    within ``TIE`` (after that the rows follow different prefixes and are not compared)."""
+    if got.shape != want.shape:
+        return False
+    for row in range(got.shape[0]):
+        apart = (got[row, start:] != want[row, start:]).nonzero()
+        if len(apart) == 0:
+            continue
+        t = start + int(apart[0])
+        logits = model(got[row : row + 1, :t])[0, -1]  # (V,)
+        if (logits[got[row, t]] - logits[want[row, t]]).abs() > TIE:
+            return False
+    return True
+
+
 def _cached_equals_full(m: Measure, model: GPT, ids: Tensor) -> None:
     """Prefill a random prefix, then one token at a time: the logits of one full forward."""
     with torch.no_grad():
@@ -77,7 +98,8 @@ def _compare_lm(m: Measure, hf: nn.Module, ours: GPT, rowwise: bool = False) -> 
         prompt, steps = ids[:, : randint(1, 6)], randint(4, 16)
         rows = prompt.split(1) if rowwise else [prompt]
         want = torch.cat([_hf_greedy(hf, row, steps) for row in rows])
-        if not torch.equal(greedy(ours, prompt, steps), want):
+        got = greedy(ours, prompt, steps)
+        if not _greedy_ties(ours, got, want, prompt.shape[1]):
             m.fail("greedy continuation differs from HF generate")
     _cached_equals_full(m, ours, ids)
 

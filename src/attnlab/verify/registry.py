@@ -2,7 +2,8 @@
 
 Tolerances bound the largest absolute difference over all outputs and gradients a check
 compares: 1e-10 where both sides compute in float64; where the oracle rounds through float32
-(then attnlab runs in float32 too) about 3x the worst error seen over 30 or more seeds, with
+(then attnlab runs in float32 too) several times the worst error seen over 1000 or more seeds
+(3x the worst of 30 seeds left the MoE and LLaMA rows failing one seed in 170 to 3000), with
 gradient rows (sums over many tokens, so larger numbers) apart from output rows. The balance
 loss is float64 on attnlab's side, but HF divides its counts in float32 (~6e-8 of the loss).
 """
@@ -46,7 +47,9 @@ CHECKS: list[Check] = [
     Check("DecoderBlock", "nn.TransformerDecoderLayer", 1e-10, pt.check_decoder_layer),
     Check("BlockStack + Decoder", "nn.Transformer", 1e-10, pt.check_transformer),
     Check("LLaMA stack (f32)", "HF LlamaModel", 1e-5, hf.check_llama, HF),
-    Check("LLaMA stack gradients (f32)", "HF LlamaModel", 5e-4, llama_grads, HF),
+    # heavy tail (RMSNorm of a tiny width): 5e-4 failed 1 seed in 2500 (6.1e-4), P(> 0.2 of it)
+    # was 0.4%; 10x leaves room for the tail
+    Check("LLaMA stack gradients (f32)", "HF LlamaModel", 5e-3, llama_grads, HF),
     Check("T5 attention + relative bias", "HF T5Attention", 1e-10, hf.check_t5, HF),
     Check("GPT, GPT-2 layout", "HF GPT2LMHeadModel", 1e-10, hf.check_gpt2, HF),
     Check("ViT (f32)", "HF ViTForImageClassification", 1e-5, hf.check_vit, HF),
@@ -88,14 +91,18 @@ CHECKS: list[Check] = [
         mx.check_mamba_logits,
         HF,
     ),
-    Check("Mamba GPT gradients (f32)", "HF MambaForCausalLM", 1e-4, mx.check_mamba_grads, HF),
+    # up to 7.6e-5 over 1900 seeds (median 1.1e-5), a heavy tail like LLaMA's: 1e-4 too tight
+    Check("Mamba GPT gradients (f32)", "HF MambaForCausalLM", 1e-3, mx.check_mamba_grads, HF),
     Check(
         "RWKV GPT logits/greedy/cache (f32)", "HF RwkvForCausalLM", 1e-5, mx.check_rwkv_logits, HF
     ),
     Check("RWKV GPT gradients (f32)", "HF RwkvForCausalLM", 1e-4, mx.check_rwkv_grads, HF),
-    Check("MoEFeedForward (f32)", "HF MixtralSparseMoeBlock", 1e-6, hf.check_mixtral, HF),
-    Check("MoEFeedForward gradients (f32)", "HF MixtralSparseMoeBlock", 1e-5, moe_grads, HF),
-    Check("MoE balance loss", "HF load_balancing_loss_func", 2e-6, hf.check_balance_loss, HF),
+    # outputs reach |y| ~ 10, where 2 float32 ulps are 1.9e-6: 1e-6 failed 19 seeds in 3000
+    Check("MoEFeedForward (f32)", "HF MixtralSparseMoeBlock", 1e-5, hf.check_mixtral, HF),
+    # float32 ulps of the largest gradients: 1e-5 failed 1 seed in 3000 (1.14e-5, median 1e-6)
+    Check("MoEFeedForward gradients (f32)", "HF MixtralSparseMoeBlock", 1e-4, moe_grads, HF),
+    # up to 9.5e-7 over 3000 seeds and still growing with more seeds: 2e-6 left too little room
+    Check("MoE balance loss", "HF load_balancing_loss_func", 5e-6, hf.check_balance_loss, HF),
     Check("T5 v1.0/v1.1 + gradients", "HF T5ForConditionalGeneration", 1e-9, zoo.check_t5, HF),
     Check("ELECTRA + gradients", "HF ElectraForPreTraining/MaskedLM", 1e-10, zoo.check_electra, HF),
     Check("ALBERT + gradients", "HF AlbertModel", 1e-10, zoo.check_albert, HF),
