@@ -26,7 +26,6 @@ from pathlib import Path
 import torch
 
 from attnlab.bench.machine import machine_info
-from attnlab.blocks import DyT
 from attnlab.tasks.runner import train
 
 RESULTS = Path("docs/results")
@@ -38,10 +37,12 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run(task: str, preset: str, norm: str, overrides: dict, root: Path) -> dict:
+def run(task: str, preset: str, norm: str, overrides: dict, root: Path, alpha0: float) -> dict:
     run_dir = root / f"{task}-{norm}"
     shutil.rmtree(run_dir, ignore_errors=True)
     cpu0, wall0 = cpu_seconds(), time.perf_counter()
+    if norm == "dyt":
+        overrides = {**overrides, "dyt_alpha0": alpha0}
     res = train(task, run_dir, {**overrides, "norm": norm}, preset)
     cpu, wall = cpu_seconds() - cpu0, time.perf_counter() - wall0
     s = res["summary"]
@@ -113,9 +114,6 @@ def main() -> None:
     parser.add_argument("--runs", default="runs/bench-norm-dyt")
     args = parser.parse_args()
     norms = [n for n in args.norms.split(",") if n]
-    if args.alpha0 != 0.5:  # every DyT built from here on starts at this α
-        init = DyT.__init__
-        DyT.__init__ = lambda self, d, alpha0=0.5, bias=True: init(self, d, args.alpha0, bias)
     torch.set_num_threads(1)
     info = machine_info()
     common = {"num_threads": 1, "precision": "fp32", "tensorboard": False, "seed": 0}
@@ -124,7 +122,7 @@ def main() -> None:
     if "lm" in args.only:
         lm = {**common, "max_steps": args.lm_steps, "eval_every": args.lm_steps}
         for norm in norms:
-            rows.append(run("lm", "baby", norm, {**lm, "sample_tokens": 0}, root))
+            rows.append(run("lm", "baby", norm, {**lm, "sample_tokens": 0}, root, args.alpha0))
             write(args, info, rows)
     if "vit" in args.only:
         vit = {
@@ -137,7 +135,7 @@ def main() -> None:
             "checkpoint_every": 0,
         }
         for norm in norms:
-            rows.append(run("vit", None, norm, vit, root))
+            rows.append(run("vit", None, norm, vit, root, args.alpha0))
             write(args, info, rows)
     print(Path(args.out + ".md").read_text())
 

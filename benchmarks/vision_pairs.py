@@ -47,7 +47,6 @@ from pathlib import Path
 
 import torch
 
-from attnlab.blocks import DyT
 from attnlab.tasks import runner
 
 ROOT = Path("runs/vision_pairs")
@@ -65,14 +64,13 @@ PAIRS: dict[str, dict[str, list[tuple[str, dict, float]]]] = {
     "dyt": {"vit": [("vit", FP32, 1.0)], "vit-dyt": [("vit", {"norm": "dyt", **FP32}, 1.0)]},
     "dyt-alpha5": {
         "vit": [("vit", FP32, 1.0)],
-        "vit-dyt-a5": [("vit", {"norm": "dyt", **FP32}, 1.0)],
+        "vit-dyt-a5": [("vit", {"norm": "dyt", "dyt_alpha0": 5.0, **FP32}, 1.0)],
     },
     "mae": {
         "vit-scratch": [("vit", MAE_SHAPE_VIT, 1.0)],
         "mae+finetune": [("mae", FP32, 0.5), ("vit", {"init": "{prev}", **FP32}, 0.5)],
     },
 }
-DYT_ALPHA0 = {"vit-dyt-a5": 5.0}  # runs whose DyT layers start at another α than 0.5
 LABELS = {
     "vit": "ViT (presets/vit.toml: conv stem, learned positions)",
     "deit": "DeiT student: ViT + distillation token, hard labels from the CNN+SE teacher",
@@ -127,9 +125,6 @@ def train_stage(
 def train_run(pair: str, name: str, minutes: float, dataset: str, seed: int) -> None:
     """Train run `name` of `pair` (its stages in turn, one thread) and write its row."""
     torch.set_num_threads(1)
-    if name in DYT_ALPHA0:  # every DyT built from here on starts at this α
-        init, alpha0 = DyT.__init__, DYT_ALPHA0[name]
-        DyT.__init__ = lambda self, d, alpha0_=0.5, bias=True: init(self, d, alpha0, bias)
     folder = _folder(pair, dataset, seed)
     stages, prev = [], ""
     for i, (task, overrides, share) in enumerate(PAIRS[pair][name]):

@@ -408,3 +408,39 @@ def test_dyt_is_a_norm_choice_of_every_block_and_model() -> None:
     for model in (gpt, vit):
         assert not any(isinstance(m, nn.LayerNorm) for m in model.modules())
         assert sum(isinstance(m, DyT) for m in model.modules()) == 3
+
+
+def test_dyt_alpha0_starts_every_dyt_of_every_model_with_a_norm_choice() -> None:
+    """``dyt_alpha0`` is one setting on every model config with a ``norm``: it starts the α of
+    every DyT the model builds (blocks, final norms, Swin's merges, the mixers' norms), and it
+    is refused with one line under any other norm (it would be ignored silently)."""
+    from attnlab.errors import UserError
+    from attnlab.models.classifier import ClassifierConfig, TextClassifier
+    from attnlab.models.gpt import GPT, GPTConfig
+    from attnlab.models.mae import MAE, MAEConfig
+    from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
+    from attnlab.models.swin import Swin, SwinConfig
+    from attnlab.models.vit import ViT, ViTConfig
+
+    alpha0 = float(torch.empty(()).uniform_(0.6, 8.0))
+    gpt = dict(vocab_size=11, context=8, n_layers=2, n_heads=2, d_model=8)
+    vit = dict(image_size=8, patch_size=4, d_model=8, n_heads=2, n_layers=1)
+    swin = dict(image_size=8, patch_size=2, d_model=4, depths=(1, 1), stage_heads=(1, 2), window=2)
+    cases = [
+        (GPT, GPTConfig, gpt),
+        (GPT, GPTConfig, {**gpt, "mixer": "hybrid", "attn_every": 2}),
+        (GPT, GPTConfig, {**gpt, "mixer": "rwkv"}),
+        (ViT, ViTConfig, vit),
+        (Swin, SwinConfig, swin),
+        (MAE, MAEConfig, dict(image_size=8, patch_size=4, d_model=8, n_heads=2, n_layers=1)),
+        (TextClassifier, ClassifierConfig, dict(vocab_size=11, d_model=8, n_heads=2)),
+        (Seq2SeqTransformer, Seq2SeqConfig, dict(src_vocab_size=9, tgt_vocab_size=9, d_model=8)),
+    ]
+    for model_cls, cfg_cls, kwargs in cases:
+        model = model_cls(cfg_cls(**kwargs, norm="dyt", dyt_alpha0=alpha0))
+        alphas = [m.alpha.item() for m in model.modules() if isinstance(m, DyT)]
+        assert alphas and all(a == pytest.approx(alpha0) for a in alphas), (cfg_cls, alphas)
+        default = model_cls(cfg_cls(**kwargs, norm="dyt"))
+        assert all(m.alpha.item() == 0.5 for m in default.modules() if isinstance(m, DyT))
+        with pytest.raises(UserError, match="dyt_alpha0=.* only applies to norm='dyt'"):
+            cfg_cls(**kwargs, norm="layer", dyt_alpha0=alpha0)

@@ -47,6 +47,18 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(dtype)
 
 
+DYT_ALPHA0 = 0.5  # Zhu et al. 2025: α's start for every non-LLM model in the paper
+
+
+def check_dyt_alpha0(norm: str, alpha0: float) -> None:
+    """A start for DyT's α only means something with ``norm = "dyt"``: refuse it otherwise."""
+    if norm != "dyt" and alpha0 != DYT_ALPHA0:
+        raise UserError(
+            f"dyt_alpha0={alpha0} only applies to norm='dyt', but norm={norm!r}; drop it or set "
+            "norm='dyt'"
+        )
+
+
 class DyT(nn.Module):
     """Dynamic Tanh, DyT(x) = γ ⊙ tanh(α·x) + β  (Zhu et al. 2025, "Transformers without
     Normalization", eq. 1): a drop-in for LayerNorm with no statistics over the channels.
@@ -55,7 +67,7 @@ class DyT(nn.Module):
     ones and β at zeros, as LayerNorm's affine parameters do.
     """
 
-    def __init__(self, d_model: int, alpha0: float = 0.5, bias: bool = True) -> None:
+    def __init__(self, d_model: int, alpha0: float = DYT_ALPHA0, bias: bool = True) -> None:
         super().__init__()
         self.alpha = nn.Parameter(torch.tensor(float(alpha0)))
         self.weight = nn.Parameter(torch.ones(d_model))
@@ -66,15 +78,21 @@ class DyT(nn.Module):
         return h if self.bias is None else h + self.bias
 
 
-def make_norm(kind: NormKind, d_model: int, eps: float = 1e-5, bias: bool = True) -> nn.Module:
+def make_norm(
+    kind: NormKind,
+    d_model: int,
+    eps: float = 1e-5,
+    bias: bool = True,
+    alpha0: float = DYT_ALPHA0,
+) -> nn.Module:
     """LayerNorm (Ba et al. 2016: (x − μ)/σ · g + b, PyTorch's kernel), RMSNorm or DyT (which
-    has no eps: it divides by nothing)."""
+    has no eps: it divides by nothing; ``alpha0`` starts its α)."""
     if kind == "layer":
         return nn.LayerNorm(d_model, eps=eps, bias=bias)
     if kind == "rms":
         return RMSNorm(d_model, eps=eps)
     if kind == "dyt":
-        return DyT(d_model, bias=bias)
+        return DyT(d_model, alpha0, bias=bias)
     raise ValueError(f"norm must be one of {', '.join(get_args(NormKind))}, got {kind!r}")
 
 
@@ -144,6 +162,7 @@ class BlockConfig(ConfigBase):
     norm: NormKind = "layer"
     norm_position: NormPosition = "post"
     norm_eps: float = setting(1e-5, min=0.0)
+    dyt_alpha0: float = setting(DYT_ALPHA0, above=0.0)  # norm = "dyt" only
     dropout: float = setting(0.1, min=0.0, below=1.0)
     attn_dropout: float | None = None  # None = dropout
     bias: bool = True  # biases in the linear layers and LayerNorms
@@ -162,6 +181,7 @@ class BlockConfig(ConfigBase):
                 f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}"
             )
         check_attention_config(self.attention, self.window, self.n_global)
+        check_dyt_alpha0(self.norm, self.dyt_alpha0)
 
     @property
     def kv_heads(self) -> int:
@@ -193,7 +213,7 @@ class BlockConfig(ConfigBase):
         return FeedForward(self.d_model, self.d_ff, self.activation, self.dropout, self.bias)
 
     def make_norm(self) -> nn.Module:
-        return make_norm(self.norm, self.d_model, self.norm_eps, self.bias)
+        return make_norm(self.norm, self.d_model, self.norm_eps, self.bias, self.dyt_alpha0)
 
 
 class Block(nn.Module):

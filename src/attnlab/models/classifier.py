@@ -13,7 +13,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.attention import padding_mask
-from attnlab.blocks import Activation, Block, BlockConfig, BlockStack, NormKind, NormPosition
+from attnlab.blocks import (
+    DYT_ALPHA0,
+    Activation,
+    Block,
+    BlockConfig,
+    BlockStack,
+    NormKind,
+    NormPosition,
+)
 from attnlab.configs import Alias, ConfigBase, project, setting
 from attnlab.efficient import AttentionKind
 from attnlab.errors import UserError
@@ -41,6 +49,7 @@ class ClassifierConfig(ConfigBase):
     emb_dropout: float = setting(0.1, min=0.0, below=1.0)
     activation: Activation = setting("gelu")
     norm: NormKind = setting("layer")
+    dyt_alpha0: float = setting(DYT_ALPHA0, "DyT's initial α (norm = dyt only)", above=0.0)
     norm_position: NormPosition = setting("pre", "where the norm sits around each sub-layer")
     pos: Position = setting("sinusoidal")
     pooling: Pooling = setting("mean")

@@ -55,7 +55,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from attnlab.blocks import Activation, Block, BlockConfig, BlockStack, NormKind
+from attnlab.blocks import DYT_ALPHA0, Activation, Block, BlockConfig, BlockStack, NormKind
 from attnlab.configs import ConfigBase, project, setting
 from attnlab.efficient import AttentionKind
 from attnlab.errors import UserError
@@ -84,6 +84,7 @@ class GPTConfig(ConfigBase):
         "learned", "positions: learned table, rope, alibi, sinusoidal, t5 bias, none (NoPE)"
     )
     norm: NormKind = setting("layer")
+    dyt_alpha0: float = setting(DYT_ALPHA0, "DyT's initial α (norm = dyt only)", above=0.0)
     activation: Activation = setting("gelu_tanh")
     bias: bool = setting(True, "biases in linear layers and LayerNorm")
     tie_weights: bool = setting(True, "output projection = token embedding")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from attnlab.blocks import Activation, Block, BlockConfig, BlockStack, NormKind
+from attnlab.blocks import DYT_ALPHA0, Activation, Block, BlockConfig, BlockStack, NormKind
 from attnlab.configs import ConfigBase, setting
 from attnlab.errors import UserError
 from attnlab.models.vit import ViT, ViTConfig, _init_weights
@@ -49,6 +49,7 @@ class MAEConfig(ConfigBase):
     activation: Activation = "gelu"
     norm: NormKind = "layer"
     norm_eps: float = setting(1e-6, min=0.0)
+    dyt_alpha0: float = setting(DYT_ALPHA0, "DyT's initial α (norm = dyt only)", above=0.0)
     n_classes: int = setting(10, "classes of the ViT that fine-tunes the encoder", min=2)
 
     def check(self) -> None:
@@ -71,6 +72,7 @@ class MAEConfig(ConfigBase):
             activation=self.activation,
             norm=self.norm,
             norm_eps=self.norm_eps,
+            dyt_alpha0=self.dyt_alpha0,
             pooling="cls",
             pos="sincos2d",
             stem="patch",
@@ -88,6 +90,7 @@ class MAEConfig(ConfigBase):
             norm=self.norm,
             norm_position="pre",
             norm_eps=self.norm_eps,
+            dyt_alpha0=self.dyt_alpha0,
             dropout=0.0,
         )
         block.validate()

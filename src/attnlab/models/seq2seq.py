@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from attnlab.attention import KVCache, padding_mask_from_ids
 from attnlab.blocks import (
+    DYT_ALPHA0,
     Activation,
     Block,
     BlockConfig,
@@ -53,6 +54,7 @@ class Seq2SeqConfig(ConfigBase):
     dropout: float = setting(0.1, min=0.0, below=1.0)
     activation: Activation = setting("relu")
     norm: NormKind = setting("layer")
+    dyt_alpha0: float = setting(DYT_ALPHA0, "DyT's initial α (norm = dyt only)", above=0.0)
     norm_position: NormPosition = setting("post")
     pos: Literal["sinusoidal", "learned"] = setting("sinusoidal")
     context: int = setting(512, "longest source or target (learned positions)", min=1)

@@ -24,7 +24,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.blocks import Activation, BlockConfig, NormKind, make_norm
+from attnlab.blocks import (
+    DYT_ALPHA0,
+    Activation,
+    BlockConfig,
+    NormKind,
+    check_dyt_alpha0,
+    make_norm,
+)
 from attnlab.configs import ConfigBase, setting
 from attnlab.errors import UserError
 from attnlab.models.vit import PatchEmbedding, _init_weights
@@ -46,6 +53,7 @@ class SwinConfig(ConfigBase):
     attn_dropout: float = setting(0.0, min=0.0, below=1.0)
     activation: Activation = "gelu"
     norm: NormKind = setting("layer", "layer | rms | dyt")
+    dyt_alpha0: float = setting(DYT_ALPHA0, "DyT's initial α (norm = dyt only)", above=0.0)
     norm_eps: float = setting(1e-5, min=0.0)
     n_classes: int = setting(10, min=2)
 
@@ -64,6 +72,7 @@ class SwinConfig(ConfigBase):
                     f"stage {i + 1}: width {self.stage_width(i)} with {heads} heads and depth "
                     f"{depth}; depths and heads must be >= 1 and heads must divide the width"
                 )
+        check_dyt_alpha0(self.norm, self.dyt_alpha0)
 
     @property
     def grid(self) -> int:
@@ -91,6 +100,7 @@ class SwinConfig(ConfigBase):
             norm=self.norm,
             norm_position="pre",
             norm_eps=self.norm_eps,
+            dyt_alpha0=self.dyt_alpha0,
             dropout=self.dropout,
             attn_dropout=self.attn_dropout,
         )
@@ -226,7 +236,8 @@ class SwinStage(nn.Module):
         )
         last = i == len(cfg.depths) - 1
         width = cfg.stage_width(i)
-        merge_norm = make_norm(cfg.norm, 4 * width, cfg.norm_eps)  # over the 4C concatenation
+        # over the 4C concatenation
+        merge_norm = make_norm(cfg.norm, 4 * width, cfg.norm_eps, alpha0=cfg.dyt_alpha0)
         self.merge = None if last else PatchMerging(width, merge_norm)
 
 

@@ -20,7 +20,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from attnlab.blocks import Activation, Block, BlockConfig, BlockStack, NormKind
+from attnlab.blocks import DYT_ALPHA0, Activation, Block, BlockConfig, BlockStack, NormKind
 from attnlab.configs import ConfigBase, project, setting
 from attnlab.efficient import AttentionKind
 from attnlab.errors import UserError
@@ -43,6 +43,7 @@ class ViTConfig(ConfigBase):
     activation: Activation = setting("gelu")
     norm_eps: float = setting(1e-6, min=0.0)
     norm: NormKind = setting("layer", "layer | rms | dyt (Dynamic Tanh, no statistics)")
+    dyt_alpha0: float = setting(DYT_ALPHA0, "DyT's initial α (norm = dyt only)", above=0.0)
     pooling: Literal["cls", "mean"] = setting("cls")
     distill: bool = setting(False, "DeiT: a distillation token with its own head (pooling cls)")
     pos: Literal["learned", "sincos2d"] = setting("learned")
