@@ -265,7 +265,6 @@ def load_teacher(cfg: RunConfig, classes: list[str], shape: list[int]) -> Vision
     return teacher
 
 
-
 def image_data(
     cfg: RunConfig, splits: dict[str, Any], source: str
 ) -> tuple[dict[str, Any], ImageData, ImageData]:
@@ -288,6 +287,7 @@ def image_data(
     )  # fmt: skip
     val_data = ImageData(splits["val"], mean, std, dcfg.eval_batch_size)
     return report, train_data, val_data
+
 
 class VisionTask(Task):
     """Image classification with a ViT or a CNN (``arch``)."""
