@@ -241,8 +241,7 @@ def report() -> None:
         "",
         "Per seed, OOD dev: "
         + "; ".join(
-            f"{name} " + " / ".join(f"{r['ood_dev']:.3f}" for r in recs)
-            for name, recs in rows
+            f"{name} " + " / ".join(f"{r['ood_dev']:.3f}" for r in recs) for name, recs in rows
         ),
         "",
         "TF-IDF (character 1-3-grams) + logistic regression on the same marked texts, C chosen "
