@@ -31,9 +31,10 @@ def test_the_check_fails_if_the_decoder_forgets_to_unshuffle(monkeypatch) -> Non
 
     monkeypatch.setattr(mae_mod, "random_masking", no_restore)
     m = Measure()
-    # A case misses the break when every image keeps patches 0..k-1 in noise order (then no
-    # token moves): 1/4 per image for 4 patches keeping 1, ~2.4% per case over the drawn
-    # shapes, so 3 cases would pass by chance about once in 70,000 seeds; 6 cases: 2e-10.
+    # (Counted by hand.) A case misses the break when every image keeps patches 0..k-1 in
+    # noise order (then no token moves): 1/4 per image for 4 patches keeping 1, ~2.4% per case
+    # over the drawn shapes, so 3 cases would pass by chance about once in 70,000 seeds; 6
+    # cases: 2e-10.
     check_mae(m, cases=6)
     assert m.error > 1e-3
 

@@ -88,8 +88,9 @@ def test_sampled_tokens_are_distributed_as_the_target(mode: str) -> None:
     """Chi-square goodness of fit, 27 outcomes (3 tokens of a 3-token vocabulary), 1200
     seeded samples; cells expected below 5 are pooled. Fails at p < 1e-7, not 1e-3: at 1e-3 a
     correct decoder failed one seed in a thousand (a red CI by chance); a Monte Carlo of 2e6
-    multinomial draws of these counts put the real false-alarm rate at 1.5e-6 per mode (the
-    chi-square tail is fat this far out); a wrong distribution still gives p far below."""
+    multinomial draws of these counts, run by hand, put the real false-alarm rate at 1.5e-6 per
+    mode (the chi-square tail is fat this far out); a wrong distribution still gives p far
+    below."""
     from scipy.stats import chisquare
 
     target, draft = gpt(3, 1, 16, 4, d=8), gpt(3, 1, 16, 5, d=4)

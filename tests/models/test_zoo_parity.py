@@ -52,7 +52,7 @@ def test_deberta_without_log_buckets_fails(monkeypatch, seed):
 
     monkeypatch.setattr(deberta, "log_bucket_position", lambda r, b, m: r)
     # a case with buckets and a sequence longer than the exact range must disagree; a whole
-    # check (6 cases) misses one about 6.5% of seeds (13 of 200), so 4 checks would pass by
+    # check (6 cases) misses one about 6.5% of seeds (13 of 200, by hand), so 4 checks would pass by
     # chance about once in 50,000 runs, 8 checks once in 3e9
     rows = [run_check(CHECKS["deberta"], seed + i).status for i in range(8)]
     assert FAIL in rows

@@ -37,8 +37,9 @@ def test_pretraining_learns_the_text_and_leaves_bag_and_head_alone():
     model = tiny_model(tok.vocab_size)
     bag, head = model.ngram_bag.weight.clone(), model.head.weight.clone()
     embed = model.embed.weight.clone()
-    # 600 steps, not 300: at 300 the loss ratio was 0.27-0.62 over 80 seeds (8 above 0.5, a
-    # red CI one run in ten); at 600 it was 0.04-0.15 over 40 seeds (4 of those 8 among them)
+    # 600 steps, not 300 (seed sweeps by hand): at 300 the loss ratio was 0.27-0.62 over 80
+    # seeds (8 above 0.5, a red CI one run in ten); at 600 it was 0.04-0.15 over 40 seeds (4 of
+    # those 8 among them)
     summary = pretrain_encoder(
         model, texts, tok, steps=600, batch_size=32, lr=5e-3, max_len=32, mask_prob=0.15,
         seed=seed, device="cpu", log=lambda msg: None,
