@@ -21,7 +21,9 @@ from typing import Any
 
 from attnlab.configs import parse_key_values, resolve_aliases
 from attnlab.errors import UserError
-from attnlab.tasks import classify, runner
+from attnlab.models.classifier import ClassifierConfig
+from attnlab.tasks import runner, sections
+from attnlab.tasks.registry import get_task
 
 COLUMNS = (
     "variant",
@@ -41,7 +43,7 @@ COLUMNS = (
 def parse_factors(items: list[str]) -> dict[str, list[str]]:
     """["n_heads=1,2,4", "pooling=mean,cls"] -> {"n_heads": ["1", "2", "4"], ...}."""
     factors: dict[str, list[str]] = {}
-    owner = classify.field_owner()
+    owner = sections.field_owner(get_task("classify").sections())
     for key, value in parse_key_values(items).items():
         if key not in owner:
             raise UserError(f"cannot vary {key!r}: not a config field of the classify task")
@@ -68,7 +70,7 @@ def variants(
     for key, values in factors.items():
         for value in values:
             # an old name (norm=pre) is compared as the field it now sets (norm_position)
-            ((field, setting),) = resolve_aliases(classify.ClassifierConfig, {key: value}).items()
+            ((field, setting),) = resolve_aliases(ClassifierConfig, {key: value}).items()
             if str(base.get(field)) == str(setting):
                 continue  # this value is the preset itself
             out.append((f"{key}={value}", key, value, {key: value}))
@@ -76,17 +78,16 @@ def variants(
 
 
 def _flat_preset(config: str | None, fixed: dict[str, str]) -> dict[str, Any]:
-    cfg = classify.build_config(config, fixed)
+    cfg = runner.build_config("classify", config, fixed)
     flat: dict[str, Any] = {}
-    for section in classify.SECTIONS:
-        flat.update(vars(getattr(cfg, section)))
+    for part in cfg.sections.values():
+        flat.update(vars(part))
     return flat
 
 
 def run_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Train every (variant, seed) not yet finished, then write the tables and the plot."""
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     fixed = parse_key_values(args.set)
     if args.steps:
         fixed["max_steps"] = str(args.steps)
@@ -97,6 +98,7 @@ def run_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
     factors = parse_factors(args.factors)
     plan = variants(factors, _flat_preset(args.config, fixed), args.grid)
     seeds = list(range(args.seeds))
+    out.mkdir(parents=True, exist_ok=True)  # after the checks: a refused sweep leaves nothing
     (out / "sweep.json").write_text(
         json.dumps(
             {
