@@ -1,0 +1,190 @@
+"""What every benchmark script shares: the machine it ran on, and writing its result page.
+
+Run a script as ``python -m benchmarks.AREA.NAME [ARGS]`` from the repository root. Each
+script parses its arguments with argparse inside ``main()`` and does no work at import time,
+so ``--help`` prints and exits 0 (``tests/test_benchmarks.py`` checks every module).
+
+API
+---
+
+``ROOT``, ``RESULTS``
+    The repository root and ``docs/results/``.
+
+``machine(threads=None, **extra) -> dict``
+    What the numbers were measured on, one spelling for every page: ``cpu`` (model name),
+    ``logical_cores`` (``os.cpu_count()``), ``torch_threads`` (``threads`` if given, else
+    ``torch.get_num_threads()``), ``torch``, ``python``, ``device`` and
+    ``load_average_at_start`` (1, 5, 15 min); ``extra`` keys are added as given (e.g.
+    ``runs_at_once=2``). Call it before the work so the load average shows the other jobs.
+
+``load_average() -> list[float]``
+    The 1, 5 and 15 min load average now (store it as ``load_average_at_end``).
+
+``set_threads(n) -> int``
+    ``torch.set_num_threads(n)`` (and its inter-op twin where still settable); returns ``n``.
+
+``command_line(argv=None) -> str``
+    The exact command that is running, as ``python -m benchmarks.AREA.NAME ARG ...``
+    (shell-quoted; ``argv`` defaults to ``sys.argv[1:]``).
+
+``machine_line(info) -> str``
+    One markdown line for a page: ``Machine: CPU, N logical cores, torch V with T thread(s),
+    load average A at start[, B at end].`` (``info`` from ``machine()``, optionally with
+    ``load_average_at_end``).
+
+``write_results(stem, data, markdown, command=None, results_dir=RESULTS) -> (json, md)``
+    Writes ``docs/results/STEM.json`` (``data`` plus ``"command"``) and ``STEM.md`` beside
+    it. ``markdown`` is the page (a string or a list of lines) starting with its ``# title``;
+    the line ``Command: `...` `` is inserted under the title (``command`` defaults to
+    ``command_line()``). Every page in docs/results/ carries that line, and
+    ``tests/test_benchmarks.py`` checks that the module it names exists.
+
+Example::
+
+    from benchmarks.common import load_average, machine, machine_line, write_results
+
+    def main(argv=None):
+        args = parser().parse_args(argv)
+        info = machine(threads=set_threads(1))
+        rows = measure(args)
+        info["load_average_at_end"] = load_average()
+        lines = ["# My benchmark", "", machine_line(info), "", *table(rows)]
+        write_results("my_benchmark", {"machine": info, "rows": rows}, lines)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "docs" / "results"
+COMMAND_PREFIX = "Command: "
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (Linux), else what platform knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def load_average() -> list[float]:
+    """The 1, 5 and 15 minute load average, rounded (empty where the OS has none)."""
+    if not hasattr(os, "getloadavg"):
+        return []
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def set_threads(n: int) -> int:
+    """Run torch on ``n`` threads (inter-op too while torch still allows it); returns ``n``."""
+    import torch
+
+    torch.set_num_threads(n)
+    with contextlib.suppress(RuntimeError):  # only settable before the first parallel work
+        torch.set_num_interop_threads(n)
+    return n
+
+
+def machine(threads: int | None = None, device: str = "cpu", **extra: object) -> dict:
+    """CPU model, logical cores, torch threads and version, Python, load average, extras."""
+    import torch
+
+    info: dict = {
+        "cpu": cpu_model(),
+        "logical_cores": os.cpu_count(),
+        "torch_threads": threads if threads is not None else torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "device": device,
+        "load_average_at_start": load_average(),
+    }
+    if torch.device(device).type == "cuda":
+        dev = torch.device(device)
+        info["gpu"] = torch.cuda.get_device_name(dev)
+        info["torch_cuda_build"] = torch.version.cuda
+    info.update(extra)
+    return info
+
+
+def _fmt_load(load: Sequence[float] | None) -> str:
+    return ", ".join(f"{x:.1f}" for x in load) if load else "unknown"
+
+
+def machine_line(info: dict) -> str:
+    """A one-line markdown description of ``machine()``'s dict."""
+    line = (
+        f"Machine: {info.get('cpu', 'unknown')}, {info.get('logical_cores')} logical cores, "
+        f"torch {info.get('torch')} with {info.get('torch_threads')} thread(s); "
+        f"load average {_fmt_load(info.get('load_average_at_start'))} at start"
+    )
+    if info.get("load_average_at_end"):
+        line += f", {_fmt_load(info['load_average_at_end'])} at end"
+    return line + "."
+
+
+def _module_name() -> str:
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name:
+        return spec.name
+    if not sys.argv[0].endswith(".py"):
+        return "MODULE"  # python -c or an interactive session: no module to name
+    path = Path(sys.argv[0]).resolve()
+    try:
+        rel = path.relative_to(ROOT).with_suffix("")
+    except ValueError:
+        return str(path)
+    return ".".join(rel.parts)
+
+
+def command_line(argv: Sequence[str] | None = None) -> str:
+    """The running command as ``python -m MODULE ARGS`` (shell-quoted)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    return shlex.join(["python", "-m", _module_name(), *args])
+
+
+def command_header(command: str) -> str:
+    """The page line that names the command that made it."""
+    return f"{COMMAND_PREFIX}`{command}`"
+
+
+def with_command(markdown: str | Sequence[str], command: str) -> str:
+    """``markdown`` with the command line under its title (replacing an older one)."""
+    lines = markdown.splitlines() if isinstance(markdown, str) else list(markdown)
+    lines = [ln for ln in lines if not ln.startswith(COMMAND_PREFIX)]
+    at = 1 if lines and lines[0].startswith("# ") else 0
+    block = ["", command_header(command)] if at else [command_header(command), ""]
+    lines[at:at] = block
+    text = "\n".join(lines)
+    return text if text.endswith("\n") else text + "\n"
+
+
+def write_results(
+    stem: str,
+    data: dict,
+    markdown: str | Sequence[str],
+    command: str | None = None,
+    results_dir: Path = RESULTS,
+) -> tuple[Path, Path]:
+    """Write ``STEM.json`` and ``STEM.md`` under ``results_dir``; returns both paths."""
+    command = command or command_line()
+    results_dir.mkdir(parents=True, exist_ok=True)
+    json_path = results_dir / f"{stem}.json"
+    md_path = results_dir / f"{stem}.md"
+    json_path.write_text(
+        json.dumps({**data, "command": command}, indent=2, ensure_ascii=False) + "\n",
+        encoding="utf-8",
+    )
+    md_path.write_text(with_command(markdown, command), encoding="utf-8")
+    return json_path, md_path
