@@ -1,0 +1,1 @@
+"""Attention kernels: MultiHeadAttention, flash, SDPA memory, scaling with T."""

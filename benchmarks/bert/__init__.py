@@ -1,0 +1,1 @@
+"""BERT-family pretraining (MLM, ELECTRA) and fine-tuning."""

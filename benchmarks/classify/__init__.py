@@ -1,0 +1,1 @@
+"""Chinese review sentiment: the classifier presets, classical baselines, lexicon studies."""

@@ -1,0 +1,1 @@
+"""Model compression: head pruning, distillation, their speed."""

@@ -1,0 +1,1 @@
+"""The training engine: optimizer step time, peak memory per task."""

@@ -1,0 +1,1 @@
+"""The attention explorer page: size and render time."""

@@ -1,0 +1,1 @@
+"""Faster inference: int8, KV cache, speculative decoding."""

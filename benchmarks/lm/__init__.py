@@ -1,0 +1,1 @@
+"""The character-level GPT: presets, speed, speedrun, positions, attention variants, norms."""

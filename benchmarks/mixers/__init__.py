@@ -1,0 +1,1 @@
+"""Linear-time mixers (Mamba, RWKV, hybrid) and MoE against the dense LM."""

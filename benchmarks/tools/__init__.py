@@ -1,0 +1,1 @@
+"""The command line and `attnlab verify`: startup time, tolerance margins."""

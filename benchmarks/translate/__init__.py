@@ -1,0 +1,1 @@
+"""Translation: training, BLEU comparison, decoding speed."""

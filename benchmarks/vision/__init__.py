@@ -1,0 +1,1 @@
+"""Vision: ViT and its successors on Fashion-MNIST / MNIST."""
