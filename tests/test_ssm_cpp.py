@@ -129,3 +129,59 @@ def test_bf16_autocast_block_reaches_the_compiled_scan_upcast():
     y.float().sum().backward()
     assert ssm_cpp.CALLS[0] == before + 1
     assert torch.isfinite(y.float()).all()
+
+
+def fake_build(monkeypatch, tmp_path) -> list[bool]:
+    """Build into a temp extensions folder with a stand-in for load_inline that records
+    whether torch's lock was there when torch would have waited on it forever."""
+    import torch.utils.cpp_extension as cpp
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(ssm_cpp, "_STATE", {})
+    seen: list[bool] = []
+
+    def load_inline(name, **_):
+        seen.append((tmp_path / name / ssm_cpp.TORCH_LOCK).exists())
+        return "module"
+
+    monkeypatch.setattr(cpp, "load_inline", load_inline)
+    return seen
+
+
+def test_a_killed_builders_lock_is_removed_not_waited_on(monkeypatch, tmp_path, capsys):
+    seen = fake_build(monkeypatch, tmp_path)
+    name = "attnlab_scan_v1_" + ("avx2" if "-mavx2" in ssm_cpp._flags() else "base")
+    (tmp_path / name).mkdir()
+    (tmp_path / name / ssm_cpp.TORCH_LOCK).touch()  # what a kill -9 mid-build leaves
+    assert ssm_cpp._build() == "module"
+    assert seen == [False]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert any("removed a stale build lock" in line for line in err), err
+
+
+def test_a_live_builder_is_waited_for_and_its_lock_kept(monkeypatch, tmp_path, capsys):
+    """Another process holds the builder flock: its lock is not stale, so it stays put."""
+    import fcntl
+    import threading
+
+    seen = fake_build(monkeypatch, tmp_path)
+    folder = tmp_path / "build"
+    folder.mkdir()
+    (folder / ssm_cpp.TORCH_LOCK).touch()
+    with open(folder / ssm_cpp.BUILDER, "a") as other:
+        fcntl.flock(other, fcntl.LOCK_EX)
+        entered = threading.Event()
+
+        def wait() -> None:
+            with ssm_cpp.builder_lock(folder):
+                entered.set()
+
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        assert not entered.wait(0.5), "entered while another builder held the lock"
+        assert (folder / ssm_cpp.TORCH_LOCK).exists()
+        (folder / ssm_cpp.TORCH_LOCK).unlink()  # the other builder finishes
+        fcntl.flock(other, fcntl.LOCK_UN)
+    waiter.join(5)
+    assert entered.is_set() and seen == []
+    assert "waiting for another attnlab process" in capsys.readouterr().err

@@ -25,9 +25,12 @@ scan (read at every call).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -256,18 +259,20 @@ def _build():
         if "module" in _STATE or "error" in _STATE:
             return _STATE.get("module")
         try:
-            from torch.utils.cpp_extension import load_inline
+            from torch.utils.cpp_extension import _get_build_directory, load_inline
 
             flags = _flags()
             name = "attnlab_scan_v1_" + ("avx2" if "-mavx2" in flags else "base")
-            _say_if_compiling(name)
-            _STATE["module"] = load_inline(
-                name=name,
-                cpp_sources=_SOURCE,
-                functions=["scan_fwd", "scan_bwd"],
-                extra_cflags=flags,
-                extra_ldflags=["-lmvec"],
-            )
+            folder = Path(_get_build_directory(name, verbose=False))
+            with builder_lock(folder):
+                _say_if_compiling(folder, name)
+                _STATE["module"] = load_inline(
+                    name=name,
+                    cpp_sources=_SOURCE,
+                    functions=["scan_fwd", "scan_bwd"],
+                    extra_cflags=flags,
+                    extra_ldflags=["-lmvec"],
+                )
         except Exception as e:  # noqa: BLE001 - any failure means: use the eager scan
             lines = [line for line in str(e).strip().splitlines() if line.strip()]
             why = f"{type(e).__name__}: {lines[-1] if lines else ''}"
@@ -280,17 +285,52 @@ def _build():
         return _STATE.get("module")
 
 
-def _say_if_compiling(name: str) -> None:
+def _say_if_compiling(folder: Path, name: str) -> None:
     """One stderr line before a build that has no cached library yet (it takes about a minute
     on two cores), so the first Mamba run does not look stuck."""
-    from torch.utils.cpp_extension import _get_build_directory
-
-    if not any(Path(_get_build_directory(name, verbose=False)).glob(f"{name}*.so")):
+    if not any(folder.glob(f"{name}*.so")):
         print(
             "attnlab: compiling the fused selective scan (first use only, about a minute)",
             file=sys.stderr,
             flush=True,
         )
+
+
+TORCH_LOCK = "lock"  # torch's build baton: an empty file, created and removed by the builder
+BUILDER = "attnlab.builder"  # an flock held by the attnlab process that builds or loads here
+
+
+@contextlib.contextmanager
+def builder_lock(folder: Path) -> Iterator[None]:
+    """Hold an flock on ``folder/attnlab.builder`` while torch builds or loads the extension.
+
+    torch's ``lock`` names no owner and outlives a killed builder, after which every later
+    build waits on it forever. The kernel drops an flock when its process dies, so once this
+    one is ours no live attnlab process is building here: a ``lock`` left now is stale, and it
+    is removed (saying so)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / BUILDER, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(
+                "attnlab: waiting for another attnlab process building the fused selective scan",
+                file=sys.stderr,
+                flush=True,
+            )
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            stale = folder / TORCH_LOCK
+            if stale.exists():
+                stale.unlink(missing_ok=True)
+                print(
+                    f"attnlab: removed a stale build lock {stale} (its builder was killed)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def forced_eager() -> bool:
