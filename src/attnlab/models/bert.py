@@ -18,8 +18,9 @@ from torch import Tensor, nn
 
 from attnlab.attention import padding_mask
 from attnlab.blocks import Block, BlockConfig, BlockStack
-from attnlab.configs import Alias, ConfigBase, project, setting
+from attnlab.configs import Alias, ConfigBase, coerce_value, project, setting
 from attnlab.efficient import AttentionKind
+from attnlab.errors import UserError
 from attnlab.models.prune import apply_head_counts
 from attnlab.positions import make_positions
 
@@ -32,6 +33,8 @@ HF_ACTIVATIONS: dict[str, BertActivation] = {
     "relu": "relu",
 }
 POOLINGS = ("mean", "cls")
+# ``model_type`` values of a Hugging Face config.json that load as this encoder.
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("bert",)
 
 
 @dataclass
@@ -74,38 +77,48 @@ class BertConfig(ConfigBase):
         return project(self, BlockConfig, norm_position="post")
 
     @classmethod
-    def from_hf(cls, hf: dict[str, Any]) -> BertConfig:
-        """Read a Hugging Face BERT ``config.json`` dict."""
+    def from_hf(cls, hf: Any) -> BertConfig:
+        """Read a Hugging Face BERT ``config.json`` dict (a UserError for one that is not)."""
+        if not isinstance(hf, dict):
+            what = "null" if hf is None else f"a JSON {type(hf).__name__}"
+            raise UserError(f"config.json holds {what}, not the JSON object of a BERT config")
         kind = hf.get("model_type", "bert")
-        if kind != "bert":
-            raise ValueError(f"config.json describes a {kind!r} model; only BERT checkpoints load")
+        if kind not in SUPPORTED_MODEL_TYPES:
+            raise UserError(
+                f"config.json describes a {kind!r} model; only BERT checkpoints load "
+                f"(model_type {', '.join(map(repr, SUPPORTED_MODEL_TYPES))})"
+            )
         if hf.get("position_embedding_type", "absolute") != "absolute":
-            raise ValueError(
+            raise UserError(
                 f"position_embedding_type {hf['position_embedding_type']!r} is not supported; "
                 "only 'absolute' (learned) positions are implemented"
             )
         act = hf.get("hidden_act", "gelu")
-        if act not in HF_ACTIVATIONS:
-            raise ValueError(
+        if not isinstance(act, str) or act not in HF_ACTIVATIONS:
+            raise UserError(
                 f"hidden_act {act!r} is not supported; use one of {list(HF_ACTIVATIONS)}"
             )
         missing = [k for k in ("vocab_size", "hidden_size", "num_hidden_layers") if k not in hf]
         if missing:
-            raise ValueError(f"config.json lacks {missing}; is this a BERT config?")
-        return cls(
-            vocab_size=hf["vocab_size"],
-            d_model=hf["hidden_size"],
-            n_layers=hf["num_hidden_layers"],
-            n_heads=hf.get("num_attention_heads", 12),
-            d_ff=hf.get("intermediate_size", 4 * hf["hidden_size"]),
-            context=hf.get("max_position_embeddings", 512),
-            type_vocab_size=hf.get("type_vocab_size", 2),
-            norm_eps=hf.get("layer_norm_eps", 1e-12),
-            dropout=hf.get("hidden_dropout_prob", 0.1),
-            attn_dropout=hf.get("attention_probs_dropout_prob", 0.1),
-            activation=HF_ACTIVATIONS[act],
-            pad_id=hf.get("pad_token_id", 0) or 0,
-        )
+            raise UserError(f"config.json lacks {missing}; is this a BERT config?")
+        # each value is read under its Hugging Face name, so a bad one is named as written
+        d_model = coerce_value(hf["hidden_size"], int, "hidden_size")
+        values = {
+            ours: coerce_value(hf.get(theirs, default), type(default), theirs)
+            for ours, theirs, default in (
+                ("vocab_size", "vocab_size", 0),
+                ("n_layers", "num_hidden_layers", 0),
+                ("n_heads", "num_attention_heads", 12),
+                ("d_ff", "intermediate_size", 4 * d_model),
+                ("context", "max_position_embeddings", 512),
+                ("type_vocab_size", "type_vocab_size", 2),
+                ("norm_eps", "layer_norm_eps", 1e-12),
+                ("dropout", "hidden_dropout_prob", 0.1),
+                ("attn_dropout", "attention_probs_dropout_prob", 0.1),
+            )
+        }
+        pad_id = coerce_value(hf.get("pad_token_id") or 0, int, "pad_token_id")  # null: 0
+        return cls(d_model=d_model, activation=HF_ACTIVATIONS[act], pad_id=pad_id, **values)
 
     def to_hf(self) -> dict[str, Any]:
         """The Hugging Face ``config.json`` dict of this architecture."""

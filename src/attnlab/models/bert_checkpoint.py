@@ -76,12 +76,15 @@ def read_config(path: Path) -> BertConfig:
         raw = json.loads(config_path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise UserError(f"{config_path}: not a valid JSON file ({err}); restore it") from None
-    if "task" in raw:
+    if isinstance(raw, dict) and "task" in raw:
         raise UserError(
             f"{path} is an attnlab {raw['task']!r} run, not a BERT checkpoint; "
             "give an `attnlab train mlm` run or a Hugging Face BERT directory"
         )
-    return BertConfig.from_hf(raw)
+    try:
+        return BertConfig.from_hf(raw)
+    except UserError as err:  # a config.json that is not a BERT config: name the folder
+        raise UserError(f"{path}: {err}") from None
 
 
 def read_state(path: Path) -> dict[str, Tensor]:
@@ -195,16 +198,20 @@ def load_bert_weights(
         if k not in report["used"] and not k.startswith(ignored) and k not in _TIED_DECODER
     )
     if report["missing"] or unexpected or report["misshaped"]:
-        lines = ["the checkpoint does not fit this BERT architecture:"]
+        parts = []  # one line: the first few tensors of each kind, and how many there are
         for title, items in (
             ("missing", report["missing"]),
             ("unexpected", unexpected),
             ("mis-shaped", report["misshaped"]),
         ):
             if items:
-                lines.append(f"  {title} ({len(items)}): " + ", ".join(items))
-        lines.append("check that config.json belongs to these weights")
-        raise UserError("\n".join(lines))
+                more = f", and {len(items) - 3} more" if len(items) > 3 else ""
+                parts.append(f"{title} ({len(items)}): " + ", ".join(items[:3]) + more)
+        raise UserError(
+            "the checkpoint does not fit this BERT architecture: "
+            + "; ".join(parts)
+            + "; check that config.json belongs to these weights"
+        )
     decoder = state.get("cls.predictions.decoder.weight")
     if (
         mlm is not None
