@@ -1,5 +1,6 @@
 """Imports go one way: a module may import its own layer or the layers below, never above, and
-no import cycle may appear between attnlab's units (top-level modules and sub-packages).
+no import cycle may appear between attnlab's units (top-level modules and sub-packages), nor
+between its modules (an import inside a function counts: it hides a cycle, it does not break it).
 
 Layers, lowest first (docs/extending.md explains them). ``data`` sits below ``models``: a
 tokenizer never needs a model, while checkpoint interop (BERT, GPT-2) reads tokenizers.
@@ -15,8 +16,9 @@ import pytest
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "attnlab"
 LAYERS: list[set[str]] = [
-    {"configs", "attention", "flash", "flash_triton", "quant", "positions", "efficient", "blocks",
-     "channel", "ssm", "ssm_cpp", "rwkv", "moe", "metrics", "viz", "tensor_files", "errors"},
+    {"configs", "shapes", "attention_record", "attention", "flash", "flash_triton", "quant",
+     "positions", "efficient", "blocks", "channel", "ssm", "ssm_cpp", "rwkv", "moe", "metrics",
+     "viz", "tensor_files", "errors"},
     {"data"},
     {"models"},
     {"train"},
@@ -87,12 +89,111 @@ def cycles(graph: dict[str, set[tuple[str, str]]]) -> list[list[str]]:
     return found
 
 
+def module_name(path: Path, src: Path) -> str:
+    """src/attnlab/tasks/runs.py -> attnlab.tasks.runs; .../tasks/__init__.py -> attnlab.tasks."""
+    rel = path.relative_to(src.parent).with_suffix("")
+    return ".".join(p for p in rel.parts if p != "__init__")
+
+
+def imported_modules(node: ast.AST, package: str, modules: set[str]) -> list[str]:
+    """The attnlab modules one import statement loads: ``from P import N`` is P.N when that is a
+    module, else P; relative imports are resolved against ``package``."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names if a.name in modules]
+    if not isinstance(node, ast.ImportFrom):
+        return []
+    base = node.module or ""
+    if node.level:
+        parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+        base = ".".join([*parts, base] if base else parts)
+    found = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+    return [m for m in found if m in modules]
+
+
+def module_graph(src: Path = SRC) -> dict[str, set[str]]:
+    """module -> the attnlab modules it imports anywhere in its file (functions included)."""
+    paths = {module_name(p, src): p for p in sorted(src.rglob("*.py"))}
+    graph: dict[str, set[str]] = {m: set() for m in paths}
+    for module, path in paths.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            graph[module] |= set(imported_modules(node, package, set(paths))) - {module}
+    return graph
+
+
+def module_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per strongly connected group of modules (Tarjan), as [a, b, ..., a]."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[set[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = {stack.pop()}
+            while node not in group:
+                group.add(stack.pop())
+            if len(group) > 1:
+                groups.append(group)
+
+    for start in sorted(graph):
+        if start not in index:
+            visit(start)
+    return [_cycle_in(graph, group) for group in groups]
+
+
+def _cycle_in(graph: dict[str, set[str]], group: set[str]) -> list[str]:
+    """A shortest cycle through the group's first module (breadth-first inside the group)."""
+    start = min(group)
+    paths = {start: [start]}
+    frontier = [start]
+    while frontier:
+        nxt_frontier = []
+        for node in frontier:
+            for nxt in sorted(graph[node] & group):
+                if nxt == start:
+                    return [*paths[node], start]
+                if nxt not in paths:
+                    paths[nxt] = [*paths[node], nxt]
+                    nxt_frontier.append(nxt)
+        frontier = nxt_frontier
+    raise AssertionError(f"no cycle through {start} in {sorted(group)}")
+
+
 def test_no_layer_imports_a_layer_above_it() -> None:
     assert violations(import_graph()) == []
 
 
 def test_no_import_cycle_between_units() -> None:
     assert cycles(import_graph()) == []
+
+
+def test_no_import_cycle_between_modules() -> None:
+    assert module_cycles(module_graph()) == []
+
+
+def test_the_module_check_sees_a_cycle_through_a_lazy_import(tmp_path: Path) -> None:
+    pkg = tmp_path / "attnlab"
+    (pkg / "tasks").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "tasks" / "__init__.py").write_text("")
+    (pkg / "tasks" / "a.py").write_text("from attnlab.tasks.b import f\n")
+    (pkg / "tasks" / "b.py").write_text("from . import c\n")
+    (pkg / "tasks" / "c.py").write_text("def g():\n    from attnlab.tasks import a\n")
+    (pkg / "tasks" / "d.py").write_text("import attnlab.tasks.a\n")  # outside the cycle
+    assert module_cycles(module_graph(pkg)) == [
+        ["attnlab.tasks.a", "attnlab.tasks.b", "attnlab.tasks.c", "attnlab.tasks.a"]
+    ]
+    (pkg / "tasks" / "c.py").write_text("def g():\n    return 1\n")
+    assert module_cycles(module_graph(pkg)) == []
 
 
 def test_the_checks_catch_what_they_are_for(tmp_path: Path) -> None:

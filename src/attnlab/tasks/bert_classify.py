@@ -45,6 +45,7 @@ from attnlab.metrics import classification_report, format_report
 from attnlab.models.bert import BertClassifier, BertConfig
 from attnlab.models.bert_checkpoint import load_pretrained, resolve_checkpoint
 from attnlab.tasks.classify import evaluator, predict_dataset, step_fn
+from attnlab.tasks.rundir import WEIGHTS
 from attnlab.tasks.task import Run, RunConfig, Setup, Task
 from attnlab.train import TrainConfig, load_weights
 
@@ -297,7 +298,7 @@ class BertClassifyTask(Task):
         labels = LabelVocab.load(run_dir / "labels.json")
         report = read_json(run_dir / "data_report.json", "data report", keys={"max_len": int})
         model = classifier(cfg, len(labels), report.get("encoder"))
-        load_weights(model, run_dir / "model.safetensors")
+        load_weights(model, run_dir / WEIGHTS)
         model.to(device).eval()
         max_len = report["max_len"]
         tokenizer = WordPieceTokenizer.load(run_dir / "tokenizer.json")

@@ -32,6 +32,7 @@ from attnlab.models.bert import BertConfig, BertForMaskedLM
 from attnlab.models.bert_checkpoint import load_pretrained, resolve_checkpoint, save_pretrained
 from attnlab.models.zoo_mlm import ZooForMaskedLM
 from attnlab.tasks.bert_classify import BertClassifyConfig, load_corpus
+from attnlab.tasks.rundir import WEIGHTS
 from attnlab.tasks.task import Run, RunConfig, Setup, Task
 from attnlab.train import StepOutput, TrainConfig, load_weights, seed_everything
 
@@ -274,7 +275,7 @@ class MLMTask(Task):
         if cfg.model.arch == "bert":
             return MLMRun(run_dir, cfg)
         model = ZooForMaskedLM(cfg.model.arch, cfg.bert, cfg.model.embedding_size)
-        load_weights(model, run_dir / "model.safetensors")
+        load_weights(model, run_dir / WEIGHTS)
         tokenizer = WordPieceTokenizer.load(run_dir / "tokenizer.json")
         return ZooMLMRun(run_dir, cfg, model.to(device).eval(), tokenizer)
 

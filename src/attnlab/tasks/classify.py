@@ -52,6 +52,7 @@ from attnlab.models.classifier import (
 )
 from attnlab.tasks import runner
 from attnlab.tasks.classify_pretrain import pretrain_encoder
+from attnlab.tasks.rundir import WEIGHTS
 from attnlab.tasks.task import Run, RunConfig, Setup, Task
 from attnlab.train import StepOutput, TrainConfig, load_weights
 
@@ -546,7 +547,7 @@ class ClassifyTask(Task):
 
     def load(self, run_dir: Path, cfg: RunConfig, device: str) -> ClassifierRun:
         model = build_classifier(cfg.model)
-        load_weights(model, run_dir / "model.safetensors")
+        load_weights(model, run_dir / WEIGHTS)
         model.to(device).eval()
         report = read_json(run_dir / "data_report.json", "data report", keys=REPORT)
         labels = LabelVocab.load(run_dir / "labels.json")

@@ -41,6 +41,7 @@ from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.models.gpt_hf import load_hf_gpt2
 from attnlab.models.speculative import Drafter, speculative_decode
 from attnlab.tasks import runner
+from attnlab.tasks.rundir import WEIGHTS
 from attnlab.tasks.task import Run, RunConfig, Setup, Task
 from attnlab.train import StepOutput, TrainConfig, load_weights
 
@@ -269,7 +270,7 @@ class LMTask(Task):
 
     def load(self, run_dir: Path, cfg: RunConfig, device: str) -> LMRun:
         model = GPT(cfg.model)
-        load_weights(model, run_dir / "model.safetensors")
+        load_weights(model, run_dir / WEIGHTS)
         tokenizer = load_tokenizer(run_dir / "tokenizer.json")
         return LMRun(model.to(device).eval(), tokenizer, "attnlab", run_dir, cfg)
 

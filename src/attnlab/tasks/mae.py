@@ -22,6 +22,7 @@ from attnlab.data.images import ImageData
 from attnlab.data.io import read_json, write_json
 from attnlab.errors import UserError
 from attnlab.models.mae import MAE, MAEConfig
+from attnlab.tasks.rundir import WEIGHTS
 from attnlab.tasks.task import Run, RunConfig, Setup, Task
 from attnlab.tasks.vision import VisionConfig, image_data, load_splits
 from attnlab.tensor_files import load_tensors_into, read_tensors
@@ -115,7 +116,7 @@ class MAETask(Task):
 
     def load(self, run_dir: Path, cfg: RunConfig, device: str) -> MAERun:
         model = MAE(cfg.model)
-        path = run_dir / "model.safetensors"
+        path = run_dir / WEIGHTS
         load_tensors_into(model, read_tensors(path), path)
         model.to(device).eval()
         return MAERun(run_dir, cfg, model, read_json(run_dir / "data_report.json", "data report"))

@@ -22,7 +22,8 @@ import torch.nn.functional as F
 from attnlab.errors import UserError
 from attnlab.models.prune import head_importance, heads_to_remove, prune_heads
 from attnlab.tasks import rundir
-from attnlab.tasks.runs import WEIGHTS, load_run
+from attnlab.tasks.rundir import WEIGHTS
+from attnlab.tasks.runs import load_run
 from attnlab.train.checkpoint import save_weights
 
 # Files of the source run that are not copied: its weights, training state, lock and results

@@ -18,22 +18,12 @@ from torch import nn
 from attnlab.data.io import write_json
 from attnlab.errors import UserError
 from attnlab.quant import Activations, quantize_model
+from attnlab.tasks.rundir import LOCK, QUANTIZED, WEIGHTS, check_not_quantized
 from attnlab.tasks.runs import load_run
 from attnlab.tensor_files import read_tensors
 from attnlab.train.checkpoint import save_weights
 
-MARKER = "quantization.json"
-WEIGHTS = "model.safetensors"
-SKIP = {"state", WEIGHTS, ".lock", "lock"}
-
-
-def check_not_quantized(run_dir: Path, doing: str) -> None:
-    """Refuse a quantised run where a float one is needed (``doing`` names the action)."""
-    if (run_dir / MARKER).is_file():
-        raise UserError(
-            f"{run_dir} is already an int8-quantised run ({MARKER}); {doing} needs the float "
-            "run it was made from"
-        )
+SKIP = {"state", WEIGHTS, LOCK, "lock"}
 
 
 def _weights_module(run: object, keys: set[str]) -> nn.Module:
@@ -74,7 +64,7 @@ def quantize_run(run_dir: str | Path, out: str | Path, activations: Activations 
         "layers": len(layers),
         "source": str(run_dir),
     }
-    write_json(staging / MARKER, info)
+    write_json(staging / QUANTIZED, info)
     if out.exists():
         out.rmdir()
     staging.rename(out)

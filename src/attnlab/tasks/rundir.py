@@ -29,7 +29,30 @@ from attnlab.tasks.task import FORMAT
 
 LOCK = ".lock"
 CONFIG = "config.json"
+WEIGHTS = "model.safetensors"  # the run's best weights
+QUANTIZED = "quantization.json"  # marks an int8 copy of a run (attnlab quantize)
+PRUNED = "prune.json"  # marks a copy of a run with heads cut out (attnlab prune)
 NAME_MAX = 255  # bytes of one folder name on Linux and macOS file systems
+
+
+def check_not_quantized(run_dir: Path, doing: str) -> None:
+    """Refuse a quantised run where a float one is needed (``doing`` names the action)."""
+    if (run_dir / QUANTIZED).is_file():
+        raise UserError(
+            f"{run_dir} is already an int8-quantised run ({QUANTIZED}); {doing} needs the float "
+            "run it was made from"
+        )
+
+
+def check_resumable(run_dir: Path) -> None:
+    """Refuse to resume training in a folder made by quantize or prune: it holds a model
+    derived from a run, no training state, and training there would overwrite its weights."""
+    check_not_quantized(run_dir, "train --resume")
+    if (run_dir / PRUNED).is_file():
+        raise UserError(
+            f"{run_dir} is a pruned copy of a run ({PRUNED}), not a training run; it cannot be "
+            "resumed: train a new run, or resume the run it was pruned from"
+        )
 
 
 def is_main_process() -> bool:

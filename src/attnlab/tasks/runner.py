@@ -193,9 +193,7 @@ def train(
         rundir.check_target(out, resume)
     record: dict[str, Any] = {}
     if resume:
-        from attnlab.tasks.quantize import check_not_quantized
-
-        check_not_quantized(out, "train --resume")
+        rundir.check_resumable(out)
         raw = rundir.read_config(out)
         if raw["task"] != task.name:
             raise UserError(
@@ -265,7 +263,7 @@ def _train(
     if not main:
         return {"summary": summary}
     (out / DIVERGED).unlink(missing_ok=True)
-    load_weights(model, out / "model.safetensors")
+    load_weights(model, out / rundir.WEIGHTS)
     model.to(device).eval()
     results = {"summary": summary, **task.finish(cfg, setup, model, out, device)}
     write_json(out / "results.json", results)

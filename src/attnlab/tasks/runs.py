@@ -12,8 +12,6 @@ from attnlab.tasks.registry import get_task
 from attnlab.tasks.runner import saved_config
 from attnlab.tasks.task import Run
 
-WEIGHTS = "model.safetensors"
-
 
 def load_run(run_dir: str | Path, device: str = "cpu") -> Run:
     """The run in ``run_dir`` with the verbs that apply to it (``run.verbs``).
@@ -28,9 +26,10 @@ def load_run(run_dir: str | Path, device: str = "cpu") -> Run:
     except ValueError as err:
         raise UserError(f"{run_dir / rundir.CONFIG}: {err}") from None
     datafiles.relocate(cfg, run_dir)  # data files that moved, found again by their content
-    if not (run_dir / WEIGHTS).is_file():
+    weights = rundir.WEIGHTS
+    if not (run_dir / weights).is_file():
         raise UserError(
-            f"{run_dir} has no {WEIGHTS} yet: training has not finished its first evaluation; "
+            f"{run_dir} has no {weights} yet: training has not finished its first evaluation; "
             f"continue it with `attnlab train {task.name} --out {run_dir} --resume`"
         )
     run = task.load(run_dir, cfg, device)

@@ -34,6 +34,7 @@ from attnlab.models.beam import DecodeSettings, beam_search, greedy_decode
 from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
 from attnlab.models.t5 import T5Translator, t5_from_seq2seq
 from attnlab.tasks import runner
+from attnlab.tasks.rundir import WEIGHTS
 from attnlab.tasks.task import Run, RunConfig, Setup, Task
 from attnlab.train import StepOutput, TrainConfig, load_weights
 
@@ -269,7 +270,7 @@ class TranslateTask(Task):
     def load(self, run_dir: Path, cfg: RunConfig, device: str) -> TranslatorRun:
         src_path, tgt_path = tokenizer_paths(run_dir, cfg.model.shared_embeddings)
         model = build_translator(cfg.model)
-        load_weights(model, run_dir / "model.safetensors")
+        load_weights(model, run_dir / WEIGHTS)
         model.to(device).eval()
         src_tok, tgt_tok = TextTokenizer.load(src_path), TextTokenizer.load(tgt_path)
         return TranslatorRun(run_dir, cfg, src_tok, tgt_tok, model, device)

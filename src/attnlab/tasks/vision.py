@@ -44,6 +44,7 @@ from attnlab.models.cnn import CNNConfig, ResNetCNN
 from attnlab.models.swin import Swin, SwinConfig
 from attnlab.models.vit import ViT, ViTConfig
 from attnlab.tasks import runner
+from attnlab.tasks.rundir import WEIGHTS
 from attnlab.tasks.task import Run, RunConfig, Setup, Task
 from attnlab.tensor_files import load_tensors_into, read_tensors
 from attnlab.train import StepOutput, TrainConfig
@@ -238,7 +239,7 @@ def adopt_mae_shape(cfg: RunConfig) -> str:
 def load_mae_encoder(model: nn.Module, run_dir: Path) -> None:
     """The pretrained encoder's weights into ``model`` (a ViT of the same shape); the head and
     nothing else stays as initialised."""
-    tensors = read_tensors(run_dir / "model.safetensors")
+    tensors = read_tensors(run_dir / WEIGHTS)
     encoder = {
         k.removeprefix("encoder."): v
         for k, v in tensors.items()
@@ -374,7 +375,7 @@ class VisionTask(Task):
 
     def load(self, run_dir: Path, cfg: RunConfig, device: str) -> VisionRun:
         model = build_model(cfg)
-        path = run_dir / "model.safetensors"
+        path = run_dir / WEIGHTS
         load_tensors_into(model, upgrade_weights(read_tensors(path), model), path)
         model.to(device).eval()
         keys = {"classes": list, "image_shape": list, "mean": list, "std": list}
