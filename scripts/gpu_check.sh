@@ -31,7 +31,7 @@
 #              batch)  -> runs/lm/
 #   flash_triton  the Triton FlashAttention forward (attnlab.flash_triton): its tests compiled
 #              and run on the GPU (ATTNLAB_TEST_DEVICE=cuda pytest tests/test_flash_triton.py),
-#              then benchmarks/flash_triton.py, its forward time and peak memory beside SDPA
+#              then benchmarks/attention/flash_triton.py, its forward time and peak memory beside SDPA
 #              and attnlab.flash at T = 1k..8k, bf16  -> tests/flash_triton.xml,
 #              bench/flash_triton.{json,md}. Last, so it never squeezes the stages above: it
 #              gets what is left of the budget (skipped, and recorded so, if that is < 15 s).
@@ -200,7 +200,7 @@ flash_triton_stage() {
   [ "$DRY" = 1 ] && bench=(--quick)
   env ATTNLAB_TEST_DEVICE="$DEVICE" python3 -m pytest -q -p no:cacheprovider -rs \
     --junitxml "$OUT/tests/flash_triton.xml" tests/test_flash_triton.py || rc=1
-  python3 benchmarks/flash_triton.py "${bench[@]}" --out "$OUT/bench/flash_triton" || rc=1
+  python3 -m benchmarks.attention.flash_triton "${bench[@]}" --out "$OUT/bench/flash_triton" || rc=1
   return $rc
 }
 export -f flash_triton_stage

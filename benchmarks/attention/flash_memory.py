@@ -1,6 +1,7 @@
 """Peak memory and time of causal attention forward + backward against T: explicit, fused, flash.
 
-    python benchmarks/flash_memory.py [--max-T 16384] [--explicit-max-T 8192] [--block 128]
+    python -m benchmarks.attention.flash_memory [--max-T 16384] [--explicit-max-T 8192]
+        [--block 128]
 
 q, k, v of shape (1, 1, T, 64) in float32 (one sequence, one head: attention alone, so its
 memory is not hidden under a block's activations), one thread, causal. Three kernels:
@@ -27,7 +28,7 @@ from attnlab.bench.scaling import fit_exponent
 KINDS = ("explicit", "fused", "flash")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-T", type=int, default=16384)
     parser.add_argument("--explicit-max-T", type=int, default=8192)
@@ -35,7 +36,7 @@ def main() -> None:
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--out", default="docs/results/flash_memory")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     lengths = [1024 * 2**i for i in range(6) if 1024 * 2**i <= args.max_T]
     load_start = list(os.getloadavg())
     points: dict[str, list[dict]] = {k: [] for k in KINDS}
@@ -70,7 +71,7 @@ def main() -> None:
     settings = {"batch": 1, "heads": 1, "head_dim": args.head_dim, "block": args.block,
                 "dtype": "float32", "causal": True, "threads": 1}  # fmt: skip
     command = (
-        f"python benchmarks/flash_memory.py --max-T {args.max_T} "
+        f"python -m benchmarks.attention.flash_memory --max-T {args.max_T} "
         f"--explicit-max-T {args.explicit_max_T} --block {args.block}"
     )
     result = {"command": command, "settings": settings, "points": points,

@@ -1,8 +1,8 @@
 """Forward time and peak memory of the Triton FlashAttention against SDPA and attnlab.flash.
 
-    python benchmarks/flash_triton.py --device cuda [--lengths 1024 2048 4096 8192]
+    python -m benchmarks.attention.flash_triton --device cuda [--lengths 1024 2048 4096 8192]
                                       [--dtype bfloat16] [--out OUT]      (scripts/gpu_check.sh)
-    python benchmarks/flash_triton.py --quick --out OUT                   (CPU, interpreter)
+    python -m benchmarks.attention.flash_triton --quick --out OUT     (CPU, interpreter)
 
 Causal self-attention forward, q/k/v (batch, heads, T, head_dim), three kernels:
 ``sdpa`` (F.scaled_dot_product_attention: on CUDA its flash / memory-efficient kernels),
@@ -32,7 +32,7 @@ from pathlib import Path
 KERNELS = ("sdpa", "triton", "torch_flash")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
@@ -44,7 +44,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--quick", action="store_true", help="CPU, interpreter, toy sizes")
     parser.add_argument("--out", default="docs/results/flash_triton")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.quick:
         args.device, args.lengths, args.dtype = "cpu", [64, 128], "float32"
         args.batch, args.heads, args.head_dim, args.warmup, args.repeats = 1, 2, 32, 0, 1
@@ -137,7 +137,7 @@ def main() -> int:
     settings = dict(batch=args.batch, heads=args.heads, head_dim=args.head_dim, dtype=args.dtype,
                     causal=True, warmup=args.warmup, repeats=args.repeats, quick=args.quick,
                     triton_blocks=64, torch_flash_blocks=128)  # fmt: skip
-    command = "python benchmarks/flash_triton.py " + " ".join(sys.argv[1:])
+    command = "python -m benchmarks.attention.flash_triton " + " ".join(sys.argv[1:])
     result = {"command": command, "settings": settings, "points": points, "machine": info}
     out_path = Path(args.out)
     out_path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """One block's forward + backward time and peak memory from T = 512 to 16384, four attentions.
 
-    python benchmarks/scaling.py [--max-T 16384] [--threads 1] [--time-cap 60]
+    python -m benchmarks.attention.scaling [--max-T 16384] [--threads 1] [--time-cap 60]
 
 Explicit full attention (the step-by-step path that materialises the T × T scores), PyTorch's
 fused kernel, local attention (window 256) and linear attention (elu+1), each in a causal
@@ -24,14 +24,14 @@ from attnlab.bench.report import render_scaling
 from attnlab.bench.scaling import plot_scaling, run_scaling
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-T", type=int, default=16384)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--time-cap", type=float, default=60.0, help="seconds per step, max")
     parser.add_argument("--mem-limit", type=float, default=12.0, help="GiB per point, max")
     parser.add_argument("--out", default="docs/results/scaling")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     lengths = [512 * 2**i for i in range(10) if 512 * 2**i <= args.max_T]
     info = machine_info()
@@ -46,7 +46,8 @@ def main() -> None:
     out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     plot_scaling(result, out.with_suffix(".png"))
     flags = f" --max-T {args.max_T} --threads {args.threads} --time-cap {args.time_cap:g}"
-    text = render_scaling(result, f"python benchmarks/scaling.py{flags}", out.name + ".png")
+    command = f"python -m benchmarks.attention.scaling{flags}"
+    text = render_scaling(result, command, out.name + ".png")
     out.with_suffix(".md").write_text(text)
     print(text)
 

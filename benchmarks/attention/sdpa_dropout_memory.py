@@ -1,6 +1,7 @@
 """Which CPU attention kernel PyTorch runs with and without dropout, and what it allocates.
 
-    python benchmarks/sdpa_dropout_memory.py  -> docs/results/sdpa_dropout_memory.{json,md}
+    python -m benchmarks.attention.sdpa_dropout_memory
+        -> docs/results/sdpa_dropout_memory.{json,md}
 
 One ``F.scaled_dot_product_attention`` forward + backward at the main job's largest training
 shape (batch 64, 4 heads, 192 positions, head width 32), with and without a key-padding mask
@@ -10,14 +11,16 @@ and attention dropout 0.1, under torch.profiler: the kernel chosen and the bytes
 
 from __future__ import annotations
 
+import argparse
 import json
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-OUT = Path(__file__).resolve().parents[1] / "docs" / "results" / "sdpa_dropout_memory"
+from benchmarks import common
+
+OUT = common.RESULTS / "sdpa_dropout_memory"
 B, H, T, D = 64, 4, 192, 32
 
 
@@ -39,7 +42,9 @@ def measure(dropout: float, masked: bool) -> dict:
             round(allocated / 2**20, 1)}  # fmt: skip
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.parse_args(argv)
     torch.set_num_threads(1)
     rows = [measure(p, m) for p in (0.0, 0.1) for m in (False, True)]
     OUT.with_suffix(".json").write_text(json.dumps({"torch": torch.__version__, "rows": rows},
@@ -47,7 +52,7 @@ def main() -> None:
     lines = [
         "# PyTorch's CPU attention with and without dropout",
         "",
-        f"`python benchmarks/sdpa_dropout_memory.py`, torch {torch.__version__}, one thread: one "
+        f"torch {torch.__version__}, one thread: one "
         f"forward + backward of `F.scaled_dot_product_attention` at ({B}, {H}, {T}, {D}), the "
         "main job's largest batch. Allocated = the sum of all allocations during forward and "
         "backward (torch.profiler), not the peak.",
@@ -58,7 +63,7 @@ def main() -> None:
     for r in rows:
         lines.append(f"| {r['dropout']} | {'yes' if r['mask'] else 'no'} | "
                      f"{', '.join(r['kernels'])} | {r['allocated_mib']} |")  # fmt: skip
-    OUT.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    OUT.with_suffix(".md").write_text(common.with_command(lines, common.command_line()))
     print("\n".join(lines))
 
 

@@ -10,7 +10,7 @@ Each encoder is then fine-tuned with `attnlab train classify --init RUN` for the
 beside the same architecture fine-tuned from random weights (``--from-scratch``); test accuracy
 on the split the pretraining never read.
 
-    python benchmarks/electra_vs_mlm.py [--pretrain-minutes 3] [--finetune-minutes 2]
+    python -m benchmarks.bert.electra_vs_mlm [--pretrain-minutes 3] [--finetune-minutes 2]
         -> docs/results/electra_vs_mlm.{json,md}
 """
 
@@ -61,12 +61,12 @@ def last_eval(run: Path) -> dict:
     return evals[-1] if evals else {}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pretrain-minutes", type=float, default=3.0)
     parser.add_argument("--finetune-minutes", type=float, default=2.0)
     parser.add_argument("--data", default="chinese_reviews")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     shutil.rmtree(ROOT, ignore_errors=True)
     ROOT.mkdir(parents=True)
     load_start = os.getloadavg()[0]
@@ -114,7 +114,7 @@ def main() -> None:
         "data": args.data,
     }
     command = (
-        f"python benchmarks/electra_vs_mlm.py --pretrain-minutes {args.pretrain_minutes} "
+        f"python -m benchmarks.bert.electra_vs_mlm --pretrain-minutes {args.pretrain_minutes} "
         f"--finetune-minutes {args.finetune_minutes}"
     )
     out = Path("docs/results")
@@ -122,7 +122,7 @@ def main() -> None:
         json.dumps({"meta": meta, "command": command, "rows": rows}, indent=2) + "\n"
     )
     lines = [
-        "# ELECTRA vs masked-LM pretraining at equal compute (`benchmarks/electra_vs_mlm.py`)",
+        "# ELECTRA vs masked-LM pretraining at equal compute (`benchmarks/bert/electra_vs_mlm.py`)",
         "",
         f"`{command}`",
         "",

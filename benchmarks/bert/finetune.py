@@ -6,8 +6,8 @@ seed; they differ only in the encoder's initial weights: the checkpoint's (``pre
 BERT's random initialisation (``scratch``). Each arm keeps its best validation-accuracy weights;
 the test split is scored once, at the end.
 
-    python benchmarks/bert_finetune.py --name pang_lee                       # all-MiniLM-L6-v2
-    python benchmarks/bert_finetune.py --name chinese_mlm --init runs/bench-mlm \
+    python -m benchmarks.bert.finetune --name pang_lee                       # all-MiniLM-L6-v2
+    python -m benchmarks.bert.finetune --name chinese_mlm --init runs/bench-mlm \
         --data chinese_reviews
 
 Writes docs/results/bert_finetune_<name>.json and .md.
@@ -25,12 +25,13 @@ from pathlib import Path
 import torch
 
 from attnlab.tasks import runner
+from benchmarks import common
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = common.ROOT
 ARMS = ("pretrained", "scratch")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--name", required=True, help="results file suffix")
     parser.add_argument("--init", default="minilm", help="checkpoint of the pretrained arm")
@@ -41,7 +42,7 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=64, help="truncation cap (tokens)")
     parser.add_argument("--max-examples", type=int, default=0, help="balanced subsample; 0 = all")
     parser.add_argument("--out", default="runs/bench-bert-finetune")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     common = {
         "init": args.init,
@@ -98,7 +99,7 @@ def write(name: str, results: dict) -> None:
     lines = [
         f"# BERT fine-tuning: pretrained vs from scratch ({name})",
         "",
-        f"Produced by `python benchmarks/bert_finetune.py --name {name} --init {s['init']} "
+        f"Produced by `python -m benchmarks.bert.finetune --name {name} --init {s['init']} "
         f"--data {s['data']} --epochs {s['epochs']} --batch-size {s['batch_size']} --lr {s['lr']} "
         f"--max-len {s['max_truncate_len']} --max-examples {s['max_examples']}`; raw numbers in "
         f"`bert_finetune_{name}.json`. One run per arm (one seed).",

@@ -4,9 +4,9 @@
 is essentially one piece per character), pretraining on the train split only (the val split gives
 the validation MLM loss; the test split is never read), for a fixed number of optimizer steps.
 Records the training and validation MLM loss curves. The run directory is then the checkpoint for
-``benchmarks/bert_finetune.py --name chinese_mlm --init <out> --data chinese_reviews``.
+``benchmarks/bert/finetune.py --name chinese_mlm --init <out> --data chinese_reviews``.
 
-    python benchmarks/bert_mlm_pretrain.py --out runs/bench-mlm
+    python -m benchmarks.bert.mlm_pretrain --out runs/bench-mlm
 
 Writes docs/results/bert_mlm_pretrain.json and .md.
 """
@@ -23,16 +23,17 @@ from pathlib import Path
 import torch
 
 from attnlab.tasks import runner
+from benchmarks import common
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = common.ROOT
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/bench-mlm")
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--eval-every", type=int, default=100)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     overrides = {
         "data": "chinese_reviews",
         "vocab_size": 8000,
@@ -81,7 +82,7 @@ def write(results: dict) -> None:
     lines = [
         "# BERT masked-LM pretraining on the Chinese reviews (short run)",
         "",
-        "Produced by `benchmarks/bert_mlm_pretrain.py`; raw numbers in `bert_mlm_pretrain.json`.",
+        "Produced by `benchmarks/bert/mlm_pretrain.py`; raw numbers in `bert_mlm_pretrain.json`.",
         "",
         "- data: the Chinese reviews (`load_chinese_reviews()`): train split "
         f"{report['texts']['train']} texts "

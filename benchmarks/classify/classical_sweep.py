@@ -1,11 +1,11 @@
 """How high do classical models get on the bundled reviews? A sweep of n-gram features.
 
     pip install -e ".[bench]"      # jieba, for the word features
-    python benchmarks/classify_classical_sweep.py
+    python -m benchmarks.classify.classical_sweep
 
-Same corpus cleaning and split as `classify_baselines.py` (stratified 80/10/10, seed 0). Each
-variant is a linear model on sparse n-gram features: character n-grams of several lengths,
-jieba word n-grams, both together, and NB-weighted features (Wang & Manning 2012, "NBSVM":
+Same corpus cleaning and split as `benchmarks/classify/baselines.py` (stratified 80/10/10,
+seed 0). Each variant is a linear model on sparse n-gram features: character n-grams of several
+lengths, jieba word n-grams, both together, and NB-weighted features (Wang & Manning 2012, "NBSVM":
 each feature scaled by its log-count ratio between the classes, then logistic regression). The
 regularisation C is chosen on validation accuracy; test is scored once per variant with that C.
 The point is the ceiling: if no variant moves far above the plain character TF-IDF baseline,
@@ -16,11 +16,11 @@ Writes docs/results/classify_classical_sweep.{md,json}.
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
@@ -28,9 +28,9 @@ from sklearn.feature_extraction.text import CountVectorizer, TfidfVectorizer
 from sklearn.linear_model import LogisticRegression
 
 from attnlab.data import load_chinese_reviews, stratified_split
+from benchmarks import common
 
 C_GRID = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
-OUT = Path(__file__).resolve().parent.parent / "docs" / "results" / "classify_classical_sweep"
 
 
 def char_tfidf(lo: int, hi: int) -> TfidfVectorizer:
@@ -50,7 +50,11 @@ def nb_scale(x_train: sp.csr_matrix, positive: np.ndarray) -> sp.dia_matrix:
     return sp.diags(np.log((p / p.sum()) / (q / q.sum())))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--name", default="classify_classical_sweep", help="results file stem")
+    args = parser.parse_args(argv)
+    out = common.RESULTS / args.name
     try:
         import jieba
     except ImportError:
@@ -125,7 +129,7 @@ def main() -> None:
         "python": platform.python_version(),
         "jieba": jieba.__version__,
     }
-    OUT.with_suffix(".json").write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n")
+    out.with_suffix(".json").write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n")
     rows = [
         f"| {name} | {r['features']:,} | {r['C']:g} | {r['val_accuracy']:.4f} | "
         f"{r['test_accuracy']:.4f} |"
@@ -135,7 +139,7 @@ def main() -> None:
     md = [
         "# Classical models on the bundled reviews: how high do n-gram features get?",
         "",
-        "Produced by `python benchmarks/classify_classical_sweep.py`: logistic regression on "
+        "Produced by `python -m benchmarks.classify.classical_sweep`: logistic regression on "
         "sparse n-gram features, C chosen on validation accuracy from "
         f"{', '.join(f'{c:g}' for c in C_GRID)}; same split as every classifier result "
         f"(train {record['split']['train']}, val {record['split']['val']}, test "
@@ -149,7 +153,7 @@ def main() -> None:
         f"The variant a validation-driven choice would pick ({best_val}) scores "
         f"{results[best_val]['test_accuracy']:.4f} on test.",
     ]
-    OUT.with_suffix(".md").write_text("\n".join(md) + "\n")
+    out.with_suffix(".md").write_text(common.with_command(md, common.command_line()))
     print("\n".join(md))
 
 

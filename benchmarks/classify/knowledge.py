@@ -1,7 +1,7 @@
 """What extra knowledge buys the Chinese classifier: an ablation over knowledge sources.
 
-    python benchmarks/classify_knowledge.py train --variants default,hownet --seeds 0,1,2
-    python benchmarks/classify_knowledge.py report
+    python -m benchmarks.classify.knowledge train --variants default,hownet --seeds 0,1,2
+    python -m benchmarks.classify.knowledge report
 
 `train` trains each variant × seed with `attnlab train classify` (one thread, bundled corpus,
 split seed 0, so the in-domain validation and test splits are the ones every earlier run used)
@@ -38,8 +38,9 @@ import torch
 from attnlab.data.ood import OOD_DIR, load_ood, ood_files
 from attnlab.tasks import classify, runner
 from attnlab.tasks.classify import TUTORIAL_EXAMPLES, ClassifierRun
+from benchmarks import common
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = common.ROOT
 RESULTS = ROOT / "docs" / "results"
 RUNS = ROOT / "runs" / "knowledge"
 
@@ -373,8 +374,8 @@ def report() -> None:
     pairs = side_by_side(records)
     baselines = tfidf_rows(list(VARIANTS))  # every source set, trained neurally or not
     record = {
-        "command": "python benchmarks/classify_knowledge.py train ...; "
-        "python benchmarks/classify_knowledge.py report",
+        "command": "python -m benchmarks.classify.knowledge train ...; "
+        "python -m benchmarks.classify.knowledge report",
         "variants": rows,
         "ensembles_and_calibration": extras,
         "side_by_side": pairs,
@@ -594,7 +595,7 @@ def render(record: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     tr = sub.add_parser("train")
@@ -609,7 +610,7 @@ def main() -> int:
     sub.add_parser("report")
     explore = sub.add_parser("tfidf-dev", help="TF-IDF per variant on validation and OOD dev")
     explore.add_argument("--variants", default=",".join(VARIANTS))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.command == "tfidf-dev":
         for name, row in tfidf_rows(args.variants.split(","), ("dev",)).items():
             tut = " / ".join(f"{e['predicted'][:3]} {e['prob']:.2f}" for e in row["examples"])

@@ -1,8 +1,8 @@
 """Lexicon marks: does telling the classifier where HowNet's sentiment words are help it off-domain?
 
-    python benchmarks/classify_lexicon_marks.py prepare
-    python benchmarks/classify_lexicon_marks.py train --variant marks --seed 0
-    python benchmarks/classify_lexicon_marks.py report
+    python -m benchmarks.classify.lexicon_marks prepare
+    python -m benchmarks.classify.lexicon_marks train --variant marks --seed 0
+    python -m benchmarks.classify.lexicon_marks report
 
 Adding the HowNet word lists as short training examples (the default, lexicons = "auto") teaches
 the model the words; this experiment tries the other classic way of using a lexicon, as a
@@ -25,7 +25,7 @@ the default preset (one thread, fp32 pinned) into runs/lexicon_marks/VARIANT-sS/
 `report` scores every finished run on the marked validation, test and OOD sets and the
 tutorial's three sentences (marked the same way), adds character 1-3-gram TF-IDF + logistic
 regression on the same marked texts, and writes docs/results/classify_lexicon_marks.{json,md}.
-The runs without marks are those of benchmarks/classify_knowledge.py (runs/knowledge/), whose
+The runs without marks are those of benchmarks/classify/knowledge.py (runs/knowledge/), whose
 record.json files this report reads for the comparison row; OOD test is scored, never used to
 choose anything.
 """
@@ -58,7 +58,7 @@ LABELS = {
     "marks": "marks, trained on the reviews only",
     "marks+lexicon": "marks, trained on the reviews + the HowNet words (marked)",
 }
-BASELINE = Path("runs/knowledge")  # unmarked runs of classify_knowledge.py
+BASELINE = Path("runs/knowledge")  # unmarked runs of benchmarks/classify/knowledge.py
 BASELINES = {"hownet_no_attn_dropout": "the default (HowNet words as examples, no marks)"}
 
 
@@ -217,7 +217,7 @@ def report() -> None:
     lines = [
         "# Lexicon marks: HowNet polarity as a feature of the input",
         "",
-        "Produced by `python benchmarks/classify_lexicon_marks.py prepare; ... train --variant V "
+        "Produced by `python -m benchmarks.classify.lexicon_marks prepare; ... train --variant V "
         "--seed S; ... report` (see its docstring). Default preset, bundled reviews, split seed "
         "0, one thread, fp32. Every text (training, validation, test, OOD, tutorial) gets ⊕ "
         "before each positive and ⊖ before each negative HowNet word of two or more characters. "
@@ -260,7 +260,7 @@ def report() -> None:
     print(f"wrote {OUT}.md and .json")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("prepare")
@@ -268,7 +268,7 @@ def main() -> int:
     t.add_argument("--variant", choices=sorted(VARIANTS), required=True)
     t.add_argument("--seed", type=int, required=True)
     sub.add_parser("report")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.cmd == "prepare":
         prepare()
     elif args.cmd == "train":

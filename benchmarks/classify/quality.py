@@ -1,9 +1,9 @@
 """Train the default classifier preset and report its quality next to the classical baselines.
 
-    python benchmarks/classify_quality.py [--out runs/quality] [KEY=VALUE ...]
+    python -m benchmarks.classify.quality [--out runs/quality] [KEY=VALUE ...]
 
 Trains `attnlab train classify` (the default preset, bundled reviews, split seed 0 — the split
-`benchmarks/classify_baselines.py` scores the baselines on), then writes
+`benchmarks/classify/baselines.py` scores the baselines on), then writes
 docs/results/classify_quality.md and .json: test accuracy and macro-F1, the wall time, the
 baselines from docs/results/classify_baselines.json, and the tutorial's three examples.
 """
@@ -24,8 +24,9 @@ import torch
 from attnlab.configs import parse_key_values
 from attnlab.tasks import runner
 from attnlab.tasks.classify import TUTORIAL_EXAMPLES, ClassifierRun
+from benchmarks import common
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = common.ROOT
 RESULTS = ROOT / "docs" / "results"
 
 
@@ -46,7 +47,7 @@ def machine_info() -> dict[str, str | int]:
     }
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default="runs/quality", help="run directory")
     parser.add_argument("--resume", action="store_true")
@@ -59,7 +60,7 @@ def main() -> int:
         "--name", default="classify_quality", help="results file stem in docs/results/"
     )
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     json_path, md_path = RESULTS / f"{args.name}.json", RESULTS / f"{args.name}.md"
     baselines_path = RESULTS / "classify_baselines.json"
     baselines = json.loads(baselines_path.read_text()) if baselines_path.exists() else {}
@@ -109,7 +110,7 @@ def render(record: dict, baselines: dict) -> str:
     lines = [
         "# Chinese review sentiment: the default Transformer preset vs classical baselines",
         "",
-        "Produced by `python benchmarks/classify_quality.py` (overrides: "
+        "Produced by `python -m benchmarks.classify.quality` (overrides: "
         f"`{record['overrides'] or 'none'}`). Same corpus and split as the baselines "
         "(`load_chinese_reviews()`, stratified 80/10/10, seed 0); the best checkpoint is "
         "chosen on validation accuracy, test is scored once.",

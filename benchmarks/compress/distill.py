@@ -8,7 +8,8 @@ its extra cost, in its CPU seconds).
 All three are then scored on the test split and their forward pass timed on the same 256 test
 texts (fp32, one thread, side by side in this process).
 
-    python benchmarks/distill.py --teacher RUN [--steps 600] [--temperature 2] [--alpha 0.5]
+    python -m benchmarks.compress.distill --teacher RUN [--steps 600] [--temperature 2]
+        [--alpha 0.5]
         -> docs/results/distill.{json,md}
 """
 
@@ -25,8 +26,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from prune_heads import latency_ms, test_batches, timing_batch  # noqa: E402
+from benchmarks.compress.prune_heads import latency_ms, test_batches, timing_batch
 
 ROOT = Path("/tmp/attnlab_distill")
 STUDENT = ["--d-model", "64", "--n-heads", "2", "--n-layers", "1", "--d-ff", "256",
@@ -51,14 +51,14 @@ def score(run_dir: Path, rounds: int) -> dict:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--teacher", required=True)
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--temperature", type=float, default=2.0)
     parser.add_argument("--alpha", type=float, default=0.5)
     parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     shutil.rmtree(ROOT, ignore_errors=True)
     ROOT.mkdir(parents=True)
     load_start = os.getloadavg()[0]
@@ -98,7 +98,7 @@ def main() -> None:
         "alpha": args.alpha,
     }
     command = (
-        f"python benchmarks/distill.py --teacher {args.teacher} --steps {args.steps} "
+        f"python -m benchmarks.compress.distill --teacher {args.teacher} --steps {args.steps} "
         f"--temperature {args.temperature} --alpha {args.alpha}"
     )
     out = Path("docs/results")
@@ -108,7 +108,7 @@ def main() -> None:
     base = rows["teacher"]["latency_ms"]
     lines = [
         "# Knowledge distillation: teacher, student from scratch, distilled student "
-        "(`benchmarks/distill.py`)",
+        "(`benchmarks/compress/distill.py`)",
         "",
         f"`{command}`",
         "",

@@ -5,7 +5,7 @@ then removed in order of importance (at least one per layer stays) and each prun
 scored on the validation and test splits, its parameters counted and its forward pass timed on
 the same 256 test texts, one thread, all models side by side in this one process.
 
-    python benchmarks/prune_heads.py --run RUN [--run RUN2 ...] [--name NAME]
+    python -m benchmarks.compress.prune_heads --run RUN [--run RUN2 ...] [--name NAME]
         -> docs/results/prune_heads[_NAME].{json,md}
 """
 
@@ -116,7 +116,7 @@ def sweep(run_dir: str, rounds: int, every: int) -> dict:
 
 def markdown(results: list[dict], meta: dict, command: str) -> str:
     lines = [
-        "# Attention heads removed: accuracy, size, speed (`benchmarks/prune_heads.py`)",
+        "# Attention heads removed: accuracy, size, speed (`benchmarks/compress/prune_heads.py`)",
         "",
         f"`{command}`",
         "",
@@ -147,13 +147,13 @@ def markdown(results: list[dict], meta: dict, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", action="append", required=True, help="classifier run folder")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--name", default="", help="suffix of the result files")
     parser.add_argument("--every", type=int, default=1, help="remove 0, k, 2k, ... heads")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
     load_start = os.getloadavg()[0]
     results = [sweep(run, args.rounds, args.every) for run in args.run]
@@ -166,7 +166,7 @@ def main() -> None:
         "load_end": os.getloadavg()[0],
     }
     command = (
-        "python benchmarks/prune_heads.py "
+        "python -m benchmarks.compress.prune_heads "
         + " ".join(f"--run {r}" for r in args.run)
         + (f" --name {args.name}" if args.name else "")
     )

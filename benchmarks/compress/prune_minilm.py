@@ -7,7 +7,7 @@ sentence polarity, and the encoder + head is the classifier whose heads are prun
 per layer always stays), nothing retrained; test accuracy of each, parameters, and the forward
 time of the same test batch, one thread, side by side in this one process.
 
-    python benchmarks/prune_minilm.py [--n 600] [--every 6]
+    python -m benchmarks.compress.prune_minilm [--n 600] [--every 6]
         -> docs/results/prune_heads_minilm.{json,md}
 """
 
@@ -18,7 +18,6 @@ import copy
 import json
 import os
 import platform
-import sys
 from pathlib import Path
 
 import torch
@@ -30,9 +29,7 @@ from attnlab.models.bert import BertClassifier
 from attnlab.models.bert_checkpoint import load_pretrained
 from attnlab.models.prune import head_importance, heads_to_remove, prune_heads
 from attnlab.tasks.prune import accuracy, count_parameters, loss_fn
-
-sys.path.insert(0, str(Path(__file__).parent))
-from prune_heads import latency_ms, timing_batch  # noqa: E402
+from benchmarks.compress.prune_heads import latency_ms, timing_batch
 
 MAX_LEN = 48
 
@@ -48,12 +45,12 @@ def batches(texts, labels, tokenizer, size: int = 64) -> list[dict[str, torch.Te
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=600, help="sentences (train/val/test 50/25/25)")
     parser.add_argument("--every", type=int, default=6)
     parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
     torch.manual_seed(0)
     load_start = os.getloadavg()[0]
@@ -118,14 +115,14 @@ def main() -> None:
         "max_len": MAX_LEN,
         "timing_batch": list(timing["input_ids"].shape),
     }
-    command = f"python benchmarks/prune_minilm.py --n {args.n} --every {args.every}"
+    command = f"python -m benchmarks.compress.prune_minilm --n {args.n} --every {args.every}"
     stem = Path("docs/results/prune_heads_minilm")
     stem.with_suffix(".json").write_text(
         json.dumps({"meta": meta, "command": command, "importance": [
             [float(v) for v in r] for r in importance], "rows": rows}, indent=2) + "\n"
     )  # fmt: skip
     lines = [
-        "# MiniLM heads removed: accuracy, size, speed (`benchmarks/prune_minilm.py`)",
+        "# MiniLM heads removed: accuracy, size, speed (`benchmarks/compress/prune_minilm.py`)",
         "",
         f"`{command}`",
         "",

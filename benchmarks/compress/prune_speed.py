@@ -1,4 +1,5 @@
-"""Forward-pass CPU time of the pruned models of `prune_heads.py` / `prune_minilm.py`.
+"""Forward-pass CPU time of the pruned models of `benchmarks/compress/prune_heads.py` and
+`benchmarks/compress/prune_minilm.py`.
 
 On a machine shared with other jobs, wall-clock latency measures the neighbours more than the
 model. This script re-creates each pruned model from the importance those runs saved (the same
@@ -6,7 +7,7 @@ heads removed), and measures the **CPU time of this thread** per forward pass ov
 batch, the models taking turns round after round so that they see the same load; the median
 per model, and its ratio to the unpruned model.
 
-    python benchmarks/prune_speed.py --run RUN [--minilm] [--rounds 5]
+    python -m benchmarks.compress.prune_speed --run RUN [--minilm] [--rounds 5]
         -> docs/results/prune_speed.{json,md}
 """
 
@@ -18,16 +19,13 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
 from attnlab.models.prune import heads_to_remove, prune_heads
-
-sys.path.insert(0, str(Path(__file__).parent))
-from prune_heads import test_batches, timing_batch  # noqa: E402
+from benchmarks.compress.prune_heads import test_batches, timing_batch
 
 
 def pad_importance(rows: list[list[float]]) -> torch.Tensor:
@@ -91,12 +89,12 @@ def minilm_rows(rounds: int) -> dict:
     return {"model": "all-MiniLM-L6-v2", "timing": cpu_ms(models, batch, rounds)}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", default=None, help="the classify run of prune_heads.json")
     parser.add_argument("--minilm", action="store_true")
     parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
     load_start = os.getloadavg()[0]
     results = []
@@ -107,14 +105,15 @@ def main() -> None:
     meta = {"torch": torch.__version__, "python": platform.python_version(),
             "cpus": os.cpu_count(), "threads": 1, "rounds": args.rounds,
             "load_start": load_start, "load_end": os.getloadavg()[0]}  # fmt: skip
-    command = "python benchmarks/prune_speed.py" + (f" --run {args.run}" if args.run else "")
+    command = "python -m benchmarks.compress.prune_speed"
+    command += f" --run {args.run}" if args.run else ""
     command += (" --minilm" if args.minilm else "") + f" --rounds {args.rounds}"
     out = Path("docs/results/prune_speed")
     out.with_suffix(".json").write_text(
         json.dumps({"meta": meta, "command": command, "results": results}, indent=2) + "\n"
     )
     lines = [
-        "# Pruned models: CPU time per forward pass (`benchmarks/prune_speed.py`)",
+        "# Pruned models: CPU time per forward pass (`benchmarks/compress/prune_speed.py`)",
         "",
         f"`{command}`",
         "",

@@ -1,8 +1,8 @@
 """AdamW step time: torch's fused CPU kernel (what `build_optimizer` picks) against torch's
 default on the CPU, a Python loop over the tensors, on the parameters of the mixer benchmark's
-models (benchmarks/mixers_speed.py: the MoE LM and its dense2x baseline).
+models (benchmarks/mixers/speed.py: the MoE LM and its dense2x baseline).
 
-    python benchmarks/adamw_fused.py [--steps 30]
+    python -m benchmarks.engine.adamw_fused [--steps 30]
 
 One torch thread; random gradients; the two optimizers take turns step by step, each step timed
 in CPU seconds of this process (time.process_time), median reported. Writes
@@ -15,16 +15,13 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mixers_speed import build  # noqa: E402  (the same models, built the same way)
-
-from attnlab.train.optim import param_groups  # noqa: E402
+from attnlab.train.optim import param_groups
+from benchmarks.mixers.speed import build  # the same models, built the same way
 
 OUT = Path("docs/results/adamw_fused")
 
@@ -49,10 +46,10 @@ def time_steps(name: str, steps: int) -> dict:
     return {"model": name, "params": sum(p.numel() for p in params), **ms}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=30)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     torch.set_num_threads(1)
     rows = [time_steps(name, args.steps) for name in ("moe", "dense2x")]
     load = [round(x, 1) for x in os.getloadavg()]
@@ -61,10 +58,10 @@ def main() -> None:
     lines = [
         "# AdamW step: torch's fused CPU kernel against its default loop",
         "",
-        f"`python benchmarks/adamw_fused.py --steps {args.steps}`: one thread, CPU time per "
+        f"`python -m benchmarks.engine.adamw_fused --steps {args.steps}`: one thread, CPU time per "
         f"step, median of {args.steps} interleaved steps; load average {load} at the end.",
         "",
-        "| model (mixers_speed.py) | parameters | loop ms | fused ms | loop ÷ fused |",
+        "| model (benchmarks/mixers/speed.py) | parameters | loop ms | fused ms | loop ÷ fused |",
         "|---|---:|---:|---:|---:|",
     ]
     for r in rows:

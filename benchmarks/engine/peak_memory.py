@@ -8,7 +8,7 @@ read from /proc every 0.2 s, against the last step written to its metrics.jsonl.
 ``git archive COMMIT src | tar -x -C DIR``, then ``--before DIR/src``) at the same time, so both
 see the same machine load.
 
-    python benchmarks/peak_memory.py --before /tmp/before/src
+    python -m benchmarks.engine.peak_memory --before /tmp/before/src
         -> docs/results/peak_memory.{json,md}
 """
 
@@ -26,7 +26,9 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks import common
+
+ROOT = common.ROOT
 # task -> (steps, extra arguments): short runs, all started at once (a shared 2-core machine)
 CASES = {
     "classify": (120, []),
@@ -161,9 +163,9 @@ What held the memory of `attnlab train classify` (found with short runs, RSS rea
   dropout mask and the dropped weights, (batch, heads, T, T) each, and keeps most of them for
   the backward pass: 315 MiB allocated per call's forward and backward against 48 MiB for the
   fused kernel, for a batch of 64 reviews of 192 characters (docs/results/sdpa_dropout_memory.md,
-  `python benchmarks/sdpa_dropout_memory.py`). The preset now has `attn_dropout = 0` (three
-  seeds: the same in-domain and out-of-domain accuracy within noise, docs/classify.md), so the
-  fused kernel runs.
+  `python -m benchmarks.attention.sdpa_dropout_memory`). The preset now has
+  `attn_dropout = 0` (three seeds: the same in-domain and out-of-domain accuracy within noise,
+  docs/classify.md), so the fused kernel runs.
 - **Evaluation batches of 256.** Validation and test ran 256 texts per batch (no gradients, but
   a 256 × 192 × 512 feed-forward activation is 100 MB by itself); `eval_batch_size` now defaults
   to 64.
@@ -182,7 +184,7 @@ def write_report(rows: list[dict], meta: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "peak_memory.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     lines = [
-        "# Peak resident memory of `attnlab train` (`benchmarks/peak_memory.py`)",
+        "# Peak resident memory of `attnlab train` (`benchmarks/engine/peak_memory.py`)",
         "",
         f"Command: `{meta['command']}`. {meta['cpu']}, {meta['cpus']} logical CPUs, one torch "
         f"thread; load average {meta['load_start']:.1f} at start, {meta['load_end']:.1f} at end "
@@ -223,7 +225,7 @@ def write_report(rows: list[dict], meta: dict, out: Path) -> None:
     (out / "peak_memory.md").write_text("\n".join(lines))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", default=",".join(CASES), help="comma-separated tasks")
     parser.add_argument("--steps", type=int, default=0, help="override every task's step count")
@@ -235,13 +237,12 @@ def main() -> None:
     )
     parser.add_argument("--out", default=str(ROOT / "docs" / "results"))
     parser.add_argument("--report-only", action="store_true", help="rewrite the md from the json")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.report_only:
         saved = json.loads((Path(args.out) / "peak_memory.json").read_text())
         write_report(saved["rows"], saved["meta"], Path(args.out))
         return
-    sys.path.insert(0, str(ROOT / "src"))
-    from attnlab.bench.machine import cpu_model
+    from benchmarks.common import cpu_model
 
     load_start = os.getloadavg()[0]
     runs = []
@@ -254,7 +255,7 @@ def main() -> None:
     rows = [run.wait() for run in runs]  # all at once: each sees the same load
     print(json.dumps({r["label"]: r["peak_rss_mb"] for r in rows}), flush=True)
     meta = {
-        "command": "python benchmarks/peak_memory.py " + " ".join(sys.argv[1:]),
+        "command": "python -m benchmarks.engine.peak_memory " + " ".join(sys.argv[1:]),
         "cpu": cpu_model(),
         "cpus": os.cpu_count(),
         "python": platform.python_version(),

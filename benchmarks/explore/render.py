@@ -7,14 +7,13 @@ on the tutorial's 17-character review and on a 1,000-character text, and the shi
 navigation to the first drawn view (parse + base64 decode + head view), then the time each
 other view takes to draw (the page's own performance.now() figure).
 
-    PYTHONPATH=src python3 benchmarks/explore_render.py   # -> docs/results/explore_render.{json,md}
+    python -m benchmarks.explore.render [--rounds 3]   # -> docs/results/explore_render.{json,md}
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -27,13 +26,13 @@ from attnlab.data import CharTokenizer, LabelVocab
 from attnlab.explore.page import explore_data, render_page
 from attnlab.explore.sources import load_source
 from attnlab.models.classifier import ClassifierConfig, build_classifier
-from attnlab.tasks.classify import ClassifyConfig, RunConfig
+from attnlab.tasks.classify import ClassifyConfig
+from attnlab.tasks.task import RunConfig
 from attnlab.train import TrainConfig, save_weights
+from benchmarks import common
 
-OUT = Path("docs/results/explore_render")
 TYPICAL = "电影前半段很无聊，但是结局让我感动"  # the tutorial's third example, 17 characters
 SENTENCE = "The quick brown fox jumps over the lazy dog near the quiet river bank."
-ROUNDS = 3
 
 
 def classifier_run(root: Path, max_len: int) -> Path:
@@ -43,8 +42,9 @@ def classifier_run(root: Path, max_len: int) -> Path:
     tok = CharTokenizer.build([TYPICAL * 3, "好看极了精彩感人剧情拖沓"], min_freq=1)
     tok.save(run / "tokenizer.json")
     LabelVocab.build(["positive", "negative"]).save(run / "labels.json")
-    cfg = ClassifierConfig(vocab_size=tok.vocab_size, max_len=max_len + 1)
-    config = RunConfig(ClassifyConfig(truncate_len=max_len), cfg, TrainConfig())
+    cfg = ClassifierConfig(vocab_size=tok.vocab_size, context=max_len + 1)
+    sections = {"data": ClassifyConfig(truncate_len=max_len), "model": cfg, "train": TrainConfig()}
+    config = RunConfig("classify", sections)
     (run / "config.json").write_text(json.dumps(config.to_json()))
     (run / "data_report.json").write_text(json.dumps({"max_len": max_len + 1}))
     torch.manual_seed(0)
@@ -52,10 +52,10 @@ def classifier_run(root: Path, max_len: int) -> Path:
     return run
 
 
-def measure(browser, page: Path) -> dict:
-    """Best of ROUNDS: navigation to first view drawn, and each view's own draw time."""
+def measure(browser, page: Path, rounds: int) -> dict:
+    """Best of ``rounds``: navigation to first view drawn, and each view's own draw time."""
     first, views = [], {}
-    for _ in range(ROUNDS):
+    for _ in range(rounds):
         tab = browser.new_page(viewport={"width": 1200, "height": 900})
         start = time.perf_counter()
         tab.goto(page.resolve().as_uri())
@@ -70,14 +70,17 @@ def measure(browser, page: Path) -> dict:
     return {"first_view_s": round(min(first), 3), "view_ms": views}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=3, help="timed page loads, best kept")
+    parser.add_argument("--name", default="explore_render", help="results file stem")
+    args = parser.parse_args(argv)
     from playwright.sync_api import sync_playwright
 
-    torch.set_num_threads(1)
     chromium = shutil.which("chromium")
     if chromium is None:
         sys.exit("needs Debian's chromium (apt-get install chromium)")
-    load_start = os.getloadavg()
+    info = common.machine(threads=common.set_threads(1))
     cases = []
     with tempfile.TemporaryDirectory() as tmp, sync_playwright() as p:
         root = Path(tmp)
@@ -98,7 +101,7 @@ def main() -> None:
                 "layers_x_heads": f"{group['layers']}x{group['heads']}",
                 "raw_scores_kept": group["scores"] is not None,
                 "page_bytes": page.stat().st_size,
-                **measure(browser, page),
+                **measure(browser, page, args.rounds),
             }
             print(case, flush=True)
             cases.append(case)
@@ -107,23 +110,15 @@ def main() -> None:
     result = {
         "cases": cases,
         "browser": f"chromium {version} (headless, Playwright)",
-        "rounds": ROUNDS,
-        "machine": {
-            "cpu_count": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(),
-            "python": platform.python_version(),
-            "load_average_start": load_start,
-            "load_average_end": os.getloadavg(),
-        },
+        "rounds": args.rounds,
+        "machine": {**info, "load_average_at_end": common.load_average()},
     }
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [
         "# Explorer page size and render time",
         "",
-        f"`benchmarks/explore_render.py`; {result['browser']}, best of {ROUNDS}; "
-        f"{os.cpu_count()} logical cores shared with other jobs, load average "
-        f"{load_start[0]:.1f} at start, {result['machine']['load_average_end'][0]:.1f} at end.",
+        f"{result['browser']}, best of {args.rounds}.",
+        "",
+        common.machine_line(result["machine"]) + " Other jobs share the machine.",
         "",
         "| page | tokens | layers x heads | raw scores | page size | open -> first view | "
         "matrix view | scale view |",
@@ -137,8 +132,8 @@ def main() -> None:
             f"{c['page_bytes'] / 1024:,.0f} KiB | {c['first_view_s']:.2f} s | "
             f"{v.get('matrix', 0):.0f} ms | {v.get('scale', 0):.0f} ms |"
         )
-    OUT.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    _, md_path = common.write_results(args.name, result, lines)
+    print(md_path.read_text())
 
 
 if __name__ == "__main__":

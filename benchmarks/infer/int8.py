@@ -1,12 +1,12 @@
 """int8 quantisation: size on disk, CPU latency and quality for fp32, bf16, attnlab int8
 (weight-only and dynamic activations) and torch.ao's dynamic int8.
 
-    python benchmarks/int8.py [--work runs/bench_int8] [--lm runs/bench_speculative/target]
+    python -m benchmarks.infer.int8 [--work runs/bench_int8] [--lm runs/bench_speculative/target]
 
 Runs measured (trained here unless --work / --lm already hold them, one thread):
 * classify: `attnlab train classify` (default preset, the bundled Chinese reviews) for at most
   --classify-minutes; quality = test accuracy and macro-F1 (`run.evaluate`);
-* lm: the Shakespeare target of benchmarks/speculative.py (6 × 384, context 128); quality =
+* lm: the Shakespeare target of benchmarks/infer/speculative.py (6 × 384, context 128); quality =
   mean validation loss over --lm-windows evenly spaced windows;
 * translate: `attnlab train translate --config copy` (the synthetic copy task) for
   --translate-steps steps; quality = test BLEU and chrF (greedy; no latency row).
@@ -100,7 +100,7 @@ def ensure(task: str, out: Path, overrides: dict, preset: str | None = None) -> 
         runner.train(task, out, overrides, preset)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", default=DEFAULTS["work"])
     parser.add_argument("--lm", default=DEFAULTS["lm"])
@@ -111,7 +111,7 @@ def main() -> None:
     parser.add_argument("--lm-latency-tokens", type=int, default=32, help="tokens per row")
     parser.add_argument("--tasks", default="classify,lm,translate")
     parser.add_argument("--out", default="docs/results/int8")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
     work = Path(args.work)
     ensure("classify", work / "classify", {"max_minutes": str(args.classify_minutes),
@@ -195,7 +195,7 @@ def write(table: dict, args: argparse.Namespace, load_start: list[float]) -> Non
     info["load_average_at_start"] = load_start
     info["load_average_at_end"] = list(os.getloadavg())
     command = (
-        f"python benchmarks/int8.py --tasks {args.tasks} --lm-windows {args.lm_windows} "
+        f"python -m benchmarks.infer.int8 --tasks {args.tasks} --lm-windows {args.lm_windows} "
         f"--repeats {args.repeats} --lm-latency-tokens {args.lm_latency_tokens}"
     )
     for flag in ("work", "lm"):  # where the runs were, when not the default folders

@@ -1,8 +1,8 @@
 """The int8 KV cache beside the float one: bytes per token, validation loss, tokens/s.
 
-    python benchmarks/kv_cache.py [--lm runs/bench_speculative/target] [--windows 12]
+    python -m benchmarks.infer.kv_cache [--lm runs/bench_speculative/target] [--windows 12]
 
-On the Shakespeare target of benchmarks/speculative.py (6 layers × 384, 6 heads, context 128,
+On the Shakespeare target of benchmarks/infer/speculative.py (6 layers × 384, 6 heads, context 128,
 float32, one thread): (1) bytes the cache holds per token (keys and values of every layer,
 the int8 scales included); (2) validation loss teacher-forced through the cache, one token per
 step over whole 128-token windows (--windows evenly spaced windows of the validation split), so
@@ -63,14 +63,14 @@ def decode_s(model, prompt: torch.Tensor, n: int, kind: str) -> float:
     return time.perf_counter() - start
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lm", default="runs/bench_speculative/target")
     parser.add_argument("--windows", type=int, default=12)
     parser.add_argument("--tokens", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default="docs/results/kv_cache")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
     run = load_run(args.lm)
     model = run.model.eval()
@@ -103,7 +103,7 @@ def main() -> None:
     info = machine_info()
     info["load_average_at_start"] = load_start
     info["load_average_at_end"] = list(os.getloadavg())
-    command = f"python benchmarks/kv_cache.py --windows {args.windows} --tokens {args.tokens}"
+    command = f"python -m benchmarks.infer.kv_cache --windows {args.windows} --tokens {args.tokens}"
     result = {"command": command, "val_loss_uncached": reference, "rows": rows, "machine": info}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -113,7 +113,7 @@ def main() -> None:
         "",
         f"`{command}`",
         "",
-        f"Target of benchmarks/speculative.py (6 × 384, context {T}), float32, one thread; "
+        f"Target of benchmarks/infer/speculative.py (6 × 384, context {T}), float32, one thread; "
         f"validation loss teacher-forced one token per step through the cache over "
         f"{len(windows)} windows of {T} tokens (uncached full forward: {reference:.6f}); "
         f"decoding: greedy, {args.tokens} tokens, median of {args.repeats}. Load average "

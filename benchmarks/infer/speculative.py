@@ -1,6 +1,6 @@
 """Speculative decoding on a trained Shakespeare target: acceptance, tokens/s, speed-up.
 
-    python benchmarks/speculative.py [--work runs/bench_speculative] [--tokens 200]
+    python -m benchmarks.infer.speculative [--work runs/bench_speculative] [--tokens 200]
 
 Trains (unless --work already holds them) a character-level target, 6 layers × 384 wide,
 6 heads, context 128, batch 8, for at most --target-minutes of wall time, and a 1-layer draft
@@ -56,7 +56,7 @@ def plain(model, prompt: torch.Tensor, n: int, temperature: float, seed: int) ->
     return gen.ids[0, prompt.shape[1] :].tolist()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", default="runs/bench_speculative")
     parser.add_argument("--target-minutes", type=float, default=12.0)
@@ -65,7 +65,7 @@ def main() -> None:
     parser.add_argument("--ks", default="1,2,4,6,8")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default="docs/results/speculative")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
     work = Path(args.work)
     target_summary = train(work / "target", TARGET, args.target_minutes, 100000)
@@ -114,7 +114,7 @@ def main() -> None:
     info = machine_info()
     info["load_average_at_start"] = load_start
     info["load_average_at_end"] = list(os.getloadavg())
-    command = f"python benchmarks/speculative.py --tokens {args.tokens} --ks {args.ks}"
+    command = f"python -m benchmarks.infer.speculative --tokens {args.tokens} --ks {args.ks}"
     runs = {
         name: {"settings": settings, "max_minutes": minutes, "steps": summary.get("steps"),
                "val_loss": summary.get("best_metric"), "cpu_s": summary.get("cpu_time_s"),

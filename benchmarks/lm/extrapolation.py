@@ -1,7 +1,7 @@
 """Positional extrapolation: one small GPT per position method, trained at context L, evaluated
 at 1x, 2x, 4x, 8x and 16x L.
 
-    python benchmarks/extrapolation.py [--steps 600] [--seeds 0] [--windows 24] [--context 64]
+    python -m benchmarks.lm.extrapolation [--steps 600] [--seeds 0] [--windows 24] [--context 64]
         [--jobs 1]
 
 Trains the pinned nanoGPT "baby" preset (4 layers x 4 heads x 128, context L = 64 or
@@ -229,7 +229,7 @@ def command_line(settings: dict, jobs: int) -> str:
     """The command that reproduces a result with these settings."""
     L = settings["context"]
     command = (
-        f"python benchmarks/extrapolation.py --steps {settings['steps']} --seeds "
+        f"python -m benchmarks.lm.extrapolation --steps {settings['steps']} --seeds "
         f"{','.join(map(str, settings['seeds']))} --windows {settings['eval_tokens'] // (16 * L)}"
     )
     if L != 64:
@@ -239,7 +239,7 @@ def command_line(settings: dict, jobs: int) -> str:
     return command
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--seeds", default="0")
@@ -255,7 +255,7 @@ def main() -> None:
     parser.add_argument(
         "--merge", action="store_true", help="keep the other methods' rows of the existing json"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.replot:
         out = Path(args.out)

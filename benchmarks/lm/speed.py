@@ -14,7 +14,7 @@ Decoding: 500 new tokens after a 10-token prompt, greedy, batch 1, 4 layers × w
 (context 1024 so that no window slides): attnlab with and without its KV cache against
 `GPT2LMHeadModel.generate(use_cache=True/False)`.
 
-    python benchmarks/lm_speed.py [--threads 2] [--rounds 10] [--out docs/results/lm_speed]
+    python -m benchmarks.lm.speed [--threads 2] [--rounds 10] [--out docs/results/lm_speed]
 """
 
 from __future__ import annotations
@@ -260,7 +260,7 @@ def machine() -> dict:
 def write_markdown(results: dict, path: Path) -> None:
     info = results["machine"]
     lines = [
-        "# GPT speed: training step, MFU and decoding (`benchmarks/lm_speed.py`)",
+        "# GPT speed: training step, MFU and decoding (`benchmarks/lm/speed.py`)",
         "",
         f"Machine: {info['cpu']}, {info['logical_cpus']} logical CPUs shared with other jobs "
         f"(load average {info['load_average_start'][0]:.1f} at the start, "
@@ -301,14 +301,14 @@ def write_markdown(results: dict, path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=0, help="torch threads; 0 = default")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--decode-rounds", type=int, default=3)
     parser.add_argument("--configs", default="baby,small")
     parser.add_argument("--out", default="docs/results/lm_speed")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()

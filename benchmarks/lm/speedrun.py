@@ -1,9 +1,9 @@
 """The language-model speedrun on this CPU: time to a validation loss, baby preset vs speedrun.
 
-    python benchmarks/lm_speedrun.py race   [--seeds 0 1 2]
-    python benchmarks/lm_speedrun.py budget [--seeds 0] [--minutes 10]
-    python benchmarks/lm_speedrun.py ablate [--seed 0] [--tricks muon qk_norm ...]
-    python benchmarks/lm_speedrun.py report
+    python -m benchmarks.lm.speedrun race   [--seeds 0 1 2]
+    python -m benchmarks.lm.speedrun budget [--seeds 0] [--minutes 10]
+    python -m benchmarks.lm.speedrun ablate [--seed 0] [--tricks muon qk_norm ...]
+    python -m benchmarks.lm.speedrun report
 
 Every run is the CLI, `python -m attnlab train lm --config PRESET --num-threads 1 --precision
 fp32 --eval-windows W --seed S ...`, in runs/speedrun/PHASE/NAME, `--workers` (2: one per core)
@@ -346,7 +346,7 @@ def fmt(x: float | None, spec: str = ".1f") -> str:
 def write_markdown(res: dict[str, Any]) -> None:
     m = res["machine"]
     lines = [
-        "# LM speedrun: time to validation loss 1.88 (`benchmarks/lm_speedrun.py`)",
+        "# LM speedrun: time to validation loss 1.88 (`benchmarks/lm/speedrun.py`)",
         "",
         "Character-level Shakespeare, default split; validation loss over the same "
         f"{EVAL_WINDOWS} evenly spaced 64-character windows of the validation split for every "
@@ -486,7 +486,7 @@ def write_markdown(res: dict[str, Any]) -> None:
     OUT_MD.write_text("\n".join(lines))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("phase", choices=("race", "budget", "ablate", "report", "load"))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -511,7 +511,7 @@ def main() -> None:
         "--rebuild-ablate", action="store_true", help="report: the ablation from its run dirs"
     )
     parser.add_argument("--workers", type=int, default=2, help="runs at once (one thread each)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.phase == "load":  # run beside the others; stop it with kill
         RUNS.mkdir(parents=True, exist_ok=True)
         with LOAD_TIMELINE.open("a") as f:

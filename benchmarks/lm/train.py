@@ -1,22 +1,20 @@
 """Train a bundled language-model preset on the default Shakespeare split and record the result.
 
-    python benchmarks/lm_train.py baby  [--threads 1] [--precision fp32]
-    python benchmarks/lm_train.py small [--threads 1] [--precision auto] [--max-minutes 22]
+    python -m benchmarks.lm.train baby  [--threads 1] [--precision fp32]
+    python -m benchmarks.lm.train small [--threads 1] [--precision auto] [--max-minutes 22]
 
 Runs `attnlab train lm --config PRESET` into runs/bench-lm-PRESET, then measures the best
 checkpoint's loss on the validation split, in the run's precision, twice: on the run's 200
 evenly spaced evaluation windows (what training monitored) and on every non-overlapping window
-of the split (the whole validation text). Writes docs/results/lm_PRESET.{json,md} and the
-loss curve lm_PRESET.png, with the machine, the thread count, the precision, the wall time and
-a 500-character sample.
+of the split (the whole validation text). Writes docs/results/lm_PRESET.{json,md} (or
+``--name``) and the loss curve beside them, with the machine, the thread count, the precision,
+the wall time and a 500-character sample.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shutil
 import time
 from pathlib import Path
@@ -24,34 +22,16 @@ from pathlib import Path
 import torch
 
 from attnlab.data.text_lm import eval_starts, open_tokens
-from attnlab.tasks.lm import LMRun, generate_text, mean_loss, train
+from attnlab.tasks import runner
+from attnlab.tasks.lm import LMRun, generate_text, mean_loss
 from attnlab.train.precision import autocast
+from benchmarks import common
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
-RESULTS = Path("docs/results")
+RESULTS = common.RESULTS
 
 
-def machine(threads: int) -> dict:
-    """What the run was measured on."""
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
-    return {
-        "cpu": cpu,
-        "logical_cpus": os.cpu_count(),
-        "torch_threads": threads,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "load_average_start": os.getloadavg(),
-    }
-
-
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("preset", choices=("baby", "small"))
     parser.add_argument("--threads", type=int, default=1)
@@ -59,11 +39,12 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=0, help="0 = the preset's")
     parser.add_argument("--max-minutes", type=float, default=0.0)
     parser.add_argument("--eval-every", type=int, default=0, help="0 = the preset's")
-    args = parser.parse_args()
+    parser.add_argument("--name", default="", help="results file stem (default lm_PRESET)")
+    args = parser.parse_args(argv)
     run_dir = Path(f"runs/bench-lm-{args.preset}")
     if run_dir.exists():
         shutil.rmtree(run_dir)
-    info = machine(args.threads)
+    info = common.machine(threads=args.threads)
     overrides = {"precision": args.precision, "num_threads": args.threads, "sample_tokens": 0}
     if args.max_steps:
         overrides["max_steps"] = args.max_steps
@@ -72,7 +53,7 @@ def main() -> None:
     if args.eval_every:
         overrides["eval_every"] = args.eval_every
     start = time.perf_counter()
-    results = train(run_dir, overrides, args.preset)
+    results = runner.train("lm", run_dir, overrides, args.preset)
     total_s = time.perf_counter() - start
     torch.set_num_threads(args.threads)
     summary = results["summary"]
@@ -86,7 +67,7 @@ def main() -> None:
         loss_windows = mean_loss(run.model, val, windows, 32)
         loss_full = mean_loss(run.model, val, every, 32)
     sample = generate_text(run.model, run.tokenizer, "\n", 500, temperature=0.8, seed=0)
-    info["load_average_end"] = os.getloadavg()
+    info["load_average_at_end"] = common.load_average()
     out = {
         "preset": args.preset,
         "machine": info,
@@ -105,18 +86,18 @@ def main() -> None:
         "final_train_loss": summary["final_train_loss"],
         "sample": sample.prompt + sample.texts[0],
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    name = f"lm_{args.preset}"
-    (RESULTS / f"{name}.json").write_text(json.dumps(out, indent=2) + "\n")
+    name = args.name or f"lm_{args.preset}"
+    out["curve"] = f"{name}.png"
+    _, md_path = common.write_results(name, out, markdown(out))
     shutil.copyfile(run_dir / "curves.png", RESULTS / f"{name}.png")
-    write_markdown(out, RESULTS / f"{name}.md")
-    print((RESULTS / f"{name}.md").read_text())
+    print(md_path.read_text())
 
 
-def write_markdown(r: dict, path: Path) -> None:
-    m, model, t = r["machine"], r["config"]["model"], r["config"]["train"]
-    lines = [
-        f"# Language model, preset `{r['preset']}` (`benchmarks/lm_train.py {r['preset']}`)",
+def markdown(r: dict) -> list[str]:
+    """The results page."""
+    model, t = r["config"]["model"], r["config"]["train"]
+    return [
+        f"# Language model, preset `{r['preset']}`",
         "",
         f"Character-level GPT on the default Shakespeare split (last 10% of each of the 42 "
         f"works is validation). {model['n_layers']} layers, {model['n_heads']} heads, width "
@@ -124,10 +105,9 @@ def write_markdown(r: dict, path: Path) -> None:
         f"{t['lr']} (cosine to {t['min_lr_ratio']}×, {t['warmup_steps']} warm-up steps), "
         f"dropout {model['dropout']}, activation {model['activation']}, bias {model['bias']}.",
         "",
-        f"Machine: {m['cpu']}, {m['logical_cpus']} logical CPUs shared with other jobs (load "
-        f"average {m['load_average_start'][0]:.1f} at the start, {m['load_average_end'][0]:.1f}"
-        f" at the end); torch {m['torch']} with {m['torch_threads']} thread(s); precision "
-        f"{r['precision']} ({r['precision_reason']}).",
+        common.machine_line(r["machine"]) + " Other jobs share the machine.",
+        "",
+        f"Precision {r['precision']} ({r['precision_reason']}).",
         "",
         "| | |",
         "|---|---|",
@@ -139,13 +119,12 @@ def write_markdown(r: dict, path: Path) -> None:
         f"{r['val_loss_full_split']:.4f} |",
         f"| last train loss (mean of the last log window) | {r['final_train_loss']:.4f} |",
         "",
-        f"Loss curve: `lm_{r['preset']}.png`. Sample (500 characters, temperature 0.8, seed 0):",
+        f"Loss curve: `{r['curve']}`. Sample (500 characters, temperature 0.8, seed 0):",
         "",
         "```",
         r["sample"].strip("\n"),
         "```",
     ]
-    path.write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Dense GPT vs MoE vs Mamba vs hybrid vs RWKV on Shakespeare characters at equal wall clock.
 
-    python benchmarks/lm_mixers.py [--minutes 5] [--seeds 0 1 2] [--eval-windows 200]
+    python -m benchmarks.mixers.quality [--minutes 5] [--seeds 0 1 2] [--eval-windows 200]
 
 Every run is `python3 -m attnlab train lm --config baby ...` (the default Shakespeare corpus and
 split, character tokenizer), so each one can be rerun by hand from the command recorded in the
@@ -233,7 +233,7 @@ def _fmt(x: float | None) -> str:
 def write_markdown(res: dict, path: Path) -> None:
     m, s = res["machine"], res["summary"]
     lines = [
-        "# Mixers at equal wall clock, Shakespeare characters (`benchmarks/lm_mixers.py`)",
+        "# Mixers at equal wall clock, Shakespeare characters (`benchmarks/mixers/quality.py`)",
         "",
         f"Each run: `attnlab train lm --config baby` plus the variant's flags, "
         f"{res['minutes']} minutes of training (lr schedule advanced by time), one thread, fp32, "
@@ -308,7 +308,7 @@ def plot_moe_usage(runs: Path, name: str) -> Path:
     return plot_curves(moe, RESULTS / f"{name}_{moe.parent.name}_curves.png")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=5.0)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], choices=sorted(PAIRS))
@@ -321,7 +321,7 @@ def main() -> None:
     parser.add_argument(
         "--render", action="store_true", help="only rewrite the .md and plot from the .json"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.render:
         res = json.loads((RESULTS / f"{args.name}.json").read_text())
         for r in res["runs"]:  # rows written before eval_cpu_s was recorded

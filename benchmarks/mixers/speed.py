@@ -1,9 +1,9 @@
 """Training speed of the sequence mixers and of the MoE feed-forward, side by side.
 
-    python benchmarks/mixers_speed.py [--contexts 64 256 1024 2048] [--rounds 5]
+    python -m benchmarks.mixers.speed [--contexts 64 256 1024 2048] [--rounds 5]
         [--out docs/results/mixers_speed]
 
-One process, one torch thread, fp32. Every model is the baby GPT of benchmarks/lm_mixers.py
+One process, one torch thread, fp32. Every model is the baby GPT of benchmarks/mixers/quality.py
 (4 layers, presets/lm_baby.toml) with one thing changed, and its training step is forward,
 cross-entropy, backward, AdamW step (``attnlab.train.optim.build_optimizer``: the optimizer
 `attnlab train lm` uses, torch's fused kernel), zero_grad on random tokens (vocabulary 65):
@@ -149,13 +149,13 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--contexts", type=int, nargs="+", default=[64, 256, 1024, 2048])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--out", default="docs/results/mixers_speed")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     torch.set_num_threads(1)
     load_before = [round(x, 1) for x in os.getloadavg()]
     rows = []
@@ -164,7 +164,7 @@ def main() -> None:
         print(json.dumps({"context": context, **row["ratios"]}), flush=True)
         rows.append(row)
     result = {
-        "command": "python benchmarks/mixers_speed.py "
+        "command": "python -m benchmarks.mixers.speed "
         + f"--contexts {' '.join(map(str, args.contexts))} --rounds {args.rounds}",
         "machine": {
             "cpu": platform.processor() or platform.machine(),

@@ -1,7 +1,7 @@
 """Wall time of `attnlab --help`, `attnlab train --help` and `attnlab train lm --help`, and
 whether each imports torch (a fresh interpreter per run, median of --rounds).
 
-    python benchmarks/cli_startup.py [--rounds 5]   -> docs/results/cli_startup.{json,md}
+    python -m benchmarks.tools.cli_startup [--rounds 5]   -> docs/results/cli_startup.{json,md}
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ def measure(argv: list[str], rounds: int) -> dict:
             "min_s": min(times), "max_s": max(times), "imports_torch": torch_loaded}  # fmt: skip
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     load_start = os.getloadavg()[0]
     rows = [measure(argv, args.rounds) for argv in COMMANDS]
     meta = {
@@ -52,7 +52,7 @@ def main() -> None:
     out = Path("docs/results")
     (out / "cli_startup.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     lines = [
-        "# Start-up time of the `attnlab` command (`benchmarks/cli_startup.py`)",
+        "# Start-up time of the `attnlab` command (`benchmarks/tools/cli_startup.py`)",
         "",
         f"A fresh Python per run, median of {args.rounds}; {meta['cpus']} logical CPUs, load "
         f"average {load_start:.1f} at start, {meta['load_end']:.1f} at end.",

@@ -2,10 +2,10 @@
 
 Same embeddings, positions, tied projection and call signature as attnlab's model; only the
 stacks differ. nn.TransformerDecoder has no KV cache, so this model decodes without one (the same
-search, slower). Trained by ``translate_train.py --stacks torch`` (same data, tokenizer, loss,
-schedule, seed and budget as attnlab's stacks):
+search, slower). Trained by ``benchmarks/translate/train.py --stacks torch`` (same data,
+tokenizer, loss, schedule, seed and budget as attnlab's stacks):
 
-    python benchmarks/translate_train.py --stacks torch --out docs/results/translate_ende_torch
+    python -m benchmarks.translate.train --stacks torch --out docs/results/translate_ende_torch
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Is one translation run better than another, or within noise? sacreBLEU's paired bootstrap.
 
-python benchmarks/translate_compare.py docs/results/translate_ende \
+python -m benchmarks.translate.compare docs/results/translate_ende \
     docs/results/translate_ende_torch --out docs/results/translate_ende_vs_torch
 
-Each argument is a results stem written by translate_train.py (its .json names the command; the
-run directory defaults to runs/bench-translate-<stem name>, where translate_train.py kept the
+Each argument is a results stem written by benchmarks.translate.train (its .json names the
+command; the run directory defaults to runs/bench-translate-<stem name>, where it kept the
 beam and greedy hypotheses as test.beam.txt and test.greedy.txt). Both runs must translate the
 same test split. For beam and greedy, sacreBLEU's paired bootstrap resampling (Koehn 2004; 1000
 resamples of the test sentences, seed 12345) gives each system's BLEU and chrF with a 95%
@@ -21,7 +21,9 @@ from pathlib import Path
 import sacrebleu
 from sacrebleu.significance import PairedTest
 
-from attnlab.tasks.translate import bleu_tokenize, read_run_config, run_pairs
+from attnlab.tasks.translate import bleu_tokenize, run_pairs
+from benchmarks import common
+from benchmarks.translate._runs import read_run_config
 
 
 def test_references(run: Path) -> tuple[list[str], str]:
@@ -31,13 +33,13 @@ def test_references(run: Path) -> tuple[list[str], str]:
     return refs, bleu_tokenize(cfg.data)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("first", type=Path, help="results stem of the first (baseline) run")
     parser.add_argument("second", type=Path, help="results stem of the second run")
     parser.add_argument("--out", type=Path, required=True, help="results stem to write")
     parser.add_argument("--samples", type=int, default=1000, help="bootstrap resamples")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     stems = (args.first, args.second)
     reports = [json.loads(s.with_suffix(".json").read_text()) for s in stems]
     runs = [Path(r.get("run", f"runs/bench-translate-{s.name}")) for r, s in zip(reports, stems)]
@@ -81,25 +83,27 @@ def main() -> None:
             )
         result["signatures"] = {m: str(sig) for m, sig in signatures.items()}
         out[decoding] = result
+    command = common.command_line()
+    out["command"] = command
     args.out.with_suffix(".json").write_text(json.dumps(out, indent=2, ensure_ascii=False))
     md = [
         f"# {names[0]} vs {names[1]}: paired bootstrap on the test split",
         "",
-        f"Produced by `python benchmarks/translate_compare.py {args.first} {args.second} --out "
-        f"{args.out}`: sacreBLEU's paired bootstrap resampling ({args.samples} resamples of the "
+        f"sacreBLEU's paired bootstrap resampling ({args.samples} resamples of the "
         f"{len(refs)} test sentences; BLEU tokenize={tokenize}). Each cell: the score on the whole "
         "test split (bootstrap mean ± 95% half-width); p: the chance of a difference at least this "
         "large if the two systems were equally good (p > 0.05: within noise).",
         "",
-        f"- {names[0]}: `python benchmarks/translate_train.py {out['commands'][0]}`",
-        f"- {names[1]}: `python benchmarks/translate_train.py {out['commands'][1]}`",
+        f"- {names[0]}: `python -m benchmarks.translate.train {out['commands'][0]}`",
+        f"- {names[1]}: `python -m benchmarks.translate.train {out['commands'][1]}`",
         "",
         f"| decoding | metric | {names[0]} | {names[1]} | difference | p |",
         "|---|---|---|---|---:|---:|",
         *rows,
     ]
-    args.out.with_suffix(".md").write_text("\n".join(md) + "\n")
-    print("\n".join(md))
+    page = common.with_command(md, command)
+    args.out.with_suffix(".md").write_text(page)
+    print(page)
 
 
 if __name__ == "__main__":

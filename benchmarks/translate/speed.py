@@ -5,7 +5,7 @@ stacks differ), the same en->de Bible batches (shared BPE trained on the train s
 budget), the same AdamW step and label-smoothed loss. Steps alternate between the two models
 so that load on a shared machine hits both alike; the median step time is reported.
 
-    python benchmarks/translate_speed.py --steps 30 --threads 1 --out docs/results/translate_speed
+    python -m benchmarks.translate.speed --steps 30 --threads 1 --out docs/results/translate_speed
 """
 
 from __future__ import annotations
@@ -72,13 +72,13 @@ def step_time(model: nn.Module, opt: torch.optim.Optimizer, batch: dict) -> floa
     return time.perf_counter() - start
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--config", default="default", help="bundled preset, or default")
     parser.add_argument("--out", type=Path, default=Path("docs/results/translate_speed"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     cfg = build_config(None if args.config == "default" else args.config, {})
@@ -117,7 +117,7 @@ def main() -> None:
     md = [
         "# Translation training step: attnlab vs torch.nn.Transformer",
         "",
-        f"Produced by `python benchmarks/translate_speed.py --steps {args.steps} "
+        f"Produced by `python -m benchmarks.translate.speed --steps {args.steps} "
         f"--threads {args.threads}` (config `{args.config}`, en->de Bible batches of at most "
         f"{cfg.data.max_tokens} padded tokens; median {tokens} target tokens). Forward, "
         "label-smoothed loss, backward and AdamW step; the models alternate step by step on a "

@@ -1,15 +1,15 @@
 """Train a translation preset on the bundled Bible for a time budget; BLEU/chrF, greedy vs beam.
 
-python benchmarks/translate_train.py --pair en-de --out docs/results/translate_ende
-python benchmarks/translate_train.py --stacks torch --out docs/results/translate_ende_torch
-python benchmarks/translate_train.py --pair en-zh --out docs/results/translate_enzh_char \
+python -m benchmarks.translate.train --pair en-de --out docs/results/translate_ende
+python -m benchmarks.translate.train --stacks torch --out docs/results/translate_ende_torch
+python -m benchmarks.translate.train --pair en-zh --out docs/results/translate_enzh_char \
     tgt_tokenizer=char shared_embeddings=false max_sentence_tokens=128
 
 With no options it is `attnlab train translate` with its default preset (20 minutes, the lr
 schedule on the clock), run on one thread; `--minutes`/`--steps` override the budget.
 `--stacks torch` puts torch.nn.Transformer's encoder and decoder stacks in place of attnlab's
 (same data, tokenizer, embeddings, tied projection, loss, schedule and seed; see
-translate_torch_baseline.py): run the two side by side, one per core, for an equal-budget
+_torch_stacks.py): run the two side by side, one per core, for an equal-budget
 comparison.
 """
 
@@ -27,11 +27,13 @@ import torch
 
 from attnlab.tasks import runner, translate
 from attnlab.tasks.translate import TranslatorRun
+from benchmarks import common
+from benchmarks.translate._runs import read_run_config
 
 
 def spread_examples(run: Path, k: int = 6) -> list[dict[str, str]]:
     """The first test verse of k chapters spread over the test split, with the beam output."""
-    test = translate.run_pairs(translate.read_run_config(run), "test")
+    test = translate.run_pairs(read_run_config(run), "test")
     hyps = (run / "test.beam.txt").read_text().splitlines()
     firsts = [i for i, p in enumerate(test) if i == 0 or test[i - 1].group != p.group]
     chosen = firsts[:: max(1, len(firsts) // k)][:k]
@@ -41,7 +43,7 @@ def spread_examples(run: Path, k: int = 6) -> list[dict[str, str]]:
     ]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", default="default", help="bundled preset name, or default")
     parser.add_argument("--pair", default="en-de", help="bundled Bible pair: en-de, en-zh, ...")
@@ -54,11 +56,11 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, help="training budget (default: the preset's)")
     parser.add_argument("--run", type=Path, default=None, help="default runs/bench-translate-*")
     parser.add_argument("--out", type=Path, default=Path("docs/results/translate_ende"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     run = args.run or Path(f"runs/bench-translate-{args.out.name}")
     torch.set_num_threads(1)
     if args.stacks == "torch":  # train and load the nn.Transformer stacks instead of ours
-        from translate_torch_baseline import TorchSeq2Seq
+        from benchmarks.translate._torch_stacks import TorchSeq2Seq
 
         translate.Seq2SeqTransformer = TorchSeq2Seq  # type: ignore[misc]
     command = " ".join(a for a in sys.argv[1:] if a != "--eval-only")
@@ -84,11 +86,11 @@ def main() -> None:
         total = time.perf_counter() - start
         load_average = os.getloadavg()[0]  # 1-minute load as training ends
     beam = results["test"]
-    shutil.copy(run / "test.hyp.txt", run / "test.beam.txt")  # kept for translate_compare.py
+    shutil.copy(run / "test.hyp.txt", run / "test.beam.txt")  # read by translate.compare
     greedy = TranslatorRun.load(run).evaluate("test", beam_size=1)
     shutil.copy(run / "test.hyp.txt", run / "test.greedy.txt")
     summary = results["summary"]
-    saved = translate.read_run_config(run)
+    saved = read_run_config(run)
     report = {
         "config": args.config,
         "pair": saved.data.pair,
@@ -121,8 +123,7 @@ def main() -> None:
     md = [
         f"# {report['pair']} on the bundled Bible, preset `{args.config}`",
         "",
-        f"Produced by `python benchmarks/translate_train.py {command}`"
-        f"{' (test rescored with --eval-only)' if args.eval_only else ''}: "
+        f"{'Test rescored with --eval-only. ' if args.eval_only else ''}"
         f"{args.stacks} encoder/decoder stacks, "
         f"{results['n_params'] / 1e6:.2f}M parameters, {summary['steps']} optimizer steps in "
         f"{summary['wall_time_s'] / 60:.1f} min on one CPU thread (2-core machine, load average "
@@ -143,7 +144,8 @@ def main() -> None:
             for e in report["examples_across_test"]
         ],
     ]
-    args.out.with_suffix(".md").write_text("\n".join(md) + "\n")
+    full = "python -m benchmarks.translate.train" + (f" {command}" if command else "")
+    args.out.with_suffix(".md").write_text(common.with_command(md, full))
     print(json.dumps(report, indent=2, ensure_ascii=False))
 
 

@@ -6,7 +6,7 @@ by validation accuracy (6,000 images held out of the 60k training set) is scored
 test set. Results are written after every variant, so an interrupted sweep still leaves its
 finished rows.
 
-Run: python benchmarks/vision_fashion.py [--epochs N] [--minutes 15] [--only vit,cnn,...]
+Run: python -m benchmarks.vision.fashion [--epochs N] [--minutes 15] [--only vit,cnn,...]
 [--dataset mnist --name vision_mnist] [--threads 2] [--merge]  (--merge reruns some variants
 and keeps the other rows)
 (writes docs/results/vision_fashion.{md,json})
@@ -27,6 +27,7 @@ import torch
 
 from attnlab.data.io import atomic_write_text, write_json
 from attnlab.tasks import runner
+from benchmarks import common
 
 VARIANTS = {
     "vit": ("vit", {}),
@@ -36,7 +37,7 @@ VARIANTS = {
     "cnn+cbam": ("cnn", {"attention": "cbam"}),
     "cnn+ca": ("cnn", {"attention": "ca"}),
 }
-OUT = Path(__file__).resolve().parent.parent / "docs" / "results"
+OUT = common.RESULTS
 
 
 def run_variant(
@@ -80,7 +81,7 @@ def render(meta: dict, rows: list[dict]) -> str:
     lines = [
         f"# {meta['dataset']}: ViT vs ResNet + channel/spatial attention",
         "",
-        f"Produced by `benchmarks/vision_fashion.py` on {meta['date']} ({meta['machine']}); "
+        f"Produced by `benchmarks/vision/fashion.py` on {meta['date']} ({meta['machine']}); "
         f"torch {meta['torch']}. Settings: {meta['epochs'] or 'preset'} epoch(s) at most per "
         f"variant, cap {meta['minutes']} min of training wall time with the lr schedule run "
         "on the clock (`schedule_by_time`), presets `vit.toml` / `cnn.toml`.",
@@ -106,7 +107,7 @@ def render(meta: dict, rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--epochs", type=int, default=None, help="default: the preset's")
     p.add_argument("--minutes", type=float, default=15.0, help="training wall-time cap each")
@@ -120,7 +121,7 @@ def main() -> None:
         action="store_true",
         help="keep the other variants' rows already in the results file (rerun some variants)",
     )
-    args = p.parse_args()
+    args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     meta = {
         "threads": args.threads,

@@ -2,9 +2,9 @@
 (distillation token), Swin (shifted windows), MAE (pretraining, then fine-tuning) or DyT
 (Dynamic Tanh for LayerNorm), on Fashion-MNIST or MNIST.
 
-    python benchmarks/vision_pairs.py teacher [--minutes 30]     # DeiT's CNN+SE teacher, first
-    python benchmarks/vision_pairs.py pair PAIR [--dataset mnist] [--minutes 15] [--seed 0]
-    python benchmarks/vision_pairs.py report PAIR [--dataset mnist] [--seed 0]
+    python -m benchmarks.vision.pairs teacher [--minutes 30]     # DeiT's CNN+SE teacher, first
+    python -m benchmarks.vision.pairs pair PAIR [--dataset mnist] [--minutes 15] [--seed 0]
+    python -m benchmarks.vision.pairs report PAIR [--dataset mnist] [--seed 0]
 
 PAIR is deit, swin, mae, dyt or dyt-alpha5. `pair` starts two processes at once, one thread
 each, so both runs get the same wall-clock budget under the same load (each run's lr schedule
@@ -164,11 +164,13 @@ def train_run(pair: str, name: str, minutes: float, dataset: str, seed: int) -> 
 
 def run_pair(pair: str, minutes: float, dataset: str, seed: int) -> None:
     if pair == "deit" and not (ROOT / "teacher.json").exists():
-        raise SystemExit("train the teacher first: python benchmarks/vision_pairs.py teacher")
+        raise SystemExit("train the teacher first: python -m benchmarks.vision.pairs teacher")
     _folder(pair, dataset, seed).mkdir(parents=True, exist_ok=True)
     args = ["--dataset", dataset, "--minutes", str(minutes), "--seed", str(seed)]
     procs = [
-        subprocess.Popen([sys.executable, __file__, "one", pair, "--run", name, *args])
+        subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.vision.pairs", "one", pair, "--run", name, *args]
+        )
         for name in PAIRS[pair]
     ]
     codes = [p.wait() for p in procs]
@@ -196,8 +198,8 @@ def report(pair: str, dataset: str, seed: int) -> None:
     lines = [
         f"# {pair}: the ViT and its successor side by side, {dataset}",
         "",
-        f"Produced by `python benchmarks/vision_pairs.py pair {pair}{flag} --minutes {minutes:g}; "
-        f"python benchmarks/vision_pairs.py report {pair}{flag}` (see its docstring): both runs "
+        f"Produced by `python -m benchmarks.vision.pairs pair {pair}{flag} --minutes {minutes:g}; "
+        f"python -m benchmarks.vision.pairs report {pair}{flag}` (see its docstring): both runs "
         f"started together, one thread each, fp32, {minutes:g} minutes of training each (all "
         "stages together) with the lr schedule on the clock. Test accuracy of each classifier's "
         f"best checkpoint by validation accuracy, seed {seed}.",
@@ -234,7 +236,7 @@ def report(pair: str, dataset: str, seed: int) -> None:
     print("\n".join(lines))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("stage", choices=("teacher", "pair", "one", "report"))
     p.add_argument("pair", nargs="?", choices=sorted(PAIRS))
@@ -242,7 +244,7 @@ def main() -> None:
     p.add_argument("--minutes", type=float, default=15.0, help="training wall time per run")
     p.add_argument("--run", help="for `one`: which run of the pair")
     p.add_argument("--seed", type=int, default=0, help="the training seed of both runs")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.stage != "teacher" and args.pair is None:
         p.error(f"{args.stage} needs a pair: one of {', '.join(sorted(PAIRS))}")
     ROOT.mkdir(parents=True, exist_ok=True)

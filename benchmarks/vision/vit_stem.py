@@ -2,7 +2,7 @@
 
 Both arms use the bundled `vit.toml` preset, differing only in `stem`; each trains for the same
 minutes (lr schedule on the clock) on one thread, and the best checkpoint by validation accuracy
-is scored on the test set. Run: python benchmarks/vit_stem.py [--minutes 4]
+is scored on the test set. Run: python -m benchmarks.vision.vit_stem [--minutes 4]
 (writes docs/results/vit_stem.{md,json})
 """
 
@@ -19,14 +19,15 @@ import torch
 
 from attnlab.data.io import atomic_write_text, write_json
 from attnlab.tasks import runner
+from benchmarks import common
 
-OUT = Path(__file__).resolve().parent.parent / "docs" / "results"
+OUT = common.RESULTS
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--minutes", type=float, default=4.0)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     torch.set_num_threads(1)
     meta = {
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -58,7 +59,7 @@ def main() -> None:
     lines = [
         "# ViT stem: convolutions vs patch projection at an equal budget (Fashion-MNIST)",
         "",
-        f"Produced by `python benchmarks/vit_stem.py --minutes {args.minutes}` on {meta['date']} "
+        f"Produced on {meta['date']} "
         f"({meta['machine']}, torch {meta['torch']}, one thread): the `vit.toml` preset with "
         f"`stem` = conv or patch, {args.minutes} minutes of training each (lr schedule on the "
         "clock), best validation checkpoint scored on the 10k test images.",
