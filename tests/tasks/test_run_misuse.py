@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from _cli import TINY, probe, write_corpus
+import pytest
+from _cli import TINY, probe, snapshot, train, write_corpus
 
 from attnlab.cli import main
 
@@ -34,3 +35,42 @@ def test_ablate_refuses_an_unknown_factor_before_making_the_sweep_folder(
     out = tmp_path / "sweep"
     probe(capsys, ["ablate", "classify", "n_hedas=1,2", "--out", str(out)], "n_hedas")
     assert not out.exists()
+
+
+@pytest.fixture(scope="module")
+def classify_run(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("run")
+    assert train(root / "run", write_corpus(root / "tiny.csv"), "--max-steps", "4") == 0
+    return root / "run"
+
+
+def test_a_pruned_run_is_not_resumed_as_training(classify_run, tmp_path, capsys) -> None:
+    pruned = tmp_path / "pruned"
+    assert main(["prune", str(classify_run), "--heads", "1", "--out", str(pruned)]) == 0
+    before = snapshot(pruned)
+    argv = ["train", "classify", "--out", str(pruned), "--resume"]
+    probe(capsys, argv, "pruned copy", "cannot be resumed")
+    assert snapshot(pruned) == before
+
+
+def test_a_quantized_run_is_not_pruned(classify_run, tmp_path, capsys) -> None:
+    int8 = tmp_path / "int8"
+    assert main(["quantize", str(classify_run), "--out", str(int8)]) == 0
+    before = snapshot(tmp_path)
+    out = tmp_path / "pruned"
+    probe(capsys, ["prune", str(int8), "--heads", "1", "--out", str(out)], "int8", "prune")
+    assert snapshot(tmp_path) == before and not out.exists()
+
+
+@pytest.mark.parametrize("verb", ["quantize", "prune"])
+def test_a_users_partial_file_beside_out_is_left_alone(classify_run, tmp_path, verb) -> None:
+    """The copy is staged under a name of its own: a folder named like the old staging folder
+    (OUT.partial) is the user's, kept as it was."""
+    mine = tmp_path / "q" / "x.partial"
+    mine.mkdir(parents=True)
+    (mine / "notes.txt").write_text("my notes\n")
+    extra = ["--heads", "1"] if verb == "prune" else []
+    assert main([verb, str(classify_run), *extra, "--out", str(tmp_path / "q" / "x")]) == 0
+    assert snapshot(mine) == {"notes.txt": snapshot(tmp_path / "q")["x.partial/notes.txt"]}
+    assert (mine / "notes.txt").read_text() == "my notes\n"
+    assert sorted(p.name for p in mine.parent.iterdir()) == ["x", "x.partial"]

@@ -12,7 +12,6 @@ ensemble; no per-head position bias) and ``bert_classify`` runs (e.g. fine-tuned
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +97,7 @@ def prune_run(source: str | Path, n_heads: int, out: str | Path) -> dict[str, An
     out = Path(out)
     if out.exists():
         raise UserError(f"{out} exists; prune writes a new run folder, give another --out")
+    rundir.check_not_quantized(Path(source), "prune")
     run = load_run(source)
     model = prunable_model(run).float().eval()
     data = batches(validation_data(run))
@@ -111,11 +111,6 @@ def prune_run(source: str | Path, n_heads: int, out: str | Path) -> dict[str, An
     after = accuracy(model, data)
     raw = rundir.read_config(run.run_dir)
     raw["model"]["heads_per_layer"] = list(kept)
-    staging = out.with_name(out.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    shutil.copytree(run.run_dir, staging, ignore=lambda d, names: [n for n in names if n in _SKIP])
-    rundir.write_config(staging, raw)
-    save_weights(model, staging / WEIGHTS)
     report = {
         "source": str(run.run_dir),
         "heads_removed": n_heads,
@@ -129,6 +124,8 @@ def prune_run(source: str | Path, n_heads: int, out: str | Path) -> dict[str, An
         "parameters_before": size_before,
         "parameters_after": count_parameters(model),
     }
-    (staging / "prune.json").write_text(json.dumps(report, indent=2) + "\n")
-    staging.rename(out)
+    with rundir.derived_copy(run.run_dir, out, _SKIP) as staging:
+        rundir.write_config(staging, raw)
+        save_weights(model, staging / WEIGHTS)
+        (staging / rundir.PRUNED).write_text(json.dumps(report, indent=2) + "\n")
     return report

@@ -10,7 +10,6 @@ layers in before loading (attnlab.quant.prepare_for_int8_weights).
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from torch import nn
@@ -18,7 +17,7 @@ from torch import nn
 from attnlab.data.io import write_json
 from attnlab.errors import UserError
 from attnlab.quant import Activations, quantize_model
-from attnlab.tasks.rundir import LOCK, QUANTIZED, WEIGHTS, check_not_quantized
+from attnlab.tasks.rundir import LOCK, QUANTIZED, WEIGHTS, check_not_quantized, derived_copy
 from attnlab.tasks.runs import load_run
 from attnlab.tensor_files import read_tensors
 from attnlab.train.checkpoint import save_weights
@@ -54,18 +53,13 @@ def quantize_run(run_dir: str | Path, out: str | Path, activations: Activations 
     layers = quantize_model(model, activations)
     if not layers:
         raise UserError(f"{run_dir}: the model has no nn.Linear layer to quantise")
-    staging = out.with_name(out.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    shutil.copytree(run_dir, staging, ignore=lambda d, names: [n for n in names if n in SKIP])
-    save_weights(model, staging / WEIGHTS)
     info = {
         "method": "int8 weights, symmetric per output channel (scale = max|w| / 127.5)",
         "activations": "int8 per token, dynamic" if activations == "dynamic" else "float",
         "layers": len(layers),
         "source": str(run_dir),
     }
-    write_json(staging / QUANTIZED, info)
-    if out.exists():
-        out.rmdir()
-    staging.rename(out)
+    with derived_copy(run_dir, out, SKIP) as staging:
+        save_weights(model, staging / WEIGHTS)
+        write_json(staging / QUANTIZED, info)
     return info

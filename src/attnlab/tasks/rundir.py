@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import glob
@@ -20,7 +21,9 @@ import os
 import secrets
 import shutil
 import socket
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -304,6 +307,28 @@ class Staging:
 # ---------------------------------------------------------------------------- config.json
 
 
+@contextlib.contextmanager
+def derived_copy(source: Path, out: Path, skip: set[str]) -> Iterator[Path]:
+    """A copy of the run ``source`` (less the names in ``skip``) assembled in a staging folder
+    of its own, renamed to ``out`` (an empty ``out`` is replaced) when the block ends.
+
+    The staging folder gets a fresh name beside ``out``, so no file of the user's is ever
+    deleted or mixed in; on failure only it is removed."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    try:
+        shutil.copytree(
+            source, staging, dirs_exist_ok=True, ignore=lambda d, names: skip & set(names)
+        )
+        yield staging
+        if out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        os.rename(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
 def write_config(folder: Path, config: dict[str, Any]) -> None:
     """Write config.json atomically (temp file + rename)."""
     tmp = folder / (CONFIG + ".tmp")
@@ -327,6 +352,11 @@ def read_config(folder: str | Path) -> dict[str, Any]:
         raise UserError(f"{path} is not valid JSON ({err}); restore it from a backup") from None
     if not isinstance(raw, dict) or "task" not in raw:
         raise UserError(f"{path} does not say which task made the run (no 'task' key)")
+    if not isinstance(raw["task"], str):
+        raise UserError(
+            f"{path}: 'task' must name a task (a string such as \"classify\"), got "
+            f"{json.dumps(raw['task'])[:40]}; restore the file from a backup"
+        )
     return upgrade(raw, path)
 
 
