@@ -77,7 +77,9 @@ COMMAND_LINE = re.compile(r"^Command: `(?P<cmd>[^`]+)`", re.MULTILINE)
 
 def cli_commands() -> set[str]:
     cli = (ROOT / "src" / "attnlab" / "cli.py").read_text(encoding="utf-8")
-    return set(re.findall(r'add_parser\(\s*"([\w-]+)"', cli))
+    commands = re.findall(r'add_parser\(\s*"([\w-]+)"', cli)  # sub.add_parser("eval", ...)
+    commands += re.findall(r'^\s*"([\w-]+)": \(', cli, re.MULTILINE)  # the command table
+    return set(commands)
 
 
 def pages() -> list[Path]:
