@@ -32,6 +32,16 @@ API
     load average A at start[, B at end].`` (``info`` from ``machine()``, optionally with
     ``load_average_at_end``).
 
+``upgrade_machine(info) -> dict``
+    ``info`` in the one spelling above: result files written before this module spelled the
+    core count ``cpus``, ``logical_cpus``, ``cpu_count`` or ``cores`` and the load averages
+    ``load_average_start``/``load_average_end``; pages re-rendered from them read it through
+    this.
+
+``write_page(path, markdown, command=None) -> Path``
+    Writes the markdown page ``path`` with the ``Command: `...` `` line under its title (for
+    scripts whose results stem is a path given on the command line).
+
 ``write_results(stem, data, markdown, command=None, results_dir=RESULTS) -> (json, md)``
     Writes ``docs/results/STEM.json`` (``data`` plus ``"command"``) and ``STEM.md`` beside
     it. ``markdown`` is the page (a string or a list of lines) starting with its ``# title``;
@@ -133,6 +143,28 @@ def machine_line(info: dict) -> str:
     return line + "."
 
 
+_LEGACY_KEYS = {
+    "cpus": "logical_cores",
+    "logical_cpus": "logical_cores",
+    "cpu_count": "logical_cores",
+    "cores": "logical_cores",
+    "threads": "torch_threads",
+    "load_average_start": "load_average_at_start",
+    "load_average_end": "load_average_at_end",
+}
+
+
+def upgrade_machine(info: dict) -> dict:
+    """``info`` with the keys of older result files renamed to ``machine()``'s spelling."""
+    out = {}
+    for key, value in info.items():
+        new = _LEGACY_KEYS.get(key, key)
+        if new == "logical_cores" and isinstance(value, str) and value.isdigit():
+            value = int(value)
+        out.setdefault(new, value)
+    return out
+
+
 def _module_name() -> str:
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
@@ -170,6 +202,14 @@ def with_command(markdown: str | Sequence[str], command: str) -> str:
     return text if text.endswith("\n") else text + "\n"
 
 
+def write_page(path: Path, markdown: str | Sequence[str], command: str | None = None) -> Path:
+    """Write the markdown page ``path`` naming ``command`` (default: the running one)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(with_command(markdown, command or command_line()), encoding="utf-8")
+    return path
+
+
 def write_results(
     stem: str,
     data: dict,
@@ -186,5 +226,5 @@ def write_results(
         json.dumps({**data, "command": command}, indent=2, ensure_ascii=False) + "\n",
         encoding="utf-8",
     )
-    md_path.write_text(with_command(markdown, command), encoding="utf-8")
+    write_page(md_path, markdown, command)
     return json_path, md_path
