@@ -4,12 +4,16 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from _cli import TINY, probe, snapshot, train, write_corpus
 
 from attnlab.cli import main
+from attnlab.tasks.runs import load_run
+from attnlab.train.checkpoint import save_weights
 
 
 def _as_set(flags: list[str]) -> list[str]:
@@ -74,3 +78,39 @@ def test_a_users_partial_file_beside_out_is_left_alone(classify_run, tmp_path, v
     assert snapshot(mine) == {"notes.txt": snapshot(tmp_path / "q")["x.partial/notes.txt"]}
     assert (mine / "notes.txt").read_text() == "my notes\n"
     assert sorted(p.name for p in mine.parent.iterdir()) == ["x", "x.partial"]
+
+
+def _distill(student: str, teacher: str, data: Path, *extra: str) -> list[str]:
+    return ["train", "distill", "--out", student, "--teacher", teacher, "--data", str(data),
+            *TINY, *extra]  # fmt: skip
+
+
+def test_a_distill_resume_finds_a_relative_teacher_and_refuses_a_retrained_one(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    data = write_corpus(tmp_path / "tiny.csv")
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    assert train(work / "teacher", data, "--max-steps", "2") == 0
+    monkeypatch.chdir(work)
+    argv = _distill("student", "teacher", data, "--max-steps", "2", "--checkpoint-every", "1")
+    assert main(argv) == 0, capsys.readouterr().err
+    monkeypatch.chdir(elsewhere)  # the relative --teacher, resumed from another folder
+    student = str(work / "student")
+    resume = ["train", "distill", "--out", student, "--resume", "--max-steps", "3"]
+    assert main(resume) == 0, capsys.readouterr().err
+    assert json.loads((work / "student" / "results.json").read_text())["summary"]["steps"] == 3
+    before = snapshot(work / "student")
+    teacher = load_run(work / "teacher")
+    with torch.no_grad():
+        next(teacher.model.parameters()).add_(0.5)  # other weights, every file size the same
+    sizes = {p.name: p.stat().st_size for p in (work / "teacher").iterdir()}
+    save_weights(teacher.model, work / "teacher" / "model.safetensors")
+    assert {p.name: p.stat().st_size for p in (work / "teacher").iterdir()} == sizes
+    resume[-1] = "4"
+    probe(capsys, resume, "--teacher", "has changed since the run was trained")
+    shutil.rmtree(work / "teacher")  # the teacher retrained in place, with another seed
+    assert train(work / "teacher", data, "--max-steps", "2", "--seed", "1") == 0
+    probe(capsys, resume, "--teacher", "has changed since the run was trained")
+    assert snapshot(work / "student") == before
+    assert main(["eval", student]) == 0  # evaluating the student needs no teacher

@@ -18,14 +18,20 @@ from typing import Any
 
 from attnlab.data.io import read_json, write_json
 from attnlab.errors import UserError
+from attnlab.tasks.rundir import CONFIG, WEIGHTS
 from attnlab.tasks.task import RunConfig
 
 RECORD = "data_files.json"
 
 
 def fingerprint(path: Path) -> str:
-    """sha256 of a file's bytes, or of the relative names and sizes of a folder's files."""
+    """sha256 of a file's bytes, or of the relative names and sizes of a folder's files.
+
+    A run folder (a distillation teacher) is fingerprinted by its weights' bytes: a teacher
+    retrained in place keeps its file names and sizes, not its weights."""
     digest = hashlib.sha256()
+    if path.is_dir() and (path / CONFIG).is_file() and (path / WEIGHTS).is_file():
+        path = path / WEIGHTS
     if path.is_dir():
         for item in sorted(p for p in path.rglob("*") if p.is_file()):
             digest.update(f"{item.relative_to(path)}\0{item.stat().st_size}\n".encode())
@@ -98,9 +104,12 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def require(cfg: RunConfig, run_dir: Path, fix: str) -> None:
-    """Refuse when a recorded data file is gone or changed; ``fix`` says what to do instead."""
+def require(cfg: RunConfig, run_dir: Path, fix: str, skip: Iterable[str] = ()) -> None:
+    """Refuse when a recorded data file is gone or changed; ``fix`` says what to do instead.
+    Fields in ``skip`` are not needed by the caller and not checked."""
     for name, entry in read_record(run_dir).items():
+        if name in skip:
+            continue
         for section, field in _fields(cfg, [name]):
             path = Path(getattr(section, field))
             if not path.exists():  # a file where it was typed, of other content, has changed

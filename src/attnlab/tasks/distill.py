@@ -87,6 +87,10 @@ class DistillTask(ClassifyTask):
     """Classification trained on a teacher's soft labels as well as the true ones."""
 
     name = "distill"
+    # the teacher is saved resolved and recorded by its weights' sha256 (datafiles): a resume
+    # from another folder finds it, and a resume after it was retrained is refused
+    data_paths = (*ClassifyTask.data_paths, "teacher")
+    train_only_paths = ("teacher",)  # evaluating the student needs no teacher
 
     def sections(self) -> dict[str, type]:
         return {**SECTIONS, "distill": DistillConfig}

@@ -44,6 +44,7 @@ def require_data(run: Run) -> None:
         run.config,
         run.run_dir,
         "restore it there, or evaluate on a labelled file with --data FILE",
+        skip=get_task(run.task).train_only_paths,
     )
 
 

@@ -79,6 +79,7 @@ class Task:
     preset_prefix: ClassVar[str] = ""  # --config NAME also finds presets/{prefix}_NAME.toml
     resumable: ClassVar[frozenset[str]] = frozenset()  # more fields a resume may change
     data_paths: ClassVar[tuple[str, ...]] = ()  # fields naming data files (saved resolved)
+    train_only_paths: ClassVar[tuple[str, ...]] = ()  # of those, what only training reads
     # An option that turns this task into another registered one, with why: `attnlab train
     # classify --init CKPT` is BERT fine-tuning. The command line offers the other task's
     # options too and runs that task when the option is given.
