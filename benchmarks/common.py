@@ -42,6 +42,11 @@ API
     Writes the markdown page ``path`` with the ``Command: `...` `` line under its title (for
     scripts whose results stem is a path given on the command line).
 
+``recorded_command(data, page) -> str``
+    For a page re-rendered from a committed JSON (``--render``-style modes): the command
+    stored in ``data["command"]``, else the one the existing ``page`` names, else the running
+    one, so re-rendering never credits the numbers to the render command.
+
 ``write_results(stem, data, markdown, command=None, results_dir=RESULTS) -> (json, md)``
     Writes ``docs/results/STEM.json`` (``data`` plus ``"command"``) and ``STEM.md`` beside
     it. ``markdown`` is the page (a string or a list of lines) starting with its ``# title``;
@@ -208,6 +213,18 @@ def write_page(path: Path, markdown: str | Sequence[str], command: str | None = 
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(with_command(markdown, command or command_line()), encoding="utf-8")
     return path
+
+
+def recorded_command(data: dict, page: Path) -> str:
+    """The command that made ``data``: stored in it, named by ``page``, or the running one."""
+    if isinstance(data.get("command"), str) and data["command"].startswith(("python", "attnlab")):
+        return data["command"]
+    page = Path(page)
+    if page.exists():
+        for line in page.read_text(encoding="utf-8").splitlines():
+            if line.startswith(COMMAND_PREFIX + "`"):
+                return line[len(COMMAND_PREFIX) + 1 :].split("`", 1)[0]
+    return command_line()
 
 
 def write_results(

@@ -24,6 +24,7 @@ from pathlib import Path
 from attnlab.bench.machine import machine_info
 from attnlab.bench.memory import run_isolated
 from attnlab.bench.scaling import fit_exponent
+from benchmarks import common
 
 KINDS = ("explicit", "fused", "flash")
 
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     ]
     if skipped:
         lines += ["", "Not measured: " + "; ".join(skipped) + "."]
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    common.write_page(out.with_suffix(".md"), lines)
     print("\n".join(lines))
 
 

@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks import common
+
 KERNELS = ("sdpa", "triton", "torch_flash")
 
 
@@ -170,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if skipped:
         lines += ["", "Not measured: " + "; ".join(skipped) + "."]
-    out_path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    common.write_page(out_path.with_suffix(".md"), lines)
     print("\n".join(lines))
     return 0
 

@@ -277,7 +277,7 @@ def write_report(info: dict, timing: list[dict], memory: list[dict], args, out_d
     ]
     if memory:
         lines += _memory_lines(memory)
-    (out_dir / f"{args.name}.md").write_text("\n".join(lines) + "\n")
+    common.write_page((out_dir / f"{args.name}.md"), lines)
     print(f"wrote {out_dir / args.name}.md and .json", flush=True)
 
 

@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks import common
+
 ROOT = Path("/tmp/attnlab_electra_vs_mlm")
 COMMON = ["--tensorboard", "false", "--precision", "fp32", "--num-threads", "1",
           "--schedule-by-time", "true"]  # fmt: skip
@@ -146,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{fin.get('steps', '-')} | {fin.get('cpu_time_s', 0):.0f} | "
             f"{row['val_accuracy']:.4f} | {row['test_accuracy']:.4f} |"
         )
-    (out / "electra_vs_mlm.md").write_text("\n".join(lines) + "\n")
+    common.write_page((out / "electra_vs_mlm.md"), lines)
     print("\n".join(lines))
 
 

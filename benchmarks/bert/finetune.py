@@ -122,7 +122,7 @@ def write(name: str, results: dict) -> None:
             f"| {r['best_val_accuracy']:.4f} | {r['steps']} | {r['train_wall_s'] / 60:.1f} min |"
         )
     lines.append("")
-    (out / f"bert_finetune_{name}.md").write_text("\n".join(lines))
+    common.write_page((out / f"bert_finetune_{name}.md"), lines)
 
 
 if __name__ == "__main__":

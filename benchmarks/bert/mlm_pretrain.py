@@ -105,7 +105,7 @@ def write(results: dict) -> None:
     for step, loss, acc in results["val"]:
         lines.append(f"| {step} | {train.get(step, float('nan')):.3f} | {loss:.3f} | {acc:.3f} |")
     lines.append("")
-    (docs / "bert_mlm_pretrain.md").write_text("\n".join(lines))
+    common.write_page((docs / "bert_mlm_pretrain.md"), lines)
 
 
 if __name__ == "__main__":

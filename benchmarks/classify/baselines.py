@@ -19,7 +19,6 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import os
-import platform
 import tempfile
 import time
 from collections import Counter
@@ -33,6 +32,7 @@ from sklearn.metrics import accuracy_score, f1_score
 from attnlab.data import load_chinese_reviews, stratified_split
 from attnlab.data.io import atomic_write_text, write_json
 from attnlab.data.splits import corpus_fingerprint
+from benchmarks import common
 
 C_GRID = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 SPLIT_RATIOS = (0.8, 0.1, 0.1)
@@ -106,26 +106,6 @@ def snownlp_bayes(train: tuple[Texts, Labels], evals: dict[str, Texts]) -> tuple
     if hashlib.sha256(shipped.read_bytes()).hexdigest() != shipped_hash:
         raise RuntimeError(f"{shipped} changed; the installed snownlp model must not be touched")
     return predictions, {"words": "snownlp seg + stopword filter", "threshold": 0.5}
-
-
-def machine_info() -> dict[str, str]:
-    """CPU model, core count and library versions."""
-    cpu = "unknown"
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    info = {
-        "cpu": cpu,
-        "cores": str(os.cpu_count()),
-        "load average (1 min) at start": f"{os.getloadavg()[0]:.2f}",
-        "python": platform.python_version(),
-    }
-    for package in ("torch", "scikit-learn", "numpy", "snownlp"):
-        info[package] = importlib.metadata.version(package)
-    return info
 
 
 def run_method(
@@ -222,7 +202,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit("snownlp is needed for this baseline: pip install snownlp==0.12.3")
 
     total_start = time.perf_counter()
-    machine = machine_info()  # before the work, so the load average reflects other jobs
+    versions = {p: importlib.metadata.version(p) for p in ("scikit-learn", "numpy", "snownlp")}
+    machine = common.machine(**versions)  # before the work: the load average shows other jobs
     corpus = load_chinese_reviews()
     split = stratified_split(corpus.labels, SPLIT_RATIOS, seed=SPLIT_SEED)
     texts = {name: [corpus.texts[i] for i in idx] for name, idx in split.items()}
@@ -251,7 +232,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "total_seconds": round(time.perf_counter() - total_start, 1),
     }
     write_json(args.out_dir / "classify_baselines.json", report)
-    atomic_write_text(args.out_dir / "classify_baselines.md", to_markdown(report))
+    page = common.with_command(to_markdown(report), common.command_line())
+    atomic_write_text(args.out_dir / "classify_baselines.md", page)
     log(f"wrote {args.out_dir}/classify_baselines.md and .json")
 
 

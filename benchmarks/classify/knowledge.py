@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -314,21 +313,6 @@ def tfidf(train_texts, train_labels, val, evals) -> dict[str, Any]:
     return out
 
 
-def machine_info() -> dict[str, Any]:
-    cpu = "unknown"
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
-    return {
-        "cpu": cpu,
-        "logical_cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "threads_per_run": 1,
-    }
-
-
 def report() -> None:
     records: dict[str, list[dict]] = {}
     for path in sorted(RUNS.glob("*/record.json")):
@@ -374,13 +358,13 @@ def report() -> None:
     pairs = side_by_side(records)
     baselines = tfidf_rows(list(VARIANTS))  # every source set, trained neurally or not
     record = {
-        "command": "python -m benchmarks.classify.knowledge train ...; "
+        "command": "python -m benchmarks.classify.knowledge train --variants V --seeds S; "
         "python -m benchmarks.classify.knowledge report",
         "variants": rows,
         "ensembles_and_calibration": extras,
         "side_by_side": pairs,
         "tfidf": baselines,
-        "machine": machine_info(),
+        "machine": common.machine(threads=1),
         "load_average_at_report": os.getloadavg(),
         "ood_dir": str(OOD_DIR.relative_to(ROOT)),
     }
@@ -388,7 +372,7 @@ def report() -> None:
     (RESULTS / "classify_knowledge.json").write_text(
         json.dumps(record, ensure_ascii=False, indent=2) + "\n", encoding="utf-8"
     )
-    (RESULTS / "classify_knowledge.md").write_text(render(record), encoding="utf-8")
+    common.write_page(RESULTS / "classify_knowledge.md", render(record), record["command"])
     print(render(record))
 
 
@@ -580,10 +564,10 @@ def render(record: dict) -> str:
             f"{' / '.join(map(str, pair['cpu_minutes']))} | {pair['wall_ratio']:.2f} | "
             f"{pair['cpu_ratio']:.2f} | {loads} |"
         )
-    info = record["machine"]
+    info = common.upgrade_machine(record["machine"])
     lines += [
         "",
-        f"Machine: {info['cpu']}, {info['logical_cpus']} logical CPUs shared with other jobs, "
+        f"Machine: {info['cpu']}, {info['logical_cores']} logical cores shared with other jobs, "
         f"1 thread per run, Python {info['python']}, torch {info['torch']}. The 1-minute load "
         "average when each run started is in the JSON (`load_average`); wall times compare "
         "only between runs that ran side by side (the table above); the others overlapped in "

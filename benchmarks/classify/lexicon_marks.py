@@ -47,6 +47,7 @@ from attnlab.data.lexicons import load_lexicon
 from attnlab.data.ood import load_ood
 from attnlab.tasks import classify
 from attnlab.tasks.classify import TUTORIAL_EXAMPLES, ClassifierRun
+from benchmarks import common
 
 ROOT = Path("runs/lexicon_marks")
 DATA = ROOT / "data"
@@ -256,7 +257,7 @@ def report() -> None:
             f"| {variant} | {row['C']} | {row['val']:.3f} | {row['test']:.3f} | "
             f"{row['ood_dev']:.3f} | {row['ood_test']:.3f} |"
         )
-    OUT.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    common.write_page(OUT.with_suffix(".md"), lines)
     print(f"wrote {OUT}.md and .json")
 
 

@@ -13,13 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import sys
 import time
 from pathlib import Path
-
-import torch
 
 from attnlab.configs import parse_key_values
 from attnlab.tasks import runner
@@ -28,23 +25,6 @@ from benchmarks import common
 
 ROOT = common.ROOT
 RESULTS = ROOT / "docs" / "results"
-
-
-def machine_info() -> dict[str, str | int]:
-    """CPU model, cores and library versions, for the results page."""
-    cpu = "unknown"
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    return {
-        "cpu": cpu,
-        "logical_cpus": torch.get_num_threads(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,7 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     baselines = json.loads(baselines_path.read_text()) if baselines_path.exists() else {}
     if args.render:
         record = json.loads(json_path.read_text(encoding="utf-8"))
-        md_path.write_text(render(record, baselines), encoding="utf-8")
+        common.write_page(
+            md_path, render(record, baselines), common.recorded_command(record, md_path)
+        )
         return 0
     overrides = parse_key_values(args.overrides)
     started = time.perf_counter()
@@ -82,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     ]
     record = {
+        "command": common.command_line(),
         "overrides": overrides,
         "config": json.loads((Path(args.out) / "config.json").read_text()),
         "test": {k: results["test"][k] for k in ("accuracy", "macro_f1", "n")},
@@ -95,11 +78,11 @@ def main(argv: list[str] | None = None) -> int:
         "stop_reason": results["summary"]["stop_reason"],
         "precision": results["summary"]["precision"],
         "examples": examples,
-        "machine": machine_info(),
+        "machine": common.machine(),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(record, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
-    md_path.write_text(render(record, baselines), encoding="utf-8")
+    common.write_page(md_path, render(record, baselines), record["command"])
     print(render(record, baselines))
     return 0
 
@@ -147,9 +130,11 @@ def render(record: dict, baselines: dict) -> str:
     for ex in record["examples"]:
         lines.append(f"| {ex['text']} | {ex['expected']} | {ex['predicted']} | {ex['prob']:.3f} |")
     info = record["machine"]
+    # records before benchmarks/common.py named the torch thread count "logical_cpus"
+    threads = info["torch_threads"] if "torch_threads" in info else info["logical_cpus"]
     lines += [
         "",
-        f"Machine: {info['cpu']}, {info['logical_cpus']} threads, Python {info['python']}, "
+        f"Machine: {info['cpu']}, {threads} threads, Python {info['python']}, "
         f"torch {info['torch']}. Total script wall time {record['total_wall_time_s'] / 60:.1f} "
         f"min; the process used {record['process_cpu_time_s'] / 60:.1f} CPU-minutes; 5-minute "
         f"load average at the end {record['load_average_at_end'][1]:.1f} on 2 cores (above 2 "

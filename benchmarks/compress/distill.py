@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import common
 from benchmarks.compress.prune_heads import latency_ms, test_batches, timing_batch
 
 ROOT = Path("/tmp/attnlab_distill")
@@ -130,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{r['latency_ms']:.1f} | {base / r['latency_ms']:.2f}x | {s.get('steps', '-')} | "
             f"{s.get('cpu_time_s', 0):.0f} |"
         )
-    (out / "distill.md").write_text("\n".join(lines) + "\n")
+    common.write_page((out / "distill.md"), lines)
     print("\n".join(lines))
 
 

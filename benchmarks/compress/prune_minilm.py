@@ -29,6 +29,7 @@ from attnlab.models.bert import BertClassifier
 from attnlab.models.bert_checkpoint import load_pretrained
 from attnlab.models.prune import head_importance, heads_to_remove, prune_heads
 from attnlab.tasks.prune import accuracy, count_parameters, loss_fn
+from benchmarks import common
 from benchmarks.compress.prune_heads import latency_ms, timing_batch
 
 MAX_LEN = 48
@@ -144,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{row['parameters']['total']:,} | {row['latency_ms']:.1f} | "
             f"{row['speed_vs_unpruned']:.2f}x |"
         )
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    common.write_page(stem.with_suffix(".md"), lines)
     print("\n".join(lines))
 
 

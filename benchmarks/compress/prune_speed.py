@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from attnlab.models.prune import heads_to_remove, prune_heads
+from benchmarks import common
 from benchmarks.compress.prune_heads import test_batches, timing_batch
 
 
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
             lines.append(
                 f"| {n} | {t['cpu_ms']:.1f} | {t['wall_ms']:.1f} | {base / t['cpu_ms']:.2f}x |"
             )
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    common.write_page(out.with_suffix(".md"), lines)
     print("\n".join(lines))
 
 

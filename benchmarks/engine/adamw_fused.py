@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from attnlab.train.optim import param_groups
+from benchmarks import common
 from benchmarks.mixers.speed import build  # the same models, built the same way
 
 OUT = Path("docs/results/adamw_fused")
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
             f"| {r['model']} | {r['params']:,} | {r['loop']:.1f} | {r['fused']:.1f} | "
             f"{r['loop'] / r['fused']:.2f} |"
         )
-    OUT.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    common.write_page(OUT.with_suffix(".md"), lines)
     print("\n".join(lines))
 
 

@@ -222,7 +222,7 @@ def write_report(rows: list[dict], meta: dict, out: Path) -> None:
         for r in classify:
             lines.append(f"| {r['label']} | " + " | ".join(_curve_cells(r, marks)) + " |")
     lines += ["", FINDINGS]
-    (out / "peak_memory.md").write_text("\n".join(lines))
+    common.write_page((out / "peak_memory.md"), lines)
 
 
 def main(argv: list[str] | None = None) -> None:

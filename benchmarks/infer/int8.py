@@ -41,6 +41,7 @@ from attnlab.quant import quantize_model
 from attnlab.tasks import runner
 from attnlab.tasks.runs import load_run
 from attnlab.train.checkpoint import save_weights
+from benchmarks import common
 
 VARIANTS = ("fp32", "bf16", "attnlab int8", "attnlab int8 dynamic", "torch.ao dynamic int8")
 REFERENCE = VARIANTS[-1]  # latencies are also given relative to it
@@ -241,7 +242,7 @@ def write(table: dict, args: argparse.Namespace, load_start: list[float]) -> Non
                           f"{r['x_ao_batch1']:.2f}", f"{r['x_ao_batch32']:.2f}"]  # fmt: skip
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
         lines.append("")
-    out.with_suffix(".md").write_text("\n".join(lines))
+    common.write_page(out.with_suffix(".md"), lines)
     print("\n".join(lines))
 
 

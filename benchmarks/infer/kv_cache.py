@@ -27,6 +27,7 @@ from attnlab.bench.machine import machine_info
 from attnlab.data.text_lm import eval_starts, open_tokens
 from attnlab.models.generation import Generation, new_caches
 from attnlab.tasks.runs import load_run
+from benchmarks import common
 
 KINDS = ("float", "int8")
 
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     for kind, r in rows.items():
         lines.append(f"| {kind} | {r['bytes_per_token']:,} | {r['val_loss_cached']:.6f} | "
                      f"{r['tokens_per_s']:.1f} |")  # fmt: skip
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    common.write_page(out.with_suffix(".md"), lines)
     print("\n".join(lines))
 
 

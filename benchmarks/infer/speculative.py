@@ -33,6 +33,7 @@ from attnlab.models.generation import Generation, sample_next
 from attnlab.models.speculative import ModelDrafter, NgramDrafter, speculative_decode
 from attnlab.tasks import runner
 from attnlab.tasks.lm import LMRun
+from benchmarks import common
 
 TARGET = {"n_layers": "6", "n_heads": "6", "d_model": "384", "context": "128",
           "batch_size": "8", "eval_every": "100", "checkpoint_every": "100",
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{r['tokens_per_pass']:.2f} | {r['plain_tok_s']:.1f} | {r['spec_tok_s']:.1f} | "
             f"{r['speedup']:.2f}× | {same} |"
         )
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    common.write_page(out.with_suffix(".md"), lines)
     print("\n".join(lines))
 
 

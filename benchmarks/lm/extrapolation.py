@@ -41,6 +41,7 @@ from attnlab.data.text_lm import open_tokens
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.tasks.lm import LMRun
 from attnlab.tasks.runner import train
+from benchmarks import common
 
 RESULTS = Path("docs/results")
 METHODS = ("none", "sinusoidal", "learned", "rope", "alibi", "t5")
@@ -222,7 +223,7 @@ def write_markdown(result: dict, path: Path, command: str) -> None:
             lines.append(f"| {name} | " + " | ".join(f"{sum(p) / L:.3f}" for p in parts) + " |")
     png = path.with_suffix(".png").name
     lines += ["", f"Plot: `{png}` (left: by length; right: by position at 16x L)."]
-    path.write_text("\n".join(lines) + "\n")
+    common.write_page(path, lines, command)
 
 
 def command_line(settings: dict, jobs: int) -> str:

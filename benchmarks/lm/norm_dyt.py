@@ -27,6 +27,7 @@ import torch
 
 from attnlab.bench.machine import machine_info
 from attnlab.tasks.runner import train
+from benchmarks import common
 
 RESULTS = Path("docs/results")
 NORMS = ("layer", "rms", "dyt")
@@ -96,7 +97,7 @@ def write(args: argparse.Namespace, info: dict, rows: list[dict]) -> Path:
             f"| {r['task']} | {r['norm']} | {r['steps']} | {r['monitor']} {r['best_metric']:.4f} "
             f"| {test} | {r['cpu_s_per_step_incl_eval']:.3f} | {r['train_wall_s']:.0f} |"
         )
-    (out.parent / (out.name + ".md")).write_text("\n".join(lines) + "\n")
+    common.write_page((out.parent / (out.name + ".md")), lines)
     return out
 
 

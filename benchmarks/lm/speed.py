@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -36,6 +34,7 @@ from attnlab.bench import suites
 from attnlab.models.generation import Generation, sample_next
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.train.optim import build_optimizer
+from benchmarks import common
 
 VOCAB = 84
 CONFIGS = {  # name: (layers, heads, width, context, batch)
@@ -236,37 +235,15 @@ def bench_decoding(rounds: int, new_tokens: int = 500) -> dict:
     }
 
 
-def machine() -> dict:
-    """What the numbers were measured on."""
-    model = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
-    return {
-        "cpu": model,
-        "logical_cpus": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
-        "load_average_start": os.getloadavg(),
-    }
-
-
 def write_markdown(results: dict, path: Path) -> None:
-    info = results["machine"]
+    info = common.upgrade_machine(results["machine"])
     lines = [
         "# GPT speed: training step, MFU and decoding (`benchmarks/lm/speed.py`)",
         "",
-        f"Machine: {info['cpu']}, {info['logical_cpus']} logical CPUs shared with other jobs "
-        f"(load average {info['load_average_start'][0]:.1f} at the start, "
-        f"{info['load_average_end'][0]:.1f} at the end), torch {info['torch']} with "
-        f"{info['torch_threads']} threads, transformers {info['transformers']}. float32, no "
-        "autocast. Each round times every model once, in turn; medians over rounds.",
+        common.machine_line(info) + " Other jobs share the machine.",
+        "",
+        f"transformers {info['transformers']}. float32, no autocast. Each round times every "
+        "model once, in turn; medians over rounds.",
         "",
     ]
     for name, r in results["training"].items():
@@ -298,7 +275,7 @@ def write_markdown(results: dict, path: Path) -> None:
         "|---|---:|",
     ]
     lines += [f"| {k} | {v:.2f} |" for k, v in d["median_ms_per_token"].items()]
-    path.write_text("\n".join(lines) + "\n")
+    common.write_page(path, lines, common.recorded_command(results, path))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -312,13 +289,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
-    results: dict = {"machine": machine(), "training": {}}
+    machine = common.machine(transformers=transformers.__version__)
+    results: dict = {"command": common.command_line(), "machine": machine, "training": {}}
     for name in args.configs.split(","):
         rounds = args.rounds * (3 if name == "baby" else 1)
         results["training"][name] = bench_training(name, rounds)
         print(json.dumps(results["training"][name]["ratio_to_hf_median_of_rounds"]), flush=True)
     results["decoding"] = bench_decoding(args.decode_rounds)
-    results["machine"]["load_average_end"] = os.getloadavg()
+    results["machine"]["load_average_at_end"] = common.load_average()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.bench.machine import machine_info
+from benchmarks import common
 
 RESULTS = Path("docs/results")
 OUT_JSON, OUT_MD = RESULTS / "lm_speedrun.json", RESULTS / "lm_speedrun.md"
@@ -483,7 +484,7 @@ def write_markdown(res: dict[str, Any]) -> None:
             "```",
             "",
         ]
-    OUT_MD.write_text("\n".join(lines))
+    common.write_page(OUT_MD, lines)
 
 
 def main(argv: list[str] | None = None) -> None:

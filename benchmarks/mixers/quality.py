@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -40,12 +39,11 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 from attnlab.models.gpt import GPT
 from attnlab.tasks.lm import LMRun
 from attnlab.train.curves import plot_curves
 from attnlab.train.metrics_log import read_metrics
+from benchmarks import common
 
 RESULTS = Path("docs/results")
 VARIANTS: dict[str, list[str]] = {
@@ -62,26 +60,6 @@ PAIRS: dict[int, list[tuple[str, ...]]] = {
     1: [("dense", "mamba"), ("moe", "rwkv"), ("hybrid",)],
     2: [("dense", "rwkv"), ("moe", "hybrid"), ("mamba",)],
 }
-
-
-def machine() -> dict:
-    """What the benchmark ran on."""
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
-    return {
-        "cpu": cpu,
-        "logical_cpus": os.cpu_count(),
-        "torch_threads_per_run": 1,
-        "runs_at_once": 2,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-    }
 
 
 def command(variant: str, seed: int, minutes: float, eval_windows: int, out: Path) -> list[str]:
@@ -231,7 +209,7 @@ def _fmt(x: float | None) -> str:
 
 
 def write_markdown(res: dict, path: Path) -> None:
-    m, s = res["machine"], res["summary"]
+    m, s = common.upgrade_machine(res["machine"]), res["summary"]
     lines = [
         "# Mixers at equal wall clock, Shakespeare characters (`benchmarks/mixers/quality.py`)",
         "",
@@ -240,7 +218,7 @@ def write_markdown(res: dict, path: Path) -> None:
         f"the default Shakespeare split, seeds {res['seeds']}. Validation loss (nats/char) of "
         f"the model at the end, on the same {res['eval_windows']} evenly spaced validation "
         f"windows of 64 characters for every run. Two runs at a time on {m['cpu']} "
-        f"({m['logical_cpus']} logical CPUs, shared with other agents' jobs); load average "
+        f"({m['logical_cores']} logical cores, shared with other agents' jobs); load average "
         f"(1 min) per run below.",
         "",
         "| variant | seed | layers | width | params total | params active | steps | "
@@ -299,7 +277,7 @@ def write_markdown(res: dict, path: Path) -> None:
             )
             lines.append(f"- {r['variant']} seed {r['seed']}: {spans}")
     lines.append("")
-    path.write_text("\n".join(lines) + "\n")
+    common.write_page(path, lines, common.recorded_command(res, path))
 
 
 def plot_moe_usage(runs: Path, name: str) -> Path:
@@ -334,7 +312,7 @@ def main(argv: list[str] | None = None) -> None:
         plot_moe_usage(args.runs, args.name)
         print((RESULTS / f"{args.name}.md").read_text())
         return
-    info = machine()
+    info = common.machine(threads=1, runs_at_once=2)
     rows_path = args.runs / "rows.json"
     rows = json.loads(rows_path.read_text()) if args.reuse and rows_path.exists() else []
     done = {(r["variant"], r["seed"]) for r in rows}
@@ -351,6 +329,7 @@ def main(argv: list[str] | None = None) -> None:
             rows += [measure(r) for r in run_pair(jobs)]
             rows_path.write_text(json.dumps(rows, indent=1) + "\n")  # survives a later failure
     res = {
+        "command": common.command_line(),
         "machine": info,
         "minutes": args.minutes,
         "seeds": args.seeds,

@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks import common
+
 COMMANDS = (["--help"], ["train", "--help"], ["train", "lm", "--help"])
 PROBE = (
     "import sys\nfrom attnlab.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n"
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
             for r in rows
         ),  # fmt: skip
     ]
-    (out / "cli_startup.md").write_text("\n".join(lines) + "\n")
+    common.write_page((out / "cli_startup.md"), lines)
     print("\n".join(lines))
 
 

@@ -22,6 +22,7 @@ import torch
 from attnlab.bench.machine import machine_info
 from attnlab.verify.registry import CHECKS
 from attnlab.verify.runner import PASS, run_check
+from benchmarks import common
 
 OUT = Path("docs/results/verify_tolerances")
 
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{r['share_of_tolerance']:.2f} | {r['failed_seeds'] or 'none'} | "
             f"{r['seconds']:.0f} |"
         )
-    OUT.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    common.write_page(OUT.with_suffix(".md"), lines)
     print("\n".join(lines))
 
 

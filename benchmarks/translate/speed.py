@@ -25,6 +25,7 @@ from torch import nn
 from attnlab.data.parallel import ParallelData
 from attnlab.models.seq2seq import Seq2SeqTransformer
 from attnlab.tasks.translate import build_config, encode_split, prepare
+from benchmarks import common
 
 
 class TorchSeq2Seq(nn.Module):
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
         "",
         f"Ratio attnlab / nn.Transformer: **{result['ratio_attnlab_over_torch']:.3f}**.",
     ]
-    args.out.with_suffix(".md").write_text("\n".join(md) + "\n")
+    common.write_page(args.out.with_suffix(".md"), md)
     print(json.dumps(result, indent=2))
 
 

@@ -24,6 +24,7 @@ import torch
 
 from attnlab.bench.machine import machine_info
 from attnlab.tasks.runner import train
+from benchmarks import common
 
 RESULTS = Path("docs/results")
 
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"| {r['arch']} | {r['steps']} | {r['val_acc']:.4f} | {r['test_acc']:.4f} | "
                 f"{r['n_params']:,} | {r['cpu_s_per_step_incl_eval']:.2f} |"
             )
-        out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+        common.write_page(out.with_suffix(".md"), lines)
     print(out.with_suffix(".md").read_text())
 
 

@@ -48,6 +48,7 @@ from pathlib import Path
 import torch
 
 from attnlab.tasks import runner
+from benchmarks import common
 
 ROOT = Path("runs/vision_pairs")
 RESULTS = Path("docs/results")
@@ -232,7 +233,7 @@ def report(pair: str, dataset: str, seed: int) -> None:
         "accuracy (one seed; about 0.3 points of sampling error per accuracy).",
         "",
     ]
-    stem.with_suffix(".md").write_text("\n".join(lines))
+    common.write_page(stem.with_suffix(".md"), lines)
     print("\n".join(lines))
 
 
