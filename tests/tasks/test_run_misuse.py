@@ -114,3 +114,25 @@ def test_a_distill_resume_finds_a_relative_teacher_and_refuses_a_retrained_one(
     probe(capsys, resume, "--teacher", "has changed since the run was trained")
     assert snapshot(work / "student") == before
     assert main(["eval", student]) == 0  # evaluating the student needs no teacher
+
+
+def test_distill_takes_a_fine_tuned_bert_teacher(tmp_path: Path, capsys, monkeypatch) -> None:
+    """`--help` promises a bert_classify teacher (classify --init CHECKPOINT): its soft labels
+    are its own predictions, read with its WordPiece tokenizer."""
+    from attnlab.tasks.distill import teacher_logits
+    from attnlab.verify.checks_bert_dir import write_tiny_chinese_bert
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    data = write_corpus(tmp_path / "tiny.csv")
+    bert = tmp_path / "bert"
+    checkpoint = str(write_tiny_chinese_bert(tmp_path / "hf"))
+    fine_tune = ["train", "classify", "--init", checkpoint, "--out", str(bert), "--data", str(data)]
+    assert main([*fine_tune, "--max-steps", "2", *TINY[-6:]]) == 0, capsys.readouterr().err
+    student = str(tmp_path / "student")
+    assert main(_distill(student, str(bert), data, "--max-steps", "2")) == 0
+    assert load_run(student).task == "distill"
+    teacher, texts = load_run(bert), ["的一是喜在不了有3", "和人这怒中大为上8"]
+    probs = teacher_logits(teacher, texts, 1).softmax(-1)  # (2, C)
+    for row, pred in zip(probs, teacher.predict(texts)):
+        want = [pred["probs"][label] for label in teacher.labels.labels]
+        torch.testing.assert_close(row, torch.tensor(want), rtol=0, atol=1e-6)

@@ -73,13 +73,32 @@ class SoftLabelData(ClassificationData):
         return batch
 
 
+def teacher_inputs(teacher: Any, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Texts -> the teacher's padded ids (B, T) and lengths (B,), with its own tokenizer: a
+    classify run encodes characters itself, a bert_classify run by WordPiece up to its
+    max_len (the texts are training texts, never blank)."""
+    if hasattr(teacher, "encode"):
+        return teacher.encode(texts)
+    from attnlab.data import pad_batch
+
+    seqs = teacher.tokenizer.encode_batch(texts, teacher.max_len)
+    return pad_batch(seqs, teacher.tokenizer.pad_id)
+
+
+def is_classifier(teacher: Any) -> bool:
+    """A run distill can read: classify's (encode) or bert_classify's (WordPiece tokenizer)."""
+    readable = hasattr(teacher, "encode") or hasattr(teacher, "max_len")
+    return readable and hasattr(teacher, "labels") and hasattr(teacher, "model")
+
+
 @torch.no_grad()
 def teacher_logits(teacher: Any, texts: list[str], batch_size: int) -> torch.Tensor:
     """The teacher run's logits (N, C) for ``texts``, read with its own tokenizer."""
+    teacher.model.eval()
     out = []
     for start in range(0, len(texts), batch_size):
-        ids, lengths = teacher.encode(texts[start : start + batch_size])
-        out.append(teacher.model(ids, lengths).float())
+        ids, lengths = teacher_inputs(teacher, texts[start : start + batch_size])
+        out.append(teacher.model(ids, lengths).float())  # (B, C)
     return torch.cat(out)
 
 
@@ -107,7 +126,7 @@ class DistillTask(ClassifyTask):
 
         setup = super().setup(cfg, run_dir, resume, device)
         teacher = load_run(cfg.distill.teacher)
-        if not hasattr(teacher, "encode") or not hasattr(teacher, "labels"):
+        if not is_classifier(teacher):
             raise UserError(f"{cfg.distill.teacher} holds a {teacher.task!r} run, not a classifier")
         prep: Prepared = setup.prepared
         if list(teacher.labels.labels) != list(prep.labels.labels):
