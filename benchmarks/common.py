@@ -35,8 +35,8 @@ API
 ``upgrade_machine(info) -> dict``
     ``info`` in the one spelling above: result files written before this module spelled the
     core count ``cpus``, ``logical_cpus``, ``cpu_count`` or ``cores`` and the load averages
-    ``load_average_start``/``load_average_end``; pages re-rendered from them read it through
-    this.
+    ``load_average_start``/``load_average_end`` or ``load_start``/``load_end`` (1 min
+    alone); pages re-rendered from them read it through this.
 
 ``write_page(path, markdown, command=None) -> Path``
     Writes the markdown page ``path`` with the ``Command: `...` `` line under its title (for
@@ -73,6 +73,7 @@ import contextlib
 import json
 import os
 import platform
+import re
 import shlex
 import sys
 from collections.abc import Sequence
@@ -81,6 +82,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"
 COMMAND_PREFIX = "Command: "
+_COMMAND_ONLY = re.compile(r"Command: `[^`]*`")  # a page's command line, nothing after it
 
 
 def cpu_model() -> str:
@@ -156,6 +158,8 @@ _LEGACY_KEYS = {
     "threads": "torch_threads",
     "load_average_start": "load_average_at_start",
     "load_average_end": "load_average_at_end",
+    "load_start": "load_average_at_start",
+    "load_end": "load_average_at_end",
 }
 
 
@@ -166,6 +170,8 @@ def upgrade_machine(info: dict) -> dict:
         new = _LEGACY_KEYS.get(key, key)
         if new == "logical_cores" and isinstance(value, str) and value.isdigit():
             value = int(value)
+        if new.startswith("load_average_at_") and isinstance(value, (int, float)):
+            value = [value]  # older files kept the 1-minute figure alone
         out.setdefault(new, value)
     return out
 
@@ -199,7 +205,7 @@ def command_header(command: str) -> str:
 def with_command(markdown: str | Sequence[str], command: str) -> str:
     """``markdown`` with the command line under its title (replacing an older one)."""
     lines = markdown.splitlines() if isinstance(markdown, str) else list(markdown)
-    lines = [ln for ln in lines if not ln.startswith(COMMAND_PREFIX)]
+    lines = [ln for ln in lines if not _COMMAND_ONLY.fullmatch(ln)]
     at = 1 if lines and lines[0].startswith("# ") else 0
     block = ["", command_header(command)] if at else [command_header(command), ""]
     lines[at:at] = block

@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
-from attnlab.bench.machine import machine_info
 from attnlab.bench.memory import run_isolated
 from attnlab.bench.scaling import fit_exponent
 from benchmarks import common
@@ -39,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="docs/results/flash_memory")
     args = parser.parse_args(argv)
     lengths = [1024 * 2**i for i in range(6) if 1024 * 2**i <= args.max_T]
-    load_start = list(os.getloadavg())
+    load_start = common.load_average()
     points: dict[str, list[dict]] = {k: [] for k in KINDS}
     for kind in KINDS:
         for T in lengths:
@@ -66,9 +64,9 @@ def main(argv: list[str] | None = None) -> None:
         }
         for kind, rows in points.items()
     }
-    info = machine_info()
+    info = common.machine()
     info["load_average_at_start"] = load_start
-    info["load_average_at_end"] = list(os.getloadavg())
+    info["load_average_at_end"] = common.load_average()
     settings = {"batch": 1, "heads": 1, "head_dim": args.head_dim, "block": args.block,
                 "dtype": "float32", "causal": True, "threads": 1}  # fmt: skip
     command = (

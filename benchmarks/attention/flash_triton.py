@@ -55,7 +55,6 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.nn.functional as F
 
-    from attnlab.bench.machine import machine_info
     from attnlab.flash import flash_attention
     from attnlab.flash_triton import flash_attention_triton
 
@@ -132,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                 points[name].append(row)
             del q, k, v, reference
 
-    info = machine_info(str(device))
+    info = common.machine(device=str(device))
     if cuda:
         info["gpu"] = torch.cuda.get_device_name(device)
     info["triton"] = triton_version

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 from collections.abc import Callable
@@ -52,7 +51,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.attention import MultiHeadAttention
-from attnlab.bench.machine import machine_info
 from attnlab.bench.memory import run_isolated
 from attnlab.bench.timing import interleaved
 from attnlab.verify.copy_weights import copy_links, mha_links
@@ -338,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    info = machine_info()
+    info = common.machine()
     print(
         f"machine: {info['cpu']}, {info['logical_cores']} cores, torch {info['torch']}, "
         f"{info['torch_threads']} threads, load {info['load_average_at_start']}",
@@ -350,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_memory:
         print("peak memory (forward + backward, fresh process each):", flush=True)
         memory = run_memory(2, 2048)
-    info["load_average_at_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    info["load_average_at_end"] = common.load_average()
     write_report(info, timing, memory, args, args.out)
     worst = max(r["attnlab_vs_torch_mha"] for r in timing)
     print(f"worst attnlab / nn.MHA ratio: {worst:.3f} (target <= {TARGET})", flush=True)

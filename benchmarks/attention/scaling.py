@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 import torch
 
-from attnlab.bench.machine import machine_info, matmul_peak_gflops
+from attnlab.bench.machine import matmul_peak_gflops
 from attnlab.bench.report import render_scaling
 from attnlab.bench.scaling import plot_scaling, run_scaling
+from benchmarks import common
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -34,12 +34,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     lengths = [512 * 2**i for i in range(10) if 512 * 2**i <= args.max_T]
-    info = machine_info()
+    info = common.machine()
     info["matmul_peak_gflops"] = matmul_peak_gflops()
     result = run_scaling(
         lengths, threads=args.threads, time_cap_s=args.time_cap, mem_limit_gib=args.mem_limit
     )
-    info["load_average_at_end"] = list(os.getloadavg())
+    info["load_average_at_end"] = common.load_average()
     result["machine"] = info
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
     flags = f" --max-T {args.max_T} --threads {args.threads} --time-cap {args.time_cap:g}"
     command = f"python -m benchmarks.attention.scaling{flags}"
     text = render_scaling(result, command, out.name + ".png")
-    out.with_suffix(".md").write_text(text)
+    common.write_page(out.with_suffix(".md"), text, command)
     print(text)
 
 

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -71,7 +69,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     shutil.rmtree(ROOT, ignore_errors=True)
     ROOT.mkdir(parents=True)
-    load_start = os.getloadavg()[0]
+    info = common.machine(threads=1)
+    load_start = info["load_average_at_start"][0]
     budget = ["--max-minutes", str(args.pretrain_minutes)]
     objectives = ("mlm", "electra")
     walls = side_by_side(
@@ -105,11 +104,8 @@ def main(argv: list[str] | None = None) -> None:
         row["val_accuracy"] = results["val"]["accuracy"]
         row["finetune_summary"] = summary(out)
     meta = {
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-        "threads": 1,
-        "load_start": load_start,
-        "load_end": os.getloadavg()[0],
+        **info,
+        "load_average_at_end": common.load_average(),
         "model": MODEL,
         "pretrain_minutes": args.pretrain_minutes,
         "finetune_minutes": args.finetune_minutes,
@@ -131,8 +127,9 @@ def main(argv: list[str] | None = None) -> None:
         f"Data {args.data} (pretraining reads the train split only); BERT {' '.join(MODEL)}; "
         f"{args.pretrain_minutes} min of pretraining each, then {args.finetune_minutes} min of "
         "fine-tuning (`classify --init`, lr 2e-4, batch 32, 64 tokens); fp32, one thread, "
-        f"lr schedules run by the clock; {meta['cpus']} logical CPUs shared with other jobs "
-        f"(load average {load_start:.1f} at start, {meta['load_end']:.1f} at end).",
+        f"lr schedules run by the clock; {meta['logical_cores']} logical cores shared with other "
+        "jobs "
+        f"(load average {load_start:.1f} at start, {meta['load_average_at_end'][0]:.1f} at end).",
         "",
         "| pretraining | steps | CPU s | last validation (pretraining) | fine-tune steps "
         "| fine-tune CPU s | val acc | test acc |",

@@ -18,11 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import time
 from pathlib import Path
-
-import torch
 
 from attnlab.tasks import runner
 from benchmarks import common
@@ -43,8 +40,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-examples", type=int, default=0, help="balanced subsample; 0 = all")
     parser.add_argument("--out", default="runs/bench-bert-finetune")
     args = parser.parse_args(argv)
+    info = common.machine(threads=1)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    common = {
+    shared = {
         "init": args.init,
         "data": args.data,
         "max_examples": args.max_examples,
@@ -57,11 +55,11 @@ def main(argv: list[str] | None = None) -> None:
         "num_threads": 1,  # on 2 busy shared cores, 2 threads ran ~5x slower than 1
         "seed": 0,
     }
-    results: dict = {"setup": {**common, "arms": {}}, "arms": {}}
+    results: dict = {"setup": {**shared, "arms": {}}, "arms": {}}
     for arm in ARMS:
         out = Path(args.out) / f"{args.name}-{arm}"
         start = time.perf_counter()
-        r = runner.train("bert_classify", out, {**common, "from_scratch": arm == "scratch"})
+        r = runner.train("bert_classify", out, {**shared, "from_scratch": arm == "scratch"})
         report = json.loads((out / "data_report.json").read_text())
         results["arms"][arm] = {
             "test_accuracy": r["test"]["accuracy"],
@@ -81,12 +79,7 @@ def main(argv: list[str] | None = None) -> None:
             "truncation": report["truncation"],
             "checkpoint": report["checkpoint"],
         }
-    results["machine"] = {
-        "cpu_count": os.cpu_count(),
-        "load_avg_1m_at_end": os.getloadavg()[0],
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-    }
+    results["machine"] = {**info, "load_average_at_end": common.load_average()}
     write(args.name, results)
 
 
@@ -109,8 +102,8 @@ def write(name: str, results: dict) -> None:
         f"({s['truncation']})",
         f"- both arms: {s['epochs']} epochs, batch {s['batch_size']}, AdamW lr {s['lr']}, "
         "linear decay after 10% warm-up, fp32, 1 thread, seed 0; best validation accuracy kept",
-        f"- machine: {results['machine']['cpu_count']} shared CPU cores (1-min load "
-        f"{results['machine']['load_avg_1m_at_end']:.1f} at the end), torch "
+        f"- machine: {results['machine']['logical_cores']} shared CPU cores (1-min load "
+        f"{results['machine']['load_average_at_end'][0]:.1f} at the end), torch "
         f"{results['machine']['torch']}",
         "",
         "| arm | init | test accuracy | test macro-F1 | best val accuracy | steps | train time |",

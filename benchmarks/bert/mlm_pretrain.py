@@ -16,11 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import platform
 from pathlib import Path
-
-import torch
 
 from attnlab.tasks import runner
 from benchmarks import common
@@ -34,6 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--eval-every", type=int, default=100)
     args = parser.parse_args(argv)
+    info = common.machine(threads=1)
     overrides = {
         "data": "chinese_reviews",
         "vocab_size": 8000,
@@ -63,12 +60,7 @@ def main(argv: list[str] | None = None) -> None:
         "val": val,
         "uniform_loss": math.log(report["vocab_size"]),
         "summary": results["summary"],
-        "machine": {
-            "cpu_count": os.cpu_count(),
-            "load_avg_1m_at_end": os.getloadavg()[0],
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-        },
+        "machine": {**info, "load_average_at_end": common.load_average()},
     }
     write(out)
 
@@ -94,7 +86,7 @@ def write(results: dict) -> None:
         f"{s['d_ff']}, max_len {s['max_len']}: {s['n_params'] / 1e6:.2f}M parameters",
         f"- {s['max_steps']} steps of batch {s['batch_size']}, AdamW lr {s['lr']}, 15% masking "
         f"(80/10/10), fp32, 1 thread; {results['summary']['wall_time_s'] / 60:.1f} min on "
-        f"{results['machine']['cpu_count']} shared CPU cores",
+        f"{results['machine']['logical_cores']} shared CPU cores",
         f"- first logged train loss (step {results['train_loss'][0][0]}): "
         f"{results['train_loss'][0][1]:.3f}",
         "",

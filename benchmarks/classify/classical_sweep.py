@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 from collections.abc import Callable
 
@@ -55,6 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--name", default="classify_classical_sweep", help="results file stem")
     args = parser.parse_args(argv)
     out = common.RESULTS / args.name
+    info = common.machine()
     try:
         import jieba
     except ImportError:
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     record = {
         "split": {k: len(v) for k, v in split.items()},
         "results": results,
-        "python": platform.python_version(),
+        "machine": info,
         "jieba": jieba.__version__,
     }
     out.with_suffix(".json").write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n")

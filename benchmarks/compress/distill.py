@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -62,7 +60,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     shutil.rmtree(ROOT, ignore_errors=True)
     ROOT.mkdir(parents=True)
-    load_start = os.getloadavg()[0]
+    info = common.machine(threads=1)
+    load_start = info["load_average_at_start"][0]
     budget = ["--max-steps", str(args.steps)]
     soft = ["--teacher", args.teacher, "--temperature", str(args.temperature),
             "--alpha", str(args.alpha)]  # fmt: skip
@@ -87,12 +86,8 @@ def main(argv: list[str] | None = None) -> None:
         "distilled student": score(ROOT / "distilled", args.rounds),
     }
     meta = {
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-        "threads": 1,
-        "load_start": load_start,
-        "load_end": os.getloadavg()[0],
+        **info,
+        "load_average_at_end": common.load_average(),
         "student": STUDENT,
         "steps": args.steps,
         "temperature": args.temperature,
@@ -116,9 +111,10 @@ def main(argv: list[str] | None = None) -> None:
         f"Students: `{' '.join(STUDENT)}`, {args.steps} steps of batch 64 each (trained at the "
         f"same time, fp32, one thread), T = {args.temperature}, "
         f"α = {args.alpha}. Test split of the bundled Chinese reviews. Latency: median of "
-        f"{args.rounds} forward passes over the same 256 test texts, one thread; {meta['cpus']} "
+        f"{args.rounds} forward passes over the same 256 test texts, one thread; "
+        f"{meta['logical_cores']} "
         f"logical CPUs shared with other jobs (load average {load_start:.1f} at start, "
-        f"{meta['load_end']:.1f} at end).",
+        f"{meta['load_average_at_end'][0]:.1f} at end).",
         "",
         "| model | test acc | parameters | latency ms | speed vs teacher | train steps "
         "| train CPU s |",

@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -32,6 +30,7 @@ from attnlab.tasks.prune import (
     validation_data,
 )
 from attnlab.tasks.runs import load_run
+from benchmarks import common
 
 
 def test_batches(run) -> list[dict[str, torch.Tensor]]:
@@ -120,8 +119,9 @@ def markdown(results: list[dict], meta: dict, command: str) -> str:
         "",
         f"`{command}`",
         "",
-        f"One thread, torch {meta['torch']}, {meta['cpus']} logical CPUs shared with other jobs "
-        f"(load average {meta['load_start']:.1f} at start, {meta['load_end']:.1f} at end): "
+        f"One thread, torch {meta['torch']}, {meta['logical_cores']} logical cores shared with "
+        f"other jobs (load average {meta['load_average_at_start'][0]:.1f} at start, "
+        f"{meta['load_average_at_end'][0]:.1f} at end): "
         "latencies are noisy, compare them within a table. Importance: Michel et al. 2019 "
         "(|∂L/∂ξ_h| summed over the validation split, normalised per layer); heads removed "
         "least important first, one head always left per layer; weights cut out (smaller "
@@ -155,15 +155,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--every", type=int, default=1, help="remove 0, k, 2k, ... heads")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    load_start = os.getloadavg()[0]
+    info = common.machine(threads=1)
     results = [sweep(run, args.rounds, args.every) for run in args.run]
     meta = {
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-        "threads": 1,
-        "load_start": load_start,
-        "load_end": os.getloadavg()[0],
+        **info,
+        "load_average_at_end": common.load_average(),
     }
     command = (
         "python -m benchmarks.compress.prune_heads "
@@ -174,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
     stem.with_suffix(".json").write_text(
         json.dumps({"meta": meta, "command": command, "results": results}, indent=2) + "\n"
     )
-    stem.with_suffix(".md").write_text(markdown(results, meta, command))
+    common.write_page(stem.with_suffix(".md"), markdown(results, meta, command), command)
     print(f"written {stem}.json and .md")
 
 

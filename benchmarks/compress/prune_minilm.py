@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
-import platform
 from pathlib import Path
 
 import torch
@@ -54,7 +52,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    load_start = os.getloadavg()[0]
+    info = common.machine(threads=1)
+    load_start = info["load_average_at_start"][0]
     corpus = balanced_subsample(load_pang_lee(), args.n, 0)
     names = sorted(set(corpus.labels))
     y = [names.index(label) for label in corpus.labels]
@@ -106,12 +105,8 @@ def main(argv: list[str] | None = None) -> None:
     for row in rows:
         row["speed_vs_unpruned"] = rows[0]["latency_ms"] / row["latency_ms"]
     meta = {
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-        "threads": 1,
-        "load_start": load_start,
-        "load_end": os.getloadavg()[0],
+        **info,
+        "load_average_at_end": common.load_average(),
         "sentences": args.n,
         "max_len": MAX_LEN,
         "timing_batch": list(timing["input_ids"].shape),
@@ -131,8 +126,9 @@ def main(argv: list[str] | None = None) -> None:
         f"mean-pooled vectors, fitted on {len(parts['train'])} Pang & Lee sentences; importance "
         f"on {len(parts['val'])}, accuracy on {len(parts['test'])} others; {MAX_LEN} tokens; "
         f"nothing retrained after pruning. Latency: median of {args.rounds} forward passes over "
-        f"the same test batch {meta['timing_batch']}, one thread, {meta['cpus']} logical CPUs "
-        f"shared with other jobs (load {load_start:.1f} at start, {meta['load_end']:.1f} at end).",
+        f"the same test batch {meta['timing_batch']}, one thread, {meta['logical_cores']} logical "
+        f"cores shared with other jobs (load {load_start:.1f} at start, "
+        f"{meta['load_average_at_end'][0]:.1f} at end).",
         "",
         "| heads removed | kept per layer | val acc | test acc | attention params | all params "
         "| latency ms | speed |",

@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -97,15 +95,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    load_start = os.getloadavg()[0]
+    info = common.machine(threads=1)
+    load_start = info["load_average_at_start"][0]
     results = []
     if args.run:
         results.append(classifier_rows(args.run, args.rounds))
     if args.minilm:
         results.append(minilm_rows(args.rounds))
-    meta = {"torch": torch.__version__, "python": platform.python_version(),
-            "cpus": os.cpu_count(), "threads": 1, "rounds": args.rounds,
-            "load_start": load_start, "load_end": os.getloadavg()[0]}  # fmt: skip
+    meta = {**info, "rounds": args.rounds, "load_average_at_end": common.load_average()}
     command = "python -m benchmarks.compress.prune_speed"
     command += f" --run {args.run}" if args.run else ""
     command += (" --minilm" if args.minilm else "") + f" --rounds {args.rounds}"
@@ -119,8 +116,9 @@ def main(argv: list[str] | None = None) -> None:
         f"`{command}`",
         "",
         f"Thread CPU time (and wall time) of one forward pass, median of {args.rounds} rounds in "
-        f"which the models take turns; one thread, {meta['cpus']} logical CPUs shared with other "
-        f"jobs (load average {load_start:.1f} at start, {meta['load_end']:.1f} at end). The "
+        f"which the models take turns; one thread, {meta['logical_cores']} logical cores shared "
+        f"with other jobs (load average {load_start:.1f} at start, "
+        f"{meta['load_average_at_end'][0]:.1f} at end). The "
         "classifier's batch is prune_heads.md's (256 test texts); MiniLM's is 100 Pang & Lee "
         "sentences of 48 tokens (importance and heads removed: prune_heads_minilm.json).",
     ]

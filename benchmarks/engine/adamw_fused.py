@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 from pathlib import Path
@@ -51,15 +50,17 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=30)
     args = p.parse_args(argv)
-    torch.set_num_threads(1)
+    info = common.machine(threads=common.set_threads(1))
     rows = [time_steps(name, args.steps) for name in ("moe", "dense2x")]
-    load = [round(x, 1) for x in os.getloadavg()]
+    load = [round(x, 1) for x in common.load_average()]
     OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.with_suffix(".json").write_text(json.dumps({"rows": rows, "load": load}, indent=1) + "\n")
+    OUT.with_suffix(".json").write_text(
+        json.dumps({"machine": info, "rows": rows, "load": load}, indent=1) + "\n"
+    )
     lines = [
         "# AdamW step: torch's fused CPU kernel against its default loop",
         "",
-        f"`python -m benchmarks.engine.adamw_fused --steps {args.steps}`: one thread, CPU time per "
+        "One thread, CPU time per "
         f"step, median of {args.steps} interleaved steps; load average {load} at the end.",
         "",
         "| model (benchmarks/mixers/speed.py) | parameters | loop ms | fused ms | loop ÷ fused |",

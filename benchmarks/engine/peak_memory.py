@@ -18,7 +18,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -181,13 +180,15 @@ What held the memory of `attnlab train classify` (found with short runs, RSS rea
 
 
 def write_report(rows: list[dict], meta: dict, out: Path) -> None:
+    meta = common.upgrade_machine(meta)
     out.mkdir(parents=True, exist_ok=True)
     (out / "peak_memory.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     lines = [
         "# Peak resident memory of `attnlab train` (`benchmarks/engine/peak_memory.py`)",
         "",
-        f"Command: `{meta['command']}`. {meta['cpu']}, {meta['cpus']} logical CPUs, one torch "
-        f"thread; load average {meta['load_start']:.1f} at start, {meta['load_end']:.1f} at end "
+        f"{meta['cpu']}, {meta['logical_cores']} logical cores, one torch thread; load average "
+        f"{meta['load_average_at_start'][0]:.1f} at start, "
+        f"{meta['load_average_at_end'][0]:.1f} at end "
         "(other jobs shared the machine; memory does not depend on speed). Peak = the child's "
         "high-water mark (ru_maxrss, as `/usr/bin/time -v`); the curve is its resident memory "
         "(VmRSS) when the given step was the last one logged. MB = MiB.",
@@ -222,7 +223,7 @@ def write_report(rows: list[dict], meta: dict, out: Path) -> None:
         for r in classify:
             lines.append(f"| {r['label']} | " + " | ".join(_curve_cells(r, marks)) + " |")
     lines += ["", FINDINGS]
-    common.write_page((out / "peak_memory.md"), lines)
+    common.write_page(out / "peak_memory.md", lines, meta["command"])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -242,9 +243,8 @@ def main(argv: list[str] | None = None) -> None:
         saved = json.loads((Path(args.out) / "peak_memory.json").read_text())
         write_report(saved["rows"], saved["meta"], Path(args.out))
         return
-    from benchmarks.common import cpu_model
 
-    load_start = os.getloadavg()[0]
+    info = common.machine(threads=1)
     runs = []
     for task in args.tasks.split(","):
         steps, extra = CASES[task]
@@ -255,12 +255,9 @@ def main(argv: list[str] | None = None) -> None:
     rows = [run.wait() for run in runs]  # all at once: each sees the same load
     print(json.dumps({r["label"]: r["peak_rss_mb"] for r in rows}), flush=True)
     meta = {
+        **info,
         "command": "python -m benchmarks.engine.peak_memory " + " ".join(sys.argv[1:]),
-        "cpu": cpu_model(),
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "load_start": load_start,
-        "load_end": os.getloadavg()[0],
+        "load_average_at_end": common.load_average(),
     }
     write_report(rows, meta, Path(args.out))
 

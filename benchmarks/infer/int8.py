@@ -27,7 +27,6 @@ import argparse
 import copy
 import io
 import json
-import os
 import statistics
 import tempfile
 import time
@@ -36,7 +35,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from attnlab.bench.machine import machine_info
 from attnlab.quant import quantize_model
 from attnlab.tasks import runner
 from attnlab.tasks.runs import load_run
@@ -119,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
                                             "num_threads": "1"})  # fmt: skip
     ensure("translate", work / "translate", {"max_steps": str(args.translate_steps),
                                               "num_threads": "1"}, "copy")  # fmt: skip
-    load_start = list(os.getloadavg())
+    load_start = common.load_average()
     table: dict[str, dict[str, dict]] = {}
 
     tasks = args.tasks.split(",")
@@ -192,9 +190,9 @@ def bench_translate(work: Path) -> dict:
 
 
 def write(table: dict, args: argparse.Namespace, load_start: list[float]) -> None:
-    info = machine_info()
+    info = common.machine()
     info["load_average_at_start"] = load_start
-    info["load_average_at_end"] = list(os.getloadavg())
+    info["load_average_at_end"] = common.load_average()
     command = (
         f"python -m benchmarks.infer.int8 --tasks {args.tasks} --lm-windows {args.lm_windows} "
         f"--repeats {args.repeats} --lm-latency-tokens {args.lm_latency_tokens}"

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 from pathlib import Path
@@ -23,7 +22,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from attnlab.bench.machine import machine_info
 from attnlab.data.text_lm import eval_starts, open_tokens
 from attnlab.models.generation import Generation, new_caches
 from attnlab.tasks.runs import load_run
@@ -79,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     val = open_tokens(Path(args.lm) / "data" / "val.bin", run.tokenizer.vocab_size)
     starts = eval_starts(len(val) - 1, T + 1, args.windows)
     windows = [torch.tensor(val[s : s + T + 1].astype("int64"))[None] for s in starts]
-    load_start = list(os.getloadavg())
+    load_start = common.load_average()
     rows = {}
     reference = full_loss(model, windows)
     for kind in KINDS:
@@ -101,9 +99,9 @@ def main(argv: list[str] | None = None) -> None:
             times[kind].append(decode_s(model, prompt, args.tokens, kind))
     for kind in KINDS:
         rows[kind]["tokens_per_s"] = args.tokens / statistics.median(times[kind])
-    info = machine_info()
+    info = common.machine()
     info["load_average_at_start"] = load_start
-    info["load_average_at_end"] = list(os.getloadavg())
+    info["load_average_at_end"] = common.load_average()
     command = f"python -m benchmarks.infer.kv_cache --windows {args.windows} --tokens {args.tokens}"
     result = {"command": command, "val_loss_uncached": reference, "rows": rows, "machine": info}
     out = Path(args.out)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 from pathlib import Path
@@ -27,7 +26,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnlab.bench.machine import machine_info
 from attnlab.data.text_lm import open_tokens
 from attnlab.models.generation import Generation, sample_next
 from attnlab.models.speculative import ModelDrafter, NgramDrafter, speculative_decode
@@ -75,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     tokens = open_tokens(work / "target" / "data" / "val.bin", target.tokenizer.vocab_size)
     starts = (1000, 50000, 200000)
     prompts = [torch.from_numpy(tokens[s : s + 64].astype(np.int64))[None] for s in starts]
-    load_start = list(os.getloadavg())
+    load_start = common.load_average()
     ks = [int(k) for k in args.ks.split(",")]
     modes = [("draft", k) for k in ks] + [("prompt lookup", k) for k in ks]
     rows = []
@@ -112,9 +110,9 @@ def main(argv: list[str] | None = None) -> None:
             }  # fmt: skip
             print(row, flush=True)
             rows.append(row)
-    info = machine_info()
+    info = common.machine()
     info["load_average_at_start"] = load_start
-    info["load_average_at_end"] = list(os.getloadavg())
+    info["load_average_at_end"] = common.load_average()
     command = f"python -m benchmarks.infer.speculative --tokens {args.tokens} --ks {args.ks}"
     runs = {
         name: {"settings": settings, "max_minutes": minutes, "steps": summary.get("steps"),

@@ -25,7 +25,6 @@ import argparse
 import json
 import math
 import multiprocessing
-import os
 import shutil
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -36,7 +35,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from attnlab.bench.machine import machine_info
 from attnlab.data.text_lm import open_tokens
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.tasks.lm import LMRun
@@ -172,7 +170,7 @@ def plot(result: dict, path: Path, L: int) -> None:
 
 
 def write_markdown(result: dict, path: Path, command: str) -> None:
-    s, info = result["settings"], result["machine"]
+    s, info = result["settings"], common.upgrade_machine(result["machine"])
     L = s["context"]
     head = "| method | " + " | ".join(f"{n}x ({n * L})" for n in MULTIPLES) + " |"
     lines = [
@@ -188,7 +186,7 @@ def write_markdown(result: dict, path: Path, command: str) -> None:
         "",
         f"Machine: {info['cpu']}, torch {info['torch']}, 1 thread per run, "
         f"{s.get('jobs', 1)} run(s) at a time; load average "
-        f"{info['load_average_at_start'][0]:.1f} at start, {info['load_average_end'][0]:.1f} at "
+        f"{info['load_average_at_start'][0]:.1f} at start, {info['load_average_at_end'][0]:.1f} at "
         f"end (shared with other jobs). Training minutes per run: "
         + ", ".join(f"{k} {v:.1f}" for k, v in result["train_minutes"].items())
         + ".",
@@ -266,7 +264,7 @@ def main(argv: list[str] | None = None) -> None:
         write_markdown(result, out.with_suffix(".md"), command)
         plot(result, out.with_suffix(".png"), s["context"])
         return
-    info = machine_info()
+    info = common.machine()
     L = args.context
     n_tokens = args.windows * MULTIPLES[-1] * L
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -302,7 +300,7 @@ def main(argv: list[str] | None = None) -> None:
             "by_position": runs[0]["by_position"],
             "perplexity_1x": math.exp(mean["1"]) if mean["1"] is not None else None,
         }
-    info["load_average_end"] = list(os.getloadavg())
+    info["load_average_at_end"] = common.load_average()
     settings = {"steps": args.steps, "seeds": seeds, "context": L, "eval_tokens": n_tokens}
     if args.jobs > 1:  # recorded only when used, so the L = 64 json (one job) still merges
         settings["jobs"] = args.jobs

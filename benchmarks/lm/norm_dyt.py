@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import shutil
 import sys
@@ -25,7 +24,6 @@ from pathlib import Path
 
 import torch
 
-from attnlab.bench.machine import machine_info
 from attnlab.tasks.runner import train
 from benchmarks import common
 
@@ -65,7 +63,7 @@ def run(task: str, preset: str, norm: str, overrides: dict, root: Path, alpha0: 
 
 def write(args: argparse.Namespace, info: dict, rows: list[dict]) -> Path:
     """The json and md of the rows so far (rewritten after every run)."""
-    info["load_average_end"] = list(os.getloadavg())
+    info["load_average_at_end"] = common.load_average()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     settings = vars(args)
@@ -85,7 +83,7 @@ def write(args: argparse.Namespace, info: dict, rows: list[dict]) -> Path:
         "not the paper's full-scale result.",
         "",
         f"Machine: {info['cpu']}, torch {info['torch']}, 1 thread; load average "
-        f"{info['load_average_at_start'][0]:.1f} at start, {info['load_average_end'][0]:.1f} at "
+        f"{info['load_average_at_start'][0]:.1f} at start, {info['load_average_at_end'][0]:.1f} at "
         "end (shared with other jobs; CPU seconds per step are less affected than wall time).",
         "",
         "| model | norm | steps | best val | test acc | CPU s / step (incl. eval) | train wall s |",
@@ -116,18 +114,18 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     norms = [n for n in args.norms.split(",") if n]
     torch.set_num_threads(1)
-    info = machine_info()
-    common = {"num_threads": 1, "precision": "fp32", "tensorboard": False, "seed": 0}
+    info = common.machine()
+    shared = {"num_threads": 1, "precision": "fp32", "tensorboard": False, "seed": 0}
     rows = []
     root = Path(args.runs)
     if "lm" in args.only:
-        lm = {**common, "max_steps": args.lm_steps, "eval_every": args.lm_steps}
+        lm = {**shared, "max_steps": args.lm_steps, "eval_every": args.lm_steps}
         for norm in norms:
             rows.append(run("lm", "baby", norm, {**lm, "sample_tokens": 0}, root, args.alpha0))
             write(args, info, rows)
     if "vit" in args.only:
         vit = {
-            **common,
+            **shared,
             "max_steps": args.vit_steps,
             "eval_every": args.vit_steps,
             "max_minutes": 0,

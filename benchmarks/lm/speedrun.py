@@ -42,7 +42,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from attnlab.bench.machine import machine_info
 from benchmarks import common
 
 RESULTS = Path("docs/results")
@@ -112,7 +111,7 @@ def finish(handle: dict[str, Any]) -> dict[str, Any]:
         raise RuntimeError(f"run {name} failed with exit code {code}:\n{tail}")
     record = read_record(handle["job"])
     record["load_average_start"] = list(handle["load"])
-    record["load_average_end"] = list(os.getloadavg())
+    record["load_average_end"] = common.load_average()
     print(f"[speedrun] done {name}: {brief(record)}", file=sys.stderr, flush=True)
     return record
 
@@ -521,7 +520,7 @@ def main(argv: list[str] | None = None) -> None:
                 f.write(json.dumps({"utc": utc, "load": os.getloadavg()}) + "\n")
                 f.flush()
                 time.sleep(30)
-    info = machine_info()
+    info = common.machine()
     start = time.perf_counter()
 
     def save(new: dict[str, Any]) -> None:
@@ -556,7 +555,7 @@ def main(argv: list[str] | None = None) -> None:
             "phase_wall_s": time.perf_counter() - start,
             "threads_per_run": 1,
             "runs_at_once": args.workers,
-            "machine": info | {"load_average_at_end": list(os.getloadavg())},
+            "machine": info | {"load_average_at_end": common.load_average()},
         }
     save(new)
     print(OUT_MD.read_text())

@@ -37,12 +37,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from attnlab.bench.machine import machine_info
 from attnlab.bench.report import scaling_lines
 from attnlab.bench.scaling import fit_exponent
 from attnlab.blocks import FeedForward
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.ssm import MambaBlock
+from benchmarks import common
 
 VOCAB, D_MODEL = 256, 256
 ATTENTION_KINDS = ("fused", "local", "linear")
@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> None:
         child(json.loads(args.child))
         return
     torch.set_num_threads(args.threads)
-    info = machine_info()
+    info = common.machine()
     lengths = [128 * 2**i for i in range(6) if 128 * 2**i <= args.max_len]
     nets = models(max(lengths))
     decode_result = {"params": {k: sum(p.numel() for p in m.parameters()) for k, m in nets.items()}}
@@ -312,14 +312,15 @@ def main(argv: list[str] | None = None) -> None:
     if not args.skip_scaling:
         Ts = [512 * 2**i for i in range(6) if 512 * 2**i <= args.max_T]
         result["scaling"] = scaling(Ts, args.threads, args.time_cap, args.repeats)
-    info["load_average_at_end"] = list(os.getloadavg())
+    info["load_average_at_end"] = common.load_average()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     flags = f" --max-len {args.max_len} --max-T {args.max_T} --threads {args.threads}"
     flags += f" --time-cap {args.time_cap:g}" + (" --skip-scaling" if args.skip_scaling else "")
-    text = render(result, f"python -m benchmarks.mixers.decode{flags}")
-    out.with_suffix(".md").write_text(text)
+    command = f"python -m benchmarks.mixers.decode{flags}"
+    text = render(result, command)
+    common.write_page(out.with_suffix(".md"), text, command)
     print(text)
 
 

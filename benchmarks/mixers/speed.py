@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -38,6 +36,7 @@ import torch.nn.functional as F
 
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.train.optim import build_optimizer
+from benchmarks import common
 
 VOCAB = 65
 BASE = dict(n_layers=4, n_heads=4, d_model=128, activation="gelu", bias=False, pos="learned")
@@ -108,14 +107,12 @@ def measure(context: int, rounds: int, names: list[str]) -> dict:
 
 
 def markdown(result: dict) -> str:
-    names = list(MODELS)
+    names, m = list(MODELS), common.upgrade_machine(result["machine"])
     lines = [
         "# Training speed of the mixers (tokens per CPU second, one thread, fp32)",
         "",
-        f"Command: `{result['command']}`",
-        "",
-        f"Machine: {result['machine']['cpu']}, torch {result['machine']['torch']}, "
-        f"{result['machine']['threads']} thread; load average {result['load_before']} before, "
+        f"Machine: {m['cpu']}, torch {m['torch']}, {m['torch_threads']} thread; load average "
+        f"{result['load_before']} before, "
         f"{result['load_after']} after. Each step is timed in CPU seconds of this one-thread "
         "process (time.process_time), which the machine's load (other jobs) does not inflate "
         "as it does wall-clock time; the models take turns step by step.",
@@ -157,7 +154,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default="docs/results/mixers_speed")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    load_before = [round(x, 1) for x in os.getloadavg()]
+    info = common.machine(threads=1)
+    load_before = [round(x, 1) for x in info["load_average_at_start"]]
     rows = []
     for context in args.contexts:
         row = measure(context, args.rounds, args.models)
@@ -166,19 +164,15 @@ def main(argv: list[str] | None = None) -> None:
     result = {
         "command": "python -m benchmarks.mixers.speed "
         + f"--contexts {' '.join(map(str, args.contexts))} --rounds {args.rounds}",
-        "machine": {
-            "cpu": platform.processor() or platform.machine(),
-            "torch": torch.__version__,
-            "threads": torch.get_num_threads(),
-        },
+        "machine": info,
         "load_before": load_before,
-        "load_after": [round(x, 1) for x in os.getloadavg()],
+        "load_after": [round(x, 1) for x in common.load_average()],
         "rows": rows,
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown(result))
+    common.write_page(out.with_suffix(".md"), markdown(result), result["command"])
     print(markdown(result))
 
 

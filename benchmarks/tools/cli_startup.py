@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -42,22 +40,22 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
-    load_start = os.getloadavg()[0]
+    info = common.machine(threads=1)
+    load_start = info["load_average_at_start"][0]
     rows = [measure(argv, args.rounds) for argv in COMMANDS]
     meta = {
+        **info,
         "rounds": args.rounds,
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-        "load_start": load_start,
-        "load_end": os.getloadavg()[0],
+        "load_average_at_end": common.load_average(),
     }
     out = Path("docs/results")
     (out / "cli_startup.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     lines = [
         "# Start-up time of the `attnlab` command (`benchmarks/tools/cli_startup.py`)",
         "",
-        f"A fresh Python per run, median of {args.rounds}; {meta['cpus']} logical CPUs, load "
-        f"average {load_start:.1f} at start, {meta['load_end']:.1f} at end.",
+        f"A fresh Python per run, median of {args.rounds}; {meta['logical_cores']} logical cores, "
+        "load "
+        f"average {load_start:.1f} at start, {meta['load_average_at_end'][0]:.1f} at end.",
         "",
         "| command | median | min–max | imports torch |",
         "|---|---|---|---|",

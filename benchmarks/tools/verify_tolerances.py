@@ -19,7 +19,6 @@ from pathlib import Path
 
 import torch
 
-from attnlab.bench.machine import machine_info
 from attnlab.verify.registry import CHECKS
 from attnlab.verify.runner import PASS, run_check
 from benchmarks import common
@@ -61,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(sweep(check, seeds))
         print(json.dumps(rows[-1]), flush=True)
     OUT.parent.mkdir(parents=True, exist_ok=True)
-    result = {"machine": machine_info(), "seeds": [seeds.start, seeds.stop - 1], "rows": rows}
+    result = {"machine": common.machine(), "seeds": [seeds.start, seeds.stop - 1], "rows": rows}
     OUT.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     lines = [
         "# `attnlab verify`: float32 rows against their tolerances over many seeds",

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -80,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", default="default", help="bundled preset, or default")
     parser.add_argument("--out", type=Path, default=Path("docs/results/translate_speed"))
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    info = common.machine(threads=common.set_threads(args.threads))
     torch.manual_seed(0)
     cfg = build_config(None if args.config == "default" else args.config, {})
     prep = prepare(cfg, Path("/tmp/translate_speed_run"), resume=False)
@@ -110,16 +109,14 @@ def main(argv: list[str] | None = None) -> None:
         "threads": args.threads,
         "median_step_s": {k: round(v, 4) for k, v in med.items()},
         "ratio_attnlab_over_torch": round(med["attnlab"] / med["torch.nn.Transformer"], 3),
-        "torch": torch.__version__,
-        "machine": platform.processor() or platform.machine(),
+        "machine": {**info, "load_average_at_end": common.load_average()},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     md = [
         "# Translation training step: attnlab vs torch.nn.Transformer",
         "",
-        f"Produced by `python -m benchmarks.translate.speed --steps {args.steps} "
-        f"--threads {args.threads}` (config `{args.config}`, en->de Bible batches of at most "
+        f"Config `{args.config}`, en->de Bible batches of at most "
         f"{cfg.data.max_tokens} padded tokens; median {tokens} target tokens). Forward, "
         "label-smoothed loss, backward and AdamW step; the models alternate step by step on a "
         "shared, busy 2-core CPU.",

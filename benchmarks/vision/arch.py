@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import shutil
 import time
@@ -22,7 +21,6 @@ from pathlib import Path
 
 import torch
 
-from attnlab.bench.machine import machine_info
 from attnlab.tasks.runner import train
 from benchmarks import common
 
@@ -42,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=str(RESULTS / "vision_arch"))
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    info = machine_info()
+    info = common.machine()
     rows = []
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -77,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
             }
         )
         print(json.dumps(rows[-1]), flush=True)
-        info["load_average_end"] = list(os.getloadavg())
+        info["load_average_at_end"] = common.load_average()
         out.with_suffix(".json").write_text(
             json.dumps({"machine": info, "settings": vars(args), "rows": rows}, indent=1) + "\n"
         )
@@ -92,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
             "",
             f"Machine: {info['cpu']}, torch {info['torch']}, 1 thread; load average "
             f"{info['load_average_at_start'][0]:.1f} at start, "
-            f"{info['load_average_end'][0]:.1f} at end (shared with other jobs).",
+            f"{info['load_average_at_end'][0]:.1f} at end (shared with other jobs).",
             "",
             "| arch | steps | val acc | test acc | parameters | CPU s / step (incl. eval) |",
             "|---|---:|---:|---:|---:|---:|",

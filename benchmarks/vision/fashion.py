@@ -18,7 +18,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import tempfile
 import time
 from pathlib import Path
@@ -76,12 +75,19 @@ def run_variant(
     }
 
 
+def machine_text(machine: dict | str) -> str:
+    """The page's machine words (older result files kept a string)."""
+    if isinstance(machine, str):
+        return machine
+    return f"{machine['cpu']}, {machine['logical_cores']} logical cores (shared)"
+
+
 def render(meta: dict, rows: list[dict]) -> str:
     """The Markdown page."""
     lines = [
         f"# {meta['dataset']}: ViT vs ResNet + channel/spatial attention",
         "",
-        f"Produced by `benchmarks/vision/fashion.py` on {meta['date']} ({meta['machine']}); "
+        f"Produced on {meta['date']} ({machine_text(meta['machine'])}); "
         f"torch {meta['torch']}. Settings: {meta['epochs'] or 'preset'} epoch(s) at most per "
         f"variant, cap {meta['minutes']} min of training wall time with the lr schedule run "
         "on the clock (`schedule_by_time`), presets `vit.toml` / `cnn.toml`.",
@@ -122,11 +128,11 @@ def main(argv: list[str] | None = None) -> None:
         help="keep the other variants' rows already in the results file (rerun some variants)",
     )
     args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    info = common.machine(threads=common.set_threads(args.threads))
     meta = {
         "threads": args.threads,
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs (shared)",
+        "machine": info,
         "torch": torch.__version__,
         "load_start": round(os.getloadavg()[0], 1),
         "epochs": args.epochs,
@@ -151,7 +157,8 @@ def main(argv: list[str] | None = None) -> None:
             rows.append(row | {"meta": dict(meta)})
             rows.sort(key=lambda r: list(VARIANTS).index(r["variant"]))
             write_json(json_path, {"meta": meta, "rows": rows})
-            atomic_write_text(OUT / f"{args.name}.md", render(meta, rows))
+            page = common.with_command(render(meta, rows), common.command_line())
+            atomic_write_text(OUT / f"{args.name}.md", page)
             print(row, flush=True)
 
 

@@ -125,7 +125,7 @@ def train_stage(
 
 def train_run(pair: str, name: str, minutes: float, dataset: str, seed: int) -> None:
     """Train run `name` of `pair` (its stages in turn, one thread) and write its row."""
-    torch.set_num_threads(1)
+    info = common.machine(threads=common.set_threads(1))
     folder = _folder(pair, dataset, seed)
     stages, prev = [], ""
     for i, (task, overrides, share) in enumerate(PAIRS[pair][name]):
@@ -158,6 +158,7 @@ def train_run(pair: str, name: str, minutes: float, dataset: str, seed: int) -> 
         "load_start": stages[0]["load_start"],
         "load_end": stages[-1]["load_end"],
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": info,
     }
     (folder / f"{name}.json").write_text(json.dumps(row, indent=1) + "\n")
     print(row, flush=True)

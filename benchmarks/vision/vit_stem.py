@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
-import platform
 import tempfile
 from pathlib import Path
 
@@ -28,10 +27,10 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--minutes", type=float, default=4.0)
     args = p.parse_args(argv)
-    torch.set_num_threads(1)
+    info = common.machine(threads=common.set_threads(1))
     meta = {
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs (shared)",
+        "machine": info,
         "torch": torch.__version__,
         "minutes": args.minutes,
     }
@@ -60,7 +59,8 @@ def main(argv: list[str] | None = None) -> None:
         "# ViT stem: convolutions vs patch projection at an equal budget (Fashion-MNIST)",
         "",
         f"Produced on {meta['date']} "
-        f"({meta['machine']}, torch {meta['torch']}, one thread): the `vit.toml` preset with "
+        f"({info['cpu']}, {info['logical_cores']} logical cores (shared), torch {meta['torch']}, "
+        "one thread): the `vit.toml` preset with "
         f"`stem` = conv or patch, {args.minutes} minutes of training each (lr schedule on the "
         "clock), best validation checkpoint scored on the 10k test images.",
         "",
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
             f"| {r['stem']} | {r['test_acc']:.4f} | {r['best_val_acc']:.4f} | {r['params']:,} "
             f"| {r['steps']} | {r['load_start']}/{r['load_end']} |"
         )
-    atomic_write_text(OUT / "vit_stem.md", "\n".join(lines) + "\n")
+    atomic_write_text(OUT / "vit_stem.md", common.with_command(lines, common.command_line()))
 
 
 if __name__ == "__main__":
