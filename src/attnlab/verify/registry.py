@@ -7,7 +7,7 @@ compares: 1e-10 where both sides compute in float64; where the oracle rounds thr
 gradient rows (sums over many tokens, so larger numbers) apart from output rows. The balance
 loss is float64 on attnlab's side, but HF divides its counts in float32 (~6e-8 of the loss).
 The seed counts in the comments below come from sweeps run by hand (1000-3000 seeds, not
-committed); `benchmarks/verify_tolerances.py` reruns such a sweep over every float32 row and
+committed); `benchmarks/tools/verify_tolerances.py` reruns such a sweep over every float32 row and
 records how close each row comes to its tolerance (docs/results/verify_tolerances.md).
 """
 
