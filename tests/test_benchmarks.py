@@ -1,7 +1,8 @@
 """Every benchmark script starts, and every result page names the command that made it.
 
 Scripts are found by walking benchmarks/, so a new one is covered without editing this file.
-A module whose name starts with ``_`` is a helper that scripts import, not a script.
+A module whose name starts with ``_`` is a helper that scripts import, not a script. A page
+whose script was retired says so on its command line, and docs/results/LOG.md tells that run.
 """
 
 from __future__ import annotations
@@ -72,7 +73,9 @@ def test_help_prints_and_exits_zero(name, monkeypatch):
     assert "usage:" in out.getvalue()
 
 
-COMMAND_LINE = re.compile(r"^Command: `(?P<cmd>[^`]+)`", re.MULTILINE)
+COMMAND_LINE = re.compile(r"^Command: `(?P<cmd>[^`]+)`(?P<rest>.*)$", re.MULTILINE)
+RETIRED = "(retired, see LOG.md)"  # the script is gone; LOG.md tells its finding and commit
+LOG = RESULTS / "LOG.md"
 
 
 def cli_commands() -> set[str]:
@@ -112,8 +115,12 @@ def test_pages_found():
 def test_page_names_its_command(page):
     text = page.read_text(encoding="utf-8")
     found = COMMAND_LINE.findall(text)
-    assert found, f"{page.name}: no line 'Command: `...`'"
+    assert found or page == LOG, f"{page.name}: no line 'Command: `...`'"
     known = cli_commands()
-    for line in found:
+    for line, rest in found:
+        if RETIRED in rest:
+            log = LOG.read_text(encoding="utf-8")
+            assert page.name in log and line in log, f"LOG.md does not tell {page.name}'s run"
+            continue
         for cmd in re.split(r"\s*(?:;|&&)\s*", line):
             check_command(cmd, known)
