@@ -92,6 +92,7 @@ def _run_train(args: argparse.Namespace) -> int:
 
     name = ALIASES.get(args.task, args.task)
     opts = task_parser(name, args.rest).parse_args(args.rest)
+    check_device(opts.device)
     name = _redirected(name, opts)
     overrides = parse_key_values(opts.overrides)
     for cls in get_task(name).sections().values():
@@ -185,9 +186,9 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
 
 def _run_predict(args: argparse.Namespace) -> int:
     run = _load(args.run, "predict")
-    from attnlab.data.io import split_lines
+    from attnlab.data.io import read_stdin, split_lines
 
-    inputs = args.texts or [line for line in split_lines(sys.stdin.read()) if line.strip()]
+    inputs = args.texts or [line for line in split_lines(read_stdin()) if line.strip()]
     if not inputs:
         raise UserError("nothing to predict: pass texts (or image files) or pipe lines on stdin")
     for start in range(0, len(inputs), 256):
@@ -351,7 +352,7 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_translate(args: argparse.Namespace) -> int:
-    from attnlab.data.io import read_utf8, split_lines
+    from attnlab.data.io import read_stdin, read_utf8, split_lines
 
     run = _load(args.run, "translate")
     if args.texts:
@@ -359,7 +360,7 @@ def _run_translate(args: argparse.Namespace) -> int:
     elif args.input:
         texts = split_lines(read_utf8(args.input, "input file"))
     else:
-        texts = split_lines(sys.stdin.read())
+        texts = split_lines(read_stdin())
     if not any(t.strip() for t in texts):
         raise UserError("no text given: pass sentences, --input FILE, or lines on stdin")
     for i, n_unk, n in run.unknown(texts):
@@ -571,6 +572,52 @@ COMMANDS: dict[str, Command] = {
 }
 
 
+# Positionals and options that carry text (not paths) into a model.
+TEXT_ARGS = ("texts", "inputs", "text", "prompt", "stop", "a", "b", "queries")
+
+
+def clean_text_args(args: argparse.Namespace) -> None:
+    """Replace, in the text arguments, each byte the shell passed that is not UTF-8 (Python
+    keeps it as a lone surrogate, which no tokenizer or encoder accepts) by U+FFFD; a value
+    that names an existing file (an image to predict) is kept as it is."""
+    import os
+
+    from attnlab.data.io import clean_text
+
+    def clean(value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        cleaned = clean_text(value)
+        return value if cleaned != value and os.path.exists(value) else cleaned
+
+    for name in TEXT_ARGS:
+        value = getattr(args, name, None)
+        setattr(args, name, [clean(v) for v in value] if isinstance(value, list) else clean(value))
+
+
+def check_device(device: str | None) -> None:
+    """Refuse a --device this torch cannot use, before anything is loaded or written."""
+    if device is None:
+        return
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise UserError(f"--device {device!r} is not a device; use cpu or cuda") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda, but torch sees no CUDA device; use --device cpu")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise UserError(
+            f"--device {device}: torch sees {torch.cuda.device_count()} CUDA device(s), "
+            f"numbered from 0; use --device cuda:0"
+        )
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise UserError("--device mps, but torch sees no MPS device; use --device cpu")
+    if dev.type not in ("cpu", "cuda", "mps"):
+        raise UserError(f"--device {device!r}: attnlab runs on cpu, cuda or mps")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="attnlab",
@@ -594,6 +641,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         setattr(args, trailing, list(getattr(args, trailing)) + extra)
     try:
+        clean_text_args(args)
+        check_device(getattr(args, "device", None))
         return COMMANDS[args.command][1](args)
     except UserError as err:  # bad input: a message that says what to change, no traceback
         print(f"attnlab: error: {err}", file=sys.stderr)

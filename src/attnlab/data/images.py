@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import os
 import pickle
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -144,18 +145,38 @@ def load_mnist(split: str) -> ImageSet:
     return ImageSet(images, torch.from_numpy(y.astype(np.int64)), classes, f"MNIST {split}")
 
 
+# The largest image file attnlab decodes (width × height): 64 MiB of grey, 192 MiB of RGB.
+MAX_IMAGE_PIXELS = 8192 * 8192
+
+
 def load_image(path: str | os.PathLike[str], channels: int, size: int = 0) -> Tensor:
     """One image file as uint8 (C, H, W): grey (1) or RGB (3), resized to size × size if given."""
     from PIL import Image
 
     if channels not in (1, 3):
         raise UserError(f"channels must be 1 (grey) or 3 (RGB), got {channels}")
+
+    def too_large(size: str) -> UserError:
+        return UserError(
+            f"{path}: image too large ({size}; at most {MAX_IMAGE_PIXELS:,} pixels are "
+            "decoded, a guard against decompression bombs); resize it, e.g. to 1024 × 1024"
+        )
+
     try:
-        with Image.open(path) as img:
+        with warnings.catch_warnings():  # Pillow warns above 89M pixels; we refuse above 67M
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            img = Image.open(path)
+        with img:
+            if img.width * img.height > MAX_IMAGE_PIXELS:  # checked before decoding a pixel
+                raise too_large(f"{img.width} × {img.height} pixels")
             img = img.convert("L" if channels == 1 else "RGB")
             if size:
                 img = img.resize((size, size), Image.BILINEAR)
             arr = np.asarray(img, dtype=np.uint8)
+    except Image.DecompressionBombError:  # Pillow's own limit, met before ours in open()
+        raise too_large(f"its header claims over {2 * Image.MAX_IMAGE_PIXELS:,} pixels") from None
+    except UserError:
+        raise
     except (OSError, ValueError) as err:
         raise UserError(f"{path}: cannot read as an image ({err})") from None
     t = torch.from_numpy(arr.copy())

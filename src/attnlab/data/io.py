@@ -7,6 +7,8 @@ import csv
 import errno
 import json
 import os
+import re
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -85,6 +87,35 @@ ZERO_WIDTH = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad\u180e"
 def is_blank(text: str) -> bool:
     """Whether a text holds nothing to read: only whitespace and zero-width characters."""
     return not text.translate(ZERO_WIDTH).strip()
+
+
+# A lone surrogate code point: a JSON escape such as "\\ud800", or a byte the command line
+# could not decode as UTF-8 (Python keeps it as U+DC80..U+DCFF). No UTF-8 encoder accepts one.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(text: str) -> str:
+    """``text`` with each lone surrogate replaced by U+FFFD, the replacement character."""
+    return _SURROGATE.sub("\ufffd", text)
+
+
+def clean_strings(value: Any) -> Any:
+    """A parsed JSON value with :func:`clean_text` applied to every string in it."""
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, list):
+        return [clean_strings(v) for v in value]
+    if isinstance(value, dict):
+        return {clean_strings(k): clean_strings(v) for k, v in value.items()}
+    return value
+
+
+def read_stdin() -> str:
+    """Standard input as text: bytes that are not UTF-8 become U+FFFD (whatever the locale)."""
+    buffer = getattr(sys.stdin, "buffer", None)
+    if buffer is None:  # replaced by a text stream (tests, embedding)
+        return clean_text(sys.stdin.read())
+    return buffer.read().decode("utf-8", errors="replace")
 
 
 def split_lines(text: str) -> list[str]:

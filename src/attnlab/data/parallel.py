@@ -19,6 +19,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 
 from attnlab.data.buckets import LengthBucketSampler
 from attnlab.data.errors import DataError
+from attnlab.data.io import clean_strings
 from attnlab.errors import UserError
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
@@ -35,7 +36,9 @@ class Pair:
 
 
 def _open_text(path: Path):
-    return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open()
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8")
+    return path.open(encoding="utf-8")
 
 
 def read_pairs(path: str | Path) -> list[Pair]:
@@ -45,13 +48,17 @@ def read_pairs(path: str | Path) -> list[Pair]:
         raise DataError(path, "no such file", "pass a TSV or JSONL file of sentence pairs")
     jsonl = ".jsonl" in path.suffixes or ".json" in path.suffixes
     pairs: list[Pair] = []
-    with _open_text(path) as f:
-        for n, line in enumerate(f, start=1):
-            line = line.rstrip("\n")
-            if not line.strip():
-                continue
-            pair = _parse_json(path, n, line) if jsonl else _parse_tsv(path, n, line)
-            pairs.append(pair)
+    n = 0
+    try:
+        with _open_text(path) as f:
+            for n, line in enumerate(f, start=1):
+                line = line.rstrip("\n")
+                if not line.strip():
+                    continue
+                pair = _parse_json(path, n, line) if jsonl else _parse_tsv(path, n, line)
+                pairs.append(pair)
+    except UnicodeDecodeError:
+        raise DataError(path, "is not valid UTF-8", "re-save the file as UTF-8", n + 1) from None
     if not pairs:
         raise DataError(path, "no sentence pairs", "give one pair per line")
     return pairs
@@ -71,7 +78,7 @@ def _parse_tsv(path: Path, n: int, line: str) -> Pair:
 
 def _parse_json(path: Path, n: int, line: str) -> Pair:
     try:
-        obj = json.loads(line)
+        obj = clean_strings(json.loads(line))  # a lone surrogate escape: U+FFFD
     except json.JSONDecodeError as err:
         raise DataError(
             path, f"invalid JSON ({err.msg})", "write one JSON object a line", n
@@ -172,7 +179,20 @@ class TextTokenizer:
 
     @classmethod
     def load(cls, path: Path) -> TextTokenizer:
-        return cls(Tokenizer.from_file(str(path)))
+        """The tokenizer saved at ``path``; a damaged file is one UserError naming it."""
+        try:
+            tok = Tokenizer.from_file(str(path))
+        except Exception as err:  # the Rust library raises a bare Exception for a bad file
+            why = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise UserError(
+                f"{path}: not a readable tokenizer file ({why}); restore it, or retrain the run"
+            ) from None
+        if [tok.token_to_id(t) for t in SPECIALS] != list(range(len(SPECIALS))):
+            raise UserError(
+                f"{path}: not a tokenizer of a translation run (it lacks the special tokens "
+                f"{' '.join(SPECIALS)} as ids 0..{len(SPECIALS) - 1}); restore it, or retrain"
+            )
+        return cls(tok)
 
 
 # ---------------------------------------------------------------------------- batches

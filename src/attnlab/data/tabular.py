@@ -11,7 +11,7 @@ from pathlib import Path
 
 from attnlab.data.corpus import LabeledCorpus
 from attnlab.data.errors import DataError
-from attnlab.data.io import allow_long_csv_fields, is_blank, read_utf8
+from attnlab.data.io import allow_long_csv_fields, clean_strings, is_blank, read_utf8
 from attnlab.errors import UserError
 
 FORMATS = ("csv", "tsv", "jsonl")
@@ -173,7 +173,7 @@ def _jsonl_rows(path: Path, text: str) -> Iterator[tuple[int, dict[str, object]]
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = clean_strings(json.loads(line))  # a lone surrogate escape: U+FFFD
         except json.JSONDecodeError as err:
             raise DataError(
                 path,

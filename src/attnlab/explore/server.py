@@ -23,6 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from attnlab.data.io import clean_text
 from attnlab.errors import UserError
 from attnlab.explore.page import explore_data, render_page
 from attnlab.explore.sources import Source
@@ -96,7 +97,7 @@ class Explorer:
             raise UserError("send {'inputs': [text, ...]}")
         if len(inputs) > 8:
             raise UserError(f"at most 8 inputs per request, got {len(inputs)}")
-        return self.data(inputs)
+        return self.data([clean_text(t) for t in inputs])  # "\ud800" in JSON: U+FFFD
 
 
 def make_handler(
@@ -136,7 +137,8 @@ def make_handler(
             if self.refused():
                 return
             text = (self.headers.get("Content-Length") or "0").strip()
-            if not text.isdigit():
+            # ASCII digits only ("²" is a digit to str.isdigit), and few: int() refuses 4300+
+            if not (text.isascii() and text.isdigit() and len(text) <= 18):
                 self._json(400, {"error": f"Content-Length {text[:20]!r} is not a byte count"})
                 return
             length = int(text)

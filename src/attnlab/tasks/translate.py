@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from attnlab.configs import ConfigBase, setting
 from attnlab.data.io import write_json
 from attnlab.data.parallel import (
+    SPECIALS,
     Pair,
     ParallelData,
     TextTokenizer,
@@ -72,6 +73,14 @@ class TranslateDataConfig(ConfigBase):
             raise UserError(f"pair must be two of {', '.join(LANGS)} like en-de, got {self.pair}")
         if self.max_tokens < self.max_sentence_tokens + 1:
             raise UserError("max_tokens must exceed max_sentence_tokens (a batch holds a pair)")
+        for name in ("vocab_size", "tgt_tokenizer_size"):
+            size = getattr(self, name)
+            if 0 < size <= len(SPECIALS):  # tgt_tokenizer_size 0: the same as vocab_size
+                raise UserError(
+                    f"{name} {size} is too small: every vocabulary holds the {len(SPECIALS)} "
+                    f"special tokens ({' '.join(SPECIALS)}) and at least one more; give "
+                    f"{len(SPECIALS) + 1} or more"
+                )
 
 
 SECTIONS: dict[str, type[ConfigBase]] = {

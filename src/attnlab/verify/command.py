@@ -13,6 +13,7 @@ import platform
 import secrets
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from attnlab.errors import UserError
@@ -62,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.verify.runner import failed, format_table, run_checks, write_json
 
     checks = select(args.only)
+    if args.json:
+        _check_json_target(Path(args.json))  # before minutes of checks, not after
     if args.list:
         for c in checks:
             print(f"{c.component:36s} {c.oracle:32s} tolerance {c.tolerance:.0e}")
@@ -80,9 +83,20 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(rows))
     print(summary(rows, wall, seed))
     if args.json:
-        write_json(rows, args.json, meta(seed, wall))
+        from attnlab.data.io import output_errors
+
+        with output_errors("--json"):
+            write_json(rows, args.json, meta(seed, wall))
         print(f"table written to {args.json}")
     return 1 if failed(rows) else 0
+
+
+def _check_json_target(path: Path) -> None:
+    """Refuse a --json path that cannot become a file: a folder, or one in no folder."""
+    if path.is_dir():
+        raise UserError(f"--json {path} is a folder; give a file path, e.g. {path / 'verify.json'}")
+    if not path.parent.is_dir():
+        raise UserError(f"--json {path}: there is no folder {path.parent}; create it first")
 
 
 def _progress(total: int):
