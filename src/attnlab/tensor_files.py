@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import struct
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -54,12 +55,30 @@ def write_tensors(
     tmp = path.with_name(path.name + ".tmp")
     try:
         save_file(cpu, str(tmp), metadata=meta)
+        sort_header(tmp)
         fsync_file(tmp)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def sort_header(path: Path) -> None:
+    """Rewrite a safetensors file's JSON header in place with its keys sorted.
+
+    safetensors writes the header from a hash map, so the same tensors and metadata come out
+    in another order from one process to the next; sorted, one model gives one file. The
+    header keeps its length (the same compact JSON, reordered), so the data does not move."""
+    with open(path, "r+b") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        raw = f.read(size)
+        header = json.loads(raw)
+        text = json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        new = text.encode().ljust(size)  # safetensors pads its header with spaces
+        if len(new) == size and json.loads(new) == json.loads(raw):
+            f.seek(8)
+            f.write(new)
 
 
 def tied_groups(state: Mapping[str, Tensor]) -> list[list[str]]:

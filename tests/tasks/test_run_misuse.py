@@ -136,3 +136,40 @@ def test_distill_takes_a_fine_tuned_bert_teacher(tmp_path: Path, capsys, monkeyp
     for row, pred in zip(probs, teacher.predict(texts)):
         want = [pred["probs"][label] for label in teacher.labels.labels]
         torch.testing.assert_close(row, torch.tensor(want), rtol=0, atol=1e-6)
+
+
+BERT_TINY = [
+    "--d-model", "16", "--n-layers", "1", "--n-heads", "2", "--d-ff", "32",
+    "--vocab-size", "90", "--min-frequency", "1", "--max-len", "16", "--batch-size", "16",
+    "--max-steps", "2", "--tensorboard", "false", "--precision", "fp32", "--num-threads", "1",
+]  # fmt: skip
+
+
+def write_text(path: Path, n: int = 80) -> Path:
+    """English-like lines whose pieces tie often (what made WordPiece training vary)."""
+    stems = ["walk", "talk", "jump", "play", "read", "sing", "cook", "draw", "swim", "ride"]
+    ends = ["", "s", "ed", "ing", "er"]
+    lines = [
+        " ".join(stems[(i * 7 + j) % 10] + ends[(i + j) % 5] for j in range(6)) for i in range(n)
+    ]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("task", ["mlm", "electra"])
+def test_one_seed_gives_one_tokenizer_and_one_set_of_weights(task, tmp_path, capsys) -> None:
+    data = write_text(tmp_path / "text.txt")
+    outs = [tmp_path / "a", tmp_path / "b"]
+    for out in outs:
+        argv = ["train", task, "--data", str(data), "--out", str(out), "--seed", "3"]
+        assert main([*argv, *BERT_TINY]) == 0, capsys.readouterr().err
+    for name in ("tokenizer.json", "model.safetensors"):
+        assert (outs[0] / name).read_bytes() == (outs[1] / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("task", ["mlm", "electra"])
+@pytest.mark.parametrize("prob", ["0", "1", "1.5"])
+def test_a_mask_prob_outside_0_1_is_refused_before_the_folder(task, prob, tmp_path, capsys):
+    out = tmp_path / "run"
+    probe(capsys, ["train", task, "--out", str(out), "--mask-prob", prob], "mask_prob")
+    assert list(tmp_path.iterdir()) == []

@@ -22,6 +22,29 @@ PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIALS = (PAD, UNK, CLS, SEP, MASK)
 
 
+def continuation_pieces(tok: Tokenizer, texts: Sequence[str]) -> list[str]:
+    """``##c`` for every character ``c`` that follows another inside a word, sorted.
+
+    The trainer creates these pieces while iterating over a hash map, so their ids, which
+    break ties between merges of equal count, differ from one process to the next, and so
+    does the vocabulary (tokenizers issue #1794). Given first, in sorted order, as special
+    tokens, they get the same ids every time and training is deterministic."""
+    pieces: set[str] = set()
+    for text in texts:
+        normal = tok.normalizer.normalize_str(text) if tok.normalizer else text
+        for word, _ in tok.pre_tokenizer.pre_tokenize_str(normal):
+            pieces.update(word[1:])
+    return [f"##{c}" for c in sorted(pieces)]
+
+
+def _drop_added(tok: Tokenizer, names: set[str]) -> Tokenizer:
+    """The tokenizer with ``names`` kept as vocabulary pieces but no longer added tokens (an
+    added token would be matched whole in raw text, before WordPiece)."""
+    state = json.loads(tok.to_str())
+    state["added_tokens"] = [t for t in state["added_tokens"] if t["content"] not in names]
+    return Tokenizer.from_str(json.dumps(state))
+
+
 class WordPieceTokenizer:
     """BERT's tokenizer: normalise, split on whitespace/punctuation, WordPiece, add specials."""
 
@@ -114,14 +137,16 @@ class WordPieceTokenizer:
                 f"vocab_size must exceed the {len(SPECIALS)} specials, got {vocab_size}"
             )
         tok = _bert_pipeline(WordPiece(unk_token=UNK), lowercase)
+        texts = list(texts)
+        suffixes = continuation_pieces(tok, texts)
         trainer = trainers.WordPieceTrainer(
             vocab_size=vocab_size,
             min_frequency=min_frequency,
-            special_tokens=list(SPECIALS),
+            special_tokens=[*SPECIALS, *suffixes],
             show_progress=False,
         )
         tok.train_from_iterator(texts, trainer)
-        return cls(tok)
+        return cls(_drop_added(tok, set(suffixes)))
 
     def save(self, path: str | Path) -> None:
         """Write ``tokenizer.json`` (readable by ``tokenizers`` and ``transformers``)."""

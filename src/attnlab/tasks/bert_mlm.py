@@ -49,7 +49,9 @@ class MLMDataConfig(ConfigBase):
     min_frequency: int = setting(2)
     lowercase: bool = setting(True)
     max_len: int = setting(128, "tokens per text ([CLS] and [SEP] included); the rest is cut")
-    mask_prob: float = setting(0.15, "share of tokens chosen as MLM targets (80/10/10 rule)")
+    mask_prob: float = setting(
+        0.15, "share of tokens chosen as MLM targets (80/10/10 rule)", above=0, below=1
+    )
     split_seed: int = setting(0)
     val_ratio: float = setting(0.1)
     test_ratio: float = setting(0.1)
