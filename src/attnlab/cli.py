@@ -17,7 +17,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from attnlab.configs import add_dataclass_arguments, collect_overrides, parse_key_values
+from attnlab.configs import (
+    add_dataclass_arguments,
+    collect_overrides,
+    parse_key_values,
+    refuse_conflicts,
+)
 from attnlab.errors import UserError
 from attnlab.explore import command as explore_command
 from attnlab.tasks.registry import ALIASES, REGISTRY
@@ -96,7 +101,9 @@ def _run_train(args: argparse.Namespace) -> int:
     name = _redirected(name, opts)
     overrides = parse_key_values(opts.overrides)
     for cls in get_task(name).sections().values():
-        overrides.update(collect_overrides(opts, cls))
+        flags = collect_overrides(opts, cls)
+        refuse_conflicts(overrides, flags)
+        overrides.update(flags)
     if opts.out is None:
         out = Path(f"runs/{name}")
         # under torchrun every rank must pick the same folder: no numbering there
@@ -260,6 +267,10 @@ def _run_generate(args: argparse.Namespace) -> int:
     from attnlab.tasks.lm import LMRun, check_request, default_prompt
 
     check_request(args.max_new_tokens, args.num_samples, args.temperature, args.top_k, args.top_p)
+    if args.no_cache and args.kv_cache != "float":
+        raise UserError(
+            f"--kv-cache {args.kv_cache} has no cache to act on with --no-cache; drop one"
+        )
     run = LMRun.load(args.run, args.device)
     drafter = _drafter(args, run)
     if not args.no_cache:

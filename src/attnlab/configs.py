@@ -488,5 +488,19 @@ def parse_key_values(items: list[str]) -> dict[str, str]:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise UserError(f"override {item!r} is not of the form key=value (e.g. n_heads=4)")
-        out[key.strip().replace("-", "_")] = value.strip()
+        key, value = key.strip().replace("-", "_"), value.strip()
+        if out.get(key, value) != value:
+            raise UserError(f"{key} is given twice ({key}={out[key]} and {key}={value}); keep one")
+        out[key] = value
     return out
+
+
+def refuse_conflicts(fields: Mapping[str, Any], flags: Mapping[str, Any]) -> None:
+    """Refuse a field set both as FIELD=VALUE and by its --flag to another value (one of the
+    two would be dropped without a word)."""
+    for key, value in flags.items():
+        if key in fields and str(fields[key]) != str(value):
+            flag = "--" + key.replace("_", "-")
+            raise UserError(
+                f"{key} is given twice, as {flag} {value} and as {key}={fields[key]}; keep one"
+            )

@@ -184,3 +184,16 @@ def test_an_lm_text_too_short_to_split_says_so_with_the_size_needed(tmp_path, ca
     line = probe(capsys, argv, *needles, after_training=True)  # after the "data:" line
     assert "characters or more" in line and ".starting-" not in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.txt"]
+
+
+def test_a_field_given_as_flag_and_as_field_value_is_refused(tmp_path, capsys) -> None:
+    out = tmp_path / "run"
+    argv = ["train", "classify", "--out", str(out), "--max-steps", "2", "max_steps=4"]
+    probe(capsys, argv, "max_steps is given twice", "--max-steps 2", "max_steps=4")
+    probe(capsys, ["train", "classify", "--out", str(out), "lr=1", "lr=2"], "lr is given twice")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_generate_refuses_a_kv_cache_kind_without_a_cache(tmp_path, capsys) -> None:
+    argv = ["generate", str(tmp_path), "--kv-cache", "int8", "--no-cache"]
+    probe(capsys, argv, "--kv-cache int8", "--no-cache")
