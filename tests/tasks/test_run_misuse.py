@@ -197,3 +197,12 @@ def test_a_field_given_as_flag_and_as_field_value_is_refused(tmp_path, capsys) -
 def test_generate_refuses_a_kv_cache_kind_without_a_cache(tmp_path, capsys) -> None:
     argv = ["generate", str(tmp_path), "--kv-cache", "int8", "--no-cache"]
     probe(capsys, argv, "--kv-cache int8", "--no-cache")
+
+
+def test_bench_refuses_negative_threads_and_writes_inside_an_out_folder(tmp_path, capsys):
+    from attnlab.bench.run import report_path
+
+    probe(capsys, ["bench", "--num-threads", "-2", "--out", str(tmp_path / "r")], "-2")
+    assert list(tmp_path.iterdir()) == []
+    assert report_path(tmp_path) == tmp_path / "bench-report.md"  # an existing folder
+    assert report_path(tmp_path / "mine") == tmp_path / "mine.md"

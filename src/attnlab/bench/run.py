@@ -26,6 +26,15 @@ PLAN = {
 }
 
 
+def report_path(out: str | Path) -> Path:
+    """The report's .md path: ``out`` with .md, or DEFAULT_OUT inside ``out`` when that is an
+    existing folder (beside it, DIR.md and DIR.json would name no file the user asked for)."""
+    out = Path(out)
+    if out.is_dir():
+        return out / DEFAULT_OUT
+    return out.with_suffix(".md")
+
+
 def run_bench(
     out: str | Path = DEFAULT_OUT,
     quick: bool = False,
@@ -40,6 +49,9 @@ def run_bench(
         raise UserError(f"unknown bench sections {sorted(unknown)}; choose from {SECTIONS}")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise UserError("--device cuda, but torch sees no CUDA device; use --device cpu")
+    if threads < 0:
+        raise UserError(f"--num-threads must be >= 0 (0 = torch's default), got {threads}")
+    out = report_path(out)
     if threads > 0:
         torch.set_num_threads(threads)
     dev = torch.device(device)
@@ -79,7 +91,6 @@ def run_bench(
         results["sections"][name] = runners[name]()
         log(f"  done in {time.perf_counter() - t0:.1f} s")
     results["wall_s"] = time.perf_counter() - start
-    out = Path(out).with_suffix(".md")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
     out.write_text(render(results) + "\n")
