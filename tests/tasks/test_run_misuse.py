@@ -206,3 +206,8 @@ def test_bench_refuses_negative_threads_and_writes_inside_an_out_folder(tmp_path
     assert list(tmp_path.iterdir()) == []
     assert report_path(tmp_path) == tmp_path / "bench-report.md"  # an existing folder
     assert report_path(tmp_path / "mine") == tmp_path / "mine.md"
+
+
+def test_an_lm_context_of_one_token_is_refused_before_the_folder(tmp_path, capsys) -> None:
+    probe(capsys, ["train", "lm", "--out", str(tmp_path / "lm"), "--context", "1"], "--context 1")
+    assert list(tmp_path.iterdir()) == []

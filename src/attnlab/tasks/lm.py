@@ -224,6 +224,17 @@ class LMTask(Task):
     def sections(self) -> dict[str, type[ConfigBase]]:
         return SECTIONS
 
+    def check(self, cfg: RunConfig) -> None:
+        # A context of one token is a bigram table, not a language model that attends to
+        # anything, and its final evaluation runs one forward pass per validation token
+        # (about 500,000 on Shakespeare): refused rather than capped, so no run reports a
+        # perplexity over a sample of windows it did not say it sampled.
+        if cfg.model.context < 2:
+            raise UserError(
+                f"--context {cfg.model.context}: a language model needs at least 2 tokens of "
+                "context (1 leaves attention nothing to attend to); give --context 2 or more"
+            )
+
     def setup(self, cfg: RunConfig, run_dir: Path, resume: bool, device: str) -> Setup:
         prep = prepare(cfg.data, run_dir, resume, cfg.model.context)
         cfg.model.vocab_size = prep.tokenizer.vocab_size
