@@ -43,6 +43,11 @@ def spread_examples(run: Path, k: int = 6) -> list[dict[str, str]]:
     ]
 
 
+def bleu_text(report: dict) -> str:
+    """BLEU for the table; undefined (None) when no hypothesis has four tokens."""
+    return "n/a" if report["bleu"] is None else f"{report['bleu']:.2f}"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", default="default", help="bundled preset name, or default")
@@ -67,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     overrides_given = args.overrides
     if args.eval_only:  # rescore the finished run (e.g. after a scoring fix)
         results = json.loads((run / "results.json").read_text())
-        results["test"] = TranslatorRun.load(run).evaluate("test")
+        results["test"] = TranslatorRun.load(run).evaluate(split="test")
         before = json.loads(args.out.with_suffix(".json").read_text())
         total, load_average = before["total_wall_s_with_eval"], before["load_average_1min_at_end"]
         command, overrides_given = before["command"], before["overrides"]
@@ -87,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
         load_average = os.getloadavg()[0]  # 1-minute load as training ends
     beam = results["test"]
     shutil.copy(run / "test.hyp.txt", run / "test.beam.txt")  # read by translate.compare
-    greedy = TranslatorRun.load(run).evaluate("test", beam_size=1)
+    greedy = TranslatorRun.load(run).evaluate(split="test", beam_size=1)
     shutil.copy(run / "test.hyp.txt", run / "test.greedy.txt")
     summary = results["summary"]
     saved = read_run_config(run)
@@ -116,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(report, indent=2, ensure_ascii=False))
     rows = [
-        f"| {name} | {r['beam_size']} | {r['bleu']:.2f} | {r['chrf']:.2f} | "
+        f"| {name} | {r['beam_size']} | {bleu_text(r)} | {r['chrf']:.2f} | "
         f"{r['decode_seconds']:.1f} |"
         for name, r in (("greedy", greedy), ("beam", beam))
     ]
