@@ -48,6 +48,7 @@ pytestmark = pytest.mark.usefixtures("on_test_device")  # tests/_device.py: ATTN
 F64 = torch.float64
 TIGHT = dict(rtol=1e-9, atol=1e-11)  # float64, same maths in a different order
 SETTINGS = settings(max_examples=60, deadline=None)
+CPU_BACKENDS = ("explicit", "fused", "flash")  # "triton" needs CUDA: tests/test_flash_triton.py
 
 
 def randn(g: torch.Generator, *shape: int, grad: bool = True) -> Tensor:
@@ -159,7 +160,7 @@ def test_sdpa_matches_torch_forward_and_gradients(c: Case) -> None:
     expected_grads = torch.autograd.grad((expected * cotangent).sum(), leaves)
 
     results = {}
-    for fused in (False, True):
+    for backend in CPU_BACKENDS:
         out, weights = scaled_dot_product_attention(
             q,
             k,
@@ -168,11 +169,11 @@ def test_sdpa_matches_torch_forward_and_gradients(c: Case) -> None:
             is_causal=is_causal,
             bias=bias,
             scale=c.scale,
-            fused=fused,
-            need_weights=not fused,
+            backend=backend,
+            need_weights=backend == "explicit",
         )
         grads = torch.autograd.grad((out * cotangent).sum(), leaves)
-        results[fused] = out
+        results[backend] = out
         # Rows with something to attend to: the reference; empty rows: exact zeros.
         torch.testing.assert_close(out * nonempty[..., None], expected * nonempty[..., None])
         assert torch.equal(out[~nonempty], torch.zeros_like(out[~nonempty]))
@@ -187,7 +188,8 @@ def test_sdpa_matches_torch_forward_and_gradients(c: Case) -> None:
             torch.testing.assert_close(weights.sum(-1), nonempty.to(F64))
             v_rep = v.repeat_interleave(c.H // c.Hkv, dim=1)
             torch.testing.assert_close(weights @ v_rep, out, **TIGHT)
-    torch.testing.assert_close(results[True], results[False], **TIGHT)
+    for backend in CPU_BACKENDS:
+        torch.testing.assert_close(results[backend], results["explicit"], **TIGHT)
 
 
 def test_fully_masked_everything_gives_zeros_and_finite_gradients() -> None:
@@ -196,9 +198,9 @@ def test_fully_masked_everything_gives_zeros_and_finite_gradients() -> None:
     v = torch.randn(2, 2, 6, 5, dtype=F64, requires_grad=True)
     bias = torch.randn(1, 4, 3, 6, dtype=F64, requires_grad=True)
     mask = torch.zeros(2, 1, 1, 6, dtype=torch.bool)
-    for fused in (False, True):
+    for backend in CPU_BACKENDS:
         for b in (None, bias):
-            out, _ = scaled_dot_product_attention(q, k, v, mask, bias=b, fused=fused)
+            out, _ = scaled_dot_product_attention(q, k, v, mask, bias=b, backend=backend)
             assert torch.equal(out, torch.zeros_like(out))
             leaves = [q, k, v] + ([b] if b is not None else [])
             for grad in torch.autograd.grad(out.square().sum() + out.sum(), leaves):
@@ -212,26 +214,31 @@ def test_fully_masked_rows_in_low_precision(dtype: torch.dtype) -> None:
     v = torch.randn(2, 2, 5, 8, dtype=dtype, requires_grad=True)
     mask = torch.rand(2, 1, 4, 5) < 0.6
     mask[:, :, 1] = False
-    for fused in (False, True):
-        out, _ = scaled_dot_product_attention(q, k, v, mask, fused=fused)
+    for backend in CPU_BACKENDS:
+        out, _ = scaled_dot_product_attention(q, k, v, mask, backend=backend)
         assert torch.equal(out[:, :, 1], torch.zeros_like(out[:, :, 1]))
         grads = torch.autograd.grad(out.float().square().sum(), (q, k, v))
         assert all(torch.isfinite(g).all() for g in grads)
 
 
-def test_explicit_attention_switch_forces_the_explicit_path() -> None:
+def test_backend_explicit_is_the_explicit_path_and_need_weights_takes_it() -> None:
     q, k, v = (torch.randn(1, 2, 3, 4, dtype=F64) for _ in range(3))
-    fused, _ = scaled_dot_product_attention(q, k, v, dropout_p=0.0)
-    with explicit_attention():
-        torch.manual_seed(0)
-        a, _ = scaled_dot_product_attention(q, k, v, dropout_p=0.5)
-        torch.manual_seed(0)
-        b, w = scaled_dot_product_attention(q, k, v, dropout_p=0.5, need_weights=True)
+    fused, none = scaled_dot_product_attention(q, k, v, dropout_p=0.0)
+    assert none is None
+    torch.manual_seed(0)
+    a, _ = scaled_dot_product_attention(q, k, v, dropout_p=0.5, backend="explicit")
+    torch.manual_seed(0)
+    b, w = scaled_dot_product_attention(q, k, v, dropout_p=0.5, need_weights=True)
     assert w is not None
     torch.testing.assert_close(a, b, **TIGHT)  # same RNG draws: the same explicit path
-    with explicit_attention():
-        plain, _ = scaled_dot_product_attention(q, k, v)
-    torch.testing.assert_close(plain, fused, **TIGHT)
+    torch.manual_seed(0)
+    c, _ = explicit_attention(q, k, v, dropout_p=0.5)
+    torch.testing.assert_close(c, a, **TIGHT)
+    for backend in CPU_BACKENDS:
+        plain, _ = scaled_dot_product_attention(q, k, v, backend=backend)
+        torch.testing.assert_close(plain, fused, **TIGHT)
+    with pytest.raises(ValueError, match="backend must be one of explicit, fused, flash, triton"):
+        scaled_dot_product_attention(q, k, v, backend="fast")
 
 
 # --------------------------------------------------------------------------- dropout
@@ -242,12 +249,12 @@ def test_fused_dropout_equals_torch_under_the_same_seed() -> None:
     k, v = torch.randn(2, 4, 7, 8, dtype=F64), torch.randn(2, 4, 7, 8, dtype=F64)
     mask = torch.rand(2, 1, 5, 7) < 0.8
     state = rng_state()
-    ours, _ = scaled_dot_product_attention(q, k, v, mask, dropout_p=0.3, fused=True)
+    ours, _ = scaled_dot_product_attention(q, k, v, mask, dropout_p=0.3, backend="fused")
     set_rng_state(state)
     theirs = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.3)
     torch.testing.assert_close(ours, theirs, **TIGHT)
     set_rng_state(state)
-    no_drop, _ = scaled_dot_product_attention(q, k, v, mask, fused=True)
+    no_drop, _ = scaled_dot_product_attention(q, k, v, mask, backend="fused")
     assert not torch.allclose(ours, no_drop)
 
 
@@ -266,14 +273,14 @@ def test_explicit_dropout_drops_at_rate_p_and_rescales() -> None:
     torch.testing.assert_close(out, dropped @ v, **TIGHT)
 
 
-@pytest.mark.parametrize("fused", [False, True])
-def test_dropout_is_unbiased(fused: bool) -> None:
+@pytest.mark.parametrize("backend", ["explicit", "fused"])
+def test_dropout_is_unbiased(backend: str) -> None:
     """Inverted dropout: the mean output over many draws is the output without dropout."""
     n, p = 4000, 0.3
     q1, k1, v1 = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4)
     q, k, v = (t.to(F64).expand(n, -1, -1, -1) for t in (q1, k1, v1))
     expected, _ = scaled_dot_product_attention(q1.to(F64), k1.to(F64), v1.to(F64))
-    out, _ = scaled_dot_product_attention(q, k, v, dropout_p=p, fused=fused)
+    out, _ = scaled_dot_product_attention(q, k, v, dropout_p=p, backend=backend)
     mean, std = out.mean(0, keepdim=True), out.std(0, keepdim=True)
     assert (std > 0).all()
     assert ((mean - expected).abs() <= 6 * std / n**0.5 + 1e-12).all()
@@ -356,8 +363,8 @@ def test_causal_mask_is_bottom_right_aligned(t_q: int, t_k: int) -> None:
     q = torch.randn(2, 2, t_q, 4, dtype=F64)
     k, v = torch.randn(2, 2, t_k, 4, dtype=F64), torch.randn(2, 2, t_k, 4, dtype=F64)
     want = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(t_q, t_k))
-    for fused in (False, True):
-        got, _ = scaled_dot_product_attention(q, k, v, is_causal=True, fused=fused)
+    for backend in CPU_BACKENDS:
+        got, _ = scaled_dot_product_attention(q, k, v, is_causal=True, backend=backend)
         torch.testing.assert_close(got, want)
 
 
@@ -367,8 +374,8 @@ def test_causal_without_mask_uses_the_kernels_causal_flag_correctly(h: int, hkv:
     q = torch.randn(2, h, 9, 8, dtype=F64, requires_grad=True)
     k = torch.randn(2, hkv, 9, 8, dtype=F64, requires_grad=True)
     v = torch.randn(2, hkv, 9, 8, dtype=F64, requires_grad=True)
-    want, _ = scaled_dot_product_attention(q, k, v, causal_mask(9), fused=False)
-    got, _ = scaled_dot_product_attention(q, k, v, is_causal=True, fused=True)
+    want, _ = scaled_dot_product_attention(q, k, v, causal_mask(9), backend="explicit")
+    got, _ = scaled_dot_product_attention(q, k, v, is_causal=True, backend="fused")
     torch.testing.assert_close(got, want, **TIGHT)
     cot = torch.randn_like(want)
     for a, b in zip(
@@ -786,9 +793,9 @@ def test_every_mask_rank_equals_torch_with_the_mask_expanded(B: int, H: int) -> 
     x = torch.randn(B, T, H * dh, dtype=F64)
     for name, (mask, full) in cases.items():
         want = F.scaled_dot_product_attention(q, k, v, attn_mask=full.contiguous())
-        for fused in (False, True):
-            got, _ = scaled_dot_product_attention(q, k, v, mask, fused=fused)
-            torch.testing.assert_close(got, want, **TIGHT, msg=f"{name} fused={fused}")
+        for backend in CPU_BACKENDS:
+            got, _ = scaled_dot_product_attention(q, k, v, mask, backend=backend)
+            torch.testing.assert_close(got, want, **TIGHT, msg=f"{name} backend={backend}")
         blocked = (~full.expand(B, H, T, T)).reshape(B * H, T, T)
         want_mha, _ = theirs(x, x, x, attn_mask=blocked, need_weights=False)
         for need_weights in (False, True):
@@ -907,13 +914,14 @@ def test_sdpa_accepts_any_leading_dimensions(
     want_w = _weights_oracle(q, k, full, gqa)
     cot = torch.randn_like(want)
     want_g = torch.autograd.grad((want * cot).sum(), (q, k, v))
-    for fused in (False, True):
-        out, w = scaled_dot_product_attention(q, k, v, mask, fused=fused, need_weights=not fused)
+    for backend in CPU_BACKENDS:
+        explicit = backend == "explicit"
+        out, w = scaled_dot_product_attention(q, k, v, mask, backend=backend, need_weights=explicit)
         assert out.shape == want.shape
         torch.testing.assert_close(out, want, **TIGHT)
         for got, expected in zip(torch.autograd.grad((out * cot).sum(), (q, k, v)), want_g):
             torch.testing.assert_close(got, expected, **TIGHT)
-        if not fused:
+        if explicit:
             assert w is not None and w.shape == want_w.shape
             torch.testing.assert_close(w, want_w, **TIGHT)
 

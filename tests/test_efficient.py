@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.attention import MultiHeadAttention, padding_mask, scaled_dot_product_attention
+from attnlab.configs import apply_overrides, from_dict
 from attnlab.efficient import (
     LinearAttention,
     LinearAttentionState,
@@ -283,6 +284,10 @@ def test_bad_configurations_say_what_to_change():
         tiny_gpt(attention="local")
     with pytest.raises(ValueError, match="pos='alibi'"):
         tiny_gpt(attention="linear", pos="alibi")
+    with pytest.raises(ValueError, match="backend='flash' applies to attention='full'"):
+        tiny_gpt(attention="local", window=4, backend="flash")
+    with pytest.raises(ValueError, match="backend must be one of explicit, fused, flash, triton"):
+        check_attention_config("full", 0, 0, "fast")
     q, k, v = qkv(grad=False)
     with pytest.raises(ValueError, match="can only mask keys"):
         LinearAttention()(q, k, v, mask=torch.ones(13, 13, dtype=torch.bool)[None, None])
@@ -295,3 +300,15 @@ def test_bad_configurations_say_what_to_change():
     mha = MultiHeadAttention(16, 2, kernel=make_kernel("linear"))
     with pytest.raises(ValueError, match="self-attention only"):
         mha(torch.randn(1, 3, 16), torch.randn(1, 4, 16))
+
+
+def test_attention_flash_reads_as_full_attention_by_the_flash_backend(capsys):
+    """What (attention) and how (backend) are two fields; the one-field spelling of a config or
+    command line, attention = "flash", reads as backend = "flash" with a line saying so."""
+    base = dict(vocab_size=17, context=40, n_layers=2, n_heads=2, d_model=16)
+    cfg = from_dict(GPTConfig, {**base, "attention": "flash"})
+    assert (cfg.attention, cfg.backend) == ("full", "flash")
+    assert "write backend instead" in capsys.readouterr().err
+    cfg = apply_overrides(GPTConfig(**base), {"attention": "flash"})
+    assert (cfg.attention, cfg.backend) == ("full", "flash")
+    assert apply_overrides(cfg, {"attention": "local", "window": "4", "backend": "fused"}).window

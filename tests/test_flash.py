@@ -5,7 +5,7 @@
   that do not divide T (property test; the case and its seed are printed on failure);
 * the leading-dimension conventions of scaled_dot_product_attention (3-D, 5-D inputs);
 * the backward saves only O and the log-sum-exp besides the inputs (no T×T tensor);
-* as a GPT kernel (attention="flash"): same logits, gradients and cached decoding as "full".
+* as a GPT backend (backend="flash"): same logits, gradients and cached decoding as "full".
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def test_flash_equals_torch_sdpa_forward_and_gradients(seed: int) -> None:
 def test_flash_takes_any_leading_dimensions(shape) -> None:
     q, k, v = (torch.randn(shape, dtype=F64) for _ in range(3))
     mask = torch.rand(shape[-2], shape[-2]) > 0.4  # 2-D: shared by everything
-    want, _ = scaled_dot_product_attention(q, k, v, mask, is_causal=True, fused=False)
+    want, _ = scaled_dot_product_attention(q, k, v, mask, is_causal=True, backend="explicit")
     got = flash_attention(q, k, v, mask, True, block_q=3, block_k=4)
     assert got.shape == want.shape
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
@@ -74,7 +74,7 @@ def test_gpt_with_flash_kernel_equals_full_attention() -> None:
     torch.manual_seed(0)
     base = dict(vocab_size=11, context=40, n_layers=2, n_heads=4, n_kv_heads=2, d_model=16)
     full = GPT(GPTConfig(**base)).double()
-    flash = GPT(GPTConfig(**base, attention="flash")).double()
+    flash = GPT(GPTConfig(**base, backend="flash")).double()
     flash.load_state_dict(full.state_dict())
     ids = torch.randint(0, 11, (2, 33))
     a, b = full(ids), flash(ids)

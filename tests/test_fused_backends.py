@@ -66,12 +66,12 @@ def test_fused_kernel_equals_explicit_path(
     causal = case == "causal"
 
     with sdpa_kernel(BACKENDS[backend]):  # this kernel only: no silent fallback
-        out, _ = scaled_dot_product_attention(q, k, v, mask, is_causal=causal, fused=True)
+        out, _ = scaled_dot_product_attention(q, k, v, mask, is_causal=causal, backend="fused")
     assert out.dtype == dtype and out.shape == (B, H, T, D)
     grads = torch.autograd.grad((out.float() * cot).sum(), (q, k, v))
 
     ref = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    want, _ = scaled_dot_product_attention(*ref, mask, is_causal=causal, fused=False)
+    want, _ = scaled_dot_product_attention(*ref, mask, is_causal=causal, backend="explicit")
     want_grads = torch.autograd.grad((want * cot.double()).sum(), ref)
 
     assert_close_normwise(out, want, dtype, f"{backend} {case} output")

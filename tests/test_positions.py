@@ -218,8 +218,8 @@ def test_alibi_bias_gives_blooms_causal_attention(t_q: int, t_k: int) -> None:
     want = F.scaled_dot_product_attention(
         q, k, v, attn_mask=bloom.expand(1, H, t_q, t_k).masked_fill(~causal, float("-inf"))
     )
-    for fused in (False, True):
-        got, _ = scaled_dot_product_attention(q, k, v, is_causal=True, bias=bias, fused=fused)
+    for backend in ("explicit", "fused"):
+        got, _ = scaled_dot_product_attention(q, k, v, is_causal=True, bias=bias, backend=backend)
         torch.testing.assert_close(got, want)
 
 

@@ -171,7 +171,7 @@ def test_wkv_weights_are_the_attention_that_wkv_computes(T):
 
 
 def test_recorded_time_mix_weights_are_its_channel_groups():
-    from attnlab.attention import record_attention
+    from attnlab.attention_record import record_attention
     from attnlab.rwkv import wkv_weights
 
     mix = TimeMix(8, 0, 2).double()

@@ -211,7 +211,7 @@ def test_hidden_attention_reproduces_the_scan(T):
 
 
 def test_a_mamba_layer_records_its_normalised_hidden_attention():
-    from attnlab.attention import record_attention
+    from attnlab.attention_record import record_attention
 
     block = MambaBlock(8, d_state=4, d_conv=3, expand=2, dt_rank=2).double()
     block.view_heads = 4

@@ -1,145 +1,198 @@
-"""Scaled dot-product attention, attention masks, multi-head attention and its KV cache.
+"""Attention, written out: scaled dot-product attention step by step, the masks it reads, and
+multi-head attention with its KV cache (Vaswani et al. 2017, "Attention Is All You Need", §3.2).
 
-Mask convention, one for all of attnlab: a **boolean** tensor where ``True`` means *may
-attend*, read by one rule for every rank (:func:`normalize_mask`; any dimension may also be 1):
+Read top to bottom:
 
-* 2-D ``(Tq, Tk)``: one mask shared by every sample and head;
-* 3-D ``(B, Tq, Tk)``: one mask per sample, shared by the heads;
-* 4-D ``(B, H, Tq, Tk)``: per sample and per head (a key padding mask is (B, 1, 1, Tk));
+1. :func:`explicit_attention`: eq. 1, one line per step, on per-head tensors (B, H, T, Dh).
+2. :func:`scaled_dot_product_attention`: the one entry point the models call. It takes any
+   rank, reads the mask, and computes the same numbers by one of four **backends** (the *how*;
+   *what* is computed, full, local or linear attention, is :mod:`attnlab.efficient`'s):
 
-for inputs with more leading dimensions (…, Tq, D), a mask of the inputs' rank. Any other rank,
-or a size that is neither the input's nor 1, is refused with a message saying how to reshape:
-nothing is guessed (a 3-D mask is never read as one mask per head). PyTorch's
-``key_padding_mask`` and boolean ``attn_mask`` of ``nn.MultiheadAttention`` use the opposite
-sense (``True`` = ignore); convert them at the boundary with :func:`from_key_padding_mask` and
-:func:`from_attn_mask`.
+   * ``"explicit"``: :func:`explicit_attention`, the textbook steps; the only one that forms the
+     weights, so ``need_weights=True`` and an active recorder
+     (:class:`attnlab.attention_record.record_attention`) always take it;
+   * ``"fused"`` (the default): PyTorch's ``F.scaled_dot_product_attention``;
+   * ``"flash"``: attnlab's FlashAttention written by hand (:mod:`attnlab.flash`);
+   * ``"triton"``: its forward as a Triton kernel (:mod:`attnlab.flash_triton`, CUDA).
 
-A query row with nothing to attend to yields an attention output of zeros (and zero
-gradients), never NaN, as ``F.scaled_dot_product_attention`` does; :class:`MultiHeadAttention`
-then applies ``out_proj`` as usual, so its output for that row is ``out_proj.bias`` (what
-``nn.MultiheadAttention`` returns on its fused path).
-
-Causal masks are aligned bottom-right: with Tq queries and Tk keys, query ``i`` sits at
-position ``Tk - Tq + i``. For Tq == Tk this is the usual lower triangle; for a KV cache it lets
-the new queries see every cached key and each other causally.
+   The flash kernels take no additive bias and no dropout: a call with either runs on the fused
+   kernel instead.
+3. The masks. One convention for all of attnlab: a **boolean** tensor where ``True`` means
+   *may attend*, broadcastable to (B, H, Tq, Tk): 2-D (Tq, Tk) is shared by all, 3-D
+   (B, Tq, Tk) is per sample, 4-D (B, H, Tq, Tk) per sample and head (a key padding mask is
+   (B, 1, 1, Tk)); anything else is refused with a message saying how to reshape
+   (:func:`attnlab.shapes.normalize_mask`, the rule in full). PyTorch's ``key_padding_mask``
+   and boolean ``attn_mask`` use the opposite sense (True = ignore): convert them at the
+   boundary with :func:`from_key_padding_mask` and :func:`from_attn_mask`. A query row with
+   nothing to attend to yields zeros (and zero gradients), never NaN, as
+   ``F.scaled_dot_product_attention`` does. Causal masks are aligned bottom-right: with Tq
+   queries and Tk keys, query ``i`` sits at position ``Tk - Tq + i`` (the lower triangle when
+   Tq == Tk; with a KV cache the new queries see every cached key and each other causally).
+4. :class:`KVCache` and :class:`MultiHeadAttention` (self and cross, GQA/MQA, the cache).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, get_args
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-# Global switch: when False, every call takes the explicit path (for inspection and teaching).
-USE_FUSED = True
+from attnlab.attention_record import is_recording, record_call
+from attnlab.flash import flash_attention
+from attnlab.flash_triton import flash_attention_triton
+from attnlab.shapes import as_4d, check_mask, check_qkv, normalize_mask
+
+# --------------------------------------------------------------------------- attention, explicitly
 
 
-class explicit_attention:  # noqa: N801 - used as a context manager, reads like a statement
-    """Context manager that forces the explicit (step-by-step) attention path everywhere."""
+def explicit_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    is_causal: bool = False,
+    *,
+    bias: Tensor | None = None,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+) -> tuple[Tensor, Tensor]:
+    """Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V  (Vaswani et al. 2017, eq. 1), step by step.
 
-    def __enter__(self) -> None:
-        global USE_FUSED
-        self._previous = USE_FUSED
-        USE_FUSED = False
-
-    def __exit__(self, *exc: object) -> None:
-        global USE_FUSED
-        USE_FUSED = self._previous
-
-
-@dataclass
-class AttentionCall:
-    """One call of :func:`scaled_dot_product_attention`, as :class:`record_attention` saw it.
-
-    ``weights = softmax(scores · scale + bias, masked)`` with ``scores`` the raw q·kᵀ (not yet
-    scaled by 1/√d_k), all (B, H, Tq, Tk); ``mask`` (True = may attend) includes the causal part
-    when ``is_causal``; ``module`` names the MultiHeadAttention that made the call.
+    q (B, H, Tq, Dk); k (B, Hkv, Tk, Dk); v (B, Hkv, Tk, Dv), H a multiple of Hkv; ``mask``
+    bool, True = may attend, broadcastable to (B, H, Tq, Tk); ``is_causal`` adds the decoder's
+    mask (§3.2.3: no query sees a later key); ``bias`` an additive float (B|1, H|1, Tq, Tk)
+    (relative positions, ALiBi); ``scale`` defaults to 1/√d_k. Returns the output
+    (B, H, Tq, Dv) and the weights (B, H, Tq, Tk).
     """
+    B, H, Tq, Dk = q.shape
+    Hkv, Tk = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(Dk) if scale is None else scale
+    if Hkv != H:  # grouped-query attention: each key/value head serves H / Hkv query heads
+        k = k.repeat_interleave(H // Hkv, dim=1)  # (B, H, Tk, Dk)
+        v = v.repeat_interleave(H // Hkv, dim=1)  # (B, H, Tk, Dv)
+    if is_causal:
+        mask = combine_masks(mask, causal_mask(Tq, Tk, device=q.device))  # (B|1, H|1, Tq, Tk)
 
-    module: str
-    scores: Tensor
-    scale: float
-    bias: Tensor | None
-    mask: Tensor | None
-    is_causal: bool
-    weights: Tensor
+    raw = torch.matmul(q, k.transpose(-2, -1))  # Q Kᵀ                      (B, H, Tq, Tk)
+    scores = raw * scale  # Q Kᵀ / √d_k                                      (B, H, Tq, Tk)
+    if bias is not None:
+        scores = scores + bias  # + a position bias                           (B, H, Tq, Tk)
+    if mask is not None:
+        # Masked keys get −∞ in the paper; the dtype's lowest finite value here, so a row with
+        # nothing to attend to softmaxes to a harmless uniform row (no NaN) ...
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)  # (B, H, Tq, Tk)
+    weights = torch.softmax(scores, dim=-1)  # softmax(·) over the keys      (B, H, Tq, Tk)
+    if mask is not None:
+        weights = weights * mask  # ... which this turns into zeros           (B, H, Tq, Tk)
+    record_call(raw, scale, bias, mask, is_causal, weights)  # no-op unless recording
+    if dropout_p > 0.0:
+        weights = F.dropout(weights, p=dropout_p)  # dropout on the weights (§5.4)
+    out = torch.matmul(weights, v)  # softmax(·) V                           (B, H, Tq, Dv)
+    return out, weights
 
 
-_RECORDER: record_attention | None = None
+# --------------------------------------------------------------------------- one entry point
+
+Backend = Literal["explicit", "fused", "flash", "triton"]
+BACKENDS: tuple[str, ...] = get_args(Backend)
 
 
-class record_attention:  # noqa: N801 - used as a context manager, reads like a statement
-    """While active, every attention call takes the explicit path and is appended to ``calls``.
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    is_causal: bool = False,
+    dropout_p: float = 0.0,
+    need_weights: bool = False,
+    *,
+    bias: Tensor | None = None,
+    scale: float | None = None,
+    backend: Backend = "fused",
+) -> tuple[Tensor, Tensor | None]:
+    """Attention(Q, K, V) = softmax(Q Kᵀ / √d_k + bias, masked) V, by ``backend``.
 
-    With ``model``, each call is labelled with the name of the MultiHeadAttention in ``model``
-    that made it (``model.named_modules()`` names). One recorder at a time.
+    q: (…, Tq, Dk); k: (…, Tk, Dk); v: (…, Tk, Dv) with any leading dimensions, as
+    ``F.scaled_dot_product_attention``: typically (B, H, T, D), or (B, T, D) for one head.
+    With four or more dimensions the third from the end is the head dimension and k, v may have
+    fewer heads Hkv than q's H, H a multiple of Hkv (grouped-query attention); every other
+    leading dimension must agree. mask: bool, True = may attend, read by
+    :func:`attnlab.shapes.normalize_mask` (2-D (Tq, Tk) shared, 3-D (B, Tq, Tk) per sample, or
+    q's rank). bias: additive float scores, read by the same rule. Returns (output (…, Tq, Dv),
+    weights (…, Tq, Tk) or None). ``backend``: the module docstring; every backend gives the
+    same numbers, and weights come from ``"explicit"``, which ``need_weights`` or an active
+    recorder choose whatever ``backend`` says.
     """
-
-    def __init__(self, model: nn.Module | None = None) -> None:
-        self.model = model
-        self.calls: list[AttentionCall] = []
-        self._module = ""
-        self._hooks: list[Any] = []
-
-    def __enter__(self) -> record_attention:
-        global _RECORDER
-        if _RECORDER is not None:
-            raise ValueError(
-                "an attention recorder is already active; exit it before starting another"
-            )
-        for name, module in self.model.named_modules() if self.model is not None else []:
-            if isinstance(module, MultiHeadAttention) or getattr(module, "is_attention", False):
-                self._hooks.append(module.register_forward_pre_hook(self._enter_module(name)))
-        _RECORDER = self
-        return self
-
-    def _enter_module(self, name: str) -> Callable[..., None]:
-        def hook(module: nn.Module, args: Any) -> None:
-            self._module = name
-
-        return hook
-
-    def __exit__(self, *exc: object) -> None:
-        global _RECORDER
-        _RECORDER = None
-        for hook in self._hooks:
-            hook.remove()
-        self._hooks = []
+    check_qkv(q, k, v, is_causal)
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    n = q.dim()
+    target = (*q.shape[:-1], k.shape[-2])  # (…, Tq, Tk)
+    if mask is not None:
+        mask = check_mask(mask, target)
+    if bias is not None:
+        bias = normalize_mask(bias, target, name="bias")
+    q4, k4, v4 = (as_4d(t, n) for t in (q, k, v))  # (N, H, T, D)
+    mask4, bias4 = (None if t is None else as_4d(t, n, q.shape[:-3]) for t in (mask, bias))
+    H, Hkv = q4.shape[1], k4.shape[1]
+    if H % Hkv != 0 or v4.shape[1] != Hkv:
+        raise ValueError(
+            f"query heads ({H}) must be a multiple of key/value heads (k: {Hkv}, v: {v4.shape[1]})"
+        )
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    weights = None
+    if need_weights or is_recording() or backend == "explicit":
+        out, weights = explicit_attention(
+            q4, k4, v4, mask4, is_causal, bias=bias4, scale=scale, dropout_p=dropout_p
+        )  # (N, H, Tq, Dv), (N, H, Tq, Tk)
+    elif backend in ("flash", "triton") and bias is None and dropout_p == 0.0:
+        kernel = flash_attention if backend == "flash" else flash_attention_triton
+        out = kernel(q4, k4, v4, mask4, is_causal, scale=scale)  # (N, H, Tq, Dv)
+    else:
+        out = _fused_attention(q4, k4, v4, mask4, is_causal, bias4, dropout_p, scale)
+    out = out.reshape(*q.shape[:-1], v.shape[-1])  # (…, Tq, Dv)
+    return out, None if weights is None else weights.reshape(target)  # (…, Tq, Tk)
 
 
-def is_recording() -> bool:
-    """Whether a :class:`record_attention` is active (kernels then take their full-matrix path)."""
-    return _RECORDER is not None
-
-
-def record_mixer_weights(weights: Tensor) -> None:
-    """Give the active recorder the attention a causal sequence mixer computes implicitly.
-
-    weights (B, H, T, T), each row a distribution over positions <= its own (RWKV's wkv, the
-    normalised hidden attention of Mamba): recorded as a causal call whose scores are the
-    log-weights at scale 1, so softmax(scores) gives the weights back. No-op without a recorder.
-    """
-    if _RECORDER is None:
-        return
-    T = weights.shape[-1]
-    causal = causal_mask(T, T, device=weights.device)  # (T, T)
-    scores = weights.clamp_min(torch.finfo(weights.dtype).tiny).log().masked_fill(~causal, 0.0)
-    _RECORDER.calls.append(
-        AttentionCall(_RECORDER._module, scores, 1.0, None, causal, True, weights)
-    )
-
-
-def channel_groups(per_channel: Tensor, groups: int) -> Tensor:
-    """(B, D, T, T) per-channel weights -> (B, G, T, T), the mean over each group of D / G
-    consecutive channels (G = ``groups`` when it divides D, else 1): a mixer's "heads" to show."""
-    B, D, T, _ = per_channel.shape
-    G = groups if groups > 0 and D % groups == 0 else 1
-    return per_channel.reshape(B, G, D // G, T, T).mean(dim=2)
+def _fused_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    is_causal: bool,
+    bias: Tensor | None,
+    dropout_p: float,
+    scale: float,
+) -> Tensor:
+    """PyTorch's fused kernel with attnlab's conventions (mask sense, bottom-right causal
+    alignment, zero rows, GQA); q (B, H, Tq, Dk), k, v (B, Hkv, Tk, D) -> (B, H, Tq, Dv)."""
+    H, Hkv, Tq, Tk = q.shape[1], k.shape[1], q.shape[2], k.shape[2]
+    gqa = Hkv != H
+    if is_causal and mask is None and bias is None and Tq == Tk:
+        # Bottom-right and top-left alignment agree when Tq == Tk: let the kernel apply the
+        # causal structure itself (it skips the blocks above the diagonal) instead of reading
+        # a materialised (Tq, Tk) mask.
+        return F.scaled_dot_product_attention(
+            q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale, enable_gqa=gqa
+        )  # (B, H, Tq, Dv)
+    if is_causal:
+        mask = combine_masks(mask, causal_mask(Tq, Tk, device=q.device))  # (B|1, H|1, Tq, Tk)
+    attn_mask: Tensor | None = mask
+    if bias is not None:
+        attn_mask = bias if mask is None else torch.where(mask, bias, float("-inf"))
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale, enable_gqa=gqa
+    )  # (B, H, Tq, Dv)
+    if bias is not None and mask is not None:
+        # With a float mask the kernel cannot tell "blocked" from "very unlikely": zero the rows
+        # that attend to nothing so they match the explicit path.
+        any_key = mask.any(dim=-1, keepdim=True)  # (B|1, H|1, Tq|1, 1)
+        out = out.masked_fill(~any_key, 0.0)
+    return out
 
 
 # --------------------------------------------------------------------------- masks
@@ -238,226 +291,6 @@ def _additive_to_bool(mask: Tensor, name: str) -> Tensor:
             "pass it as bias= instead"
         )
     return ~blocked
-
-
-def _shape_names(rank: int) -> str:
-    """How attnlab names the dimensions of a mask of the given rank, e.g. '(B, H, Tq, Tk)'."""
-    names = {2: "(Tq, Tk)", 3: "(B, Tq, Tk)", 4: "(B, H, Tq, Tk)"}
-    return names.get(rank, "(B, …, H, Tq, Tk)")
-
-
-def normalize_mask(mask: Tensor, target: tuple[int, ...], name: str = "mask") -> Tensor:
-    """``mask`` viewed with the rank of ``target`` = (*lead, Tq, Tk), by attnlab's one rule.
-
-    2-D ``(Tq, Tk)`` is shared by all; 3-D ``(B, Tq, Tk)`` is per sample (B = ``target[0]``),
-    shared over the other leading dimensions (heads); a mask of ``target``'s rank is taken as
-    is. Every dimension must equal ``target``'s or be 1. Anything else raises a ValueError
-    saying how to reshape. Returns a view (only size-1 dimensions are added). Also applies to an
-    additive ``bias`` (``name="bias"``), whose ranks are read the same way.
-    """
-    n, r = len(target), mask.dim()
-    shape = tuple(mask.shape)
-    if r == 2:
-        viewed = mask.reshape(*(1,) * (n - 2), *shape)
-    elif r == 3 and n >= 3:
-        viewed = mask.reshape(shape[0], *(1,) * (n - 3), *shape[1:])
-    elif r == n:
-        viewed = mask
-    else:
-        ranks = "2-D (Tq, Tk)" + (", 3-D (B, Tq, Tk)" if n >= 3 else "")
-        if n > 3:
-            ranks += f" or {n}-D {_shape_names(n)}"
-        raise ValueError(
-            f"{name} of shape {shape} has {r} dimensions for inputs with target {target}; a "
-            f"{name} is {ranks}: reshape it, e.g. a per-head (H, Tq, Tk) one as {name}[None] "
-            "and a key padding one as (B, 1, 1, Tk)"
-        )
-    if any(m not in (1, t) for m, t in zip(viewed.shape, target)):
-        if r == 3 and n > 3 and shape[0] not in (1, target[0]):
-            hint = (
-                f"a 3-D {name} is one per sample (B, Tq, Tk), but its first dimension "
-                f"{shape[0]} is not the batch size {target[0]}; for one per head pass "
-                f"(1, H, Tq, Tk), i.e. {name}[None]"
-            )
-        else:
-            hint = "a key padding mask is (B, 1, 1, Tk), a causal mask (1, 1, Tq, Tk)"
-        sizes = target if r == n else target[:1] + target[-2:] if r == 3 else target[-2:]
-        raise ValueError(
-            f"{name} of shape {shape} does not broadcast to {_shape_names(r)} = {sizes}; {hint}"
-        )
-    return viewed
-
-
-def _check_mask(mask: Tensor, target: tuple[int, ...]) -> Tensor:
-    """A boolean ``mask`` read by :func:`normalize_mask`, else a clear ValueError."""
-    if mask.dtype != torch.bool:
-        raise ValueError(
-            f"mask must be a bool tensor (True = may attend), got {mask.dtype}; convert PyTorch "
-            "masks with from_attn_mask / from_key_padding_mask, or pass an additive float as bias="
-        )
-    return normalize_mask(mask, target)
-
-
-# --------------------------------------------------------------------------- attention
-
-
-def scaled_dot_product_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask: Tensor | None = None,
-    is_causal: bool = False,
-    dropout_p: float = 0.0,
-    need_weights: bool = False,
-    *,
-    bias: Tensor | None = None,
-    scale: float | None = None,
-    fused: bool = True,
-) -> tuple[Tensor, Tensor | None]:
-    """Attention(Q, K, V) = softmax(Q Kᵀ / √d_k + bias, masked) V  (Vaswani et al. 2017, eq. 1).
-
-    q: (…, Tq, Dk); k: (…, Tk, Dk); v: (…, Tk, Dv) with any leading dimensions, as
-    ``F.scaled_dot_product_attention``: typically (B, H, T, D), or (B, T, D) for one head.
-    With four or more dimensions the third from the end is the head dimension and k, v may have
-    fewer heads Hkv than q's H, H a multiple of Hkv (grouped-query attention shares each
-    key/value head among H / Hkv query heads); every other leading dimension must agree.
-    mask: bool, True = may attend, read by the rule of :func:`normalize_mask` (2-D (Tq, Tk)
-    shared, 3-D (B, Tq, Tk) per sample, or q's rank). bias: additive float scores (relative
-    position bias, ALiBi), read by the same rule. Returns (output (…, Tq, Dv), weights
-    (…, Tq, Tk) or None). ``fused`` (here and on :class:`MultiHeadAttention`): PyTorch's fused
-    kernel may run; it does unless weights are asked for, attention is being recorded
-    (:class:`record_attention`) or :class:`explicit_attention` is on. Both paths give the same
-    numbers.
-    """
-    n = q.dim()
-    if n < 2 or k.dim() != n or v.dim() != n:
-        raise ValueError(
-            "q, k, v must have the same number of dimensions (…, T, D), at least 2, e.g. "
-            f"(B, H, T, D); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
-        )
-    if not (q.is_floating_point() and k.is_floating_point() and v.is_floating_point()):
-        raise ValueError(f"q, k, v must be floating point, got {q.dtype}, {k.dtype}, {v.dtype}")
-    outer = 3 if n >= 4 else 2  # the leading dimensions that must agree (heads may differ)
-    same_outer = q.shape[:-outer] == k.shape[:-outer] == v.shape[:-outer]
-    if not same_outer or k.shape[-2] != v.shape[-2] or k.shape[-1] != q.shape[-1]:
-        raise ValueError(
-            "q (…, Tq, Dk), k (…, Tk, Dk), v (…, Tk, Dv) must agree in their leading dimensions "
-            f"(all but the heads), k and v in length, q and k in width; got {tuple(q.shape)}, "
-            f"{tuple(k.shape)}, {tuple(v.shape)}"
-        )
-    target = (*q.shape[:-1], k.shape[-2])  # (…, Tq, Tk)
-    if mask is not None:
-        mask = _check_mask(mask, target)
-    if bias is not None:
-        bias = normalize_mask(bias, target, name="bias")
-    if n == 4:
-        return _attention_4d(q, k, v, mask, is_causal, dropout_p, need_weights, bias, scale, fused)
-    q4, k4, v4 = (_as_4d(t, n) for t in (q, k, v))  # (N, H, T, D)
-    mask4, bias4 = (None if t is None else _as_4d(t, n, q.shape[:-3]) for t in (mask, bias))
-    out, weights = _attention_4d(
-        q4, k4, v4, mask4, is_causal, dropout_p, need_weights, bias4, scale, fused
-    )  # (N, H, Tq, Dv), (N, H, Tq, Tk)
-    out = out.reshape(*q.shape[:-1], v.shape[-1])  # (…, Tq, Dv)
-    return out, None if weights is None else weights.reshape(target)  # (…, Tq, Tk)
-
-
-def _as_4d(t: Tensor, n: int, outer: tuple[int, ...] | None = None) -> Tensor:
-    """An n-D (…, H, X, Y) tensor as (N, H, X, Y): (X, Y) -> (1, 1, X, Y), (B, X, Y) ->
-    (B, 1, X, Y); for n > 4 the dimensions before the heads become one (a mask's size-1
-    dimensions there are first expanded to ``outer``, unless all of them are 1)."""
-    if n == 2:
-        return t[None, None]
-    if n == 3:
-        return t[:, None]
-    inner = t.shape[-3:]
-    if outer is not None and any(size != 1 for size in t.shape[:-3]):
-        t = t.expand(*outer, *inner)
-    return t.reshape(-1, *inner)
-
-
-def _attention_4d(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask: Tensor | None,
-    is_causal: bool,
-    dropout_p: float,
-    need_weights: bool,
-    bias: Tensor | None,
-    scale: float | None,
-    fused: bool,
-) -> tuple[Tensor, Tensor | None]:
-    """:func:`scaled_dot_product_attention` on (B, H, T, D) inputs, masks already read."""
-    B, H, Tq, Dk = q.shape
-    Hkv, Tk = k.shape[1], k.shape[2]
-    if H % Hkv != 0 or v.shape[1] != Hkv:
-        raise ValueError(
-            f"query heads ({H}) must be a multiple of key/value heads (k: {Hkv}, v: {v.shape[1]})"
-        )
-    scale = 1.0 / math.sqrt(Dk) if scale is None else scale
-    use_fused = fused and USE_FUSED and not need_weights and _RECORDER is None
-    given_causal = is_causal
-    if use_fused and is_causal and mask is None and bias is None and Tq == Tk:
-        # Bottom-right and top-left alignment agree when Tq == Tk: let the kernel apply the
-        # causal structure itself (it skips the blocks above the diagonal) instead of reading
-        # a materialised (Tq, Tk) mask.
-        out = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale, enable_gqa=Hkv != H
-        )  # (B, H, Tq, Dv)
-        return out, None
-    if is_causal:
-        mask = combine_masks(mask, causal_mask(Tq, Tk, device=q.device))
-
-    if use_fused:
-        return _fused_attention(q, k, v, mask, bias, dropout_p, scale), None
-
-    if Hkv != H:  # share each key/value head among H / Hkv query heads
-        k = k.repeat_interleave(H // Hkv, dim=1)  # (B, H, Tk, Dk)
-        v = v.repeat_interleave(H // Hkv, dim=1)  # (B, H, Tk, Dv)
-    raw = torch.matmul(q, k.transpose(-2, -1))  # (B, H, Tq, Tk) q·kᵀ, unscaled
-    scores = raw * scale  # (B, H, Tq, Tk)
-    if bias is not None:
-        scores = scores + bias
-    if mask is not None:
-        # The dtype's lowest finite value instead of -inf: a fully masked row then softmaxes to a
-        # harmless uniform row (no NaN), which the multiplication below turns into zeros.
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    weights = torch.softmax(scores, dim=-1)  # (B, H, Tq, Tk)
-    if mask is not None:
-        weights = weights * mask  # rows with nothing to attend to become all zeros
-    if _RECORDER is not None:
-        _RECORDER.calls.append(
-            AttentionCall(_RECORDER._module, raw, scale, bias, mask, given_causal, weights)
-        )
-    if dropout_p > 0.0:
-        weights = F.dropout(weights, p=dropout_p)
-    out = torch.matmul(weights, v)  # (B, H, Tq, Dv)
-    return out, weights
-
-
-def _fused_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask: Tensor | None,
-    bias: Tensor | None,
-    dropout_p: float,
-    scale: float,
-) -> Tensor:
-    """PyTorch's fused kernel with attnlab's conventions (mask sense, zero rows, GQA)."""
-    H, Hkv = q.shape[1], k.shape[1]
-    attn_mask: Tensor | None = mask
-    if bias is not None:
-        attn_mask = bias if mask is None else torch.where(mask, bias, float("-inf"))
-    out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale, enable_gqa=Hkv != H
-    )  # (B, H, Tq, Dv)
-    if bias is not None and mask is not None:
-        # With a float mask the kernel cannot tell "blocked" from "very unlikely": zero the rows
-        # that attend to nothing so they match the explicit path.
-        any_key = mask.any(dim=-1, keepdim=True)  # (B|1, H|1, Tq|1, 1)
-        out = out.masked_fill(~any_key, 0.0)
-    return out
 
 
 # --------------------------------------------------------------------------- KV cache
@@ -567,10 +400,14 @@ class MultiHeadAttention(nn.Module):
     and keys (RoPE); an additive ``bias`` passed to :meth:`forward` carries relative positions.
     ``kernel`` replaces full attention in self-attention (local or linear attention, from
     :func:`attnlab.efficient.make_kernel`); the parameters, and so checkpoints, stay the same.
+    ``backend`` says how full attention (self and cross) is computed: explicit, fused, flash or
+    triton (:func:`scaled_dot_product_attention`).
     ``q_norm``/``k_norm`` (QK-norm, e.g. RMSNorm over Dh as in Qwen3) normalise each
     self-attention head's queries and keys before ``rotary``; ``forward(values=...)`` adds a
     tensor (B, Tq, Hkv*Dh) to the projected self-attention values (value embeddings).
     """
+
+    is_attention = True  # attention_record.record_attention labels its calls with its name
 
     def __init__(
         self,
@@ -584,7 +421,7 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         dropout: float = 0.0,
         rotary: RotaryHook | None = None,
-        fused: bool = True,
+        backend: Backend = "fused",
         kernel: AttentionKernel | None = None,
         q_norm: nn.Module | None = None,
         k_norm: nn.Module | None = None,
@@ -617,7 +454,9 @@ class MultiHeadAttention(nn.Module):
         self.vdim = d_model if vdim is None else vdim
         self.dropout = dropout
         self.rotary = rotary
-        self.fused = fused
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        self.backend = backend
         self.kernel = kernel
         self.q_norm, self.k_norm = q_norm, k_norm
         q_width = n_heads * self.head_dim
@@ -684,13 +523,15 @@ class MultiHeadAttention(nn.Module):
         """
         self._check_input(x, self.d_model, "x")
         B, Tq, _ = x.shape
+        # Q W_i^Q, K W_i^K, V W_i^V for every head i at once: (B, H, Tq, Dh), (B, Hkv, Tk, Dh)
         if context is None:
             q, k, v = self._self_attention_inputs(x, cache, values)
         else:
             q, k, v = self._cross_attention_inputs(x, context, cache)
+        # head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)                   (B, H, Tq, Dh)
         out, weights = self._attend(q, k, v, mask, is_causal, bias, need_weights, cache)
-        out = out.transpose(1, 2).reshape(B, Tq, self.n_heads * self.head_dim)  # (B, Tq, H*Dh)
-        out = self.out_proj(out)  # (B, Tq, d_model)
+        out = out.transpose(1, 2).reshape(B, Tq, self.n_heads * self.head_dim)  # Concat(head_i)
+        out = self.out_proj(out)  # MultiHead = Concat(head_1..head_h) W^O   (B, Tq, d_model)
         if weights is not None and average_weights:
             weights = weights.mean(dim=1)  # (B, Tq, Tk)
         return out, weights
@@ -743,9 +584,8 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool,
         cache: Any,
     ) -> tuple[Tensor, Tensor | None]:
-        """The one place the attention kernel is chosen: the module's ``kernel`` (local or
-        linear attention), else scaled dot-product attention (PyTorch's fused kernel when
-        ``fused`` and no weights are asked for, else the explicit path)."""
+        """The one place the attention is chosen: the module's ``kernel`` (local or linear
+        attention), else scaled dot-product attention computed by ``backend``."""
         dropout_p = self.dropout if self.training else 0.0
         if self.kernel is not None:
             return self.kernel(
@@ -756,7 +596,7 @@ class MultiHeadAttention(nn.Module):
         causal = is_causal and not (cache is not None and q.shape[2] == 1)
         return scaled_dot_product_attention(
             q, k, v, mask=mask, is_causal=causal, dropout_p=dropout_p,
-            need_weights=need_weights, bias=bias, fused=self.fused,
+            need_weights=need_weights, bias=bias, backend=self.backend,
         )  # fmt: skip  # (B, H, Tq, Dh)
 
     def new_cache(self) -> Any:

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from attnlab.attention import KVCache, MultiHeadAttention, RotaryHook
+from attnlab.attention import Backend, KVCache, MultiHeadAttention, RotaryHook
 from attnlab.configs import ConfigBase, setting
 from attnlab.efficient import AttentionKind, check_attention_config, make_kernel
 from attnlab.errors import UserError
@@ -169,7 +169,7 @@ class BlockConfig(ConfigBase):
     attention: AttentionKind = "full"
     window: int = setting(0, min=0)
     n_global: int = setting(0, min=0)
-    fused: bool = True  # PyTorch's fused attention kernel when no weights are asked for
+    backend: Backend = "fused"  # how full attention is computed (attention.BACKENDS)
     qk_norm: bool = False  # RMSNorm (eps norm_eps) of each head's queries and keys, before RoPE
     value_embeddings: bool = False  # a gate for values added by the model (Block.forward)
 
@@ -180,7 +180,7 @@ class BlockConfig(ConfigBase):
             raise UserError(
                 f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}"
             )
-        check_attention_config(self.attention, self.window, self.n_global)
+        check_attention_config(self.attention, self.window, self.n_global, self.backend)
         check_dyt_alpha0(self.norm, self.dyt_alpha0)
 
     @property
@@ -189,7 +189,7 @@ class BlockConfig(ConfigBase):
         return self.n_kv_heads or self.n_heads
 
     def self_attention(self, rotary: RotaryHook | None) -> MultiHeadAttention:
-        """The block's self-attention layer (full, local or linear kernel).
+        """The block's self-attention layer (full attention by ``backend``, local or linear).
 
         ``qk_norm``: queries and keys of each head go through RMSNorm over the head dimension
         before RoPE (QK-norm, Dehghani et al. 2023, §3.1; as Qwen3 and OLMo 2 do per head).
@@ -203,7 +203,7 @@ class BlockConfig(ConfigBase):
             bias=self.bias,
             dropout=self.dropout if self.attn_dropout is None else self.attn_dropout,
             rotary=rotary,
-            fused=self.fused,
+            backend=self.backend,
             kernel=make_kernel(self.attention, self.window, self.n_global),
             q_norm=qk[0],
             k_norm=qk[1],
@@ -222,7 +222,8 @@ class Block(nn.Module):
     Bidirectional it is an encoder layer (BERT, ViT); with ``is_causal=True`` it is the
     GPT/LLaMA decoder-only block.
     ``attention`` chooses full, local (sliding ``window``, ``n_global`` global tokens) or
-    linear self-attention (:mod:`attnlab.efficient`); the parameters are the same for all three.
+    linear self-attention (:mod:`attnlab.efficient`), ``backend`` how full attention is computed
+    (explicit, fused, flash, triton); the parameters are the same for all of them.
     With ``value_embeddings`` the block has a learned gate λ (init 0.5) and its self-attention
     values become v = x W_v + λ · e for the ``values`` e given to forward (modded-nanogpt mixes
     λ₀ v + λ₁ e; λ₀ folds into W_v).
@@ -334,7 +335,7 @@ class DecoderBlock(nn.Module):
             vdim=d_memory,
             bias=cfg.bias,
             dropout=cfg.dropout if cfg.attn_dropout is None else cfg.attn_dropout,
-            fused=cfg.fused,
+            backend=cfg.backend,
         )
         self.ff = cfg.feed_forward()
         self.norm1 = cfg.make_norm()

@@ -4,7 +4,10 @@ Both are *kernels*: they take per-head q, k, v (B, H, T, D) like
 :func:`attnlab.attention.scaled_dot_product_attention` and plug into
 :class:`attnlab.attention.MultiHeadAttention` through its ``kernel`` argument (they hold no
 parameters, so checkpoints are the same as with full attention). :func:`make_kernel` builds one
-from the config switch ``attention = "full" | "local" | "linear"``.
+from the config switch ``attention = "full" | "local" | "linear"``: *what* is computed. *How*
+full attention is computed (explicit, fused, flash, triton) is the separate ``backend`` switch
+of :func:`attnlab.attention.scaled_dot_product_attention`; local and linear attention compute
+their own way and take only the default backend.
 
 **Local attention** (sliding window; Child et al. 2019 §4, Beltagy et al. 2020 "Longformer"
 §3.1). With ``window = w`` a query at position i sees the keys j with 0 ≤ i − j < w when causal
@@ -33,30 +36,46 @@ it can express is one over keys (padding), which removes φ(K_j) from the sums.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from attnlab.attention import (
+    BACKENDS,
     AttentionKernel,
     combine_masks,
-    is_recording,
-    normalize_mask,
     scaled_dot_product_attention,
 )
+from attnlab.attention_record import is_recording
+from attnlab.configs import Alias
 from attnlab.errors import UserError
-from attnlab.flash import FlashKernel
+from attnlab.shapes import normalize_mask
 
-AttentionKind = Literal["full", "local", "linear", "flash"]
-ATTENTION_KINDS = ("full", "local", "linear", "flash")
+AttentionKind = Literal["full", "local", "linear"]
+ATTENTION_KINDS: tuple[str, ...] = get_args(AttentionKind)
+BACKEND_HELP = (
+    "how full attention is computed: fused (PyTorch's kernel) | explicit (the textbook steps, "
+    "T×T weights) | flash (attnlab's tiled FlashAttention) | triton (its Triton forward, CUDA)"
+)
+# attention = "flash", full attention by attnlab's tiled kernel, reads as backend = "flash"
+FLASH_ALIAS = Alias("attention", "backend", only=("flash",))
 
 
-def check_attention_config(attention: str, window: int, n_global: int) -> None:
-    """Raise ValueError naming the field and the fix for a bad attention switch."""
+def check_attention_config(
+    attention: str, window: int, n_global: int, backend: str = "fused"
+) -> None:
+    """Raise a UserError naming the field and the fix for a bad attention switch."""
     if attention not in ATTENTION_KINDS:
         raise UserError(f"attention must be one of {', '.join(ATTENTION_KINDS)}, got {attention!r}")
+    if backend not in BACKENDS:
+        raise UserError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if attention != "full" and backend != "fused":
+        raise UserError(
+            f"backend={backend!r} applies to attention='full'; {attention} attention computes "
+            "its own way: drop backend or set attention='full'"
+        )
     if n_global < 0:
         raise UserError(f"n_global must be >= 0, got {n_global}")
     if attention == "local" and window < 1:
@@ -78,8 +97,6 @@ def make_kernel(attention: str, window: int = 0, n_global: int = 0) -> Attention
         return LocalAttention(window, n_global)
     if attention == "linear":
         return LinearAttention()
-    if attention == "flash":  # full attention, tiled by hand (attnlab.flash)
-        return FlashKernel()
     return None
 
 

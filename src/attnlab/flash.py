@@ -27,10 +27,13 @@ Conventions are those of :func:`attnlab.attention.scaled_dot_product_attention`:
 shape (…, T, d) with any leading dimensions (the third from the end is the head dimension when
 there are four or more, and k, v may have fewer heads: grouped-query attention, by repeating
 each key/value head), a boolean ``mask`` where True means *may attend* read by
-:func:`attnlab.attention.normalize_mask`, ``is_causal`` aligned bottom-right, and a row with
+:func:`attnlab.shapes.normalize_mask`, ``is_causal`` aligned bottom-right, and a row with
 nothing to attend to gives zeros and zero gradients. Tiles entirely above the causal diagonal
 are skipped. This is the algorithm, written in PyTorch tensor operations; it is memory-lean, not
-fast (a loop over tiles in Python), which is why the fused kernel stays the default.
+fast (a loop over tiles in Python), which is why the fused kernel stays the default. Models
+reach it as the ``"flash"`` backend of :func:`attnlab.attention.scaled_dot_product_attention`
+(``backend = "flash"`` in a model config); calls with an additive bias or dropout then run on
+the fused kernel.
 """
 
 from __future__ import annotations
@@ -41,13 +44,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnlab.attention import (
-    KVCache,
-    _as_4d,
-    _check_mask,
-    is_recording,
-    scaled_dot_product_attention,
-)
+from attnlab.shapes import as_4d, check_mask, check_qkv
 
 BLOCK_Q = 128
 BLOCK_K = 128
@@ -76,9 +73,9 @@ def flash_attention(
     n, Tk = q.dim(), k.shape[-2]
     target = (*q.shape[:-1], Tk)  # (…, Tq, Tk)
     if mask is not None:
-        mask = _check_mask(mask, target)
-    q4, k4, v4 = (_as_4d(t, n) for t in (q, k, v))  # (N, H, T, D)
-    mask4 = None if mask is None else _as_4d(mask, n, q.shape[:-3])
+        mask = check_mask(mask, target)
+    q4, k4, v4 = (as_4d(t, n) for t in (q, k, v))  # (N, H, T, D)
+    mask4 = None if mask is None else as_4d(mask, n, q.shape[:-3])
     H, Hkv = q4.shape[1], k4.shape[1]
     if H % Hkv != 0 or v4.shape[1] != Hkv:
         raise ValueError(
@@ -90,31 +87,6 @@ def flash_attention(
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     out = _Flash.apply(q4, k4, v4, mask4, is_causal, scale, block_q, block_k)  # (N, H, Tq, Dv)
     return out.reshape(*q.shape[:-1], v.shape[-1])  # (…, Tq, Dv)
-
-
-def check_qkv(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> None:
-    """The shape rules every flash kernel shares (this one and :mod:`attnlab.flash_triton`):
-    q (…, Tq, Dk), k (…, Tk, Dk), v (…, Tk, Dv) with the same leading dimensions (all but the
-    heads, which may differ for GQA), and Tk >= Tq under a causal mask; ValueError otherwise."""
-    n = q.dim()
-    if n < 2 or k.dim() != n or v.dim() != n:
-        raise ValueError(
-            "q, k, v must have the same number of dimensions (…, T, D), at least 2; got "
-            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
-        )
-    outer = 3 if n >= 4 else 2
-    if (
-        not q.shape[:-outer] == k.shape[:-outer] == v.shape[:-outer]
-        or k.shape[-2] != v.shape[-2]
-        or k.shape[-1] != q.shape[-1]
-    ):
-        raise ValueError(
-            "q (…, Tq, Dk), k (…, Tk, Dk), v (…, Tk, Dv) must agree in their leading dimensions "
-            f"(all but the heads), k and v in length, q and k in width; got {tuple(q.shape)}, "
-            f"{tuple(k.shape)}, {tuple(v.shape)}"
-        )
-    if is_causal and k.shape[-2] < q.shape[-2]:
-        raise ValueError(f"a causal mask needs Tk >= Tq, got Tq={q.shape[-2]}, Tk={k.shape[-2]}")
 
 
 def _tiles(
@@ -225,47 +197,3 @@ class _Flash(torch.autograd.Function):
                 dq[:, :, i0:i1] += torch.matmul(ds, k_j) * scale  # (B, H, bq, Dk)
                 dk[:, :, j0:j1] += torch.matmul(ds.transpose(-2, -1), q_i) * scale
         return dq, dk, dv, None, None, None, None, None
-
-
-class FlashKernel:
-    """Full attention computed by :func:`flash_attention`, as a kernel of
-    :class:`attnlab.attention.MultiHeadAttention` (``attention = "flash"``).
-
-    Same parameters, same numbers and the same KVCache as full attention; when weights are
-    asked for (or recorded), or with an additive bias or dropout, it hands the call to
-    :func:`scaled_dot_product_attention`, which forms them.
-    """
-
-    def __init__(self, block_q: int = BLOCK_Q, block_k: int = BLOCK_K) -> None:
-        self.block_q, self.block_k = block_q, block_k
-
-    def __repr__(self) -> str:
-        return f"FlashKernel(block_q={self.block_q}, block_k={self.block_k})"
-
-    def new_cache(self) -> KVCache:
-        return KVCache()
-
-    def __call__(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        *,
-        mask: Tensor | None = None,
-        is_causal: bool = False,
-        bias: Tensor | None = None,
-        dropout_p: float = 0.0,
-        need_weights: bool = False,
-        cache: Any = None,
-    ) -> tuple[Tensor, Tensor | None]:
-        """q (B, H, Tq, D), k, v (B, Hkv, Tk, D) -> (B, H, Tq, D), weights or None."""
-        if cache is not None:
-            k, v = cache.append(k, v)  # (B, Hkv, past + Tq, D)
-        if need_weights or bias is not None or dropout_p > 0 or is_recording():
-            return scaled_dot_product_attention(
-                q, k, v, mask, is_causal, dropout_p, need_weights, bias=bias
-            )
-        out = flash_attention(
-            q, k, v, mask, is_causal, block_q=self.block_q, block_k=self.block_k
-        )  # (B, H, Tq, D)
-        return out, None

@@ -21,7 +21,7 @@ Conventions are those of :func:`attnlab.flash.flash_attention`: q, k, v of shape
 with any leading dimensions (the third from the end is the head dimension with four or more;
 k, v may have fewer heads: grouped-query attention, as if each key/value head were repeated:
 the kernel reads key/value head h // (H / Hkv) instead of copying), a boolean ``mask`` where
-True means *may attend* read by :func:`attnlab.attention.normalize_mask`, ``is_causal``
+True means *may attend* read by :func:`attnlab.shapes.normalize_mask`, ``is_causal``
 aligned bottom-right, ``scale`` (default 1/√d), block sizes as arguments (powers of two >= 16,
 as ``tl.dot`` needs; T need not be a multiple). Inputs float32, bfloat16 or float16; the
 matmuls accumulate in float32, and float32 inputs are multiplied in IEEE float32 (not TF32)
@@ -39,6 +39,9 @@ there: Triton 3.9's interpreter multiplies bfloat16 tiles as their raw 16-bit in
 the interpreter bfloat16 tiles are widened to float32 before ``tl.dot`` (the same products: a
 bfloat16 product is exact in float32). Its speed on a GPU is measured by
 ``scripts/gpu_check.sh`` (stage ``flash_triton``, ``benchmarks/flash_triton.py``).
+Models reach it as the ``"triton"`` backend of
+:func:`attnlab.attention.scaled_dot_product_attention` (``backend = "triton"`` in a model
+config; CUDA only).
 """
 
 from __future__ import annotations
@@ -50,8 +53,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnlab.attention import _as_4d, _check_mask
-from attnlab.flash import check_qkv
+from attnlab.shapes import as_4d, check_mask, check_qkv
 
 BLOCK_Q = 64
 BLOCK_K = 64
@@ -127,9 +129,9 @@ def flash_attention_triton(
         )
     n, Tk = q.dim(), k.shape[-2]
     if mask is not None:
-        mask = _check_mask(mask, (*q.shape[:-1], Tk))
-    q4, k4, v4 = (_as_4d(t, n) for t in (q, k, v))  # (N, H, T, D), views where possible
-    mask4 = None if mask is None else _as_4d(mask, n, q.shape[:-3])  # (N|1, H|1, Tq|1, Tk|1)
+        mask = check_mask(mask, (*q.shape[:-1], Tk))
+    q4, k4, v4 = (as_4d(t, n) for t in (q, k, v))  # (N, H, T, D), views where possible
+    mask4 = None if mask is None else as_4d(mask, n, q.shape[:-3])  # (N|1, H|1, Tq|1, Tk|1)
     H, Hkv = q4.shape[1], k4.shape[1]
     if H % Hkv != 0 or v4.shape[1] != Hkv:
         raise ValueError(

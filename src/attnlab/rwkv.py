@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.attention import channel_groups, is_recording, record_mixer_weights
+from attnlab.attention_record import channel_groups, is_recording, record_mixer_weights
 
 NEG = -1e30  # the running maximum of an empty state (as Hugging Face's); exp(NEG - m) = 0
 

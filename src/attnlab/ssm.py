@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.attention import channel_groups, is_recording, record_mixer_weights
+from attnlab.attention_record import channel_groups, is_recording, record_mixer_weights
 from attnlab.ssm_cpp import selective_scan_compiled, usable
 
 SCANS = ("chunked", "sequential")

@@ -8,13 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from attnlab import attention
-from attnlab.attention import (
-    MultiHeadAttention,
-    causal_mask,
-    from_key_padding_mask,
-    record_attention,
-)
+from attnlab import attention_record
+from attnlab.attention import MultiHeadAttention, causal_mask, from_key_padding_mask
+from attnlab.attention_record import is_recording, record_attention
 from attnlab.verify.copy_weights import copy_links, mha_links
 
 
@@ -56,17 +52,18 @@ def test_recorded_weights_scores_and_mask_match_pytorch(causal: bool) -> None:
     torch.testing.assert_close(call.scores, q @ k.transpose(-2, -1), rtol=0, atol=1e-10)
 
 
-def test_recorder_names_modules_keeps_call_order_and_restores_the_fused_path() -> None:
+def test_recorder_names_modules_keeps_call_order_and_stops_on_exit() -> None:
     model = nn.ModuleDict({"first": MultiHeadAttention(8, 2), "second": MultiHeadAttention(8, 2)})
     x = torch.randn(2, 5, 8)
-    assert attention.USE_FUSED
+    assert not is_recording()
     with record_attention(model) as rec:
+        assert is_recording()
         model["second"](x)
         model["first"](x)
         with pytest.raises(ValueError, match="already active"):
             record_attention().__enter__()
     assert [c.module for c in rec.calls] == ["second", "first"]
-    assert attention.USE_FUSED and attention._RECORDER is None
+    assert not is_recording() and attention_record._ACTIVE is None
     model["first"](x)  # nothing recorded after the block, hooks removed
     assert len(rec.calls) == 2
 

@@ -6,7 +6,7 @@
 * LLaMA layout (RoPE, RMSNorm, SwiGLU, GQA, no biases, untied) == ``LlamaForCausalLM``.
 * Decoding with the KV cache == without it: the same logits at every step (also across window
   slides, for learned, rotary and ALiBi positions) and the same greedy text.
-* Causality, the fused and explicit attention paths, and the sampling rules (top-k, top-p).
+* Causality, every attention backend (explicit, fused, flash), the sampling rules (top-k, top-p).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import pytest
 import torch
 
 from _device import DEVICE
-from attnlab.attention import explicit_attention
 from attnlab.models.generation import Generation, sample_next
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.models.gpt_hf import config_to_hf, load_hf_gpt2, save_hf_gpt2
@@ -246,15 +245,17 @@ def test_logits_never_depend_on_later_tokens(layout) -> None:
     assert not torch.allclose(a[:, cut:], b[:, cut:])
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_fused_kernel_equals_explicit_attention(layout) -> None:
+@pytest.mark.parametrize("layout", [name for name in LAYOUTS if "attention" not in LAYOUTS[name]])
+def test_every_backend_gives_the_fused_kernels_logits(layout) -> None:
     model = scramble(GPT(tiny(**LAYOUTS[layout]))).to(F64).eval()
     ids = torch.randint(0, 53, (2, 24))
     with torch.no_grad():
         fused = model(ids)
-        with explicit_attention():
-            explicit = model(ids)
-    torch.testing.assert_close(fused, explicit, rtol=1e-10, atol=1e-10)
+    for backend in ("explicit", "flash"):
+        other = GPT(tiny(**LAYOUTS[layout], backend=backend)).to(F64).eval()
+        other.load_state_dict(model.state_dict())
+        with torch.no_grad():
+            torch.testing.assert_close(other(ids), fused, rtol=1e-10, atol=1e-10, msg=backend)
 
 
 def test_last_only_and_context_limit() -> None:

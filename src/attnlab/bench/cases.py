@@ -14,18 +14,16 @@ from attnlab.models.gpt import GPT, GPTConfig
 
 Step = Callable[[], None]
 
-# attention kinds of the scaling benchmark: (attention switch, fused kernel for full attention)
-BLOCK_KINDS = {
-    "explicit": ("full", False),
-    "fused": ("full", True),
-    "local": ("local", True),
-    "linear": ("linear", True),
-}
+# kinds of the scaling benchmark: full attention by a backend, or local or linear attention
+BACKEND_KINDS = ("explicit", "fused", "flash")
+BLOCK_KINDS = (*BACKEND_KINDS, "local", "linear")
 
 
 def block(kind: str, d_model: int, n_heads: int, window: int) -> Block:
     """A pre-norm causal GPT block, d_ff = 4·d_model, no dropout, with ``kind`` attention."""
-    attention, fused = BLOCK_KINDS[kind]
+    if kind not in BLOCK_KINDS:
+        raise UserError(f"unknown block kind {kind!r}; one of {', '.join(BLOCK_KINDS)}")
+    attention, backend = ("full", kind) if kind in BACKEND_KINDS else (kind, "fused")
     cfg = BlockConfig(
         d_model,
         n_heads,
@@ -33,7 +31,7 @@ def block(kind: str, d_model: int, n_heads: int, window: int) -> Block:
         dropout=0.0,
         activation="gelu",
         norm_position="pre",
-        fused=fused,
+        backend=backend,
         attention=attention,
         window=window if attention == "local" else 0,
     )
@@ -87,14 +85,13 @@ def _gpt_steps(spec: dict, device: torch.device) -> tuple[Step, Step]:
 
 def _attention_steps(spec: dict, device: torch.device) -> tuple[Step, Step]:
     """Causal attention alone, forward + backward, q, k, v (B, H, T, d) float32: ``kind`` is
-    explicit (the T×T path), fused (F.scaled_dot_product_attention) or flash (attnlab.flash)."""
-    from attnlab.attention import scaled_dot_product_attention
+    explicit (the T×T path), fused (F.scaled_dot_product_attention) or flash (attnlab.flash,
+    with tiles of ``spec["block"]``)."""
+    from attnlab.attention import explicit_attention
     from attnlab.flash import flash_attention
 
     kernels = {
-        "explicit": lambda q, k, v: scaled_dot_product_attention(
-            q, k, v, is_causal=True, fused=False
-        )[0],
+        "explicit": lambda q, k, v: explicit_attention(q, k, v, is_causal=True)[0],
         "fused": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
         "flash": lambda q, k, v: flash_attention(
             q, k, v, is_causal=True, block_q=spec["block"], block_k=spec["block"]
@@ -118,10 +115,10 @@ def _attention_steps(spec: dict, device: torch.device) -> tuple[Step, Step]:
 
 
 def _mha_steps(spec: dict, device: torch.device) -> tuple[Step, Step]:
-    """MultiHeadAttention forward + backward on its ``path``: "explicit" or "fused"."""
+    """MultiHeadAttention forward + backward on its ``path``, a backend: "explicit" or "fused"."""
     torch.manual_seed(0)
     d = spec["d_model"]
-    mha = MultiHeadAttention(d, spec["n_heads"], fused=spec["path"] == "fused").to(device)
+    mha = MultiHeadAttention(d, spec["n_heads"], backend=spec["path"]).to(device)
 
     def make(B: int, T: int) -> Step:
         x = torch.randn(B, T, d, device=device, requires_grad=True)

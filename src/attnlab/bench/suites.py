@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnlab.attention import MultiHeadAttention, scaled_dot_product_attention
+from attnlab.attention import MultiHeadAttention, explicit_attention, scaled_dot_product_attention
 from attnlab.bench.memory import run_isolated
 from attnlab.bench.timing import interleaved, median_ms, paired_ratio
 from attnlab.blocks import Block, BlockConfig
@@ -54,7 +54,7 @@ def bench_kernels(device, rounds: int, T: int, window: int = 128) -> dict:
     local, linear = LocalAttention(window), LinearAttention()
     kw = dict(mask=None, is_causal=True, bias=None, dropout_p=0.0, need_weights=False, cache=None)
     runs = {
-        "explicit": lambda: scaled_dot_product_attention(q, k, v, is_causal=True, fused=False)[0],
+        "explicit": lambda: explicit_attention(q, k, v, is_causal=True)[0],
         "fused": lambda: scaled_dot_product_attention(q, k, v, is_causal=True)[0],
         f"local_w{window}": lambda: local(q, k, v, **kw)[0],
         "linear": lambda: linear(q, k, v, **kw)[0],

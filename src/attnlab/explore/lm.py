@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from attnlab.attention import record_attention
+from attnlab.attention_record import record_attention
 from attnlab.errors import UserError
 from attnlab.explore.pack import build_group, calls_named
 from attnlab.explore.sources import Source

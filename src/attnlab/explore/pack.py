@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from attnlab.attention import AttentionCall
+from attnlab.attention_record import AttentionCall
 from attnlab.errors import UserError
 
 # Raw scores double a group's size; past this many numbers (L·H·Tq·Tk) they are left out and the

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from attnlab.attention import record_attention
+from attnlab.attention_record import record_attention
 from attnlab.data import pad_batch
 from attnlab.data.io import is_blank
 from attnlab.errors import UserError

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.attention import padding_mask
+from attnlab.attention import Backend, padding_mask
 from attnlab.blocks import (
     DYT_ALPHA0,
     Activation,
@@ -23,7 +23,7 @@ from attnlab.blocks import (
     NormPosition,
 )
 from attnlab.configs import Alias, ConfigBase, project, setting
-from attnlab.efficient import AttentionKind
+from attnlab.efficient import BACKEND_HELP, FLASH_ALIAS, AttentionKind
 from attnlab.errors import UserError
 from attnlab.models.prune import apply_head_counts
 from attnlab.positions import make_positions
@@ -69,7 +69,7 @@ class ClassifierConfig(ConfigBase):
     cls_id: int = setting(2)
     gradient_checkpointing: bool = setting(False)
     attention: AttentionKind = setting(
-        "full", "full | local (sliding window) | linear (elu+1 feature map)"
+        "full", "what: full | local (sliding window) | linear (elu+1); how: --backend"
     )
     window: int = setting(
         0, 'attention="local": keys within this distance each side, itself included', min=0
@@ -77,6 +77,7 @@ class ClassifierConfig(ConfigBase):
     n_global: int = setting(
         0, 'attention="local": leading tokens (<cls>) that see and are seen by all', min=0
     )
+    backend: Backend = setting("fused", BACKEND_HELP)
     members: int = setting(
         1, ">1: an ensemble of this many classifiers, probabilities averaged", min=1
     )
@@ -85,6 +86,7 @@ class ClassifierConfig(ConfigBase):
     )
 
     ALIASES = (
+        FLASH_ALIAS,
         Alias("norm", "norm_position", only=("pre", "post")),
         Alias("norm_type", "norm"),
         Alias("max_len", "context"),

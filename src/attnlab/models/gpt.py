@@ -55,9 +55,10 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from attnlab.attention import Backend
 from attnlab.blocks import DYT_ALPHA0, Activation, Block, BlockConfig, BlockStack, NormKind
 from attnlab.configs import ConfigBase, project, setting
-from attnlab.efficient import AttentionKind
+from attnlab.efficient import BACKEND_HELP, FLASH_ALIAS, AttentionKind
 from attnlab.errors import UserError
 from attnlab.moe import MoEFeedForward
 from attnlab.positions import LearnedPositionalEmbedding, RopeScaling, make_positions
@@ -97,10 +98,11 @@ class GPTConfig(ConfigBase):
     rope_factor: float = setting(1.0, "RoPE stretch factor s (context · s)", min=1.0)
     gradient_checkpointing: bool = setting(False)
     attention: AttentionKind = setting(
-        "full", "full | local (sliding window) | linear (elu+1 feature map)"
+        "full", "what: full | local (sliding window) | linear (elu+1); how: --backend"
     )
     window: int = setting(0, 'attention="local": keys each query sees, itself included', min=0)
     n_global: int = setting(0, 'attention="local": leading positions every query sees', min=0)
+    backend: Backend = setting("fused", BACKEND_HELP)
     qk_norm: bool = setting(False, "RMSNorm on each head's queries and keys before RoPE")
     value_embeddings: bool = setting(
         False, "a second token table added (gated per layer) to the attention values"
@@ -131,6 +133,8 @@ class GPTConfig(ConfigBase):
     capacity_factor: float = setting(
         0.0, "MoE: expert capacity = factor · tokens · top_k / experts; 0 = no limit", min=0.0
     )
+
+    ALIASES = (FLASH_ALIAS,)
 
     def check(self) -> None:
         if self.ffn == "moe" and self.top_k > self.experts:

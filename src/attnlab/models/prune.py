@@ -119,7 +119,7 @@ def smaller_attention(layer: MultiHeadAttention, n_heads: int) -> MultiHeadAtten
         bias=has_bias,
         dropout=layer.dropout,
         rotary=layer.rotary,
-        fused=layer.fused,
+        backend=layer.backend,
         kernel=layer.kernel,
         q_norm=layer.q_norm,
         k_norm=layer.k_norm,

@@ -16,7 +16,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from attnlab.attention import KVCache, padding_mask_from_ids
+from attnlab.attention import Backend, KVCache, padding_mask_from_ids
 from attnlab.blocks import (
     DYT_ALPHA0,
     Activation,
@@ -29,7 +29,7 @@ from attnlab.blocks import (
     NormPosition,
 )
 from attnlab.configs import Alias, ConfigBase, coerce_value, project, setting
-from attnlab.efficient import AttentionKind
+from attnlab.efficient import BACKEND_HELP, FLASH_ALIAS, AttentionKind
 from attnlab.errors import UserError
 from attnlab.positions import make_positions
 
@@ -64,12 +64,13 @@ class Seq2SeqConfig(ConfigBase):
         False, "recompute block activations in backward (less memory)"
     )
     attention: AttentionKind = setting(
-        "full", "self-attention: full | local (sliding window) | linear (elu+1)"
+        "full", "self-attention: full | local (sliding window) | linear (elu+1); how: --backend"
     )
     window: int = setting(0, 'attention="local": keys within this distance, itself included', min=0)
     n_global: int = setting(
         0, 'attention="local": leading tokens that see and are seen by all', min=0
     )
+    backend: Backend = setting("fused", BACKEND_HELP)
 
     arch: Literal["transformer", "t5"] = setting(
         "transformer",
@@ -78,6 +79,7 @@ class Seq2SeqConfig(ConfigBase):
     )
 
     ALIASES = (
+        FLASH_ALIAS,
         Alias("norm_first", "norm_position", convert=_norm_first_to_position),
         Alias("max_len", "context"),
         Alias("tie_output", "tie_weights"),

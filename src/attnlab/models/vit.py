@@ -20,9 +20,10 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from attnlab.attention import Backend
 from attnlab.blocks import DYT_ALPHA0, Activation, Block, BlockConfig, BlockStack, NormKind
 from attnlab.configs import ConfigBase, project, setting
-from attnlab.efficient import AttentionKind
+from attnlab.efficient import BACKEND_HELP, FLASH_ALIAS, AttentionKind
 from attnlab.errors import UserError
 from attnlab.positions import make_positions, sincos_2d_table
 
@@ -49,15 +50,18 @@ class ViTConfig(ConfigBase):
     pos: Literal["learned", "sincos2d"] = setting("learned")
     stem: Literal["patch", "conv"] = setting("patch")
     attention: AttentionKind = setting(
-        "full", "full | local (sliding window over row-major patches) | linear"
+        "full", "full | local (sliding window over row-major patches) | linear; how: --backend"
     )
     window: int = setting(0, 'attention="local": keys within this distance, itself included', min=0)
     n_global: int = setting(
         0, 'attention="local": leading tokens (the class token) seen by and seeing all', min=0
     )
+    backend: Backend = setting("fused", BACKEND_HELP)
     stem_channels: int = setting(32, min=1)
     n_classes: int = setting(10, min=2)
     gradient_checkpointing: bool = setting(False)
+
+    ALIASES = (FLASH_ALIAS,)
 
     def check(self) -> None:
         if self.image_size % self.patch_size != 0:
