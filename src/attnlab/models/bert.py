@@ -16,10 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.attention import padding_mask
+from attnlab.attention import Backend, padding_mask
 from attnlab.blocks import Block, BlockConfig, BlockStack
 from attnlab.configs import Alias, ConfigBase, coerce_value, project, setting
-from attnlab.efficient import AttentionKind
+from attnlab.efficient import BACKEND_HELP, FLASH_ALIAS, AttentionKind
 from attnlab.errors import UserError
 from attnlab.models.prune import apply_head_counts
 from attnlab.positions import make_positions
@@ -57,17 +57,18 @@ class BertConfig(ConfigBase):
         False, "recompute block activations in backward (less memory)"
     )
     attention: AttentionKind = setting(
-        "full", "full | local (sliding window) | linear; pretrained weights: full"
+        "full", "full | local (sliding window) | linear (pretrained weights: full); how: --backend"
     )
     window: int = setting(0, 'attention="local": keys within this distance, itself included', min=0)
     n_global: int = setting(
         0, 'attention="local": leading tokens ([CLS]) that see and are seen by all', min=0
     )
+    backend: Backend = setting("fused", BACKEND_HELP)
     heads_per_layer: tuple[int, ...] = setting(
         (), "set by `attnlab prune`: heads each attention layer keeps (empty: all)"
     )
 
-    ALIASES = (Alias("max_len", "context"),)
+    ALIASES = (Alias("max_len", "context"), FLASH_ALIAS)
 
     def check(self) -> None:
         self.block_config()  # head counts, attention kernel
