@@ -237,3 +237,26 @@ def test_attnlab_imports_without_triton_and_the_kernel_says_what_is_missing() ->
     )
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
+def test_triton_backend_of_multi_head_attention_equals_the_fused_one(kernel_device) -> None:
+    """MultiHeadAttention(backend="triton") in float32: the fused backend's output, and with a
+    KV cache the same step-by-step decode; need_weights still gives the explicit weights."""
+    from attnlab.attention import MultiHeadAttention
+
+    torch.manual_seed(0)
+    fused = MultiHeadAttention(32, 4, 2).to(kernel_device).eval()
+    triton = MultiHeadAttention(32, 4, 2, backend="triton").to(kernel_device).eval()
+    triton.load_state_dict(fused.state_dict())
+    x = torch.randn(2, 9, 32, device=kernel_device)
+    with torch.no_grad():
+        want, _ = fused(x, is_causal=True)
+        got, none = triton(x, is_causal=True)
+        assert none is None
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        cache = triton.new_cache()
+        steps = [triton(x[:, :5], is_causal=True, cache=cache)[0]]
+        steps += [triton(x[:, t : t + 1], is_causal=True, cache=cache)[0] for t in range(5, 9)]
+        torch.testing.assert_close(torch.cat(steps, 1), want, rtol=1e-4, atol=1e-5)
+        _, weights = triton(x, is_causal=True, need_weights=True)
+        assert weights is not None and weights.shape == (2, 4, 9, 9)
