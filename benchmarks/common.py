@@ -82,7 +82,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"
 COMMAND_PREFIX = "Command: "
-_COMMAND_ONLY = re.compile(r"Command: `[^`]*`")  # a page's command line, nothing after it
+_COMMAND_LINE = re.compile(r"Command: `[^`]*`.*")  # a page's command line (and any note)
 
 
 def cpu_model() -> str:
@@ -205,7 +205,18 @@ def command_header(command: str) -> str:
 def with_command(markdown: str | Sequence[str], command: str) -> str:
     """``markdown`` with the command line under its title (replacing an older one)."""
     lines = markdown.splitlines() if isinstance(markdown, str) else list(markdown)
-    lines = [ln for ln in lines if not _COMMAND_ONLY.fullmatch(ln)]
+    kept: list[str] = []
+    removed = False
+    for ln in lines:
+        if _COMMAND_LINE.fullmatch(ln):
+            removed = True
+            continue
+        if removed and ln == "" and kept and kept[-1] == "":  # the blank line it left
+            removed = False
+            continue
+        kept.append(ln)
+        removed = False
+    lines = kept
     at = 1 if lines and lines[0].startswith("# ") else 0
     block = ["", command_header(command)] if at else [command_header(command), ""]
     lines[at:at] = block

@@ -275,7 +275,7 @@ def write_report(info: dict, timing: list[dict], memory: list[dict], args, out_d
     ]
     if memory:
         lines += _memory_lines(memory)
-    common.write_page((out_dir / f"{args.name}.md"), lines)
+    common.write_page(out_dir / f"{args.name}.md", lines, getattr(args, "command", None))
     print(f"wrote {out_dir / args.name}.md and .json", flush=True)
 
 
@@ -330,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         args.repeats, args.quick = saved["settings"]["repeats"], saved["settings"]["quick"]
         args.threads = saved["settings"].get("threads")
         timing = [summarise(r["B"], r["T"], r["causal"], r["samples_ms"]) for r in saved["timing"]]
+        args.command = common.recorded_command(saved, args.out / f"{args.name}.md")
         write_report(saved["machine"], timing, saved["memory"], args, args.out)
         return 0
     args.repeats = args.repeats or (3 if args.quick else 15)

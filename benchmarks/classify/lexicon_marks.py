@@ -257,7 +257,9 @@ def report() -> None:
             f"| {variant} | {row['C']} | {row['val']:.3f} | {row['test']:.3f} | "
             f"{row['ood_dev']:.3f} | {row['ood_test']:.3f} |"
         )
-    common.write_page(OUT.with_suffix(".md"), lines)
+    module = "python -m benchmarks.classify.lexicon_marks"
+    command = f"{module} prepare; {module} train --variant V --seed S; {module} report"
+    common.write_page(OUT.with_suffix(".md"), lines, command)
     print(f"wrote {OUT}.md and .json")
 
 

@@ -483,7 +483,9 @@ def write_markdown(res: dict[str, Any]) -> None:
             "```",
             "",
         ]
-    common.write_page(OUT_MD, lines)
+    module = "python -m benchmarks.lm.speedrun"
+    stages = ("race", "ablate", "budget", "report")
+    common.write_page(OUT_MD, lines, "; ".join(f"{module} {stage}" for stage in stages))
 
 
 def main(argv: list[str] | None = None) -> None:

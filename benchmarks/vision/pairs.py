@@ -197,6 +197,10 @@ def report(pair: str, dataset: str, seed: int) -> None:
     stem.parent.mkdir(parents=True, exist_ok=True)
     stem.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
     flag = (" --dataset mnist" if dataset == "mnist" else "") + (f" --seed {seed}" if seed else "")
+    command = (
+        f"python -m benchmarks.vision.pairs pair {pair}{flag} --minutes {minutes:g}; "
+        f"python -m benchmarks.vision.pairs report {pair}{flag}"
+    )
     lines = [
         f"# {pair}: the ViT and its successor side by side, {dataset}",
         "",
@@ -234,7 +238,7 @@ def report(pair: str, dataset: str, seed: int) -> None:
         "accuracy (one seed; about 0.3 points of sampling error per accuracy).",
         "",
     ]
-    common.write_page(stem.with_suffix(".md"), lines)
+    common.write_page(stem.with_suffix(".md"), lines, command)
     print("\n".join(lines))
 
 
