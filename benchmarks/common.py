@@ -1,8 +1,10 @@
 """What every benchmark script shares: the machine it ran on, and writing its result page.
 
 Run a script as ``python -m benchmarks.AREA.NAME [ARGS]`` from the repository root. Each
-script parses its arguments with argparse inside ``main()`` and does no work at import time,
-so ``--help`` prints and exits 0 (``tests/test_benchmarks.py`` checks every module).
+script defines ``main(argv: list[str] | None = None)``, parses ``argv`` with argparse before
+any work, does no work at import time and ends with ``if __name__ == "__main__": main()``;
+``tests/test_benchmarks.py`` finds every module under benchmarks/ (helpers: a name starting
+with ``_``) and checks that ``main(["--help"])`` prints usage and exits 0.
 
 API
 ---
