@@ -25,11 +25,14 @@ from attnlab.configs import (
 )
 from attnlab.errors import UserError
 from attnlab.explore import command as explore_command
-from attnlab.tasks.registry import ALIASES, REGISTRY
+from attnlab.tasks.registry import REGISTRY
 from attnlab.verify import command as verify_command
 
 RUN_HELP = "run directory (written by `attnlab train`)"
-CHECKPOINT_HELP = "BERT checkpoint directory, an `attnlab train mlm` run, or minilm (default)"
+CHECKPOINT_HELP = (
+    "e5 (multilingual-e5-small), minilm (all-MiniLM-L6-v2), a BERT checkpoint directory or "
+    "an `attnlab train mlm` run"
+)
 GENERAL = ("overrides", "out", "config", "resume", "device")
 
 
@@ -45,7 +48,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         "`attnlab train TASK --help` lists TASK's options.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("task", choices=[*REGISTRY, *ALIASES], metavar="TASK")
+    p.add_argument("task", choices=list(REGISTRY), metavar="TASK")
     p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 
 
@@ -95,7 +98,7 @@ def _run_train(args: argparse.Namespace) -> int:
     from attnlab.tasks import rundir, runner
     from attnlab.tasks.registry import get_task
 
-    name = ALIASES.get(args.task, args.task)
+    name = args.task
     opts = task_parser(name, args.rest).parse_args(args.rest)
     check_device(opts.device)
     name = _redirected(name, opts)
@@ -119,24 +122,49 @@ def _run_train(args: argparse.Namespace) -> int:
 
 
 def _redirected(name: str, opts: argparse.Namespace) -> str:
-    """The task to run: ``name``, or the one its ``redirect`` option names when given (refusing
-    the options that only ``name`` has)."""
+    """The task to run: ``name``, or the one its ``redirect`` option leads to (refusing the
+    options that only ``name`` has).
+
+    ``train classify`` fine-tunes a pretrained encoder (``--init``, e5 by default); ``--init
+    none`` trains the tutorial's character model from scratch. A resumed run continues as the
+    task its folder records.
+    """
     from attnlab.tasks.registry import get_task
 
     task = get_task(name)
-    if task.redirect is None or task.redirect[0] not in vars(opts):
+    if task.redirect is None:
         return name
     option, other, what = task.redirect
+    recorded = _recorded_task(opts) if opts.resume else None
+    if recorded in (name, other):
+        if recorded == name:
+            vars(opts).pop(option, None)
+        return recorded
+    if vars(opts).get(option) == "none":
+        del vars(opts)[option]
+        return name
     theirs = {f.name for cls in get_task(other).sections().values() for f in
               dataclasses.fields(cls)}  # fmt: skip
     unused = sorted(set(vars(opts)) - theirs - set(GENERAL))
     if unused:
         flags = ", ".join("--" + name.replace("_", "-") for name in unused)
         raise UserError(
-            f"{flags} do not apply with --{option.replace('_', '-')}: that is {what} "
-            f"(`attnlab train {other}`; see its options in --help)"
+            f"{flags} do not apply to {what} (the default; `attnlab train {other}`): add "
+            f"--{option.replace('_', '-')} none for the character model trained from scratch"
         )
     return other
+
+
+def _recorded_task(opts: argparse.Namespace) -> str | None:
+    """The task a run folder's config.json names (None: no readable one)."""
+    if opts.out is None:
+        return None
+    try:
+        raw = json.loads((Path(opts.out) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    task = raw.get("task") if isinstance(raw, dict) else None
+    return task if isinstance(task, str) else None
 
 
 # ---------------------------------------------------------------------------- run verbs
@@ -420,12 +448,22 @@ def _add_embed(sub: argparse._SubParsersAction) -> None:
     p.add_argument("checkpoint", help=CHECKPOINT_HELP)
     p.add_argument("texts", nargs="+", help="sentences to embed")
     p.add_argument("--out", default=None, help="write vectors to FILE.npy or FILE.json")
+    p.add_argument(
+        "--role",
+        choices=("query", "passage"),
+        default=None,
+        help='e5 only: "query: " before each text (default: classification, similarity, '
+        'queries) or "passage: " (documents to be found)',
+    )
 
 
 def _run_embed(args: argparse.Namespace) -> int:
     from attnlab.tasks.bert import SentenceEncoder, write_vectors
 
-    vectors = SentenceEncoder.load(args.checkpoint).encode(args.texts)
+    if args.role is not None and args.checkpoint != "e5":
+        raise UserError("--role applies to e5 only (other checkpoints read no prefix)")
+    encoder = SentenceEncoder.load(args.checkpoint, role=args.role or "query")
+    vectors = encoder.encode(args.texts)
     text = write_vectors(vectors, args.texts, args.out)
     if text is not None:
         print(text)
@@ -563,9 +601,27 @@ def _run_quantize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "export", help="a fine-tuned classifier as a Hugging Face folder or an ONNX file"
+    )
+    p.add_argument("run", help="a `train classify` run of a pretrained encoder (e5, BERT)")
+    p.add_argument("--format", required=True, choices=("hf", "onnx"), help="hf or onnx")
+    p.add_argument("--out", required=True, help="a new folder (hf) or FILE.onnx")
+
+
+def _run_export(args: argparse.Namespace) -> int:
+    from attnlab.tasks.export import export_run
+
+    out = export_run(args.run, args.format, args.out)
+    print(f"{out}: {args.format} export of {args.run}")
+    return 0
+
+
 Command = tuple[Callable[[argparse._SubParsersAction], None], Callable[[argparse.Namespace], int]]
 COMMANDS: dict[str, Command] = {
     "train": (_add_train, _run_train),
+    "export": (_add_export, _run_export),
     "eval": (_add_eval, _run_eval),
     "predict": (_add_predict, _run_predict),
     "attention": (_add_attention, _run_attention),

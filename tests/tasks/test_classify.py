@@ -139,7 +139,19 @@ def test_bad_inputs_give_clear_errors(tmp_path, capsys):
     )
     assert "review" in capsys.readouterr().err
     assert (
-        main(["train", "classify", "--data", str(data), "n_haeds=2", "--out", str(tmp_path / "r2")])
+        main(
+            [
+                "train",
+                "classify",
+                "--init",
+                "none",
+                "--data",
+                str(data),
+                "n_haeds=2",
+                "--out",
+                str(tmp_path / "r2"),
+            ]
+        )
         == 2
     )
     assert "n_heads" in capsys.readouterr().err  # suggests the close match
@@ -147,7 +159,21 @@ def test_bad_inputs_give_clear_errors(tmp_path, capsys):
     assert "not a run directory" in capsys.readouterr().err
     empty = tmp_path / "empty.csv"
     empty.write_text("", encoding="utf-8")
-    assert main(["train", "classify", "--data", str(empty), "--out", str(tmp_path / "r3")]) == 2
+    assert (
+        main(
+            [
+                "train",
+                "classify",
+                "--init",
+                "none",
+                "--data",
+                str(empty),
+                "--out",
+                str(tmp_path / "r3"),
+            ]
+        )
+        == 2
+    )
     assert "empty" in capsys.readouterr().err.lower()
     assert not (tmp_path / "r3" / "config.json").exists()  # nothing half-written
 

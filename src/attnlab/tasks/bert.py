@@ -1,5 +1,8 @@
 """Sentence embeddings from a BERT checkpoint: embed, similarity and semantic search.
 
+multilingual-e5-small (``"e5"``) reads ``"query: "`` before a query or a text to compare and
+``"passage: "`` before a document to be found; search encodes the documents as passages.
+
 A sentence vector is the mean of its real tokens' final hidden states, L2-normalised (as
 sentence-transformers computes for all-MiniLM-L6-v2), so the dot product of two vectors is their
 cosine similarity. Inputs are truncated to the checkpoint's ``max_seq_length``
@@ -18,10 +21,13 @@ from torch import Tensor
 
 from attnlab.data import pad_batch
 from attnlab.data.io import read_utf8
+from attnlab.data.sentencepiece import SentencePieceTokenizer
 from attnlab.data.wordpiece import WordPieceTokenizer
 from attnlab.errors import UserError
 from attnlab.models.bert import BertModel, mean_pool
 from attnlab.models.bert_checkpoint import load_pretrained, resolve_checkpoint
+from attnlab.models.e5 import NAME as E5
+from attnlab.models.e5 import PREFIXES, load_e5, tokenizer_path
 
 
 @dataclass
@@ -29,12 +35,24 @@ class SentenceEncoder:
     """A BERT encoder and its tokenizer, turning texts into unit-length vectors (N, D)."""
 
     model: BertModel
-    tokenizer: WordPieceTokenizer
+    tokenizer: WordPieceTokenizer | SentencePieceTokenizer
     max_len: int
+    passages: SentencePieceTokenizer | None = None  # e5: the "passage: " tokenizer, for search
 
     @classmethod
-    def load(cls, checkpoint: str | Path = "minilm") -> SentenceEncoder:
-        """From a checkpoint directory (or ``"minilm"``), in eval mode on the CPU."""
+    def load(cls, checkpoint: str | Path = "minilm", role: str = "query") -> SentenceEncoder:
+        """From a checkpoint directory, ``"minilm"`` or ``"e5"``, in eval mode on the CPU.
+
+        e5 puts ``"query: "`` (``role="query"``: classification, similarity, search queries)
+        or ``"passage: "`` (``role="passage"``: texts to be found) before each text, as its
+        model card says; other checkpoints take no prefix.
+        """
+        if str(checkpoint) == E5:
+            if role not in PREFIXES:
+                raise UserError(f"role must be one of {sorted(PREFIXES)}, got {role!r}")
+            model, tokenizer = load_e5(prefix=PREFIXES[role])
+            passages = SentencePieceTokenizer.load(tokenizer_path(), prefix=PREFIXES["passage"])
+            return cls(model.eval(), tokenizer, model.cfg.context, passages)
         zoo = Path(checkpoint) / "config.json"
         if zoo.is_file() and '"arch": "' in zoo.read_text(encoding="utf-8"):
             raw = json.loads(zoo.read_text(encoding="utf-8"))
@@ -51,18 +69,20 @@ class SentenceEncoder:
         return cls(model.eval(), tokenizer, max_len)
 
     @torch.no_grad()
-    def encode(self, texts: list[str], batch_size: int = 32) -> Tensor:
-        """Unit-length sentence vectors (N, D), in the order of ``texts``."""
+    def encode(self, texts: list[str], batch_size: int = 32, tokenizer=None) -> Tensor:
+        """Unit-length sentence vectors (N, D), in the order of ``texts`` (``tokenizer``: one
+        other than the encoder's own, e.g. e5's passage tokenizer)."""
+        tokenizer = tokenizer or self.tokenizer
         if not texts:
             raise UserError("no texts to embed; give at least one sentence")
         if batch_size < 1:
             raise UserError(f"batch_size must be >= 1, got {batch_size}")
-        seqs = self.tokenizer.encode_batch(texts, self.max_len)
+        seqs = tokenizer.encode_batch(texts, self.max_len)
         order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))  # little padding per batch
         out = torch.empty(len(texts), self.model.cfg.d_model)
         for start in range(0, len(order), batch_size):
             rows = order[start : start + batch_size]
-            ids, lengths = pad_batch([seqs[i] for i in rows], self.tokenizer.pad_id)
+            ids, lengths = pad_batch([seqs[i] for i in rows], tokenizer.pad_id)
             pooled = mean_pool(self.model(ids, lengths), lengths)  # (b, D)
             out[rows] = torch.nn.functional.normalize(pooled, dim=-1)
         return out
@@ -89,7 +109,7 @@ def search(
     """For each query, the top ``k`` (document index, cosine) pairs, best first."""
     if k < 1:
         raise UserError(f"k must be >= 1, got {k}")
-    docs = encoder.encode(documents)  # (N, D)
+    docs = encoder.encode(documents, tokenizer=encoder.passages)  # (N, D)
     scores = encoder.encode(queries) @ docs.T  # (Q, N)
     top = scores.topk(min(k, len(documents)), dim=-1)
     return [list(zip(idx.tolist(), val.tolist())) for idx, val in zip(top.indices, top.values)]

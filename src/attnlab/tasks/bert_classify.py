@@ -12,6 +12,7 @@ tokenizer.json, model.safetensors, results.json), so `attnlab predict` / `eval` 
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -39,12 +40,23 @@ from attnlab.data import (
 from attnlab.data.coverage import reach
 from attnlab.data.english_sentiment import CORPORA, balanced_subsample, load_english_sentiment
 from attnlab.data.io import is_blank, read_json, write_json
+from attnlab.data.ood import load_ood, ood_files
+from attnlab.data.sentencepiece import SentencePieceTokenizer, load_tokenizer
 from attnlab.data.wordpiece import WordPieceTokenizer
 from attnlab.errors import UserError
 from attnlab.metrics import classification_report, format_report
-from attnlab.models.bert import BertClassifier, BertConfig
+from attnlab.models.bert import BertClassifier, BertConfig, mean_pool
 from attnlab.models.bert_checkpoint import load_pretrained, resolve_checkpoint
-from attnlab.tasks.classify import evaluator, predict_dataset, step_fn
+from attnlab.models.e5 import NAME as E5
+from attnlab.models.e5 import SOURCE as E5_SOURCE
+from attnlab.models.e5 import load_e5
+from attnlab.tasks.classify import (
+    TUTORIAL_EXAMPLES,
+    accuracy_by_tag,
+    evaluator,
+    predict_dataset,
+    step_fn,
+)
 from attnlab.tasks.rundir import WEIGHTS
 from attnlab.tasks.task import Run, RunConfig, Setup, Task
 from attnlab.train import TrainConfig, load_weights
@@ -54,7 +66,11 @@ from attnlab.train import TrainConfig, load_weights
 class BertClassifyConfig(ConfigBase):
     """Data, head and initialisation options of BERT fine-tuning (the loop has TrainConfig)."""
 
-    init: str = setting("minilm", "BERT checkpoint dir, `train mlm` run, or minilm")
+    init: str = setting(
+        "e5",
+        "e5 (multilingual-e5-small, bundled), minilm, a BERT checkpoint dir or a `train mlm` "
+        "run; none = the tutorial's character model trained from scratch",
+    )
     from_scratch: bool = setting(False, "with --init: its architecture, random weights")
     data: str = setting(
         "auto",
@@ -64,6 +80,23 @@ class BertClassifyConfig(ConfigBase):
     text_col: str = setting("text")
     label_col: str = setting("label")
     max_examples: int = setting(0, "with --init: balanced random subsample first; 0 = all", min=0)
+    train_examples: int = setting(
+        0,
+        "train on a stratified random sample of this many training-split examples (validation "
+        "and test stay whole); 0 = all",
+        min=0,
+    )
+    freeze_layers: int = setting(
+        0, "the embeddings and this many lowest blocks stay as pretrained (no gradient)", min=0
+    )
+    probe_first: bool = setting(
+        False,
+        "fit the head on the frozen encoder's features before fine-tuning (LP-FT, Kumar et "
+        "al. 2022: a fitted head distorts the pretrained features less than a random one)",
+    )
+    probe_weight_decay: float = setting(
+        1e-3, "probe_first: L2 penalty of the head's logistic regression", min=0
+    )
     split_seed: int = setting(0)
     val_ratio: float = setting(0.1)
     test_ratio: float = setting(0.1)
@@ -79,6 +112,7 @@ class BertClassifyConfig(ConfigBase):
     )
 
 
+Tokenizer = WordPieceTokenizer | SentencePieceTokenizer
 SECTIONS: dict[str, type[ConfigBase]] = {"data": BertClassifyConfig, "train": TrainConfig}
 
 # data="auto" picks the bundled Chinese reviews for a vocabulary with at least this share of
@@ -86,11 +120,43 @@ SECTIONS: dict[str, type[ConfigBase]] = {"data": BertClassifyConfig, "train": Tr
 CHINESE_VOCAB_SHARE = 0.25
 
 
-def resolve_data(data: str, tokenizer: WordPieceTokenizer) -> str:
-    """The corpus ``data="auto"`` means for this tokenizer; any other value as given."""
+def resolve_data(data: str, init: str, tokenizer: Tokenizer) -> str:
+    """The corpus ``data="auto"`` means for this encoder; any other value as given."""
     if data != "auto":
         return data
+    if init == E5:  # multilingual: the main job's Chinese reviews
+        return "chinese_reviews"
     return "chinese_reviews" if tokenizer.cjk_share() >= CHINESE_VOCAB_SHARE else "pang_lee"
+
+
+def sample_train(split: dict[str, list[int]], labels: list[str], n: int, seed: int) -> None:
+    """Keep a stratified random ``n`` of the training split (in place); val and test stay."""
+    train = split["train"]
+    if not n or n >= len(train):
+        return
+    rng = random.Random(seed)
+    by_label: dict[str, list[int]] = {}
+    for i in train:
+        by_label.setdefault(labels[i], []).append(i)
+    keep = []
+    for label in sorted(by_label):
+        members = by_label[label]
+        keep += rng.sample(members, max(1, round(n * len(members) / len(train))))
+    split["train"] = sorted(keep)
+
+
+def load_encoder(dcfg: BertClassifyConfig) -> tuple[Any, Tokenizer, list[str], str, dict]:
+    """(encoder, tokenizer, notes, checkpoint, encoder arch) that ``init`` names."""
+    if dcfg.init == E5:
+        encoder, tokenizer = load_e5(dropout=dcfg.dropout)
+        notes = [f"{key}: {value}" for key, value in E5_SOURCE.items()]
+        return encoder, tokenizer, notes, E5, {"arch": "bert", "embedding_size": 0}
+    zoo = zoo_run(dcfg.init)
+    if zoo is not None:  # an ALBERT/DeBERTa `train mlm --arch` run
+        return zoo.model, zoo.tokenizer, [], str(dcfg.init), encoder_of(zoo.config)
+    checkpoint = resolve_checkpoint(dcfg.init)
+    encoder, _, tokenizer, notes = load_pretrained(checkpoint)
+    return encoder, tokenizer, notes, str(checkpoint), {"arch": "bert", "embedding_size": 0}
 
 
 def load_corpus(dcfg: BertClassifyConfig) -> LabeledCorpus:
@@ -134,6 +200,8 @@ class Prepared:
     max_len: int
     encoder: Any
     report: dict[str, Any]
+    resume: bool = False
+    device: str = "cpu"
 
 
 def zoo_run(init: str) -> Any:
@@ -166,6 +234,68 @@ def classifier(cfg: RunConfig, n_classes: int, encoder: dict[str, Any] | None) -
     return model
 
 
+def freeze_lower(model: BertClassifier, n_layers: int) -> None:
+    """No gradient for the embeddings and the ``n_layers`` lowest blocks (0: all train).
+
+    Activations below the first trainable block then carry no autograd graph, so the frozen
+    part costs a forward pass only.
+    """
+    if n_layers <= 0:
+        return
+    model.bert.embeddings.requires_grad_(False)
+    for block in list(model.bert.encoder.blocks)[:n_layers]:
+        block.requires_grad_(False)
+
+
+@torch.no_grad()
+def pooled_features(
+    model: BertClassifier, data: ClassificationData, device: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(features (N, D), labels (N,)) of the encoder in eval mode, in dataset order."""
+    was_training = model.training
+    model.eval()
+    feats: dict[int, torch.Tensor] = {}
+    for indices in data.batches(0):
+        batch = data.collate(indices)
+        ids, lengths = batch["input_ids"].to(device), batch["lengths"].to(device)
+        hidden = model.bert(ids, lengths)  # (B, T, D)
+        pooled = model.bert.pool(hidden) if model.pooling == "cls" else mean_pool(hidden, lengths)
+        feats.update(zip(indices, pooled.float().cpu()))
+    model.train(was_training)
+    return torch.stack([feats[i] for i in range(len(data))]), torch.tensor(list(data.labels))
+
+
+def fit_probe(
+    model: BertClassifier, data: ClassificationData, weight_decay: float, device: str
+) -> dict[str, Any]:
+    """Set the head to the L2-regularised logistic regression on the frozen features.
+
+    Minimises mean cross-entropy + weight_decay · ||W||² by full-batch L-BFGS (convex: the
+    optimum does not depend on the start); returns the fit's size and training accuracy.
+    """
+    x, y = pooled_features(model, data, device)  # (N, D), (N,)
+    head = torch.nn.Linear(x.shape[1], model.head.out_features).double()
+    torch.nn.init.zeros_(head.weight)
+    torch.nn.init.zeros_(head.bias)
+    x64 = x.double()
+    opt = torch.optim.LBFGS(head.parameters(), max_iter=500, tolerance_grad=1e-9,
+                            history_size=20, line_search_fn="strong_wolfe")  # fmt: skip
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(head(x64), y)
+        loss = loss + weight_decay * head.weight.pow(2).sum()
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    with torch.no_grad():
+        model.head.weight.copy_(head.weight.to(model.head.weight))
+        model.head.bias.copy_(head.bias.to(model.head.bias))
+        accuracy = (head(x64).argmax(-1) == y).double().mean().item()
+    return {"n": len(y), "train_accuracy": accuracy, "weight_decay": weight_decay}
+
+
 class BertClassifyTask(Task):
     """Fine-tuning a pretrained BERT encoder with a classification head."""
 
@@ -183,15 +313,14 @@ class BertClassifyTask(Task):
 
     def setup(self, cfg: RunConfig, run_dir: Path, resume: bool, device: str) -> Setup:
         dcfg: BertClassifyConfig = cfg.data
-        zoo = zoo_run(dcfg.init)
-        if zoo is not None:  # an ALBERT/DeBERTa `train mlm --arch` run
-            encoder, tokenizer, notes, checkpoint = zoo.model, zoo.tokenizer, [], Path(dcfg.init)
-            shape, arch = zoo.config.bert, encoder_of(zoo.config)
-        else:
-            checkpoint = resolve_checkpoint(dcfg.init)
-            encoder, _, tokenizer, notes = load_pretrained(checkpoint)
-            shape, arch = encoder.cfg, {"arch": "bert", "embedding_size": 0}
-        dcfg.data = resolve_data(dcfg.data, tokenizer)  # config.json records the corpus used
+        encoder, tokenizer, notes, checkpoint, arch = load_encoder(dcfg)
+        shape = encoder.cfg
+        if dcfg.freeze_layers > shape.n_layers:
+            raise UserError(
+                f"freeze_layers {dcfg.freeze_layers} exceeds the encoder's {shape.n_layers} "
+                f"layers; give 0..{shape.n_layers}"
+            )
+        dcfg.data = resolve_data(dcfg.data, dcfg.init, tokenizer)  # config.json records it
         corpus = load_corpus(dcfg)
         split_path = run_dir / "split.json"
         if resume and split_path.exists():
@@ -199,6 +328,7 @@ class BertClassifyTask(Task):
         else:
             ratios = (1.0 - dcfg.val_ratio - dcfg.test_ratio, dcfg.val_ratio, dcfg.test_ratio)
             split = stratified_split(corpus.labels, ratios, dcfg.split_seed)
+            sample_train(split, corpus.labels, dcfg.train_examples, dcfg.split_seed)
         if not split["val"]:
             raise UserError("the validation split is empty; set val_ratio > 0")
         texts = {name: [corpus.texts[i] for i in idx] for name, idx in split.items()}
@@ -229,7 +359,7 @@ class BertClassifyTask(Task):
             "encoder": arch,
         }
         ids = {name: labels.encode(v) for name, v in labels_str.items()}
-        prep = Prepared(texts, ids, labels, tokenizer, max_len, encoder, report)
+        prep = Prepared(texts, ids, labels, tokenizer, max_len, encoder, report, resume, device)
         tcfg = cfg.train
         train_data = _dataset(
             texts["train"], ids["train"], tokenizer, max_len, tcfg.batch_size, True, tcfg.seed
@@ -252,8 +382,21 @@ class BertClassifyTask(Task):
     def build_model(self, cfg: RunConfig, setup: Setup) -> BertClassifier:
         prep: Prepared = setup.prepared
         model = classifier(cfg, len(prep.labels), prep.report["encoder"])
-        if not cfg.data.from_scratch:
+        dcfg: BertClassifyConfig = cfg.data
+        if not dcfg.from_scratch:
             model.bert.load_state_dict(prep.encoder.state_dict())
+        freeze_lower(model, dcfg.freeze_layers)
+        if dcfg.probe_first and not prep.resume:  # a resumed run's head is in its checkpoint
+            train = _dataset(
+                prep.texts["train"], prep.ids["train"], prep.tokenizer, prep.max_len,
+                dcfg.eval_batch_size, False, 0,
+            )  # fmt: skip
+            report = fit_probe(model, train, dcfg.probe_weight_decay, prep.device)
+            prep.report["probe"] = report
+            setup.messages.append(
+                f"probe: head fitted on the frozen encoder's features of {report['n']} training "
+                f"examples (train accuracy {report['train_accuracy']:.4f})"
+            )
         # with mean pooling the [CLS] pooler is unused: no gradient, so frozen (DeBERTa: none)
         if cfg.data.pooling == "mean" and hasattr(model.bert, "pooler"):
             model.bert.pooler.requires_grad_(False)
@@ -285,13 +428,33 @@ class BertClassifyTask(Task):
                 results[name] = {**report, "loss": loss}
         if "test" in results:
             (run_dir / "test_report.txt").write_text(format_report(results["test"]) + "\n")
+        ood = evaluate_ood(model, prep, cfg.data.eval_batch_size, device)
+        if ood is not None:
+            results["ood"] = ood
         return results
 
     def describe(self, results: Mapping[str, Any], run_dir: Path) -> list[str]:
         lines = []
         if "test" in results:
             test = results["test"]
-            lines.append(f"test accuracy {test['accuracy']:.4f}, macro-F1 {test['macro_f1']:.4f}")
+            lines.append(
+                f"test accuracy {test['accuracy']:.4f}, macro-F1 {test['macro_f1']:.4f} "
+                f"(n = {test['n']})"
+            )
+        for name, report in (results.get("ood") or {}).items():
+            lines.append(
+                f"out-of-domain {name} accuracy {report['accuracy']:.4f}, macro-F1 "
+                f"{report['macro_f1']:.4f} (n = {report['n']}; films, restaurants, hotels, "
+                "games, apps)"
+            )
+        run = BertClassifierRun.load(run_dir)
+        if set(run.labels.labels) == {"positive", "negative"}:
+            lines.append("tutorial examples:")
+            texts = [t for t, _ in TUTORIAL_EXAMPLES]
+            for pred, (_, want) in zip(run.predict(texts), TUTORIAL_EXAMPLES):
+                mark = "ok" if pred["label"] == want else f"WRONG (expected {want})"
+                prob = pred["probs"][pred["label"]]
+                lines.append(f"  {pred['text']} -> {pred['label']} {prob:.3f}  {mark}")
         return lines
 
     def load(self, run_dir: Path, cfg: RunConfig, device: str) -> BertClassifierRun:
@@ -301,8 +464,27 @@ class BertClassifyTask(Task):
         load_weights(model, run_dir / WEIGHTS)
         model.to(device).eval()
         max_len = report["max_len"]
-        tokenizer = WordPieceTokenizer.load(run_dir / "tokenizer.json")
+        tokenizer = load_tokenizer(run_dir / "tokenizer.json")
         return BertClassifierRun(run_dir, cfg, model, tokenizer, labels, max_len)
+
+
+def evaluate_ood(
+    model: BertClassifier, prep: Prepared, batch_size: int, device: str
+) -> dict[str, dict] | None:
+    """Reports on the bundled out-of-domain sets (dev, test), per domain and phenomenon; None
+    for label sets other than positive/negative."""
+    files = ood_files()
+    if not files or set(prep.labels.labels) != {"positive", "negative"}:
+        return None
+    out = {}
+    for name in files:
+        corpus, tags = load_ood(name)
+        ids = prep.labels.encode(corpus.labels)
+        data = _dataset(corpus.texts, ids, prep.tokenizer, prep.max_len, batch_size, False, 0)
+        y_true, y_pred, loss = predict_dataset(model, data, device)  # type: ignore[arg-type]
+        report = classification_report(y_true, y_pred, prep.labels.labels)
+        out[name] = {**report, "loss": loss, "accuracy_by": accuracy_by_tag(y_true, y_pred, tags)}
+    return out
 
 
 # ---------------------------------------------------------------------------- a trained run

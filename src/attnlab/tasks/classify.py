@@ -445,7 +445,7 @@ class ClassifyTask(Task):
     preset_prefix = "classify"
     resumable = frozenset({"eval_batch_size"})
     data_paths = ("data", "val_data", "test_data")
-    redirect = ("init", "bert_classify", "BERT fine-tuning from a checkpoint")
+    redirect = ("init", "bert_classify", "fine-tuning a pretrained encoder")
 
     def sections(self) -> dict[str, type[ConfigBase]]:
         return SECTIONS
