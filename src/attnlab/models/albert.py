@@ -22,6 +22,7 @@ from attnlab.attention import padding_mask
 from attnlab.blocks import Block
 from attnlab.models.bert import BertEmbeddings, init_bert_weights
 from attnlab.models.electra import ElectraConfig, embedding_config
+from attnlab.models.registry import register_model, tokens
 
 
 @dataclass
@@ -56,3 +57,22 @@ class AlbertModel(nn.Module):
     def pool(self, hidden: Tensor) -> Tensor:
         """tanh(W h_[CLS] + b): (B, T, D) -> (B, D)."""
         return torch.tanh(self.pooler(hidden[:, 0]))
+
+
+register_model(
+    "albert",
+    family="albert",
+    config=AlbertConfig,
+    oracle="ALBERT + gradients",
+    example=tokens(lengths=True),
+    defaults={"embedding_size": 128},  # ALBERT-base's factorised embedding
+    tiny={
+        "vocab_size": 40,
+        "d_model": 16,
+        "n_layers": 2,
+        "n_heads": 2,
+        "d_ff": 32,
+        "context": 16,
+        "embedding_size": 8,
+    },
+)(AlbertModel)

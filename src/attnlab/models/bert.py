@@ -22,6 +22,7 @@ from attnlab.configs import Alias, ConfigBase, coerce_value, project, setting
 from attnlab.efficient import BACKEND_HELP, FLASH_ALIAS, AttentionKind
 from attnlab.errors import UserError
 from attnlab.models.prune import apply_head_counts
+from attnlab.models.registry import register_model, tokens
 from attnlab.positions import make_positions
 
 BertActivation = Literal["gelu", "gelu_tanh", "relu"]  # those a Hugging Face config can name
@@ -336,3 +337,13 @@ class BertClassifier(nn.Module):
         hidden = self.bert(input_ids, lengths)  # (B, T, D)
         pooled = self.bert.pool(hidden) if self.pooling == "cls" else mean_pool(hidden, lengths)
         return self.head(self.dropout(pooled))  # (B, C)
+
+
+register_model(
+    "bert",
+    family="bert",
+    config=BertConfig,
+    oracle="BERT",
+    example=tokens(lengths=True),
+    tiny={"vocab_size": 40, "d_model": 16, "n_layers": 2, "n_heads": 2, "d_ff": 32, "context": 16},
+)(BertModel)

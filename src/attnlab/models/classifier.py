@@ -26,6 +26,7 @@ from attnlab.configs import Alias, ConfigBase, project, setting
 from attnlab.efficient import BACKEND_HELP, FLASH_ALIAS, AttentionKind
 from attnlab.errors import UserError
 from attnlab.models.prune import apply_head_counts
+from attnlab.models.registry import register_model, tokens
 from attnlab.positions import make_positions
 
 Position = Literal["sinusoidal", "learned", "rope", "t5", "alibi", "none"]
@@ -294,3 +295,15 @@ class TextClassifierEnsemble(nn.Module):
 def build_classifier(cfg: ClassifierConfig) -> TextClassifier | TextClassifierEnsemble:
     """A TextClassifier, or an ensemble of them when ``cfg.members > 1``."""
     return TextClassifierEnsemble(cfg) if cfg.members > 1 else TextClassifier(cfg)
+
+
+register_model(
+    "classifier",
+    family="classifier",
+    config=ClassifierConfig,
+    oracle="Block (encoder layer)",
+    example=tokens(lengths=True),
+    defaults={"vocab_size": 5000},  # about the bundled reviews' character vocabulary
+    tiny={"vocab_size": 40, "d_model": 16, "n_heads": 2, "d_ff": 32, "context": 16},
+    note="its blocks are proven; the pooling and head are the classify tests'",
+)(build_classifier)

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from attnlab.channel import ChannelAttentionKind, make_attention
 from attnlab.configs import Alias, ConfigBase, setting
+from attnlab.models.registry import images, register_model
 
 
 @dataclass
@@ -89,3 +90,14 @@ class ResNetCNN(nn.Module):
             )
         h = self.blocks(self.stem(images))  # (B, C_last, H', W')
         return self.head(self.dropout(h.mean(dim=(2, 3))))
+
+
+register_model(
+    "cnn",
+    family="cnn",
+    config=CNNConfig,
+    oracle=None,
+    example=images,
+    tiny={"width": 8, "stages": 2, "blocks_per_stage": 1, "reduction": 4},
+    note="no oracle: tests/test_channel.py checks each attention module against its paper",
+)(ResNetCNN)

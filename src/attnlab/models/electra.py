@@ -30,6 +30,7 @@ from attnlab.attention import padding_mask
 from attnlab.blocks import Block, BlockStack, apply_activation
 from attnlab.configs import setting
 from attnlab.models.bert import BertConfig, BertEmbeddings, init_bert_weights
+from attnlab.models.registry import register_model, tokens
 
 
 @dataclass
@@ -122,3 +123,13 @@ class ElectraGenerator(nn.Module):
 def tie_embeddings(generator: ElectraGenerator, discriminator: ElectraDiscriminator) -> None:
     """Share the generator's embedding layer with the discriminator (ELECTRA §3.2)."""
     generator.electra.embeddings = discriminator.electra.embeddings
+
+
+register_model(
+    "electra",
+    family="electra",
+    config=ElectraConfig,
+    oracle="ELECTRA + gradients",
+    example=tokens(lengths=True),
+    tiny={"vocab_size": 40, "d_model": 16, "n_layers": 2, "n_heads": 2, "d_ff": 32, "context": 16},
+)(ElectraDiscriminator)

@@ -60,6 +60,7 @@ from attnlab.blocks import DYT_ALPHA0, Activation, Block, BlockConfig, BlockStac
 from attnlab.configs import ConfigBase, project, setting
 from attnlab.efficient import BACKEND_HELP, FLASH_ALIAS, AttentionKind
 from attnlab.errors import UserError
+from attnlab.models.registry import register_model, tokens
 from attnlab.moe import MoEFeedForward
 from attnlab.positions import LearnedPositionalEmbedding, RopeScaling, make_positions
 from attnlab.rwkv import ChannelMix, RwkvBlock, TimeMix
@@ -376,3 +377,26 @@ class GPT(nn.Module):
         cfg = self.cfg
         n_attention = cfg.layer_mixers().count("attention")
         return 6 * self.active_params() + 12 * n_attention * cfg.d_model * cfg.context
+
+
+# The registry's entries: GPT with each sequence mixer, and with a mixture-of-experts FFN.
+_TINY_GPT = {"vocab_size": 48, "context": 16, "n_layers": 2, "n_heads": 2, "d_model": 32}
+_GPT2_ROW = "GPT, GPT-2 layout"
+_MAMBA_ROW = "Mamba GPT logits/greedy/cache (f32)"
+for _name, _fields, _oracle, _also in (
+    ("gpt", {}, _GPT2_ROW, ()),
+    ("gpt-mamba", {"mixer": "mamba"}, _MAMBA_ROW, ()),
+    ("gpt-rwkv", {"mixer": "rwkv"}, "RWKV GPT logits/greedy/cache (f32)", ()),
+    ("gpt-hybrid", {"mixer": "hybrid", "attn_every": 2}, _MAMBA_ROW, (_GPT2_ROW,)),
+    ("gpt-moe", {"ffn": "moe", "experts": 4}, "MoEFeedForward (f32)", (_GPT2_ROW,)),
+):
+    register_model(
+        _name,
+        family="gpt",
+        config=GPTConfig,
+        oracle=_oracle,
+        also=_also,
+        example=tokens(),
+        defaults={"vocab_size": 50304, **_fields},  # GPT-2's vocabulary, padded to 64
+        tiny=_TINY_GPT,
+    )(GPT)

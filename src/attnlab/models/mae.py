@@ -23,7 +23,8 @@ from torch import Tensor, nn
 from attnlab.blocks import DYT_ALPHA0, Activation, Block, BlockConfig, BlockStack, NormKind
 from attnlab.configs import ConfigBase, setting
 from attnlab.errors import UserError
-from attnlab.models.vit import ViT, ViTConfig, _init_weights
+from attnlab.models.registry import images, register_model
+from attnlab.models.vit import ViT, ViTConfig, init_vit_weights
 from attnlab.positions import make_positions
 
 
@@ -143,7 +144,7 @@ class MAE(nn.Module):
         )
         self.decoder_pred = nn.Linear(Dd, cfg.patch_size**2 * cfg.in_channels)
         for module in (self.decoder_embed, self.decoder, self.decoder_pred):
-            module.apply(_init_weights)
+            module.apply(init_vit_weights)
         nn.init.normal_(self.mask_token, std=0.02)
 
     def encode(self, images: Tensor, noise: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -202,3 +203,30 @@ class MAE(nn.Module):
             "prediction": unpatchify(pred, p, c),
             "mask": out["mask"],
         }
+
+
+def _masked_images(cfg: MAEConfig, batch: int) -> tuple[Tensor, Tensor]:
+    """Images (B, C, H, W) and the noise (B, N) that picks the kept patches."""
+    n = (cfg.image_size // cfg.patch_size) ** 2
+    return images(cfg, batch)[0], torch.rand(batch, n)
+
+
+register_model(
+    "mae",
+    family="mae",
+    config=MAEConfig,
+    oracle="MAE encoder + decoder, loss, gradients",
+    example=_masked_images,
+    tiny={
+        "image_size": 8,
+        "patch_size": 4,
+        "d_model": 16,
+        "n_layers": 1,
+        "n_heads": 2,
+        "d_ff": 32,
+        "decoder_d_model": 8,
+        "decoder_layers": 1,
+        "decoder_heads": 2,
+        "decoder_d_ff": 16,
+    },
+)(MAE)

@@ -31,6 +31,7 @@ from attnlab.blocks import (
 from attnlab.configs import Alias, ConfigBase, coerce_value, project, setting
 from attnlab.efficient import BACKEND_HELP, FLASH_ALIAS, AttentionKind
 from attnlab.errors import UserError
+from attnlab.models.registry import register_model, token_pair
 from attnlab.positions import make_positions
 
 
@@ -192,3 +193,23 @@ class Seq2SeqTransformer(nn.Module):
         linear state) and cross-attention caches, one per decoder layer."""
         blocks = self.decoder.blocks
         return [b.self_attn.new_cache() for b in blocks], [KVCache() for _ in blocks]
+
+
+register_model(
+    "seq2seq",
+    family="seq2seq",
+    config=Seq2SeqConfig,
+    oracle="BlockStack + Decoder",
+    example=token_pair("src_vocab_size", "tgt_vocab_size"),
+    defaults={"src_vocab_size": 8000, "tgt_vocab_size": 8000},
+    tiny={
+        "src_vocab_size": 40,
+        "tgt_vocab_size": 40,
+        "d_model": 16,
+        "n_heads": 2,
+        "n_encoder_layers": 1,
+        "n_decoder_layers": 1,
+        "d_ff": 32,
+        "context": 16,
+    },
+)(Seq2SeqTransformer)

@@ -34,7 +34,8 @@ from attnlab.blocks import (
 )
 from attnlab.configs import ConfigBase, setting
 from attnlab.errors import UserError
-from attnlab.models.vit import PatchEmbedding, _init_weights
+from attnlab.models.registry import images, register_model
+from attnlab.models.vit import PatchEmbedding, init_vit_weights
 
 
 @dataclass
@@ -254,7 +255,7 @@ class Swin(nn.Module):
         self.stages = nn.ModuleList(SwinStage(cfg, i) for i in range(len(cfg.depths)))
         self.norm = cfg.block_config(len(cfg.depths) - 1).make_norm()
         self.head = nn.Linear(cfg.stage_width(len(cfg.depths) - 1), cfg.n_classes)
-        self.apply(_init_weights)
+        self.apply(init_vit_weights)
 
     def embed(self, images: Tensor) -> Tensor:
         c, s = self.cfg.in_channels, self.cfg.image_size
@@ -330,3 +331,14 @@ def attention_received(model: Swin, images: Tensor) -> Tensor:
     share = torch.stack(maps).mean(dim=0)
     share = share / share.sum(dim=-1, keepdim=True)
     return share.view(-1, stage.resolution, stage.resolution)
+
+
+register_model(
+    "swin",
+    family="swin",
+    config=SwinConfig,
+    oracle="Swin",
+    also=("Swin attention (f32)",),
+    example=images,
+    tiny={"image_size": 8, "d_model": 12, "depths": (1, 1), "stage_heads": (2, 2), "window": 2},
+)(Swin)

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from attnlab.attention import KVCache, padding_mask, padding_mask_from_ids
 from attnlab.blocks import Block, BlockConfig, BlockStack, Decoder, DecoderBlock, RMSNorm
 from attnlab.configs import ConfigBase, setting
+from attnlab.models.registry import register_model, token_pair
 from attnlab.positions import T5RelativePositionBias, make_positions
 
 
@@ -222,3 +223,13 @@ def init_t5_weights(model: T5) -> None:
 def fold_query_scale(head_dim: int) -> float:
     """The factor T5's query weights gain in attnlab (attention divides by √d_k; T5 does not)."""
     return math.sqrt(head_dim)
+
+
+register_model(
+    "t5",
+    family="t5",
+    config=T5Config,
+    oracle="T5 v1.0/v1.1 + gradients",
+    example=token_pair("vocab_size", "vocab_size"),
+    tiny={"vocab_size": 40, "d_model": 16, "n_heads": 2, "d_ff": 32, "n_layers": 1},
+)(T5)

@@ -25,6 +25,7 @@ from attnlab.blocks import DYT_ALPHA0, Activation, Block, BlockConfig, BlockStac
 from attnlab.configs import ConfigBase, project, setting
 from attnlab.efficient import BACKEND_HELP, FLASH_ALIAS, AttentionKind
 from attnlab.errors import UserError
+from attnlab.models.registry import images, register_model
 from attnlab.positions import make_positions, sincos_2d_table
 
 
@@ -161,7 +162,7 @@ class ViT(nn.Module):
         self.encoder.gradient_checkpointing = cfg.gradient_checkpointing
         self.head = nn.Linear(cfg.d_model, cfg.n_classes)
         self.head_dist = nn.Linear(cfg.d_model, cfg.n_classes) if cfg.distill else None
-        self.apply(_init_weights)
+        self.apply(init_vit_weights)
         for token in (self.cls_token, self.dist_token):
             if token is not None:
                 nn.init.normal_(token, std=0.02)
@@ -227,7 +228,7 @@ def _read_old_position_table(state: dict[str, Tensor], prefix: str, *args: objec
         state[prefix + "pos_embed.embedding.weight"] = old[0]
 
 
-def _init_weights(module: nn.Module) -> None:
+def init_vit_weights(module: nn.Module) -> None:
     """Truncated-normal(0.02) linear/conv weights, zero biases, unit LayerNorm (as in timm)."""
     if isinstance(module, (nn.Linear, nn.Conv2d)):
         nn.init.trunc_normal_(module.weight, std=0.02)
@@ -275,3 +276,18 @@ __all__ = [
     "rollout_map",
     "sincos_2d_table",
 ]
+
+
+_TINY_VIT = {"image_size": 8, "patch_size": 4, "d_model": 16, "n_layers": 2, "n_heads": 2}
+register_model(
+    "vit", family="vit", config=ViTConfig, oracle="ViT (f32)", example=images, tiny=_TINY_VIT
+)(ViT)
+register_model(
+    "deit",
+    family="vit",
+    config=ViTConfig,
+    oracle="DeiT (distillation token)",
+    example=images,
+    defaults={"distill": True},
+    tiny=_TINY_VIT,
+)(ViT)
