@@ -618,6 +618,18 @@ def _run_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_models(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("models", help="every model attnlab builds: family, size, the verify row")
+    p.add_argument("--family", default=None, help="only this family (gpt, bert, vit, ...)")
+
+
+def _run_models(args: argparse.Namespace) -> int:
+    from attnlab.models.registry import models_table
+
+    print(models_table(args.family))
+    return 0
+
+
 Command = tuple[Callable[[argparse._SubParsersAction], None], Callable[[argparse.Namespace], int]]
 COMMANDS: dict[str, Command] = {
     "train": (_add_train, _run_train),
@@ -634,6 +646,7 @@ COMMANDS: dict[str, Command] = {
     "bench": (_add_bench, _run_bench),
     "quantize": (_add_quantize, _run_quantize),
     "prune": (_add_prune, _run_prune),
+    "models": (_add_models, _run_models),
     "explore": (explore_command.add_parser, explore_command.run),
     "verify": (verify_command.add_parser, verify_command.run),
 }

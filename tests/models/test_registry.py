@@ -143,3 +143,14 @@ def test_register_model_decorates_a_config_class(monkeypatch) -> None:
     with pytest.raises(ValueError, match="registered twice"):
         registry.register_model("toy", family="x", oracle=None, example=registry.images,
                                 build=nn.Identity)(ToyConfig)  # fmt: skip
+
+
+def test_the_models_command_lists_every_entry(capsys) -> None:
+    from attnlab.cli import main
+
+    assert main(["models"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:3] == ["name", "family", "parameters"]
+    names = {line.split()[0] for line in lines[1:] if line and not line[0].isspace()}
+    assert names == set(NAMES)
+    assert any(line.startswith("e5 (pretrained)") and "117.7M" in line for line in lines)

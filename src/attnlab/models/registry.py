@@ -166,6 +166,25 @@ def default_size(name: str) -> int:
         return n_weights(entry, entry.build(entry.make_config()))
 
 
+def _size(n: int) -> str:
+    return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.0f}k"
+
+
+def models_table(family: str | None = None) -> str:
+    """``attnlab models``: name, family, weights of the default config, the verify rows."""
+    rows = [("name", "family", "parameters", "oracle (attnlab verify)")]
+    for name in list_models(family):
+        e = model_entry(name)
+        proof = "; ".join(e.oracles) or "none"
+        label = f"{name} (pretrained)" if e.pretrained else name
+        rows.append((label, e.family, _size(default_size(name)), proof))
+        if e.note:
+            rows.append(("", "", "", f"  ({e.note})"))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = ["  ".join([*(c.ljust(w) for c, w in zip(r, widths)), r[3]]).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
 # Example inputs most entries share; each returns forward's positional arguments.
 
 
@@ -208,6 +227,7 @@ __all__ = [
     "images",
     "list_models",
     "model_entry",
+    "models_table",
     "n_weights",
     "register_model",
     "token_pair",
