@@ -124,6 +124,7 @@ def test_create_model_overrides_and_refusals() -> None:
     with pytest.raises(UserError, match="no pretrained weights"):
         create_model("bert", pretrained=True)
     assert registry.family_of(vit.cfg) == "vit"
+    assert registry.family_of(model_entry("swin").make_config()) == "swin"
     assert list_models("swin") == ["swin"]
 
 

@@ -20,6 +20,7 @@ from attnlab.data.images import normalize
 from attnlab.errors import UserError
 from attnlab.explore.pack import build_group, calls_named, f32, u8
 from attnlab.explore.sources import Source
+from attnlab.models.registry import family_of
 from attnlab.models.vit import attention_rollout
 
 DEFAULT_IMAGES = 4
@@ -57,7 +58,7 @@ def vit_examples(source: Source, paths: list[str]) -> dict[str, Any]:
     """One example per image: attention of every layer and head, rollout, prediction."""
     run = source.run
     model = run.model
-    if not hasattr(model.cfg, "n_layers"):  # a Swin run: windows instead of one sequence
+    if family_of(model.cfg) == "swin":  # windows instead of one sequence
         return swin_examples(source, paths)
     images, names = load_images(source, paths)
     x = normalize(images, run.report["mean"], run.report["std"])

@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -40,7 +40,7 @@ from attnlab.data.io import read_json, write_json
 from attnlab.data.splits import stratified_split
 from attnlab.errors import UserError
 from attnlab.metrics import classification_report, format_report
-from attnlab.models.cnn import CNNConfig, ResNetCNN
+from attnlab.models.registry import model_entry
 from attnlab.models.swin import Swin, SwinConfig
 from attnlab.models.vit import ViT, ViTConfig
 from attnlab.tasks import runner
@@ -50,12 +50,7 @@ from attnlab.tensor_files import load_tensors_into, read_tensors
 from attnlab.train import StepOutput, TrainConfig
 
 Arch = Literal["vit", "cnn", "swin", "deit"]
-MODEL_CONFIGS: dict[str, type[ConfigBase]] = {
-    "vit": ViTConfig,
-    "cnn": CNNConfig,
-    "swin": SwinConfig,
-    "deit": ViTConfig,
-}
+MODEL_CONFIGS: dict[str, type[ConfigBase]] = {a: model_entry(a).config for a in get_args(Arch)}
 
 
 @dataclass
@@ -186,9 +181,7 @@ def build_model(cfg: RunConfig) -> nn.Module:
     """The ViT (DeiT: a ViT with a distillation token), Swin or CNN of a run config."""
     if cfg.task == "deit" and not cfg.model.distill:
         raise UserError("the deit task trains a ViT with distill = true; do not turn it off")
-    if cfg.task in ("vit", "deit"):
-        return ViT(cfg.model)
-    return Swin(cfg.model) if cfg.task == "swin" else ResNetCNN(cfg.model)
+    return model_entry(cfg.task).build(cfg.model)
 
 
 def deit_step_fn(label_smoothing: float, teacher: VisionRun, mean: list[float], std: list[float]):
@@ -383,7 +376,7 @@ class VisionTask(Task):
         return VisionRun(run_dir, cfg, model, report)
 
 
-TASKS = {arch: VisionTask(arch) for arch in ("vit", "cnn", "swin", "deit")}
+TASKS = {arch: VisionTask(arch) for arch in get_args(Arch)}
 
 
 def evaluate_set(
