@@ -548,29 +548,6 @@ def test_mha_gqa_equals_mha_with_repeated_kv_heads() -> None:
             torch.testing.assert_close(wa, wb, **TIGHT)
 
 
-@pytest.mark.parametrize("kdim", [None, 7])
-def test_weights_saved_in_the_old_projection_layouts_load(kdim: int | None) -> None:
-    """Runs saved before q_proj + kv_proj (one packed ``qkv``; ``q/k/v_proj`` when kdim !=
-    d_model) load into the same function, through load_state_dict and load_tensors_into."""
-    from attnlab.tensor_files import load_tensors_into
-
-    d, H, Hkv = 12, 4, 2
-    mha = MultiHeadAttention(d, H, Hkv, kdim=kdim, vdim=kdim).double().eval()
-    old = {k: v for k, v in mha.state_dict().items() if k.startswith("out_proj")}
-    for kind in ("weight", "bias"):
-        q, (k, v) = mha.state_dict()[f"q_proj.{kind}"], mha.state_dict()[f"kv_proj.{kind}"].chunk(2)
-        if kdim is None:
-            old[f"qkv.{kind}"] = torch.cat([q, k, v])
-        else:
-            old |= {f"q_proj.{kind}": q, f"k_proj.{kind}": k, f"v_proj.{kind}": v}
-    x, ctx = torch.randn(2, 5, d, dtype=F64), torch.randn(2, 3, kdim or d, dtype=F64)
-    want, _ = mha(x, ctx)
-    for load in (lambda m: m.load_state_dict(dict(old)), lambda m: load_tensors_into(m, old, "f")):
-        fresh = MultiHeadAttention(d, H, Hkv, kdim=kdim, vdim=kdim).double().eval()
-        load(fresh)
-        torch.testing.assert_close(fresh(x, ctx)[0], want, rtol=0, atol=0)
-
-
 # --------------------------------------------------------------------------- KV cache
 
 
@@ -754,8 +731,9 @@ def _per_sample_masks(B: int, T: int) -> Tensor:
 
 @pytest.mark.parametrize("need_weights", [False, True])
 def test_3d_mask_is_per_sample_even_when_batch_equals_heads(need_weights: bool) -> None:
-    """The issue's repro: B == H == 2, sample 0 causal, sample 1 full. A (B, Tq, Tk) mask is
-    per sample: nn.MultiheadAttention given the same mask repeated per head, (B*H, Tq, Tk)."""
+    """B == H == 2 (equal, so a mask wrongly read per head would still fit), sample 0 causal,
+    sample 1 full. A (B, Tq, Tk) mask is per sample: nn.MultiheadAttention given the same mask
+    repeated per head, (B*H, Tq, Tk)."""
     B, T, d, H = 2, 4, 8, 2
     ours, theirs = _torch_mha(d, H)
     x = torch.randn(B, T, d, dtype=F64)

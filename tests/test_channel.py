@@ -144,13 +144,3 @@ def test_resnet_config_errors() -> None:
         CNNConfig(channel_attention="sk")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="in_channels|shape"):
         ResNetCNN(CNNConfig(in_channels=3))(torch.randn(1, 1, 8, 8))
-
-
-def test_old_field_name_attention_reads_as_channel_attention(capsys) -> None:
-    """A CNN run saved before the rename (model.attention = "se") still loads, saying so once."""
-    from attnlab.configs import from_dict
-
-    cfg = from_dict(CNNConfig, {"attention": "se", "width": 8})
-    assert cfg.channel_attention == "se"
-    err = capsys.readouterr().err
-    assert err.count("deprecated: CNNConfig.attention is now channel_attention") == 1

@@ -394,8 +394,6 @@ class MultiHeadAttention(nn.Module):
     ``n_kv_heads`` < ``n_heads`` gives grouped-query attention (1 = multi-query).
     One projection layout for self- and cross-attention: ``q_proj`` maps x to the queries,
     ``kv_proj`` maps the source (x itself, or ``context``) to keys and values (rows: keys, then
-    values). Weights saved in the older layouts (one packed ``qkv``, or ``k_proj``/``v_proj``)
-    are read into it on load (:meth:`upgrade_tensors`).
     ``rotary`` is an optional hook ``(q, k, offset) -> (q, k)`` applied to the per-head queries
     and keys (RoPE); an additive ``bias`` passed to :meth:`forward` carries relative positions.
     ``kernel`` replaces full attention in self-attention (local or linear attention, from
@@ -464,25 +462,6 @@ class MultiHeadAttention(nn.Module):
         self.q_proj = nn.Linear(d_model, q_width, bias=bias)  # x -> queries
         self.kv_proj = nn.Linear(self.kdim, 2 * kv_width, bias=bias)  # source -> keys; values
         self.out_proj = nn.Linear(q_width, d_model, bias=bias)
-        self._register_load_state_dict_pre_hook(self._read_old_layout)
-
-    def upgrade_tensors(self, tensors: dict[str, Tensor], prefix: str) -> None:
-        """Rewrite in place weights saved in the layouts before ``q_proj`` + ``kv_proj``: one
-        packed ``qkv`` (rows: queries, keys, values), or ``q_proj``, ``k_proj``, ``v_proj``."""
-        for kind in ("weight", "bias"):
-            packed = tensors.pop(f"{prefix}qkv.{kind}", None)
-            if packed is not None:
-                q, kv = packed.split((self.q_proj.out_features, self.kv_proj.out_features))
-                tensors[f"{prefix}q_proj.{kind}"], tensors[f"{prefix}kv_proj.{kind}"] = q, kv
-            k, v = (
-                tensors.pop(f"{prefix}k_proj.{kind}", None),
-                tensors.pop(f"{prefix}v_proj.{kind}", None),
-            )
-            if k is not None and v is not None:
-                tensors[f"{prefix}kv_proj.{kind}"] = torch.cat([k, v])
-
-    def _read_old_layout(self, state_dict: dict[str, Tensor], prefix: str, *_: Any) -> None:
-        self.upgrade_tensors(state_dict, prefix)
 
     def _heads(self, t: Tensor, n: int) -> Tensor:
         """(B, T, n*Dh) -> (B, n, T, Dh)."""

@@ -11,7 +11,6 @@ Pre-norm (GPT-2, LLaMA):               x = x + Sublayer(Norm(x)), with a final n
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -510,15 +509,3 @@ class Decoder(nn.Module):
         if self.norm is not None:
             x = self.norm(x)
         return (x, weights) if need_weights else x
-
-
-_RENAMED = {"EncoderBlock": "Block", "Encoder": "BlockStack"}  # old name -> new name
-
-
-def __getattr__(name: str) -> Any:
-    """Old class names still import, with one line of deprecation."""
-    if name in _RENAMED:
-        new = _RENAMED[name]
-        warnings.warn(f"attnlab.blocks.{name} is now {new}", DeprecationWarning, stacklevel=2)
-        return globals()[new]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,9 +2,7 @@
 
 Model configs share one mechanism (:class:`ConfigBase`): ``Literal`` choices and the numeric
 ranges declared with :func:`setting` are checked by :func:`validate_config` on construction, each
-config adding only its cross-field rules in ``check``; old field names listed in ``ALIASES``
-are still read (with a one-line deprecation note on stderr) by :func:`from_dict`,
-:func:`apply_overrides` and the command line, so old presets and run folders keep loading.
+config adding only its cross-field rules in ``check``.
 """
 
 from __future__ import annotations
@@ -16,9 +14,9 @@ import json
 import sys
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Literal, TypeVar, Union
+from typing import Any, Literal, TypeVar, Union
 
 from attnlab.errors import UserError
 
@@ -71,59 +69,15 @@ def setting(
     return dataclasses.field(default=default, metadata=meta)
 
 
-@dataclasses.dataclass(frozen=True)
-class Alias:
-    """An old field name still read: ``old`` (optionally only for the values in ``only``) means
-    ``new``, its value passed through ``convert``; reading it prints one deprecation line."""
-
-    old: str
-    new: str
-    convert: Callable[[Any], Any] | None = None
-    only: tuple[str, ...] = ()
-
-    def applies(self, name: str, value: Any) -> bool:
-        """Whether a key ``name`` with ``value`` is this old spelling."""
-        if name != self.old:
-            return False
-        return not self.only or str(value).strip().lower() in self.only
-
-
-def aliases_of(cls: type) -> tuple[Alias, ...]:
-    """The old names a config class still reads (its ``ALIASES``; none for plain dataclasses)."""
-    return tuple(getattr(cls, "ALIASES", ()))
-
-
-def accepted_names(cls: type) -> list[str]:
-    """Field names of dataclass ``cls`` followed by the old names it still reads."""
-    names = [f.name for f in dataclasses.fields(_check_dataclass(cls))]
-    return names + [a.old for a in aliases_of(cls) if a.old not in names]
-
-
-def resolve_aliases(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
-    """``data`` with old field names of ``cls`` renamed (and their values converted).
-
-    Each rename prints one line on stderr saying what to write instead. Giving the old and the
-    new name of one field together is refused, since nothing says which one wins.
-    """
+def _underscored(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` with dashes in its keys read as underscores (``n-heads`` is ``n_heads``); one
+    field given in both spellings is refused, since nothing says which one wins."""
     out: dict[str, Any] = {}
-    source: dict[str, str] = {}
     for key, value in data.items():
         name = key.replace("-", "_")
-        alias = next((a for a in aliases_of(cls) if a.applies(name, value)), None)
-        target = name if alias is None else alias.new
-        if alias is not None:
-            value = alias.convert(value) if alias.convert else value
-            print(
-                f"attnlab: deprecated: {cls.__name__}.{name} is now {alias.new}; read "
-                f"{name}={data[key]!r} as {alias.new}={value!r} (write {alias.new} instead)",
-                file=sys.stderr,
-            )
-        if target in out:
-            raise UserError(
-                f"{cls.__name__}: '{source[target]}' and '{name}' both set {target}; "
-                f"keep only '{target}'"
-            )
-        out[target], source[target] = value, name
+        if name in out:
+            raise UserError(f"{name} is given twice (as {name} and as {key}); keep one")
+        out[name] = value
     return out
 
 
@@ -179,12 +133,10 @@ class ConfigBase:
     one mechanism.
 
     Subclasses are dataclasses; they declare fields with :func:`setting`, choices as ``Literal``
-    types, old names in ``ALIASES``, and only their cross-field rules in ``check``. Models call
+    types, and only their cross-field rules in ``check``. Models call
     ``cfg.validate(complete=True)`` again before building (a config may be edited after it
     was made, and fields such as ``vocab_size`` are filled in from the data).
     """
-
-    ALIASES: ClassVar[tuple[Alias, ...]] = ()
 
     def __post_init__(self) -> None:
         self.validate()
@@ -348,7 +300,7 @@ def from_dict(cls: type[T], data: dict[str, Any]) -> T:
     _check_dataclass(cls)
     ftypes = _field_types(cls)
     kwargs = {}
-    for name, value in resolve_aliases(cls, data).items():
+    for name, value in _underscored(data).items():
         if name not in ftypes:
             raise _unknown_field_error(cls, name)
         kwargs[name] = _coerce(value, ftypes[name], name)
@@ -392,7 +344,7 @@ def apply_overrides(cfg: T, overrides: dict[str, Any]) -> T:
     ftypes = _field_types(cls)
     changes: dict[str, Any] = {}
     nested: dict[str, dict[str, Any]] = {}
-    for name, value in resolve_aliases(cls, overrides).items():
+    for name, value in _underscored(overrides).items():
         head, dot, rest = name.partition(".")
         if head not in ftypes:
             raise _unknown_field_error(cls, head)
@@ -458,27 +410,12 @@ def add_dataclass_arguments(
             help=help_text.replace("%", "%%"),  # argparse %-formats help strings
             **extra,
         )
-    for alias in aliases_of(cls):  # old spellings: accepted, hidden from --help
-        if alias.old in ftypes or alias.old in skip:
-            continue  # an old value of a current field (norm=pre): the field's option takes it
-        flags = [f"--{alias.old.replace('_', '-')}"]
-        if "_" in alias.old:
-            flags.append(f"--{alias.old}")
-        parser.add_argument(  # nargs="?": old bool fields were bare flags (--norm-first)
-            *flags,
-            dest=alias.old,
-            default=argparse.SUPPRESS,
-            help=argparse.SUPPRESS,
-            nargs="?",
-            const="true",
-        )
 
 
 def collect_overrides(namespace: argparse.Namespace, cls: type) -> dict[str, Any]:
     """Return {field: raw value} for the fields of `cls` that were given on the command line."""
     given = vars(namespace)
-    names = accepted_names(cls)
-    return {name: given[name] for name in names if name in given}
+    return {f.name: given[f.name] for f in dataclasses.fields(cls) if f.name in given}
 
 
 def parse_key_values(items: list[str]) -> dict[str, str]:

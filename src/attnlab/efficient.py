@@ -49,7 +49,6 @@ from attnlab.attention import (
     scaled_dot_product_attention,
 )
 from attnlab.attention_record import is_recording
-from attnlab.configs import Alias
 from attnlab.errors import UserError
 from attnlab.shapes import normalize_mask
 
@@ -59,8 +58,6 @@ BACKEND_HELP = (
     "how full attention is computed: fused (PyTorch's kernel) | explicit (the textbook steps, "
     "T×T weights) | flash (attnlab's tiled FlashAttention) | triton (its Triton forward, CUDA)"
 )
-# attention = "flash", full attention by attnlab's tiled kernel, reads as backend = "flash"
-FLASH_ALIAS = Alias("attention", "backend", only=("flash",))
 
 
 def check_attention_config(

@@ -1,4 +1,4 @@
-"""The selective scan as one fused CPU kernel, written by hand in C++ (issue 23).
+"""The selective scan as one fused CPU kernel, written by hand in C++.
 
 The same function as :func:`attnlab.ssm.selective_scan_sequential` (Gu & Dao 2023, eq. 2 with
 zero-order hold on A and Euler on B): h_t = exp(Δ_t A) ⊙ h_{t−1} + Δ_t x_t B_t, y_t = C_t h_t,

@@ -135,15 +135,8 @@ def read_tensors(path: str | Path, what: str = "weights") -> dict[str, Tensor]:
 
 
 def load_tensors_into(model: nn.Module, tensors: Mapping[str, Tensor], path: str | Path) -> None:
-    """Copy `tensors` into `model` strictly (tied names may be stored once); one-line errors.
-
-    Modules that renamed or re-laid out their weights read old files through their
-    ``upgrade_tensors(tensors, prefix)`` (e.g. ``MultiHeadAttention``'s projections)."""
+    """Copy `tensors` into `model` strictly (tied names may be stored once); one-line errors."""
     tensors = dict(tensors)
-    for name, module in model.named_modules():
-        upgrade = getattr(module, "upgrade_tensors", None)
-        if upgrade is not None:
-            upgrade(tensors, f"{name}." if name else "")
     prepare_for_int8_weights(model, set(tensors))  # an `attnlab quantize` run: int8 layers
     own = model.state_dict()
     unexpected = sorted(set(tensors) - set(own))

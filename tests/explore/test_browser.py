@@ -105,7 +105,7 @@ def test_classifier_matrix_slider_masks_and_tokens(tab, classifier_page):
     flat = [float(v) for v in summary.get_attribute("data-entropies").split(",")]
     sharp = [float(v) for v in no_scaling.split(",")]
     assert all(f >= s - 1e-9 for f, s in zip(flat, sharp))  # entropy falls as s grows
-    # the second, shorter input keeps its own length (issue 24): 5 tokens, no <pad> drawn
+    # the second, shorter input keeps its own length: 5 tokens, no <pad> drawn
     tab.select_option("#example", "1")
     _view(tab, "matrix")
     tab.check("#mask-toggle")

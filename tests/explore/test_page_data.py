@@ -67,7 +67,7 @@ def test_classifier_page_equals_inspect(runs, tmp_path):
     assert data["kind"] == "classifier" and len(data["examples"]) == 2
     for b, ex in enumerate(data["examples"]):
         (group,) = ex["groups"]
-        n = int(lengths[b])  # each input keeps its own length: no padding drawn (issue 24)
+        n = int(lengths[b])  # each input keeps its own length: no padding drawn
         want = info["attention"][:, b, :, :n, :n].numpy()
         assert _weights(group).shape == want.shape == (2, 2, n, n)
         assert np.abs(_weights(group) - want).max() < TOL
@@ -219,7 +219,7 @@ def test_minilm_page_equals_our_bert_and_hugging_face(tmp_path):
     for b, ex in enumerate(data["examples"]):
         (group,) = ex["groups"]
         page = _weights(group)
-        n = int(lengths[b])  # each input its own length (issue 24): the real rows and columns
+        n = int(lengths[b])  # each input its own length: the real rows and columns
         assert page.shape == (6, 12, n, n)
         assert np.abs(page - torch.stack(ours)[:, b, :, :n, :n].numpy()).max() < TOL
         hf_w = torch.stack(theirs.attentions)[:, b, :, :n, :n].numpy()

@@ -1,4 +1,4 @@
-"""The explorer's live server under a small HTTP fuzz (issue 25): malformed lengths, deep JSON,
+"""The explorer's live server under a small HTTP fuzz: malformed lengths, deep JSON,
 dropped clients, foreign Host and Origin. Every request gets an answer (or a refusal), the
 server keeps serving, and its log holds no traceback."""
 

@@ -1,4 +1,4 @@
-"""GPT with Mamba / hybrid mixers and mixture-of-experts feed-forwards (issue 15, item 3).
+"""GPT with Mamba / hybrid mixers and mixture-of-experts feed-forwards.
 
 * every mixer (attention, mamba, hybrid) x feed-forward (dense, moe): KV-cache / SSM-state
   decoding == full recompute at every step, across window slides and row drops;
@@ -252,7 +252,7 @@ def test_every_lm_preset_takes_mamba_hybrid_and_moe(preset: str) -> None:
             assert model.value_emb is None  # no attention layer would read it
 
 
-# --------------------------------------------------------------------------- bf16 (issue 23 item 2)
+# --------------------------------------------------------------------------- bf16
 
 
 @pytest.mark.parametrize("ffn", FFNS)

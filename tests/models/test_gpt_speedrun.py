@@ -1,4 +1,4 @@
-"""The speedrun switches of GPTConfig (issue 16), each against a reference nobody here wrote
+"""The speedrun switches of GPTConfig, each against a reference nobody here wrote
 or a hand-written float64 formula:
 
 * ``qk_norm``: a pre-norm block == a step-by-step float64 computation (RMSNorm of each head's

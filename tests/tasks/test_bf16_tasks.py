@@ -1,5 +1,6 @@
-"""Every model added this round trains under bf16 autocast, the precision `precision auto` picks on
-CPUs with bf16 units and on GPUs (bf16 autocast runs on any CPU, slowly without those units)."""
+"""Swin, MAE, T5, ALBERT, DeBERTa, ELECTRA and the LM's flash, T5-bias, DyT and NoPE options train
+under bf16 autocast, the precision `precision auto` picks on CPUs with bf16 units and on GPUs
+(bf16 autocast runs on any CPU, slowly without those units)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ COMMANDS = {
     "albert mlm": ["train", "mlm", "--arch", "albert", "--max-steps", "2"],
     "deberta mlm": ["train", "mlm", "--arch", "deberta", "--max-steps", "2"],
     "electra": ["train", "electra", "--max-steps", "2"],
-    "lm flash t5-bias": ["train", "lm", "--attention", "flash", "--pos", "t5", "--max-steps", "2"],
+    "lm flash t5-bias": ["train", "lm", "--backend", "flash", "--pos", "t5", "--max-steps", "2"],
     "lm dyt nope": ["train", "lm", "--norm", "dyt", "--pos", "none", "--max-steps", "2"],
 }
 

@@ -1,4 +1,4 @@
-"""A run does not depend on the folder it was trained from (issue 25): data paths are saved
+"""A run does not depend on the folder it was trained from: data paths are saved
 resolved with a checksum; a moved file is found again or refused with what to pass."""
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ def test_training_learns_the_corpus_and_writes_the_run(trained) -> None:
 
 
 def test_the_reported_val_loss_is_the_whole_split_and_says_so(trained) -> None:
-    """Issue 24: the monitoring sample (eval_windows = 8) picks the best step; the figure the
+    """The monitoring sample (eval_windows = 8) picks the best step; the figure the
     run reports is the best weights on every validation window, and results.json says which."""
     run, results = trained
     from attnlab.data.text_lm import eval_starts, open_tokens

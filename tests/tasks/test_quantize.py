@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from attnlab.cli import main
-from attnlab.quant import Int8Linear
-from attnlab.tasks import runner
-from attnlab.tasks.runs import load_run
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "explore"))
+import explore_runs  # noqa: E402  (tiny run folders of every kind)
+
+from attnlab.cli import main  # noqa: E402
+from attnlab.quant import Int8Linear  # noqa: E402
+from attnlab.tasks import runner  # noqa: E402
+from attnlab.tasks.runs import load_run  # noqa: E402
 
 CLASSIFY = {"d_model": "32", "n_heads": "2", "n_layers": "1", "d_ff": "64", "epochs": "6",
             "batch_size": "16", "lr": "3e-3", "tensorboard": "false", "precision": "fp32",
@@ -116,12 +120,21 @@ def test_quantized_lm_and_translation_runs(tmp_path, capsys) -> None:
     assert "chrf" in json.loads(capsys.readouterr().out)
 
 
-@pytest.mark.parametrize("kind", ["lm", "classify", "translate", "vit", "cnn", "bert_classify"])
+RUN_KINDS = {
+    "lm": lambda root: explore_runs.gpt_run(root),
+    "classify": lambda root: explore_runs.classifier_run(root),
+    "translate": lambda root: explore_runs.translate_run(root),
+    "vit": lambda root: explore_runs.vision_run(root, "vit"),
+    "cnn": lambda root: explore_runs.vision_run(root, "cnn", channel_attention="se"),
+    "bert_classify": lambda root: explore_runs.bert_classifier_run(root),
+}
+
+
+@pytest.mark.parametrize("kind", list(RUN_KINDS))
 def test_every_run_kind_quantizes_and_loads(kind, tmp_path) -> None:
-    """The format-1 fixture runs (written by an older attnlab, upgraded on load)."""
+    """Tiny run folders of every kind (tests/explore/explore_runs.py, random weights)."""
     from attnlab.tasks.quantize import quantize_run
 
-    fixture = Path(__file__).resolve().parent.parent / "fixtures" / "runs_v1" / kind
-    info = quantize_run(fixture, tmp_path / "q")
+    info = quantize_run(RUN_KINDS[kind](tmp_path / "run"), tmp_path / "q")
     model = load_run(tmp_path / "q").model
     assert sum(isinstance(m, Int8Linear) for m in model.modules()) == info["layers"] > 0

@@ -1,4 +1,4 @@
-"""Runs keep their device (issue 24): every verb of every kind of run computes on the device
+"""Runs keep their device: every verb of every kind of run computes on the device
 the run was loaded on and answers as on the CPU. Runs on ATTNLAB_TEST_DEVICE (cpu by default;
 scripts/gpu_check.sh runs it on CUDA)."""
 
@@ -24,7 +24,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
         "lm": explore_runs.gpt_run(root),
         "translate": explore_runs.translate_run(root),
         "vit": explore_runs.vision_run(root, "vit"),
-        "cnn": explore_runs.vision_run(root / "cnn", "cnn", attention="cbam"),
+        "cnn": explore_runs.vision_run(root / "cnn", "cnn", channel_attention="cbam"),
         "image": explore_runs.image_file(root),
     }
 

@@ -1,4 +1,4 @@
-"""Run folders under misuse (issue 25): start-up kills, stale staging folders, --out targets
+"""Run folders under misuse: start-up kills, stale staging folders, --out targets
 that cannot hold a run, a disk that fills up, read-only folders. Each probe: one line on
 stderr, exit 2, no traceback, nothing left behind, nothing of an earlier run changed."""
 

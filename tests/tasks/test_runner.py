@@ -1,5 +1,5 @@
-"""The task layer: registry, run-directory format and upgrade, the lock, resume, and the probes
-of issue 13 (bad input -> one line on stderr, exit 2, no files left, earlier runs untouched)."""
+"""The task layer: registry, run-directory format, the lock, resume, and bad input (one line on
+stderr, exit 2, no files left, earlier runs untouched)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,6 @@ from _cli import TINY, probe, snapshot, write_corpus
 from attnlab.cli import main
 from attnlab.tasks import load_run, rundir
 from attnlab.tasks.registry import REGISTRY, get_task
-
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "runs_v1"
 
 
 @pytest.fixture(scope="module")
@@ -60,35 +58,17 @@ def test_config_json_has_one_layout_with_task_and_format(finished) -> None:
         run.require("generate")
 
 
-@pytest.mark.parametrize(
-    "task", ["classify", "lm", "translate", "vit", "cnn", "mlm", "bert_classify"]
-)
-def test_run_directories_of_format_1_still_load_and_work(task: str, tmp_path: Path) -> None:
-    """Folders written before the task layer (tests/fixtures/runs_v1, made by the code of
-    commit 63edc76) load through load_run and answer their verbs."""
-    run = load_run(FIXTURES / task)
-    assert run.task == task
-    if task in ("classify", "bert_classify"):
-        pred = run.predict(["some text 喜"])[0]
-        assert abs(sum(pred["probs"].values()) - 1) < 1e-5
-    elif task == "lm":
-        out = run.generate("First", 5, temperature=0.0)
-        assert len(out.texts[0]) >= 1
-    elif task == "translate":
-        assert isinstance(run.translate(["abc"])[0], str)
-    elif task in ("vit", "cnn"):
-        pred = run.predict([str(FIXTURES / "top.png")])[0]
-        assert set(pred["probs"]) == {"top", "bottom"}
-    else:
-        assert run.verbs == ("embed",)
-
-
-def test_a_newer_format_is_refused_with_the_fix(tmp_path: Path, capsys) -> None:
-    run = tmp_path / "future"
-    shutil.copytree(FIXTURES / "classify", run)
+def test_a_config_json_of_another_format_is_refused_with_the_fix(
+    tmp_path: Path, capsys, finished
+) -> None:
+    run = tmp_path / "other"
+    shutil.copytree(finished, run)
     raw = json.loads((run / "config.json").read_text())
     (run / "config.json").write_text(json.dumps({**raw, "format": 99}))
     probe(capsys, ["predict", str(run), "好"], "format 99", "upgrade attnlab")
+    old = {k: v for k, v in raw.items() if k != "format"}  # the layout before the registry
+    (run / "config.json").write_text(json.dumps(old))
+    probe(capsys, ["predict", str(run), "好"], "format 1, older", "train the run again")
     (run / "config.json").write_text("{broken")
     probe(capsys, ["predict", str(run), "好"], str(run / "config.json"), "not valid JSON")
 
@@ -181,7 +161,7 @@ def test_the_lock_refuses_a_second_writer_and_names_the_holder(tmp_path: Path) -
 
 
 def test_two_trainings_into_one_out_cannot_mix(tmp_path, corpus, capsys) -> None:
-    """The issue's repro: two `train` into one --out at once. One runs; the other is refused
+    """Two `train` into one --out at once: one runs; the other is refused
     at once (whichever way the race goes) and the winner's run stays consistent."""
     out = tmp_path / "R"
     env = os.environ | {"OMP_NUM_THREADS": "1"}
@@ -298,7 +278,7 @@ def test_a_truncated_checkpoint_on_resume_gives_one_line(tmp_path, finished, cap
     assert snapshot(run) == before  # the refused resume rewrote nothing
 
 
-# ---------------------------------------------------------------------------- issue 25
+# ---------------------------------------------------------------------------- stops and limits
 
 
 def test_resume_with_a_higher_max_steps_trains_on_and_a_lower_one_changes_nothing(

@@ -1,4 +1,4 @@
-"""Loading run folders whose files hold valid JSON of the wrong shape (issue 25): one line
+"""Loading run folders whose files hold valid JSON of the wrong shape: one line
 naming the file, exit 2, no traceback, nothing changed."""
 
 from __future__ import annotations

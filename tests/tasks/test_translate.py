@@ -153,7 +153,7 @@ def test_copy_task_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     args = ["translate", str(run), "--input", str(tmp_path / "in.txt"), "--output", str(out)]
     assert main(args) == 0
     assert out.read_text().splitlines() == ["abc", "", "dcba"]
-    # one-token lines have no 4-grams: BLEU is reported as undefined, not as 0.00 (issue 24)
+    # one-token lines have no 4-grams: BLEU is reported as undefined, not as 0.00
     assert report["bleu"] is None and "4-grams" in report["bleu_note"]
     capsys.readouterr()
     assert main(["eval", str(run)]) == 0

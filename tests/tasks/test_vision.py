@@ -134,7 +134,7 @@ def test_cli_train_eval_predict_attention_end_to_end(tmp_path: Path, capsys) -> 
     assert out_png.stat().st_size > 1000 and "rollout written" in capsys.readouterr().out
 
     cnn = tmp_path / "cnn"
-    cnn_args = ["--attention", "cbam", "--width", "8", "--stages", "2", "--reduction", "4"]
+    cnn_args = ["--channel-attention", "cbam", "--width", "8", "--stages", "2", "--reduction", "4"]
     assert main(["train", "cnn", "--out", str(cnn), *common, *cnn_args]) == 0
     config = json.loads((cnn / "config.json").read_text())
     assert config["task"] == "cnn" and config["model"]["channel_attention"] == "cbam"

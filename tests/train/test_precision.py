@@ -296,7 +296,7 @@ class _RaiseInBackward(torch.autograd.Function):
 def test_auto_falls_back_to_fp32_when_the_step_fails_in_bf16(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture
 ) -> None:
-    """issue 23 item 2: a low precision that crashes the probe step is dropped, with one line,
+    """A low precision that crashes the probe step is dropped, with one line,
     and the run trains in fp32 from an untouched model (no stale gradients, BN stats kept)."""
     from _tiny_task import TinyData, step_fn
 

@@ -18,8 +18,8 @@ from torch import Tensor, nn
 
 from attnlab.attention import Backend, padding_mask
 from attnlab.blocks import Block, BlockConfig, BlockStack
-from attnlab.configs import Alias, ConfigBase, coerce_value, project, setting
-from attnlab.efficient import BACKEND_HELP, FLASH_ALIAS, AttentionKind
+from attnlab.configs import ConfigBase, coerce_value, project, setting
+from attnlab.efficient import BACKEND_HELP, AttentionKind
 from attnlab.errors import UserError
 from attnlab.models.prune import apply_head_counts
 from attnlab.models.registry import register_model, tokens
@@ -77,8 +77,6 @@ class BertConfig(ConfigBase):
     heads_per_layer: tuple[int, ...] = setting(
         (), "set by `attnlab prune`: heads each attention layer keeps (empty: all)"
     )
-
-    ALIASES = (Alias("max_len", "context"), FLASH_ALIAS)
 
     def check(self) -> None:
         self.block_config()  # head counts, attention kernel

@@ -22,8 +22,8 @@ from attnlab.blocks import (
     NormKind,
     NormPosition,
 )
-from attnlab.configs import Alias, ConfigBase, project, setting
-from attnlab.efficient import BACKEND_HELP, FLASH_ALIAS, AttentionKind
+from attnlab.configs import ConfigBase, project, setting
+from attnlab.efficient import BACKEND_HELP, AttentionKind
 from attnlab.errors import UserError
 from attnlab.models.prune import apply_head_counts
 from attnlab.models.registry import register_model, tokens
@@ -84,13 +84,6 @@ class ClassifierConfig(ConfigBase):
     )
     heads_per_layer: tuple[int, ...] = setting(
         (), "set by `attnlab prune`: heads each attention layer keeps (empty: all)"
-    )
-
-    ALIASES = (
-        FLASH_ALIAS,
-        Alias("norm", "norm_position", only=("pre", "post")),
-        Alias("norm_type", "norm"),
-        Alias("max_len", "context"),
     )
 
     def check(self) -> None:

@@ -3,21 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.channel import ChannelAttentionKind, make_attention
-from attnlab.configs import Alias, ConfigBase, setting
+from attnlab.configs import ConfigBase, setting
 from attnlab.models.registry import images, register_model
 
 
 @dataclass
 class CNNConfig(ConfigBase):
     """Stages of residual blocks; each later stage halves the resolution and doubles width."""
-
-    ALIASES: ClassVar[tuple[Alias, ...]] = (Alias("attention", "channel_attention"),)
 
     in_channels: int = setting(1, min=1)
     width: int = setting(32, min=1)

@@ -58,7 +58,7 @@ from torch import Tensor, nn
 from attnlab.attention import Backend
 from attnlab.blocks import DYT_ALPHA0, Activation, Block, BlockConfig, BlockStack, NormKind
 from attnlab.configs import ConfigBase, project, setting
-from attnlab.efficient import BACKEND_HELP, FLASH_ALIAS, AttentionKind
+from attnlab.efficient import BACKEND_HELP, AttentionKind
 from attnlab.errors import UserError
 from attnlab.models.registry import register_model, tokens
 from attnlab.moe import MoEFeedForward
@@ -134,8 +134,6 @@ class GPTConfig(ConfigBase):
     capacity_factor: float = setting(
         0.0, "MoE: expert capacity = factor · tokens · top_k / experts; 0 = no limit", min=0.0
     )
-
-    ALIASES = (FLASH_ALIAS,)
 
     def check(self) -> None:
         if self.ffn == "moe" and self.top_k > self.experts:

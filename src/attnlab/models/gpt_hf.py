@@ -152,6 +152,9 @@ def load_hf_gpt2(directory: str | Path) -> GPT:
         ours[name] = state[theirs].t() if conv else state[theirs]
     if cfg.tie_weights:
         ours["head.weight"] = ours["tok_emb.weight"]
+    for packed in [n for n in ours if ".self_attn.qkv." in n]:  # GPT-2's c_attn: q, k, v rows
+        q, kv = ours.pop(packed).split((cfg.d_model, 2 * cfg.d_model))
+        ours[packed.replace("qkv", "q_proj")], ours[packed.replace("qkv", "kv_proj")] = q, kv
     model.load_state_dict(ours, strict=True)
     return model.eval()
 

@@ -28,16 +28,11 @@ from attnlab.blocks import (
     NormKind,
     NormPosition,
 )
-from attnlab.configs import Alias, ConfigBase, coerce_value, project, setting
-from attnlab.efficient import BACKEND_HELP, FLASH_ALIAS, AttentionKind
+from attnlab.configs import ConfigBase, project, setting
+from attnlab.efficient import BACKEND_HELP, AttentionKind
 from attnlab.errors import UserError
 from attnlab.models.registry import register_model, token_pair
 from attnlab.positions import make_positions
-
-
-def _norm_first_to_position(value: Any) -> str:
-    """Old ``norm_first`` (a bool, or its text from a command line) -> ``norm_position``."""
-    return "pre" if coerce_value(value, bool, "norm_first") else "post"
 
 
 @dataclass
@@ -77,13 +72,6 @@ class Seq2SeqConfig(ConfigBase):
         "transformer",
         "transformer (Vaswani et al.) | t5 (models/t5.py: relative bias, RMSNorm; needs "
         "shared_embeddings, activation relu or geglu_tanh; ignores norm, pos, tie_weights)",
-    )
-
-    ALIASES = (
-        FLASH_ALIAS,
-        Alias("norm_first", "norm_position", convert=_norm_first_to_position),
-        Alias("max_len", "context"),
-        Alias("tie_output", "tie_weights"),
     )
 
     def check(self) -> None:

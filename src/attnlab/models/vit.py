@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from attnlab.attention import Backend
 from attnlab.blocks import DYT_ALPHA0, Activation, Block, BlockConfig, BlockStack, NormKind
 from attnlab.configs import ConfigBase, project, setting
-from attnlab.efficient import BACKEND_HELP, FLASH_ALIAS, AttentionKind
+from attnlab.efficient import BACKEND_HELP, AttentionKind
 from attnlab.errors import UserError
 from attnlab.models.registry import images, register_model
 from attnlab.positions import make_positions, sincos_2d_table
@@ -61,8 +61,6 @@ class ViTConfig(ConfigBase):
     stem_channels: int = setting(32, min=1)
     n_classes: int = setting(10, min=2)
     gradient_checkpointing: bool = setting(False)
-
-    ALIASES = (FLASH_ALIAS,)
 
     def check(self) -> None:
         if self.image_size % self.patch_size != 0:
@@ -155,7 +153,6 @@ class ViT(nn.Module):
         self.pos_embed = make_positions(
             cfg.pos, cfg.d_model, cfg.n_heads, cfg.n_tokens, grid=cfg.grid, n_prefix=cfg.n_prefix
         ).absolute  # the class token's position is learned too, or zero with sincos2d
-        self._register_load_state_dict_pre_hook(_read_old_position_table)
         self.dropout = nn.Dropout(cfg.dropout)
         block = cfg.block_config()
         self.encoder = BlockStack([Block(block) for _ in range(cfg.n_layers)], block.make_norm())
@@ -218,14 +215,6 @@ class ViT(nn.Module):
             "attention": torch.stack(weights),
             "logits": self.logits(*self.heads(out)),
         }
-
-
-def _read_old_position_table(state: dict[str, Tensor], prefix: str, *args: object) -> None:
-    """Load weights saved before positions came from ``make_positions``: the learned table
-    was a parameter ``pos_embed`` (1, T, D); it is now ``pos_embed.embedding.weight`` (T, D)."""
-    old = state.pop(prefix + "pos_embed", None)
-    if old is not None:
-        state[prefix + "pos_embed.embedding.weight"] = old[0]
 
 
 def init_vit_weights(module: nn.Module) -> None:

@@ -19,9 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from attnlab.configs import parse_key_values, resolve_aliases
+from attnlab.configs import parse_key_values
 from attnlab.errors import UserError
-from attnlab.models.classifier import ClassifierConfig
 from attnlab.tasks import runner, sections
 from attnlab.tasks.registry import get_task
 
@@ -69,9 +68,7 @@ def variants(
     out = [("preset", "preset", "", {})]
     for key, values in factors.items():
         for value in values:
-            # an old name (norm=pre) is compared as the field it now sets (norm_position)
-            ((field, setting),) = resolve_aliases(ClassifierConfig, {key: value}).items()
-            if str(base.get(field)) == str(setting):
+            if str(base.get(key)) == str(value):
                 continue  # this value is the preset itself
             out.append((f"{key}={value}", key, value, {key: value}))
     return out

@@ -94,9 +94,6 @@ REGISTRY: dict[str, TaskEntry] = {
     )
 }
 
-# Names of the same task that older run directories or commands use.
-ALIASES = {"bert-classify": "bert_classify"}
-
 
 def task_names() -> list[str]:
     """Every registered task name, in registry order."""
@@ -105,7 +102,6 @@ def task_names() -> list[str]:
 
 def get_task(name: str) -> Task:
     """The task called ``name``; a ValueError lists the known ones."""
-    name = ALIASES.get(name, name)
     if name not in REGISTRY:
         raise UserError(f"unknown task {name!r}; known tasks: {', '.join(REGISTRY)}")
     module = importlib.import_module(REGISTRY[name].module)

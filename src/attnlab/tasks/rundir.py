@@ -6,8 +6,8 @@
 * One process at a time writes a run directory: ``.lock`` holds an advisory ``flock`` for as long
   as the writer lives (the kernel drops it when the process dies, so a killed run never leaves
   a stale lock) and says who holds it (pid, host, start time).
-* ``config.json`` records the task and the format of its layout; :func:`read_config` upgrades
-  older layouts and names the file in every error.
+* ``config.json`` records the task and the format of its layout; :func:`read_config` reads
+  only the current layout and names the file in every error.
 """
 
 from __future__ import annotations
@@ -337,7 +337,7 @@ def write_config(folder: Path, config: dict[str, Any]) -> None:
 
 
 def read_config(folder: str | Path) -> dict[str, Any]:
-    """A run directory's config.json in the current layout (older layouts are upgraded)."""
+    """A run directory's config.json, refused in one line unless it has the current layout."""
     folder = Path(folder)
     path = folder / CONFIG
     if not folder.exists():
@@ -357,26 +357,15 @@ def read_config(folder: str | Path) -> dict[str, Any]:
             f"{path}: 'task' must name a task (a string such as \"classify\"), got "
             f"{json.dumps(raw['task'])[:40]}; restore the file from a backup"
         )
-    return upgrade(raw, path)
-
-
-def upgrade(raw: dict[str, Any], path: Path) -> dict[str, Any]:
-    """Bring a config.json of an older layout to the current one, in memory.
-
-    Format 1 (before the task registry): no "format" key; vision runs said task "vision" with
-    "arch" vit|cnn; BERT fine-tuning kept "n_classes", MLM pretraining "init_from" (both are in
-    the run's other files too).
-    """
-    version = raw.get("format", 1)
+    version = raw.get("format", 1)  # the layout before the task registry had no "format" key
     if version == FORMAT:
         return raw
-    if version != 1:
+    if isinstance(version, int) and version > FORMAT:
         raise UserError(
             f"{path} has config format {version}, newer than this attnlab reads ({FORMAT}); "
             "upgrade attnlab"
         )
-    out = {k: v for k, v in raw.items() if k not in ("arch", "n_classes", "init_from")}
-    if raw["task"] == "vision":
-        out["task"] = raw.get("arch", "vit")
-    out["format"] = FORMAT
-    return out
+    raise UserError(
+        f"{path} has config format {version}, older than this attnlab reads ({FORMAT}); "
+        "train the run again with this attnlab"
+    )

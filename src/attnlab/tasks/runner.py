@@ -23,7 +23,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from attnlab.configs import apply_overrides, from_dict, load_toml, resolve_aliases, to_dict
+from attnlab.configs import apply_overrides, from_dict, load_toml, to_dict
 from attnlab.data.io import read_json, write_json
 from attnlab.errors import UserError
 from attnlab.tasks import datafiles, rundir, sections
@@ -58,7 +58,7 @@ def check_finite(cfg: RunConfig) -> None:
 
 
 def saved_config(task: Task, raw: Mapping[str, Any]) -> RunConfig:
-    """The config a run directory was trained with (``raw`` = its upgraded config.json)."""
+    """The config a run directory was trained with (``raw`` = its config.json)."""
     parts = {**task.sections(), **task.derived_sections()}
     missing = [name for name in parts if name not in raw]
     if missing:
@@ -99,7 +99,6 @@ def resumed_config(
         if key not in owner:
             raise UserError(sections.unknown_field(key, owner, "the command line"))
         part = owner[key]
-        ((key, value),) = resolve_aliases(type(cfg.sections[part]), {key: value}).items()
         new = apply_overrides(cfg.sections[part], {key: value})  # checked with the saved fields
         if getattr(new, key) == getattr(cfg.sections[part], key):
             continue

@@ -16,8 +16,8 @@ from attnlab.tasks.task import Run
 def load_run(run_dir: str | Path, device: str = "cpu") -> Run:
     """The run in ``run_dir`` with the verbs that apply to it (``run.verbs``).
 
-    Folders of older attnlab versions are upgraded in memory (rundir.upgrade); weights are
-    checked on load (checksum, finite values)."""
+    A config.json of another layout is refused (rundir.read_config); weights are checked on
+    load (checksum, finite values)."""
     run_dir = Path(run_dir)
     raw = rundir.read_config(run_dir)
     task = get_task(raw["task"])

@@ -9,12 +9,13 @@ command line.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from attnlab.configs import ConfigBase, accepted_names, apply_overrides, load_toml, resolve_aliases
+from attnlab.configs import ConfigBase, apply_overrides, load_toml
 from attnlab.errors import UserError
 
 PRESETS = Path(__file__).resolve().parent.parent / "presets"
@@ -26,7 +27,7 @@ def field_owner(sections: Mapping[str, type]) -> dict[str, str]:
     for section, cls in sections.items():
         if not issubclass(cls, ConfigBase):
             raise TypeError(f"section {section!r}: {cls.__name__} must subclass configs.ConfigBase")
-        for name in accepted_names(cls):  # old spellings too (configs.Alias)
+        for name in (f.name for f in dataclasses.fields(cls)):
             if name in owner:
                 raise RuntimeError(f"field {name!r} is in both {owner[name]} and {section}")
             owner[name] = section
@@ -80,7 +81,7 @@ def build_sections(
         if key not in owner:
             raise UserError(unknown_field(key, owner, "the command line"))
         command_line[owner[key]][key] = value
-    for layer in [*layers, command_line]:  # old names -> new per source: a later source wins
-        for name, cls in sections.items():
-            values[name].update(resolve_aliases(cls, layer[name]))
+    for layer in [*layers, command_line]:  # a later source wins
+        for name in sections:
+            values[name].update(layer[name])
     return {name: apply_overrides(cls(), values[name]) for name, cls in sections.items()}

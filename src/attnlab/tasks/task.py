@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 from attnlab.configs import ConfigBase, to_dict
 from attnlab.errors import UserError
 
-FORMAT = 2  # version of the config.json layout; rundir.upgrade reads older ones
+FORMAT = 2  # version of the config.json layout, the only one rundir.read_config reads
 
 # Fields a resumed run may change: they steer how long and how visibly it goes on, not what it
 # learns from or what the model is.

@@ -369,7 +369,7 @@ class VisionTask(Task):
     def load(self, run_dir: Path, cfg: RunConfig, device: str) -> VisionRun:
         model = build_model(cfg)
         path = run_dir / WEIGHTS
-        load_tensors_into(model, upgrade_weights(read_tensors(path), model), path)
+        load_tensors_into(model, read_tensors(path), path)
         model.to(device).eval()
         keys = {"classes": list, "image_shape": list, "mean": list, "std": list}
         report = read_json(run_dir / "data_report.json", "data report", keys=keys)
@@ -404,17 +404,6 @@ def inference_speed(
 
 
 # ---------------------------------------------------------------------------- a trained run
-
-
-def upgrade_weights(tensors: dict[str, Tensor], model: nn.Module) -> dict[str, Tensor]:
-    """Weights of older ViT runs under today's names: the position table was a (1, T, D)
-    tensor ``pos_embed``; a learned one is now the (T, D) ``pos_embed.embedding.weight``, a
-    fixed sin-cos one is recomputed and not stored."""
-    if "pos_embed" in tensors:
-        table = tensors.pop("pos_embed")[0]
-        if "pos_embed.embedding.weight" in model.state_dict():
-            tensors["pos_embed.embedding.weight"] = table
-    return tensors
 
 
 class VisionRun(Run):
