@@ -21,7 +21,7 @@ from torch.utils.checkpoint import checkpoint
 
 from attnlab.attention import Backend, KVCache, MultiHeadAttention, RotaryHook
 from attnlab.configs import ConfigBase, setting
-from attnlab.efficient import AttentionKind, check_attention_config, make_kernel
+from attnlab.efficient import BACKEND_HELP, AttentionKind, check_attention_config, make_kernel
 from attnlab.errors import UserError
 
 NormKind = Literal["layer", "rms", "dyt"]
@@ -149,32 +149,47 @@ class FeedForward(nn.Module):
         return self.w_out(self.dropout(h))  # (B, T, D)
 
 
+def check_heads(d_model: int, n_heads: int) -> None:
+    """Refuse a width the heads do not split evenly (every config's rule, one message)."""
+    if d_model % n_heads:
+        raise UserError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+
+
 @dataclass
 class BlockConfig(ConfigBase):
     """Everything a Transformer block is built from; every model makes one and passes it."""
 
-    d_model: int = setting(512, min=1)
-    n_heads: int = setting(8, min=1)
-    d_ff: int = setting(2048, min=1)
+    d_model: int = setting(512, "width of the residual stream", min=1)
+    n_heads: int = setting(8, "attention heads (d_model a multiple of it)", min=1)
+    d_ff: int = setting(2048, "feed-forward width", min=1)
     n_kv_heads: int = setting(0, "0 = n_heads; fewer = grouped-query attention", min=0)
-    activation: Activation = "relu"
-    norm: NormKind = "layer"
-    norm_position: NormPosition = "post"
-    norm_eps: float = setting(1e-5, min=0.0)
-    dyt_alpha0: float = setting(DYT_ALPHA0, above=0.0)  # norm = "dyt" only
-    dropout: float = setting(0.1, min=0.0, below=1.0)
-    attn_dropout: float | None = None  # None = dropout
-    bias: bool = True  # biases in the linear layers and LayerNorms
-    attention: AttentionKind = "full"
-    window: int = setting(0, min=0)
-    n_global: int = setting(0, min=0)
-    backend: Backend = "fused"  # how full attention is computed (attention.BACKENDS)
-    qk_norm: bool = False  # RMSNorm (eps norm_eps) of each head's queries and keys, before RoPE
-    value_embeddings: bool = False  # a gate for values added by the model (Block.forward)
+    activation: Activation = setting("relu", "feed-forward activation")
+    norm: NormKind = setting("layer", "layer | rms | dyt (Dynamic Tanh, no statistics)")
+    norm_position: NormPosition = setting("post", "where the norm sits around each sub-layer")
+    norm_eps: float = setting(1e-5, "epsilon of every norm", min=0.0)
+    dyt_alpha0: float = setting(DYT_ALPHA0, "DyT's initial α (norm = dyt only)", above=0.0)
+    dropout: float = setting(0.1, "dropout on sub-layer outputs", min=0.0, below=1.0)
+    attn_dropout: float | None = setting(
+        None, "dropout on the attention weights (None = dropout)", min=0.0, below=1.0
+    )
+    bias: bool = setting(True, "biases in linear layers and norms")
+    attention: AttentionKind = setting(
+        "full", "what: full | local (sliding window) | linear (elu+1); how: --backend"
+    )
+    window: int = setting(
+        0, 'attention="local": keys within this distance of a query, itself included', min=0
+    )
+    n_global: int = setting(
+        0, 'attention="local": leading tokens that see and are seen by all', min=0
+    )
+    backend: Backend = setting("fused", BACKEND_HELP)
+    qk_norm: bool = setting(False, "RMSNorm on each head's queries and keys before RoPE")
+    value_embeddings: bool = setting(
+        False, "a second token table added (gated per layer) to the attention values"
+    )
 
     def check(self) -> None:
-        if self.d_model % self.n_heads:
-            raise UserError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        check_heads(self.d_model, self.n_heads)
         if self.n_heads % self.kv_heads:
             raise UserError(
                 f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}"
@@ -213,6 +228,14 @@ class BlockConfig(ConfigBase):
 
     def make_norm(self) -> nn.Module:
         return make_norm(self.norm, self.d_model, self.norm_eps, self.bias, self.dyt_alpha0)
+
+
+def block_setting(name: str, default: Any, **bounds: float) -> Any:
+    """A model config's field that its blocks read (``BlockConfig.name``): the --help text and
+    range declared once on BlockConfig, the model's own default; ``bounds`` narrow the range."""
+    meta = BlockConfig.__dataclass_fields__[name].metadata
+    ranges = {k: meta[k] for k in ("min", "max", "above", "below") if k in meta} | bounds
+    return setting(default, meta.get("help", ""), **ranges)
 
 
 class Block(nn.Module):

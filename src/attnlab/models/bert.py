@@ -17,9 +17,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.attention import Backend, padding_mask
-from attnlab.blocks import Block, BlockConfig, BlockStack
+from attnlab.blocks import Block, BlockConfig, BlockStack, block_setting
 from attnlab.configs import ConfigBase, coerce_value, project, setting
-from attnlab.efficient import BACKEND_HELP, AttentionKind
+from attnlab.efficient import AttentionKind
 from attnlab.errors import UserError
 from attnlab.models.prune import apply_head_counts
 from attnlab.models.registry import register_model, tokens
@@ -43,16 +43,16 @@ class BertConfig(ConfigBase):
     """The architecture of a BERT encoder (field names are attnlab's; see ``from_hf``)."""
 
     vocab_size: int = setting(30522, min=1)
-    d_model: int = setting(768, min=1)
+    d_model: int = block_setting("d_model", 768)
     n_layers: int = setting(12, min=1)
-    n_heads: int = setting(12, min=1)
-    d_ff: int = setting(3072, min=1)
+    n_heads: int = block_setting("n_heads", 12)
+    d_ff: int = block_setting("d_ff", 3072)
     context: int = setting(512, "positions in the learned table (max_position_embeddings)", min=1)
     type_vocab_size: int = setting(2, min=1)
-    norm_eps: float = setting(1e-12, min=0.0)
-    dropout: float = setting(0.1, min=0.0, below=1.0)
-    attn_dropout: float = setting(0.1, min=0.0, below=1.0)
-    activation: BertActivation = setting("gelu")
+    norm_eps: float = block_setting("norm_eps", 1e-12)
+    dropout: float = block_setting("dropout", 0.1)
+    attn_dropout: float = block_setting("attn_dropout", 0.1)
+    activation: BertActivation = block_setting("activation", "gelu")
     pad_id: int = setting(0)
     position_offset: int = setting(
         0,
@@ -66,14 +66,10 @@ class BertConfig(ConfigBase):
     gradient_checkpointing: bool = setting(
         False, "recompute block activations in backward (less memory)"
     )
-    attention: AttentionKind = setting(
-        "full", "full | local (sliding window) | linear (pretrained weights: full); how: --backend"
-    )
-    window: int = setting(0, 'attention="local": keys within this distance, itself included', min=0)
-    n_global: int = setting(
-        0, 'attention="local": leading tokens ([CLS]) that see and are seen by all', min=0
-    )
-    backend: Backend = setting("fused", BACKEND_HELP)
+    attention: AttentionKind = block_setting("attention", "full")
+    window: int = block_setting("window", 0)
+    n_global: int = block_setting("n_global", 0)
+    backend: Backend = block_setting("backend", "fused")
     heads_per_layer: tuple[int, ...] = setting(
         (), "set by `attnlab prune`: heads each attention layer keeps (empty: all)"
     )

@@ -21,9 +21,10 @@ from attnlab.blocks import (
     BlockStack,
     NormKind,
     NormPosition,
+    block_setting,
 )
 from attnlab.configs import ConfigBase, project, setting
-from attnlab.efficient import BACKEND_HELP, AttentionKind
+from attnlab.efficient import AttentionKind
 from attnlab.errors import UserError
 from attnlab.models.prune import apply_head_counts
 from attnlab.models.registry import register_model, tokens
@@ -41,17 +42,17 @@ class ClassifierConfig(ConfigBase):
 
     vocab_size: int = setting(0, min=1, unset=0, set_by="the tokenizer")
     n_classes: int = setting(2, min=2)
-    d_model: int = setting(128, min=1)
-    n_heads: int = setting(4, min=1)
+    d_model: int = block_setting("d_model", 128)
+    n_heads: int = block_setting("n_heads", 4)
     n_layers: int = setting(2, min=1)
-    d_ff: int = setting(512, min=1)
-    dropout: float = setting(0.1, min=0.0, below=1.0)
-    attn_dropout: float = setting(0.1, min=0.0, below=1.0)
+    d_ff: int = block_setting("d_ff", 512)
+    dropout: float = block_setting("dropout", 0.1)
+    attn_dropout: float = block_setting("attn_dropout", 0.1)
     emb_dropout: float = setting(0.1, min=0.0, below=1.0)
-    activation: Activation = setting("gelu")
-    norm: NormKind = setting("layer")
-    dyt_alpha0: float = setting(DYT_ALPHA0, "DyT's initial α (norm = dyt only)", above=0.0)
-    norm_position: NormPosition = setting("pre", "where the norm sits around each sub-layer")
+    activation: Activation = block_setting("activation", "gelu")
+    norm: NormKind = block_setting("norm", "layer")
+    dyt_alpha0: float = block_setting("dyt_alpha0", DYT_ALPHA0)
+    norm_position: NormPosition = block_setting("norm_position", "pre")
     pos: Position = setting("sinusoidal")
     pooling: Pooling = setting("mean")
     context: int = setting(256, "longest input the model accepts (learned positions)", min=1)
@@ -69,16 +70,10 @@ class ClassifierConfig(ConfigBase):
     unk_id: int = setting(1)
     cls_id: int = setting(2)
     gradient_checkpointing: bool = setting(False)
-    attention: AttentionKind = setting(
-        "full", "what: full | local (sliding window) | linear (elu+1); how: --backend"
-    )
-    window: int = setting(
-        0, 'attention="local": keys within this distance each side, itself included', min=0
-    )
-    n_global: int = setting(
-        0, 'attention="local": leading tokens (<cls>) that see and are seen by all', min=0
-    )
-    backend: Backend = setting("fused", BACKEND_HELP)
+    attention: AttentionKind = block_setting("attention", "full")
+    window: int = block_setting("window", 0)
+    n_global: int = block_setting("n_global", 0)
+    backend: Backend = block_setting("backend", "fused")
     members: int = setting(
         1, ">1: an ensemble of this many classifiers, probabilities averaged", min=1
     )

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.attention import padding_mask, scaled_dot_product_attention
-from attnlab.blocks import BlockConfig
+from attnlab.blocks import BlockConfig, block_setting, check_heads
 from attnlab.configs import ConfigBase, setting
 from attnlab.errors import UserError
 from attnlab.models.bert import BertActivation, init_bert_weights
@@ -40,11 +40,11 @@ class DebertaConfig(ConfigBase):
     share_att_key True, position_buckets 256)."""
 
     vocab_size: int = setting(128100, min=1)
-    d_model: int = setting(768, min=1)
+    d_model: int = block_setting("d_model", 768)
     embedding_size: int = setting(0, "width of the token embeddings; 0 = d_model", min=0)
     n_layers: int = setting(12, min=1)
-    n_heads: int = setting(12, min=1)
-    d_ff: int = setting(3072, min=1)
+    n_heads: int = block_setting("n_heads", 12)
+    d_ff: int = block_setting("d_ff", 3072)
     context: int = setting(512, "absolute positions (max_position_embeddings)", min=1)
     type_vocab_size: int = setting(0, "0 = no token-type embedding", min=0)
     position_biased_input: bool = setting(False, "add absolute position embeddings (v2)")
@@ -55,15 +55,14 @@ class DebertaConfig(ConfigBase):
         "c2p+p2c", "which position terms the attention score has"
     )
     norm_rel_ebd: bool = setting(True, "LayerNorm the relative-position table")
-    norm_eps: float = setting(1e-7, min=0.0)
-    dropout: float = setting(0.1, min=0.0, below=1.0)
-    attn_dropout: float = setting(0.1, min=0.0, below=1.0)
-    activation: BertActivation = "gelu"
+    norm_eps: float = block_setting("norm_eps", 1e-7)
+    dropout: float = block_setting("dropout", 0.1)
+    attn_dropout: float = block_setting("attn_dropout", 0.1)
+    activation: BertActivation = block_setting("activation", "gelu")
     pad_id: int = 0
 
     def check(self) -> None:
-        if self.d_model % self.n_heads:
-            raise UserError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        check_heads(self.d_model, self.n_heads)
         if self.position_buckets and self.position_buckets < 4:
             raise UserError("position_buckets must be 0 (none) or at least 4")
 

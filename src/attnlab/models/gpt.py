@@ -56,9 +56,17 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.attention import Backend
-from attnlab.blocks import DYT_ALPHA0, Activation, Block, BlockConfig, BlockStack, NormKind
+from attnlab.blocks import (
+    DYT_ALPHA0,
+    Activation,
+    Block,
+    BlockConfig,
+    BlockStack,
+    NormKind,
+    block_setting,
+)
 from attnlab.configs import ConfigBase, project, setting
-from attnlab.efficient import BACKEND_HELP, AttentionKind
+from attnlab.efficient import AttentionKind
 from attnlab.errors import UserError
 from attnlab.models.registry import register_model, tokens
 from attnlab.moe import MoEFeedForward
@@ -76,38 +84,34 @@ class GPTConfig(ConfigBase):
     vocab_size: int = setting(0, min=1, unset=0, set_by="the tokenizer")
     context: int = setting(256, "longest sequence the model attends over (block size)", min=1)
     n_layers: int = setting(6, min=1)
-    n_heads: int = setting(6, min=1)
-    n_kv_heads: int = setting(0, "0 = n_heads; fewer = grouped-query attention", min=0)
-    d_model: int = setting(384, min=1)
+    n_heads: int = block_setting("n_heads", 6)
+    n_kv_heads: int = block_setting("n_kv_heads", 0)
+    d_model: int = block_setting("d_model", 384)
     d_ff: int = setting(
         0, "0 = 4·d_model, or LLaMA's 2/3·4·d_model rounded to 64 with swiglu", min=0
     )
     pos: Literal["learned", "rope", "alibi", "sinusoidal", "t5", "none"] = setting(
         "learned", "positions: learned table, rope, alibi, sinusoidal, t5 bias, none (NoPE)"
     )
-    norm: NormKind = setting("layer")
-    dyt_alpha0: float = setting(DYT_ALPHA0, "DyT's initial α (norm = dyt only)", above=0.0)
-    activation: Activation = setting("gelu_tanh")
-    bias: bool = setting(True, "biases in linear layers and LayerNorm")
+    norm: NormKind = block_setting("norm", "layer")
+    dyt_alpha0: float = block_setting("dyt_alpha0", DYT_ALPHA0)
+    activation: Activation = block_setting("activation", "gelu_tanh")
+    bias: bool = block_setting("bias", True)
     tie_weights: bool = setting(True, "output projection = token embedding")
-    dropout: float = setting(0.0, min=0.0, below=1.0)
-    norm_eps: float = setting(1e-5, min=0.0)
+    dropout: float = block_setting("dropout", 0.0)
+    norm_eps: float = block_setting("norm_eps", 1e-5)
     rope_base: float = setting(10000.0, min=1.0)
     rope_scaling: RopeScaling = setting(
         "none", "inference-time RoPE stretch: linear (position interpolation) or ntk"
     )
     rope_factor: float = setting(1.0, "RoPE stretch factor s (context · s)", min=1.0)
     gradient_checkpointing: bool = setting(False)
-    attention: AttentionKind = setting(
-        "full", "what: full | local (sliding window) | linear (elu+1); how: --backend"
-    )
-    window: int = setting(0, 'attention="local": keys each query sees, itself included', min=0)
-    n_global: int = setting(0, 'attention="local": leading positions every query sees', min=0)
-    backend: Backend = setting("fused", BACKEND_HELP)
-    qk_norm: bool = setting(False, "RMSNorm on each head's queries and keys before RoPE")
-    value_embeddings: bool = setting(
-        False, "a second token table added (gated per layer) to the attention values"
-    )
+    attention: AttentionKind = block_setting("attention", "full")
+    window: int = block_setting("window", 0)
+    n_global: int = block_setting("n_global", 0)
+    backend: Backend = block_setting("backend", "fused")
+    qk_norm: bool = block_setting("qk_norm", False)
+    value_embeddings: bool = block_setting("value_embeddings", False)
     zero_init_proj: bool = setting(False, "attention and MLP output projections start at zero")
     logit_softcap: float = setting(0.0, "0 = off; else logits = c·tanh(logits / c)", min=0.0)
     mixer: Literal["attention", "mamba", "hybrid", "rwkv"] = setting(

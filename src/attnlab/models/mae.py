@@ -20,7 +20,15 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from attnlab.blocks import DYT_ALPHA0, Activation, Block, BlockConfig, BlockStack, NormKind
+from attnlab.blocks import (
+    DYT_ALPHA0,
+    Activation,
+    Block,
+    BlockConfig,
+    BlockStack,
+    NormKind,
+    block_setting,
+)
 from attnlab.configs import ConfigBase, setting
 from attnlab.errors import UserError
 from attnlab.models.registry import images, register_model
@@ -37,8 +45,8 @@ class MAEConfig(ConfigBase):
     patch_size: int = setting(4, min=1)
     d_model: int = setting(96, "encoder width", min=4)
     n_layers: int = setting(4, "encoder blocks", min=1)
-    n_heads: int = setting(4, min=1)
-    d_ff: int = setting(192, min=1)
+    n_heads: int = block_setting("n_heads", 4)
+    d_ff: int = block_setting("d_ff", 192)
     decoder_d_model: int = setting(64, "decoder width (divisible by 4)", min=4)
     decoder_layers: int = setting(2, min=1)
     decoder_heads: int = setting(4, min=1)
@@ -47,10 +55,10 @@ class MAEConfig(ConfigBase):
         0.75, "share of patches hidden from the encoder", min=0.0, below=1.0
     )
     norm_pix_loss: bool = setting(True, "targets: each patch's pixels normalised (MAE §3)")
-    activation: Activation = "gelu"
-    norm: NormKind = "layer"
-    norm_eps: float = setting(1e-6, min=0.0)
-    dyt_alpha0: float = setting(DYT_ALPHA0, "DyT's initial α (norm = dyt only)", above=0.0)
+    activation: Activation = block_setting("activation", "gelu")
+    norm: NormKind = block_setting("norm", "layer")
+    norm_eps: float = block_setting("norm_eps", 1e-6)
+    dyt_alpha0: float = block_setting("dyt_alpha0", DYT_ALPHA0)
     n_classes: int = setting(10, "classes of the ViT that fine-tunes the encoder", min=2)
 
     def check(self) -> None:

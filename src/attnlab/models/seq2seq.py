@@ -27,9 +27,10 @@ from attnlab.blocks import (
     DecoderBlock,
     NormKind,
     NormPosition,
+    block_setting,
 )
 from attnlab.configs import ConfigBase, project, setting
-from attnlab.efficient import BACKEND_HELP, AttentionKind
+from attnlab.efficient import AttentionKind
 from attnlab.errors import UserError
 from attnlab.models.registry import register_model, token_pair
 from attnlab.positions import make_positions
@@ -42,16 +43,16 @@ class Seq2SeqConfig(ConfigBase):
     src_vocab_size: int = setting(0, min=1, unset=0, set_by="the source tokenizer")
     tgt_vocab_size: int = setting(0, min=1, unset=0, set_by="the target tokenizer")
     shared_embeddings: bool = setting(True)
-    d_model: int = setting(256, min=1)
-    n_heads: int = setting(4, min=1)
+    d_model: int = block_setting("d_model", 256)
+    n_heads: int = block_setting("n_heads", 4)
     n_encoder_layers: int = setting(3, min=1)
     n_decoder_layers: int = setting(3, min=1)
-    d_ff: int = setting(1024, min=1)
-    dropout: float = setting(0.1, min=0.0, below=1.0)
-    activation: Activation = setting("relu")
-    norm: NormKind = setting("layer")
-    dyt_alpha0: float = setting(DYT_ALPHA0, "DyT's initial α (norm = dyt only)", above=0.0)
-    norm_position: NormPosition = setting("post")
+    d_ff: int = block_setting("d_ff", 1024)
+    dropout: float = block_setting("dropout", 0.1)
+    activation: Activation = block_setting("activation", "relu")
+    norm: NormKind = block_setting("norm", "layer")
+    dyt_alpha0: float = block_setting("dyt_alpha0", DYT_ALPHA0)
+    norm_position: NormPosition = block_setting("norm_position", "post")
     pos: Literal["sinusoidal", "learned"] = setting("sinusoidal")
     context: int = setting(512, "longest source or target (learned positions)", min=1)
     tie_weights: bool = setting(True, "output projection = target embedding")
@@ -59,14 +60,10 @@ class Seq2SeqConfig(ConfigBase):
     gradient_checkpointing: bool = setting(
         False, "recompute block activations in backward (less memory)"
     )
-    attention: AttentionKind = setting(
-        "full", "self-attention: full | local (sliding window) | linear (elu+1); how: --backend"
-    )
-    window: int = setting(0, 'attention="local": keys within this distance, itself included', min=0)
-    n_global: int = setting(
-        0, 'attention="local": leading tokens that see and are seen by all', min=0
-    )
-    backend: Backend = setting("fused", BACKEND_HELP)
+    attention: AttentionKind = block_setting("attention", "full")
+    window: int = block_setting("window", 0)
+    n_global: int = block_setting("n_global", 0)
+    backend: Backend = block_setting("backend", "fused")
 
     arch: Literal["transformer", "t5"] = setting(
         "transformer",

@@ -29,6 +29,7 @@ from attnlab.blocks import (
     Activation,
     BlockConfig,
     NormKind,
+    block_setting,
     check_dyt_alpha0,
     make_norm,
 )
@@ -50,12 +51,12 @@ class SwinConfig(ConfigBase):
     stage_heads: tuple[int, ...] = setting((3, 6), "attention heads per stage, e.g. 3,6")
     window: int = setting(7, "window side M (tokens); clamped to a smaller grid", min=1)
     mlp_ratio: float = setting(4.0, "feed-forward width = mlp_ratio · stage width", min=0.1)
-    dropout: float = setting(0.1, min=0.0, below=1.0)
-    attn_dropout: float = setting(0.0, min=0.0, below=1.0)
-    activation: Activation = "gelu"
-    norm: NormKind = setting("layer", "layer | rms | dyt")
-    dyt_alpha0: float = setting(DYT_ALPHA0, "DyT's initial α (norm = dyt only)", above=0.0)
-    norm_eps: float = setting(1e-5, min=0.0)
+    dropout: float = block_setting("dropout", 0.1)
+    attn_dropout: float = block_setting("attn_dropout", 0.0)
+    activation: Activation = block_setting("activation", "gelu")
+    norm: NormKind = block_setting("norm", "layer")
+    dyt_alpha0: float = block_setting("dyt_alpha0", DYT_ALPHA0)
+    norm_eps: float = block_setting("norm_eps", 1e-5)
     n_classes: int = setting(10, min=2)
 
     def check(self) -> None:

@@ -25,7 +25,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.attention import KVCache, padding_mask, padding_mask_from_ids
-from attnlab.blocks import Block, BlockConfig, BlockStack, Decoder, DecoderBlock, RMSNorm
+from attnlab.blocks import (
+    Block,
+    BlockConfig,
+    BlockStack,
+    Decoder,
+    DecoderBlock,
+    RMSNorm,
+    block_setting,
+)
 from attnlab.configs import ConfigBase, setting
 from attnlab.models.registry import register_model, token_pair
 from attnlab.positions import T5RelativePositionBias, make_positions
@@ -36,9 +44,9 @@ class T5Config(ConfigBase):
     """The architecture of a T5 model (HF names: d_kv = d_model / n_heads here)."""
 
     vocab_size: int = setting(32128, min=1)
-    d_model: int = setting(512, min=1)
-    n_heads: int = setting(8, min=1)
-    d_ff: int = setting(2048, min=1)
+    d_model: int = block_setting("d_model", 512)
+    n_heads: int = block_setting("n_heads", 8)
+    d_ff: int = block_setting("d_ff", 2048)
     n_layers: int = setting(6, "encoder layers", min=1)
     n_decoder_layers: int = setting(0, "0 = n_layers", min=0)
     num_buckets: int = setting(32, "relative-position buckets", min=2)
@@ -47,8 +55,8 @@ class T5Config(ConfigBase):
         "relu", "relu (T5 v1.0) | geglu_tanh (v1.1 gated-gelu)"
     )
     scale_output: bool = setting(True, "decoder output × d_model^-0.5 before the tied head (v1.0)")
-    norm_eps: float = setting(1e-6, min=0.0)
-    dropout: float = setting(0.1, min=0.0, below=1.0)
+    norm_eps: float = block_setting("norm_eps", 1e-6)
+    dropout: float = block_setting("dropout", 0.1)
     pad_id: int = 0
 
     def check(self) -> None:

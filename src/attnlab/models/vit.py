@@ -21,9 +21,17 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.attention import Backend
-from attnlab.blocks import DYT_ALPHA0, Activation, Block, BlockConfig, BlockStack, NormKind
+from attnlab.blocks import (
+    DYT_ALPHA0,
+    Activation,
+    Block,
+    BlockConfig,
+    BlockStack,
+    NormKind,
+    block_setting,
+)
 from attnlab.configs import ConfigBase, project, setting
-from attnlab.efficient import BACKEND_HELP, AttentionKind
+from attnlab.efficient import AttentionKind
 from attnlab.errors import UserError
 from attnlab.models.registry import images, register_model
 from attnlab.positions import make_positions, sincos_2d_table
@@ -36,28 +44,24 @@ class ViTConfig(ConfigBase):
     image_size: int = setting(28, min=1)
     in_channels: int = setting(1, min=1)
     patch_size: int = setting(4, min=1)
-    d_model: int = setting(128, min=1)
+    d_model: int = block_setting("d_model", 128)
     n_layers: int = setting(6, min=1)
-    n_heads: int = setting(4, min=1)
-    d_ff: int = setting(256, min=1)
-    dropout: float = setting(0.1, min=0.0, below=1.0)
-    attn_dropout: float = setting(0.0, min=0.0, below=1.0)
-    activation: Activation = setting("gelu")
-    norm_eps: float = setting(1e-6, min=0.0)
-    norm: NormKind = setting("layer", "layer | rms | dyt (Dynamic Tanh, no statistics)")
-    dyt_alpha0: float = setting(DYT_ALPHA0, "DyT's initial α (norm = dyt only)", above=0.0)
+    n_heads: int = block_setting("n_heads", 4)
+    d_ff: int = block_setting("d_ff", 256)
+    dropout: float = block_setting("dropout", 0.1)
+    attn_dropout: float = block_setting("attn_dropout", 0.0)
+    activation: Activation = block_setting("activation", "gelu")
+    norm_eps: float = block_setting("norm_eps", 1e-6)
+    norm: NormKind = block_setting("norm", "layer")
+    dyt_alpha0: float = block_setting("dyt_alpha0", DYT_ALPHA0)
     pooling: Literal["cls", "mean"] = setting("cls")
     distill: bool = setting(False, "DeiT: a distillation token with its own head (pooling cls)")
     pos: Literal["learned", "sincos2d"] = setting("learned")
     stem: Literal["patch", "conv"] = setting("patch")
-    attention: AttentionKind = setting(
-        "full", "full | local (sliding window over row-major patches) | linear; how: --backend"
-    )
-    window: int = setting(0, 'attention="local": keys within this distance, itself included', min=0)
-    n_global: int = setting(
-        0, 'attention="local": leading tokens (the class token) seen by and seeing all', min=0
-    )
-    backend: Backend = setting("fused", BACKEND_HELP)
+    attention: AttentionKind = block_setting("attention", "full")
+    window: int = block_setting("window", 0)
+    n_global: int = block_setting("n_global", 0)
+    backend: Backend = block_setting("backend", "fused")
     stem_channels: int = setting(32, min=1)
     n_classes: int = setting(10, min=2)
     gradient_checkpointing: bool = setting(False)
