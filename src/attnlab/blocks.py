@@ -11,6 +11,7 @@ Pre-norm (GPT-2, LLaMA):               x = x + Sublayer(Norm(x)), with a final n
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -230,12 +231,14 @@ class BlockConfig(ConfigBase):
         return make_norm(self.norm, self.d_model, self.norm_eps, self.bias, self.dyt_alpha0)
 
 
-def block_setting(name: str, default: Any, **bounds: float) -> Any:
+def block_setting(name: str, default: Any = dataclasses.MISSING, **bounds: float) -> Any:
     """A model config's field that its blocks read (``BlockConfig.name``): the --help text and
-    range declared once on BlockConfig, the model's own default; ``bounds`` narrow the range."""
-    meta = BlockConfig.__dataclass_fields__[name].metadata
-    ranges = {k: meta[k] for k in ("min", "max", "above", "below") if k in meta} | bounds
-    return setting(default, meta.get("help", ""), **ranges)
+    range declared once on BlockConfig, the model's own default (else BlockConfig's);
+    ``bounds`` narrow the range."""
+    field = BlockConfig.__dataclass_fields__[name]
+    ranges = {k: field.metadata[k] for k in ("min", "max", "above", "below") if k in field.metadata}
+    default = field.default if default is dataclasses.MISSING else default
+    return setting(default, field.metadata.get("help", ""), **(ranges | bounds))
 
 
 class Block(nn.Module):

@@ -14,7 +14,6 @@ from torch import Tensor, nn
 
 from attnlab.attention import Backend, padding_mask
 from attnlab.blocks import (
-    DYT_ALPHA0,
     Activation,
     Block,
     BlockConfig,
@@ -51,7 +50,7 @@ class ClassifierConfig(ConfigBase):
     emb_dropout: float = setting(0.1, min=0.0, below=1.0)
     activation: Activation = block_setting("activation", "gelu")
     norm: NormKind = block_setting("norm", "layer")
-    dyt_alpha0: float = block_setting("dyt_alpha0", DYT_ALPHA0)
+    dyt_alpha0: float = block_setting("dyt_alpha0")
     norm_position: NormPosition = block_setting("norm_position", "pre")
     pos: Position = setting("sinusoidal")
     pooling: Pooling = setting("mean")

@@ -56,15 +56,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.attention import Backend
-from attnlab.blocks import (
-    DYT_ALPHA0,
-    Activation,
-    Block,
-    BlockConfig,
-    BlockStack,
-    NormKind,
-    block_setting,
-)
+from attnlab.blocks import Activation, Block, BlockConfig, BlockStack, NormKind, block_setting
 from attnlab.configs import ConfigBase, project, setting
 from attnlab.efficient import AttentionKind
 from attnlab.errors import UserError
@@ -94,7 +86,7 @@ class GPTConfig(ConfigBase):
         "learned", "positions: learned table, rope, alibi, sinusoidal, t5 bias, none (NoPE)"
     )
     norm: NormKind = block_setting("norm", "layer")
-    dyt_alpha0: float = block_setting("dyt_alpha0", DYT_ALPHA0)
+    dyt_alpha0: float = block_setting("dyt_alpha0")
     activation: Activation = block_setting("activation", "gelu_tanh")
     bias: bool = block_setting("bias", True)
     tie_weights: bool = setting(True, "output projection = token embedding")

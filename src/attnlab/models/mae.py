@@ -20,15 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from attnlab.blocks import (
-    DYT_ALPHA0,
-    Activation,
-    Block,
-    BlockConfig,
-    BlockStack,
-    NormKind,
-    block_setting,
-)
+from attnlab.blocks import Activation, Block, BlockConfig, BlockStack, NormKind, block_setting
 from attnlab.configs import ConfigBase, setting
 from attnlab.errors import UserError
 from attnlab.models.registry import images, register_model
@@ -58,7 +50,7 @@ class MAEConfig(ConfigBase):
     activation: Activation = block_setting("activation", "gelu")
     norm: NormKind = block_setting("norm", "layer")
     norm_eps: float = block_setting("norm_eps", 1e-6)
-    dyt_alpha0: float = block_setting("dyt_alpha0", DYT_ALPHA0)
+    dyt_alpha0: float = block_setting("dyt_alpha0")
     n_classes: int = setting(10, "classes of the ViT that fine-tunes the encoder", min=2)
 
     def check(self) -> None:

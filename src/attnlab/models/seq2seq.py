@@ -18,7 +18,6 @@ from torch import Tensor, nn
 
 from attnlab.attention import Backend, KVCache, padding_mask_from_ids
 from attnlab.blocks import (
-    DYT_ALPHA0,
     Activation,
     Block,
     BlockConfig,
@@ -51,7 +50,7 @@ class Seq2SeqConfig(ConfigBase):
     dropout: float = block_setting("dropout", 0.1)
     activation: Activation = block_setting("activation", "relu")
     norm: NormKind = block_setting("norm", "layer")
-    dyt_alpha0: float = block_setting("dyt_alpha0", DYT_ALPHA0)
+    dyt_alpha0: float = block_setting("dyt_alpha0")
     norm_position: NormPosition = block_setting("norm_position", "post")
     pos: Literal["sinusoidal", "learned"] = setting("sinusoidal")
     context: int = setting(512, "longest source or target (learned positions)", min=1)

@@ -25,7 +25,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.blocks import (
-    DYT_ALPHA0,
     Activation,
     BlockConfig,
     NormKind,
@@ -55,7 +54,7 @@ class SwinConfig(ConfigBase):
     attn_dropout: float = block_setting("attn_dropout", 0.0)
     activation: Activation = block_setting("activation", "gelu")
     norm: NormKind = block_setting("norm", "layer")
-    dyt_alpha0: float = block_setting("dyt_alpha0", DYT_ALPHA0)
+    dyt_alpha0: float = block_setting("dyt_alpha0")
     norm_eps: float = block_setting("norm_eps", 1e-5)
     n_classes: int = setting(10, min=2)
 

@@ -21,15 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.attention import Backend
-from attnlab.blocks import (
-    DYT_ALPHA0,
-    Activation,
-    Block,
-    BlockConfig,
-    BlockStack,
-    NormKind,
-    block_setting,
-)
+from attnlab.blocks import Activation, Block, BlockConfig, BlockStack, NormKind, block_setting
 from attnlab.configs import ConfigBase, project, setting
 from attnlab.efficient import AttentionKind
 from attnlab.errors import UserError
@@ -53,7 +45,7 @@ class ViTConfig(ConfigBase):
     activation: Activation = block_setting("activation", "gelu")
     norm_eps: float = block_setting("norm_eps", 1e-6)
     norm: NormKind = block_setting("norm", "layer")
-    dyt_alpha0: float = block_setting("dyt_alpha0", DYT_ALPHA0)
+    dyt_alpha0: float = block_setting("dyt_alpha0")
     pooling: Literal["cls", "mean"] = setting("cls")
     distill: bool = setting(False, "DeiT: a distillation token with its own head (pooling cls)")
     pos: Literal["learned", "sincos2d"] = setting("learned")
