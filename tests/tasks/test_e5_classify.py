@@ -109,7 +109,7 @@ def test_freezing_keeps_the_lower_layers_and_resume_is_bitwise(
     from attnlab.tensor_files import read_tensors
 
     straight, split = tmp_path / "straight", tmp_path / "split"
-    extra = ["--freeze-layers", "1", "--probe-first", "true", "--checkpoint-every", "2"]
+    extra = ["--train-layers", "1", "--probe-first", "true", "--checkpoint-every", "2"]
     assert train(straight, reviews, "--max-steps", "4", *extra) == 0
     real = bert_classify.step_fn
 
@@ -194,7 +194,7 @@ def test_the_onnx_export_runs_in_onnxruntime_with_equal_logits(run, tmp_path):
 @pytest.mark.slow
 def test_the_main_job_runs_on_the_real_weights(reviews, tmp_path, capsys):
     out = tmp_path / "real"
-    assert train(out, reviews, "--max-steps", "2", "--freeze-layers", "11") == 0
+    assert train(out, reviews, "--max-steps", "2", "--train-layers", "1") == 0
     printed = capsys.readouterr().out
     assert "pretrained from e5" in printed and "tutorial examples:" in printed
     assert main(["embed", "e5", "好看", "--out", str(tmp_path / "v.npy")]) == 0

@@ -8,5 +8,5 @@ scaling.py   one block's time and memory against sequence length, with fitted ex
 report.py    the markdown report; run.py ties them together
 """
 
-SECTIONS = ("kernels", "mha", "encoder_layer", "gpt_step", "generation", "scaling")
+SECTIONS = ("kernels", "mha", "encoder_layer", "gpt_step", "e5_step", "generation", "scaling")
 DEFAULT_OUT = "bench-report.md"

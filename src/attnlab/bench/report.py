@@ -118,6 +118,19 @@ def render(results: dict) -> str:
                 "time.",
                 "",
             ]
+    if "e5_step" in s:
+        r = s["e5_step"]
+        c = r["shape"]
+        base = "hf_xlmr" if "ratio_to_hf_xlmr" in r else "attnlab"
+        lines += [
+            f"## e5 classifier fine-tuning step (fwd, cross-entropy, bwd, AdamW): 12 layers × "
+            f"384, batch {c['batch']} × {c['length']} tokens, word table frozen; vs "
+            "XLMRobertaForSequenceClassification",
+            "",
+        ]
+        if "note" in r:
+            lines += [r["note"], ""]
+        lines += _table(["model", "ms", f"× {base}"], _ratio_rows(r, base))
     if "generation" in s:
         g = s["generation"]
         lines += [f"## Greedy decoding of {g['new_tokens']} tokens, 4 layers × 128, batch 1", ""]

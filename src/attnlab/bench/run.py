@@ -22,6 +22,7 @@ PLAN = {
     "encoder_shape": ((4, 128), (8, 256)),
     "gpt_shape": ((4, 4, 128, 64, 12), (6, 6, 384, 256, 12)),
     "new_tokens": (50, 200),
+    "e5_shape": ((4, 32), (16, 64)),
     "scaling_T": ([256, 512, 1024], [512, 1024, 2048, 4096, 8192]),
 }
 
@@ -75,6 +76,7 @@ def run_bench(
         "encoder_layer": lambda: suites.bench_encoder_layer(dev, rounds, *pick["encoder_shape"]),
         "gpt_step": lambda: suites.bench_gpt_step(dev, rounds, pick["gpt_shape"]),
         "generation": lambda: suites.bench_generation(dev, max(1, rounds // 2), pick["new_tokens"]),
+        "e5_step": lambda: suites.bench_e5_step(dev, max(2, rounds // 2), pick["e5_shape"]),
         "scaling": lambda: run_scaling(
             pick["scaling_T"],
             threads=torch.get_num_threads(),

@@ -244,3 +244,50 @@ def bench_generation(device, rounds: int, new_tokens: int) -> dict:
         samples = interleaved(runs, rounds, device)
     per_token = {k: round(v / new_tokens, 3) for k, v in median_ms(samples).items()}
     return {"new_tokens": new_tokens, "ms_per_token": per_token, "rounds": rounds}
+
+
+def bench_e5_step(device, rounds: int, shape: tuple[int, int]) -> dict:
+    """One fine-tuning step of the e5 classifier (fwd, CE, bwd, AdamW) vs transformers'
+    XLMRobertaForSequenceClassification of the same shape on the same batch; random weights,
+    the word table frozen on both sides (attnlab's is 4-bit packed, HF's a float table)."""
+    from attnlab.models.bert import BertClassifier, BertConfig
+
+    batch, length = shape
+    cfg = BertConfig(vocab_size=250037, d_model=384, n_layers=12, n_heads=12, d_ff=1536,
+                     context=512, pad_id=1, position_offset=2, packed_words=True)  # fmt: skip
+    torch.manual_seed(0)
+    ids = torch.randint(5, 250000, (batch, length), device=device)
+    lengths = torch.full((batch,), length, device=device)
+    labels = torch.randint(0, 2, (batch,), device=device)
+
+    def step_of(model: nn.Module, logits_of):
+        opt = build_optimizer(model, 2e-5, 0.01, (0.9, 0.999))
+
+        def step() -> None:
+            loss = F.cross_entropy(logits_of(model), labels)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        return step
+
+    ours = BertClassifier(cfg, 2).to(device).train()
+    ours.bert.pooler.requires_grad_(False)  # mean pooling: the pooler is not on the path
+    steps = {"attnlab": step_of(ours, lambda m: m(ids, lengths))}
+    transformers = _hf()
+    if transformers is not None:
+        hf_cfg = transformers.XLMRobertaConfig(
+            **cfg.to_hf()
+            | {"model_type": "xlm-roberta", "max_position_embeddings": 514, "num_labels": 2}
+        )
+        hf = transformers.XLMRobertaForSequenceClassification(hf_cfg).to(device).train()
+        hf.roberta.embeddings.word_embeddings.requires_grad_(False)
+        steps["hf_xlmr"] = step_of(hf, lambda m: m(input_ids=ids).logits)
+    samples = interleaved(steps, rounds, device)
+    out = {
+        "shape": dict(batch=batch, length=length, layers=12, width=384),
+        **_summary(samples, "hf_xlmr" if transformers is not None else "attnlab"),
+    }
+    if transformers is None:
+        out["note"] = "transformers is not installed: no Hugging Face reference"
+    return out

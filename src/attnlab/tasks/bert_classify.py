@@ -86,8 +86,11 @@ class BertClassifyConfig(ConfigBase):
         "and test stay whole); 0 = all",
         min=0,
     )
-    freeze_layers: int = setting(
-        0, "the embeddings and this many lowest blocks stay as pretrained (no gradient)", min=0
+    train_layers: int = setting(
+        0,
+        "blocks at the top that train; the embeddings and the blocks below stay as pretrained "
+        "(no gradient, a forward pass only); 0, or the encoder's depth or more, = every block",
+        min=0,
     )
     probe_first: bool = setting(
         False,
@@ -315,11 +318,6 @@ class BertClassifyTask(Task):
         dcfg: BertClassifyConfig = cfg.data
         encoder, tokenizer, notes, checkpoint, arch = load_encoder(dcfg)
         shape = encoder.cfg
-        if dcfg.freeze_layers > shape.n_layers:
-            raise UserError(
-                f"freeze_layers {dcfg.freeze_layers} exceeds the encoder's {shape.n_layers} "
-                f"layers; give 0..{shape.n_layers}"
-            )
         dcfg.data = resolve_data(dcfg.data, dcfg.init, tokenizer)  # config.json records it
         corpus = load_corpus(dcfg)
         split_path = run_dir / "split.json"
@@ -385,7 +383,8 @@ class BertClassifyTask(Task):
         dcfg: BertClassifyConfig = cfg.data
         if not dcfg.from_scratch:
             model.bert.load_state_dict(prep.encoder.state_dict())
-        freeze_lower(model, dcfg.freeze_layers)
+        if 0 < dcfg.train_layers < cfg.model.n_layers:
+            freeze_lower(model, cfg.model.n_layers - dcfg.train_layers)
         if dcfg.probe_first and not prep.resume:  # a resumed run's head is in its checkpoint
             train = _dataset(
                 prep.texts["train"], prep.ids["train"], prep.tokenizer, prep.max_len,
