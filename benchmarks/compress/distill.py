@@ -28,8 +28,9 @@ from benchmarks import common
 from benchmarks.compress.prune_heads import latency_ms, test_batches, timing_batch
 
 ROOT = Path("/tmp/attnlab_distill")
-STUDENT = ["--d-model", "64", "--n-heads", "2", "--n-layers", "1", "--d-ff", "256",
-           "--ngram-buckets", "0"]  # fmt: skip
+# --init none: the character model (train classify and distill fine-tune e5 by default)
+STUDENT = ["--init", "none", "--d-model", "64", "--n-heads", "2", "--n-layers", "1",
+           "--d-ff", "256", "--ngram-buckets", "0"]  # fmt: skip
 COMMON = ["--tensorboard", "false", "--precision", "fp32", "--num-threads", "1"]
 
 
