@@ -81,3 +81,22 @@ def test_a_student_learns_from_a_teacher_run(tmp_path, capsys):
     with pytest.raises(ValueError, match="alpha"):
         runner.train("distill", tmp_path / "bad", bad)
     assert main(["train", "distill", "--data", data, "--out", str(tmp_path / "none")]) == 2
+
+
+def test_the_teacher_scores_the_lexicon_words_the_student_trains_on(tmp_path):
+    """HowNet's words join the student's training split: the teacher reads them too."""
+    rng = random.Random(0)
+    filler = "的一是在不了有和人这中大为上个国我以要他时来用们生到作地于出就分对成会可主发年动"
+    lines = ["text,label"]
+    for i in range(120):
+        marker, label = ("好", "positive") if i % 2 else ("差", "negative")
+        lines.append(marker + "".join(rng.choice(filler) for _ in range(8)) + f",{label}")
+    data = tmp_path / "d.csv"
+    data.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    settings = {"data": str(data), "d_model": "16", "n_heads": "2", **TINY, "epochs": "1"}
+    teacher = tmp_path / "teacher"
+    runner.train("classify", teacher, settings)
+    student = tmp_path / "student"
+    runner.train("distill", student, {**settings, "teacher": str(teacher), "lexicons": "hownet"})
+    report = json.loads((student / "data_report.json").read_text())
+    assert report["extra_training"]["added"] > 1000  # the words rode along with their logits

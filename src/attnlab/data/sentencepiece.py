@@ -11,7 +11,6 @@ every reader of the run (``transformers``' AutoTokenizer included) encodes texts
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -48,7 +47,7 @@ class SentencePieceTokenizer:
         except Exception as err:  # the library raises a bare Exception for bad files
             problem = f"not a readable tokenizer.json ({err})"
             raise DataError(path, problem, "re-export it") from None
-        kind = json.loads(tok.to_str())["model"]["type"]
+        kind = type(tok.model).__name__  # the 17 MB JSON is parsed once, by the library
         if kind != "Unigram":
             raise DataError(path, f"a {kind} tokenizer, not SentencePiece Unigram", "use XLM-R's")
         if prefix:
@@ -107,9 +106,10 @@ def load_tokenizer(path: str | Path):
     from attnlab.data.wordpiece import WordPieceTokenizer
 
     try:
-        kind = json.loads(Path(path).read_text(encoding="utf-8"))["model"]["type"]
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as err:
-        raise DataError(path, f"not a readable tokenizer.json ({err})", "re-export it") from None
-    if kind == "Unigram":
-        return SentencePieceTokenizer.load(path)
+        tok = Tokenizer.from_file(str(path))
+    except Exception as err:  # the library raises a bare Exception for bad files
+        problem = f"not a readable tokenizer.json ({err})"
+        raise DataError(path, problem, "re-export it") from None
+    if type(tok.model).__name__ == "Unigram":
+        return SentencePieceTokenizer(tok)
     return WordPieceTokenizer.load(path)

@@ -134,7 +134,7 @@ class DistillTask(ClassifyTask):
                 f"the teacher's classes {teacher.labels.labels} differ from the data's "
                 f"{prep.labels.labels}; distil on the data the teacher was trained for"
             )
-        texts = [prep.corpus.texts[i] for i in prep.split["train"]]
+        texts, _ = prep.texts_of("train")  # as the student reads them: lexicon words included
         logits = teacher_logits(teacher, texts, cfg.distill.teacher_batch_size)
         setup.train_data = SoftLabelData(setup.train_data, logits)
         d = cfg.distill
