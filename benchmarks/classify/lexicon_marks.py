@@ -124,7 +124,7 @@ def train(variant: str, seed: int) -> None:
         print(f"{out} is finished")
         return
     cmd = [
-        sys.executable, "-m", "attnlab", "train", "classify",
+        sys.executable, "-m", "attnlab", "train", "classify", "--init", "none",
         "--data", str(DATA / f"{VARIANTS[variant]}.tsv"),
         "--val-data", str(DATA / "val.tsv"), "--test-data", str(DATA / "test.tsv"),
         "--out", str(out), "--seed", str(seed), "--num-threads", "1",
