@@ -148,9 +148,11 @@ def _redirected(name: str, opts: argparse.Namespace) -> str:
     unused = sorted(set(vars(opts)) - theirs - set(GENERAL))
     if unused:
         flags = ", ".join("--" + name.replace("_", "-") for name in unused)
+        flag = "--" + option.replace("_", "-")
+        given = f"with {flag}: that is" if option in vars(opts) else "to the default,"
         raise UserError(
-            f"{flags} do not apply to {what} (the default; `attnlab train {other}`): add "
-            f"--{option.replace('_', '-')} none for the character model trained from scratch"
+            f"{flags} do not apply {given} {what} (`attnlab train {other}`; its options in "
+            f"--help); {flag} none trains the character model from scratch"
         )
     return other
 
