@@ -1,0 +1,273 @@
+"""What pretraining buys the main job: multilingual-e5 recipes beside the floors, one split.
+
+Two modes, one page (docs/results/classify_e5.md):
+
+``probe``  the floors, measured here: a linear probe on the *frozen* e5 (attnlab's encoder,
+           mean-pooled, "query: "), its L2 penalty chosen on validation from a grid, fitted on
+           the same stratified training sample ``train classify --train-examples N`` draws (and
+           on the whole training split); TF-IDF character 1-3-grams + logistic regression on the
+           same texts. Scores: in-domain test (n = 1,736, the character model's split), OOD
+           dev/test, the tutorial's three sentences.
+``runs``   the fine-tuned recipes, read from `attnlab train classify` run folders (results.json,
+           summary.json, config.json; each run's own command is its config): their scores, the
+           tutorial sentences through the run's predict, wall and CPU time, peak memory when
+           the run was timed with /usr/bin/time (``--rss FILE`` per run, optional).
+
+The page is rendered from docs/results/classify_e5.json, which both modes update.
+
+    python -m benchmarks.classify.e5_recipes probe --train-examples 6000
+    python -m benchmarks.classify.e5_recipes runs runs/e5_a runs/e5_b ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from benchmarks.common import (
+    RESULTS,
+    command_line,
+    load_average,
+    machine,
+    machine_line,
+    set_threads,
+)
+
+STEM = "classify_e5"
+PROBE_DECAYS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="mode", required=True)
+    probe = sub.add_parser("probe", help="frozen-e5 linear probe and TF-IDF floors")
+    probe.add_argument("--train-examples", type=int, default=6000, help="0 = the whole split")
+    probe.add_argument("--threads", type=int, default=1)
+    probe.add_argument(
+        "--probe-full", action="store_true", help="also probe on the whole training split"
+    )
+    runs = sub.add_parser("runs", help="collect fine-tuned run folders into the table")
+    runs.add_argument("dirs", nargs="+", type=Path)
+    runs.add_argument("--name", action="append", default=[], help="a label per run, in order")
+    return p
+
+
+def _load() -> dict:
+    path = RESULTS / f"{STEM}.json"
+    return json.loads(path.read_text()) if path.exists() else {"floors": {}, "runs": {}}
+
+
+def _splits(train_examples: int):
+    """Texts and labels of train (sampled as the task samples), val, test, OOD and tutorial."""
+    from attnlab.data import load_chinese_reviews, stratified_split
+    from attnlab.data.ood import load_ood, ood_files
+    from attnlab.tasks.bert_classify import sample_train
+    from attnlab.tasks.classify import TUTORIAL_EXAMPLES
+
+    corpus = load_chinese_reviews()
+    split = stratified_split(corpus.labels, (0.8, 0.1, 0.1), 0)
+    full_train = list(split["train"])
+    sample_train(split, corpus.labels, train_examples, 0)
+    out = {
+        name: ([corpus.texts[i] for i in idx], [corpus.labels[i] for i in idx])
+        for name, idx in split.items()
+    }
+    out["train_all"] = (
+        [corpus.texts[i] for i in full_train],
+        [corpus.labels[i] for i in full_train],
+    )
+    for name in ood_files():
+        ood = load_ood(name)[0]
+        out[f"ood_{name}"] = (ood.texts, ood.labels)
+    out["tutorial"] = ([t for t, _ in TUTORIAL_EXAMPLES], [label for _, label in TUTORIAL_EXAMPLES])
+    return out
+
+
+def _accuracy(pred: Sequence[str], gold: Sequence[str]) -> float:
+    return sum(p == g for p, g in zip(pred, gold)) / len(gold)
+
+
+def _features(model, tokenizer, texts: list[str], max_len: int = 128):
+    import torch
+
+    from attnlab.data import pad_batch
+    from attnlab.models.bert import mean_pool
+
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    out = torch.empty(len(texts), model.cfg.d_model, dtype=torch.float64)
+    with torch.no_grad():
+        for start in range(0, len(order), 64):
+            rows = order[start : start + 64]
+            ids, lengths = pad_batch(tokenizer.encode_batch([texts[i] for i in rows], max_len), 1)
+            out[rows] = mean_pool(model(ids, lengths), lengths).double()
+    return out
+
+
+def _logreg(x, y, decay: float):
+    """Mean cross-entropy + decay · ||W||² by L-BFGS, as the task's probe_first fits it."""
+    import torch
+
+    head = torch.nn.Linear(x.shape[1], 2).double()
+    torch.nn.init.zeros_(head.weight), torch.nn.init.zeros_(head.bias)
+    opt = torch.optim.LBFGS(head.parameters(), max_iter=500, tolerance_grad=1e-9,
+                            history_size=20, line_search_fn="strong_wolfe")  # fmt: skip
+
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(head(x), y) + decay * head.weight.pow(2).sum()
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    return head
+
+
+def probe(args: argparse.Namespace) -> dict:
+    import torch
+
+    from attnlab.models.e5 import load_e5
+
+    data = _splits(args.train_examples)
+    model, tokenizer = load_e5()
+    model.eval()
+    labels = sorted(set(data["train"][1]))
+    feats, seconds = {}, {}
+    for name, (texts, _) in data.items():
+        if name == "train_all" and (args.train_examples == 0 or not args.probe_full):
+            continue
+        start = time.perf_counter()
+        print(f"e5 features: {name} ({len(texts)} texts)", flush=True)
+        feats[name] = _features(model, tokenizer, texts)
+        seconds[name] = time.perf_counter() - start
+    floors = {}
+    for train_name in ("train", "train_all"):
+        if train_name not in feats:
+            continue
+        y = torch.tensor([labels.index(v) for v in data[train_name][1]])
+        best = None
+        for decay in PROBE_DECAYS:
+            head = _logreg(feats[train_name], y, decay)
+            val = _accuracy([labels[i] for i in head(feats["val"]).argmax(-1)], data["val"][1])
+            if best is None or val > best[0]:
+                best = (val, decay, head)
+        val, decay, head = best
+        row: dict = {"weight_decay": decay, "n_train": len(y), "val": val}
+        with torch.no_grad():
+            for name in ("test", "ood_dev", "ood_test", "tutorial"):
+                if name in feats:
+                    probs = torch.softmax(head(feats[name]), -1)[:, labels.index("positive")]
+                    pred = [labels[i] for i in head(feats[name]).argmax(-1)]
+                    row[name] = _accuracy(pred, data[name][1])
+                    if name == "tutorial":
+                        row["tutorial_p_positive"] = [round(float(p), 3) for p in probs]
+        floors[f"frozen e5 + linear probe ({len(y)} train)"] = row
+    for train_name in ("train", "train_all"):
+        floors[f"TF-IDF char 1-3 + LR ({len(data[train_name][0])} train)"] = _tfidf(
+            data, train_name
+        )
+    return {"floors": floors, "feature_seconds": seconds}
+
+
+def _tfidf(data: dict, train_name: str) -> dict:
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+
+    vec = TfidfVectorizer(analyzer="char", ngram_range=(1, 3), sublinear_tf=True, min_df=2)
+    x = vec.fit_transform(data[train_name][0])
+    clf = LogisticRegression(C=4.0, max_iter=2000).fit(x, data[train_name][1])
+    row: dict = {"n_train": len(data[train_name][0])}
+    for name in ("val", "test", "ood_dev", "ood_test", "tutorial"):
+        if name in data:
+            row[name] = _accuracy(clf.predict(vec.transform(data[name][0])), data[name][1])
+    pos = list(clf.classes_).index("positive")
+    row["tutorial_p_positive"] = [
+        round(float(p[pos]), 3) for p in clf.predict_proba(vec.transform(data["tutorial"][0]))
+    ]
+    return row
+
+
+def runs(args: argparse.Namespace) -> dict:
+    from attnlab.tasks.bert_classify import BertClassifierRun
+    from attnlab.tasks.classify import TUTORIAL_EXAMPLES
+
+    out = {}
+    names = args.name + [d.name for d in args.dirs[len(args.name) :]]
+    for name, run_dir in zip(names, args.dirs):
+        results = json.loads((run_dir / "results.json").read_text())
+        summary = json.loads((run_dir / "summary.json").read_text())
+        config = json.loads((run_dir / "config.json").read_text())
+        run = BertClassifierRun.load(run_dir)
+        preds = run.predict([t for t, _ in TUTORIAL_EXAMPLES])
+        size = sum(p.stat().st_size for p in run_dir.rglob("*") if p.is_file())
+        out[name] = {
+            "data": {
+                k: config["data"].get(k)
+                for k in ("train_examples", "train_layers", "freeze_layers", "probe_first")
+            },
+            "train": {k: config["train"][k] for k in ("lr", "epochs", "batch_size", "seed")},
+            "val": results["val"]["accuracy"],
+            "test": results["test"]["accuracy"],
+            "ood_dev": results["ood"]["dev"]["accuracy"],
+            "ood_test": results["ood"]["test"]["accuracy"],
+            "tutorial": _accuracy([p["label"] for p in preds], [w for _, w in TUTORIAL_EXAMPLES]),
+            "tutorial_p_positive": [round(p["probs"]["positive"], 3) for p in preds],
+            "wall_s": summary["wall_time_s"],
+            "cpu_s": summary["cpu_time_s"],
+            "run_folder_mb": round(size / 2**20, 1),
+        }
+    return {"runs": out}
+
+
+def render(data: dict) -> list[str]:
+    lines = [
+        "# The main job with multilingual-e5-small: recipes beside the floors",
+        "",
+        machine_line(data["machine"]),
+        "",
+        "One split (the character model's: seed 0, 80/10/10; in-domain test n = 1,736), OOD "
+        "dev/test n = 210 each, the tutorial's three sentences (accuracy, then p(positive) of "
+        "each: the first and third are positive, the second negative).",
+        "",
+        "| recipe | train | val | test | OOD dev | OOD test | tutorial | p(positive) "
+        "| wall s | CPU s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    rows = {**data.get("floors", {}), **data.get("runs", {})}
+    for name, r in rows.items():
+        n = r.get("n_train") or r.get("data", {}).get("train_examples", "")
+        p = ", ".join(f"{v:.2f}" for v in r.get("tutorial_p_positive", []))
+        cells = [f"{r[k]:.4f}" if isinstance(r.get(k), float) else "" for k in
+                 ("val", "test", "ood_dev", "ood_test")]  # fmt: skip
+        tut = f"{r['tutorial']:.2f}" if "tutorial" in r else ""
+        wall = f"{r['wall_s']:.0f}" if "wall_s" in r else ""
+        cpu = f"{r['cpu_s']:.0f}" if "cpu_s" in r else ""
+        lines.append(
+            f"| {name} | {n} | " + " | ".join(cells) + f" | {tut} | {p} | {wall} | {cpu} |"
+        )
+    for name, r in data.get("runs", {}).items():
+        lines.append(
+            f"\n{name}: data {r['data']}, train {r['train']}, run folder {r['run_folder_mb']} MB"
+        )
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    info = machine(threads=set_threads(getattr(args, "threads", 1)))
+    data = _load()
+    result = probe(args) if args.mode == "probe" else runs(args)
+    for key, value in result.items():
+        data.setdefault(key, {}).update(value) if isinstance(value, dict) else None
+    info["load_average_at_end"] = load_average()
+    data["machine"] = info
+    data.setdefault("commands", {})[args.mode] = command_line(argv)
+    from benchmarks.common import write_results
+
+    write_results(STEM, data, render(data), command="; ".join(data["commands"].values()))
+
+
+if __name__ == "__main__":
+    main()
