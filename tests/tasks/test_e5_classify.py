@@ -202,3 +202,14 @@ def test_the_main_job_runs_on_the_real_weights(reviews, tmp_path, capsys):
 
     vector = np.load(tmp_path / "v.npy")
     assert vector.shape == (1, 384) and abs(float((vector**2).sum()) - 1) < 1e-5
+
+
+def test_the_e5_classifier_trains_under_bf16_autocast(tiny, reviews, tmp_path):
+    """bf16: what precision=auto picks on CPUs with bf16 units and on GPUs."""
+    out = tmp_path / "bf16"
+    args = ["train", "classify", "--data", str(reviews), "--out", str(out), "--batch-size", "8"]
+    assert main([*args, "--max-steps", "2", "--precision", "bf16", "--tensorboard", "false"]) == 0
+    assert json.loads((out / "config.json").read_text())["train"]["precision"] == "bf16"
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    losses = [json.loads(line)["loss"] for line in lines if '"loss"' in line]
+    assert losses and all(v == v and abs(v) < 1e3 for v in losses)
