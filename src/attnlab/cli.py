@@ -107,6 +107,7 @@ def _run_train(args: argparse.Namespace) -> int:
         flags = collect_overrides(opts, cls)
         refuse_conflicts(overrides, flags)
         overrides.update(flags)
+    refuse_ignored(overrides)
     if opts.out is None:
         out = Path(f"runs/{name}")
         # under torchrun every rank must pick the same folder: no numbering there
@@ -119,6 +120,26 @@ def _run_train(args: argparse.Namespace) -> int:
         for line in runner.describe(name, results, out):
             print(line)
     return 0
+
+
+# Attention settings a language model without attention layers never reads: given on the
+# command line with such a mixer they would be ignored, so they are refused (a preset's own
+# values are not: they were not asked for here).
+ATTENTION_ONLY = ("backend", "attention", "window", "n_global", "n_kv_heads", "qk_norm")
+ATTENTION_FREE = ("mamba", "rwkv")
+
+
+def refuse_ignored(overrides: dict[str, str]) -> None:
+    """Refuse a command line that sets what its own other settings make unused."""
+    mixer = overrides.get("mixer")
+    typed = [k for k in ATTENTION_ONLY if k in overrides]
+    if mixer in ATTENTION_FREE and typed:
+        flags = ", ".join("--" + k.replace("_", "-") for k in typed)
+        raise UserError(
+            f"{flags} would be ignored: --mixer {mixer} has no attention layers; drop "
+            f"{'them' if len(typed) > 1 else 'it'}, or use --mixer hybrid (attention every "
+            "--attn-every layers)"
+        )
 
 
 def _redirected(name: str, opts: argparse.Namespace) -> str:

@@ -199,6 +199,15 @@ def test_generate_refuses_a_kv_cache_kind_without_a_cache(tmp_path, capsys) -> N
     probe(capsys, argv, "--kv-cache int8", "--no-cache")
 
 
+@pytest.mark.parametrize("mixer", ["mamba", "rwkv"])
+def test_attention_settings_with_an_attention_free_mixer_are_refused(mixer, tmp_path, capsys):
+    out = tmp_path / "lm"
+    argv = ["train", "lm", "--mixer", mixer, "--backend", "flash", "--out", str(out)]
+    probe(capsys, argv, "--backend", "would be ignored", f"--mixer {mixer}")
+    probe(capsys, [*argv[:4], "window=8", "--out", str(out)], "--window")
+    assert not out.exists()
+
+
 def test_bench_refuses_negative_threads_and_writes_inside_an_out_folder(tmp_path, capsys):
     from attnlab.bench.run import report_path
 
