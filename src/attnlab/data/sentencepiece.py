@@ -11,20 +11,19 @@ every reader of the run (``transformers``' AutoTokenizer included) encodes texts
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 from tokenizers import Tokenizer, normalizers
 
 from attnlab.data.errors import DataError
-from attnlab.data.wordpiece import _is_cjk
+from attnlab.data.wordpiece import PieceTokenizer
 from attnlab.errors import UserError
 
 BOS, PAD, EOS, UNK, MASK = "<s>", "<pad>", "</s>", "<unk>", "<mask>"
 SPECIALS = (PAD, UNK, BOS, EOS, MASK)
 
 
-class SentencePieceTokenizer:
+class SentencePieceTokenizer(PieceTokenizer):
     """XLM-R's tokenizer: precompiled normalisation, metaspace, unigram pieces, <s> … </s>."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
@@ -57,48 +56,9 @@ class SentencePieceTokenizer:
             tok.normalizer = normalizers.Sequence(steps)
         return cls(tok)
 
-    def save(self, path: str | Path) -> None:
-        """Write ``tokenizer.json`` (readable by ``tokenizers`` and ``transformers``)."""
-        self._tok.save(str(path))
-
-    @property
-    def vocab_size(self) -> int:
-        return self._tok.get_vocab_size()
-
     def pieces(self) -> list[str]:
         """Every piece, in id order."""
         return [self._tok.id_to_token(i) for i in range(self.vocab_size)]
-
-    def cjk_share(self) -> float:
-        """Share of pieces that are one CJK ideograph (XLM-R's ~100 languages: a few percent)."""
-        vocab = self._tok.get_vocab()
-        return sum(len(p) == 1 and _is_cjk(p) for p in vocab) / max(len(vocab), 1)
-
-    @property
-    def special_ids(self) -> tuple[int, ...]:
-        return (self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id)
-
-    def encode(self, text: str, max_len: int) -> list[int]:
-        """<s> text </s> as ids, the text truncated so the whole fits in ``max_len``."""
-        return self.encode_batch([text], max_len)[0]
-
-    def encode_batch(self, texts: Sequence[str], max_len: int) -> list[list[int]]:
-        """``encode`` for many texts at once (parallel in the library)."""
-        if max_len < 3:
-            raise UserError(f"max_len must be >= 3 (<s> + a piece + </s>), got {max_len}")
-        self._tok.enable_truncation(max_length=max_len)
-        try:
-            return [e.ids for e in self._tok.encode_batch(list(texts))]
-        finally:
-            self._tok.no_truncation()
-
-    def tokens(self, text: str, max_len: int) -> list[str]:
-        """The pieces ``encode`` produces, as strings (``▁`` marks a word start)."""
-        return [self._tok.id_to_token(i) for i in self.encode(text, max_len)]
-
-    def lengths(self, texts: Sequence[str]) -> list[int]:
-        """Untruncated encoded lengths (specials included), to choose a truncation length."""
-        return [len(e.ids) for e in self._tok.encode_batch(list(texts))]
 
 
 def load_tokenizer(path: str | Path):

@@ -45,7 +45,64 @@ def _drop_added(tok: Tokenizer, names: set[str]) -> Tokenizer:
     return Tokenizer.from_str(json.dumps(state))
 
 
-class WordPieceTokenizer:
+class PieceTokenizer:
+    """What every subword tokenizer on the ``tokenizers`` library offers attnlab's models:
+    specials around the pieces, truncation to ``max_len`` ids, never padding (attnlab pads
+    batches itself). Subclasses set ``_tok`` and the special ids."""
+
+    _tok: Tokenizer
+    pad_id: int
+    unk_id: int
+    cls_id: int
+    sep_id: int
+    mask_id: int
+
+    def save(self, path: str | Path) -> None:
+        """Write ``tokenizer.json`` (readable by ``tokenizers`` and ``transformers``)."""
+        self._tok.save(str(path))
+
+    # -- use
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size()
+
+    def cjk_share(self) -> float:
+        """Share of the vocabulary's pieces that are one CJK ideograph (a Chinese BERT's
+        vocabulary is mostly such characters; an English one, or XLM-R's, holds few)."""
+        vocab = self._tok.get_vocab()
+        return sum(len(p) == 1 and _is_cjk(p) for p in vocab) / max(len(vocab), 1)
+
+    @property
+    def special_ids(self) -> tuple[int, ...]:
+        return (self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id)
+
+    def encode(self, text: str, max_len: int) -> list[int]:
+        """The text's ids between the start and end specials, truncated to ``max_len`` ids."""
+        return self.encode_batch([text], max_len)[0]
+
+    def encode_batch(self, texts: Sequence[str], max_len: int) -> list[list[int]]:
+        """``encode`` for many texts at once (parallel in the library)."""
+        if max_len < 3:
+            raise UserError(
+                f"max_len must be >= 3 (a start special + a piece + an end special), got {max_len}"
+            )
+        self._tok.enable_truncation(max_length=max_len)
+        try:
+            return [e.ids for e in self._tok.encode_batch(list(texts))]
+        finally:
+            self._tok.no_truncation()
+
+    def tokens(self, text: str, max_len: int) -> list[str]:
+        """The pieces ``encode`` produces, as strings."""
+        return [self._tok.id_to_token(i) for i in self.encode(text, max_len)]
+
+    def lengths(self, texts: Sequence[str]) -> list[int]:
+        """Untruncated encoded lengths (specials included), to choose a truncation length."""
+        return [len(e.ids) for e in self._tok.encode_batch(list(texts))]
+
+
+class WordPieceTokenizer(PieceTokenizer):
     """BERT's tokenizer: normalise, split on whitespace/punctuation, WordPiece, add specials."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
@@ -147,48 +204,6 @@ class WordPieceTokenizer:
         )
         tok.train_from_iterator(texts, trainer)
         return cls(_drop_added(tok, set(suffixes)))
-
-    def save(self, path: str | Path) -> None:
-        """Write ``tokenizer.json`` (readable by ``tokenizers`` and ``transformers``)."""
-        self._tok.save(str(path))
-
-    # -- use
-
-    @property
-    def vocab_size(self) -> int:
-        return self._tok.get_vocab_size()
-
-    def cjk_share(self) -> float:
-        """Share of the vocabulary's pieces that are one CJK ideograph (a Chinese BERT's
-        vocabulary is mostly such characters; an English one holds few)."""
-        vocab = self._tok.get_vocab()
-        return sum(len(p) == 1 and _is_cjk(p) for p in vocab) / max(len(vocab), 1)
-
-    @property
-    def special_ids(self) -> tuple[int, ...]:
-        return (self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id)
-
-    def encode(self, text: str, max_len: int) -> list[int]:
-        """[CLS] text [SEP] as ids, the text truncated so the whole fits in ``max_len``."""
-        return self.encode_batch([text], max_len)[0]
-
-    def encode_batch(self, texts: Sequence[str], max_len: int) -> list[list[int]]:
-        """``encode`` for many texts at once (parallel in the library)."""
-        if max_len < 3:
-            raise UserError(f"max_len must be >= 3 ([CLS] + a piece + [SEP]), got {max_len}")
-        self._tok.enable_truncation(max_length=max_len)
-        try:
-            return [e.ids for e in self._tok.encode_batch(list(texts))]
-        finally:
-            self._tok.no_truncation()
-
-    def tokens(self, text: str, max_len: int) -> list[str]:
-        """The pieces ``encode`` produces, as strings (``##`` marks a word continuation)."""
-        return [self._tok.id_to_token(i) for i in self.encode(text, max_len)]
-
-    def lengths(self, texts: Sequence[str]) -> list[int]:
-        """Untruncated encoded lengths (specials included), to choose a truncation length."""
-        return [len(e.ids) for e in self._tok.encode_batch(list(texts))]
 
 
 def _bert_pipeline(

@@ -51,10 +51,10 @@ from attnlab.models.e5 import NAME as E5
 from attnlab.models.e5 import SOURCE as E5_SOURCE
 from attnlab.models.e5 import load_e5
 from attnlab.tasks.classify import (
-    TUTORIAL_EXAMPLES,
     accuracy_by_tag,
     evaluator,
     predict_dataset,
+    result_lines,
     step_fn,
 )
 from attnlab.tasks.rundir import WEIGHTS
@@ -433,28 +433,7 @@ class BertClassifyTask(Task):
         return results
 
     def describe(self, results: Mapping[str, Any], run_dir: Path) -> list[str]:
-        lines = []
-        if "test" in results:
-            test = results["test"]
-            lines.append(
-                f"test accuracy {test['accuracy']:.4f}, macro-F1 {test['macro_f1']:.4f} "
-                f"(n = {test['n']})"
-            )
-        for name, report in (results.get("ood") or {}).items():
-            lines.append(
-                f"out-of-domain {name} accuracy {report['accuracy']:.4f}, macro-F1 "
-                f"{report['macro_f1']:.4f} (n = {report['n']}; films, restaurants, hotels, "
-                "games, apps)"
-            )
-        run = BertClassifierRun.load(run_dir)
-        if set(run.labels.labels) == {"positive", "negative"}:
-            lines.append("tutorial examples:")
-            texts = [t for t, _ in TUTORIAL_EXAMPLES]
-            for pred, (_, want) in zip(run.predict(texts), TUTORIAL_EXAMPLES):
-                mark = "ok" if pred["label"] == want else f"WRONG (expected {want})"
-                prob = pred["probs"][pred["label"]]
-                lines.append(f"  {pred['text']} -> {pred['label']} {prob:.3f}  {mark}")
-        return lines
+        return result_lines(results, BertClassifierRun.load(run_dir))
 
     def load(self, run_dir: Path, cfg: RunConfig, device: str) -> BertClassifierRun:
         labels = LabelVocab.load(run_dir / "labels.json")

@@ -522,28 +522,7 @@ class ClassifyTask(Task):
         return {"val": val, "test": test, "ood": ood, "n_params": n_params}
 
     def describe(self, results: Mapping[str, Any], run_dir: Path) -> list[str]:
-        test = results["test"]
-        lines = []
-        if test is not None:
-            lines.append(
-                f"test accuracy {test['accuracy']:.4f}, macro-F1 {test['macro_f1']:.4f} "
-                f"(n = {test['n']})"
-            )
-        for name, report in (results.get("ood") or {}).items():
-            lines.append(
-                f"out-of-domain {name} accuracy {report['accuracy']:.4f}, macro-F1 "
-                f"{report['macro_f1']:.4f} (n = {report['n']}; films, restaurants, hotels, "
-                "games, apps)"
-            )
-        run = ClassifierRun.load(run_dir)
-        if set(run.labels.labels) == {"positive", "negative"}:
-            lines.append("tutorial examples:")
-            texts = [t for t, _ in TUTORIAL_EXAMPLES]
-            for pred, (_, want) in zip(run.predict(texts), TUTORIAL_EXAMPLES):
-                mark = "ok" if pred["label"] == want else f"WRONG (expected {want})"
-                prob = pred["probs"][pred["label"]]
-                lines.append(f"  {pred['text']} -> {pred['label']} {prob:.3f}  {mark}")
-        return lines
+        return result_lines(results, ClassifierRun.load(run_dir))
 
     def load(self, run_dir: Path, cfg: RunConfig, device: str) -> ClassifierRun:
         model = build_classifier(cfg.model)
@@ -558,6 +537,32 @@ class ClassifyTask(Task):
             )
         tokenizer = CharTokenizer.load(run_dir / "tokenizer.json")
         return ClassifierRun(run_dir, cfg, model, tokenizer, labels, report["max_len"])
+
+
+def result_lines(results: Mapping[str, Any], run: Run) -> list[str]:
+    """What a finished classifier run prints: test, out-of-domain and the tutorial's examples
+    (``run`` predicts them; they are only for positive/negative labels)."""
+    test = results.get("test")
+    lines = []
+    if test is not None:
+        lines.append(
+            f"test accuracy {test['accuracy']:.4f}, macro-F1 {test['macro_f1']:.4f} "
+            f"(n = {test['n']})"
+        )
+    for name, report in (results.get("ood") or {}).items():
+        lines.append(
+            f"out-of-domain {name} accuracy {report['accuracy']:.4f}, macro-F1 "
+            f"{report['macro_f1']:.4f} (n = {report['n']}; films, restaurants, hotels, "
+            "games, apps)"
+        )
+    if set(run.labels.labels) == {"positive", "negative"}:  # type: ignore[attr-defined]
+        lines.append("tutorial examples:")
+        texts = [t for t, _ in TUTORIAL_EXAMPLES]
+        for pred, (_, want) in zip(run.predict(texts), TUTORIAL_EXAMPLES):  # type: ignore[attr-defined]
+            mark = "ok" if pred["label"] == want else f"WRONG (expected {want})"
+            prob = pred["probs"][pred["label"]]
+            lines.append(f"  {pred['text']} -> {pred['label']} {prob:.3f}  {mark}")
+    return lines
 
 
 def evaluate_split(
