@@ -234,7 +234,9 @@ class BertModel(nn.Module):
                 f"input has {T} tokens but this BERT has {self.cfg.context} positions; "
                 f"truncate to context={self.cfg.context}"
             )
-        mask = None if lengths is None else padding_mask(lengths, T)  # (B, 1, 1, T)
+        # no padding in the batch: no mask, so attention may take SDPA's unmasked kernels
+        full = lengths is None or bool((lengths == T).all())
+        mask = None if full else padding_mask(lengths, T)  # (B, 1, 1, T)
         x = self.embeddings(input_ids, token_type_ids)  # (B, T, D)
         return self.encoder(x, mask)  # type: ignore[return-value]
 
