@@ -28,8 +28,7 @@ from benchmarks import common
 from benchmarks.compress.prune_heads import latency_ms, test_batches, timing_batch
 
 ROOT = Path("/tmp/attnlab_distill")
-# --init none: the character model (train classify and distill fine-tune e5 by default)
-STUDENT = ["--init", "none", "--d-model", "64", "--n-heads", "2", "--n-layers", "1",
+STUDENT = ["--d-model", "64", "--n-heads", "2", "--n-layers", "1",
            "--d-ff", "256", "--ngram-buckets", "0"]  # fmt: skip
 COMMON = ["--tensorboard", "false", "--precision", "fp32", "--num-threads", "1"]
 
@@ -67,7 +66,8 @@ def main(argv: list[str] | None = None) -> None:
     soft = ["--teacher", args.teacher, "--temperature", str(args.temperature),
             "--alpha", str(args.alpha)]  # fmt: skip
     commands = {
-        "scratch": ["train", "classify", "--out", str(ROOT / "scratch")],
+        # --init none: the character model (train classify fine-tunes e5 by default)
+        "scratch": ["train", "classify", "--init", "none", "--out", str(ROOT / "scratch")],
         "distilled": ["train", "distill", "--out", str(ROOT / "distilled"), *soft],
     }
     procs = [

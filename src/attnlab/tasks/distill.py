@@ -110,6 +110,7 @@ class DistillTask(ClassifyTask):
     # from another folder finds it, and a resume after it was retrained is refused
     data_paths = (*ClassifyTask.data_paths, "teacher")
     train_only_paths = ("teacher",)  # evaluating the student needs no teacher
+    redirect = None  # the student is always the character model (no --init)
 
     def sections(self) -> dict[str, type]:
         return {**SECTIONS, "distill": DistillConfig}
