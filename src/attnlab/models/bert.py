@@ -234,8 +234,10 @@ class BertModel(nn.Module):
                 f"input has {T} tokens but this BERT has {self.cfg.context} positions; "
                 f"truncate to context={self.cfg.context}"
             )
-        # no padding in the batch: no mask, so attention may take SDPA's unmasked kernels
-        full = lengths is None or bool((lengths == T).all())
+        # no padding in the batch: no mask, so attention may take SDPA's unmasked kernels (a
+        # traced graph keeps the mask: it must serve every batch)
+        tracing = torch.compiler.is_compiling() or torch.compiler.is_exporting()
+        full = lengths is None or (not tracing and bool((lengths == T).all()))
         mask = None if full else padding_mask(lengths, T)  # (B, 1, 1, T)
         x = self.embeddings(input_ids, token_type_ids)  # (B, T, D)
         return self.encoder(x, mask)  # type: ignore[return-value]
