@@ -195,8 +195,9 @@ def test_the_onnx_export_runs_in_onnxruntime_with_equal_logits(run, tmp_path):
 def test_the_main_job_runs_on_the_real_weights(reviews, tmp_path, capsys):
     out = tmp_path / "real"
     assert train(out, reviews, "--max-steps", "2", "--train-layers", "1") == 0
-    printed = capsys.readouterr().out
-    assert "pretrained from e5" in printed and "tutorial examples:" in printed
+    captured = capsys.readouterr()
+    assert "pretrained from e5" in captured.out + captured.err
+    assert "tutorial examples:" in captured.out
     assert main(["embed", "e5", "好看", "--out", str(tmp_path / "v.npy")]) == 0
     import numpy as np
 
