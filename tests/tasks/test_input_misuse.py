@@ -138,7 +138,7 @@ def test_a_lone_surrogate_in_a_data_file_is_read_as_a_replacement_character(
     texts = load_labeled_file(data).texts
     assert "\ufffd the film" in texts and not any("\ud800" in t for t in texts)
     tiny = TINY_MLM if task != "classify" else [
-        "--d-model", "16", "--n-heads", "2", "--n-layers", "1", "--d-ff", "32",
+        "--init", "none", "--d-model", "16", "--n-heads", "2", "--n-layers", "1", "--d-ff", "32",
         "--min-freq", "1", "--batch-size", "16", "--tensorboard", "false",
     ]  # fmt: skip
     if task == "electra":

@@ -17,8 +17,10 @@ from attnlab.train.checkpoint import save_weights
 
 
 def _as_set(flags: list[str]) -> list[str]:
-    """["--d-model", "16", ...] -> ["d_model=16", ...] (the form of ablate --set)."""
-    return [f"{k[2:].replace('-', '_')}={v}" for k, v in zip(flags[::2], flags[1::2])]
+    """["--d-model", "16", ...] -> ["d_model=16", ...] (the form of ablate --set); ablate
+    sweeps the character model, so the --init that picks it on the command line is dropped."""
+    pairs = [(k, v) for k, v in zip(flags[::2], flags[1::2]) if k != "--init"]
+    return [f"{k[2:].replace('-', '_')}={v}" for k, v in pairs]
 
 
 def test_ablate_runs_the_readme_command_end_to_end(tmp_path: Path, capsys) -> None:

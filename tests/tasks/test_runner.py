@@ -220,7 +220,7 @@ def test_help_shows_the_values_the_command_will_use(capsys) -> None:
     shown = dict(re.findall(r"--(\w+) \S+ .*?\(default: ([^)]*)\)", text))
     assert shown["checkpoint_every"] == str(cfg.train.checkpoint_every) != "200"
     assert shown["ngram_buckets"] == str(cfg.model.ngram_buckets)
-    assert "[model]" in text and "[train]" in text and "BERT fine-tuning" in text
+    assert "[model]" in text and "[train]" in text and "fine-tuning a pretrained encoder" in text
     with pytest.raises(SystemExit):
         main(["train", "lm", "--config", "baby", "--help"])
     text = " ".join(capsys.readouterr().out.split())

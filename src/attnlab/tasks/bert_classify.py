@@ -149,17 +149,23 @@ def sample_train(split: dict[str, list[int]], labels: list[str], n: int, seed: i
 
 
 def load_encoder(dcfg: BertClassifyConfig) -> tuple[Any, Tokenizer, list[str], str, dict]:
-    """(encoder, tokenizer, notes, checkpoint, encoder arch) that ``init`` names."""
+    """(encoder, tokenizer, notes, checkpoint, encoder arch) that ``init`` names; the arch
+    dict carries the encoder's BERT-shaped config under ``shape``."""
     if dcfg.init == E5:
         encoder, tokenizer = load_e5(dropout=dcfg.dropout)
         notes = [f"{key}: {value}" for key, value in E5_SOURCE.items()]
-        return encoder, tokenizer, notes, E5, {"arch": "bert", "embedding_size": 0}
+        return encoder, tokenizer, notes, E5, _bert_arch(encoder.cfg)
     zoo = zoo_run(dcfg.init)
-    if zoo is not None:  # an ALBERT/DeBERTa `train mlm --arch` run
-        return zoo.model, zoo.tokenizer, [], str(dcfg.init), encoder_of(zoo.config)
+    if zoo is not None:  # an ALBERT/DeBERTa `train mlm --arch` run: its BERT-shaped config
+        arch = {**encoder_of(zoo.config), "shape": zoo.config.bert}
+        return zoo.model, zoo.tokenizer, [], str(dcfg.init), arch
     checkpoint = resolve_checkpoint(dcfg.init)
     encoder, _, tokenizer, notes = load_pretrained(checkpoint)
-    return encoder, tokenizer, notes, str(checkpoint), {"arch": "bert", "embedding_size": 0}
+    return encoder, tokenizer, notes, str(checkpoint), _bert_arch(encoder.cfg)
+
+
+def _bert_arch(cfg: BertConfig) -> dict:
+    return {"arch": "bert", "embedding_size": 0, "shape": cfg}
 
 
 def load_corpus(dcfg: BertClassifyConfig) -> LabeledCorpus:
@@ -317,7 +323,7 @@ class BertClassifyTask(Task):
     def setup(self, cfg: RunConfig, run_dir: Path, resume: bool, device: str) -> Setup:
         dcfg: BertClassifyConfig = cfg.data
         encoder, tokenizer, notes, checkpoint, arch = load_encoder(dcfg)
-        shape = encoder.cfg
+        shape = arch.pop("shape")
         dcfg.data = resolve_data(dcfg.data, dcfg.init, tokenizer)  # config.json records it
         corpus = load_corpus(dcfg)
         split_path = run_dir / "split.json"
