@@ -247,6 +247,10 @@ def render(data: dict) -> list[str]:
         lines.append(
             f"| {name} | {n} | " + " | ".join(cells) + f" | {tut} | {p} | {wall} | {cpu} |"
         )
+    lines.append(
+        "\nEach fine-tuned row is a run of `attnlab train classify --out DIR` with the settings "
+        "below (the rest from presets/bert_classify.toml); the table reads its folder."
+    )
     for name, r in data.get("runs", {}).items():
         lines.append(
             f"\n{name}: data {r['data']}, train {r['train']}, run folder {r['run_folder_mb']} MB"
@@ -263,10 +267,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         data.setdefault(key, {}).update(value) if isinstance(value, dict) else None
     info["load_average_at_end"] = load_average()
     data["machine"] = info
-    data.setdefault("commands", {})[args.mode] = command_line(argv)
+    data.setdefault("commands", {})[command_line(argv)] = args.mode  # every command that ran
     from benchmarks.common import write_results
 
-    write_results(STEM, data, render(data), command="; ".join(data["commands"].values()))
+    write_results(STEM, data, render(data), command="; ".join(data["commands"]))
 
 
 if __name__ == "__main__":
