@@ -12,13 +12,19 @@ import pytest
 
 from attnlab.cli import main
 
+# Small encoders: bf16 is emulated (slow) on CPUs without bf16 units, and at the default sizes
+# two steps and validation took minutes there (DeBERTa's default has 184M parameters).
+ZOO_TINY = ["--d-model", "32", "--n-layers", "2", "--n-heads", "2", "--d-ff", "64",
+            "--embedding-size", "16", "--vocab-size", "120", "--max-len", "24"]  # fmt: skip
+ELECTRA_TINY = ["--d-model", "32", "--n-layers", "2", "--n-heads", "4", "--d-ff", "64",
+                "--vocab-size", "200", "--max-len", "24"]  # fmt: skip
 COMMANDS = {
     "swin": ["train", "swin", "--max-train", "64", "--max-steps", "2"],
     "mae": ["train", "mae", "--max-train", "64", "--max-steps", "2"],
     "t5 translate": ["train", "translate", "--config", "copy", "--arch", "t5", "--max-steps", "2"],
-    "albert mlm": ["train", "mlm", "--arch", "albert", "--max-steps", "2"],
-    "deberta mlm": ["train", "mlm", "--arch", "deberta", "--max-steps", "2"],
-    "electra": ["train", "electra", "--max-steps", "2"],
+    "albert mlm": ["train", "mlm", "--arch", "albert", "--max-steps", "2", *ZOO_TINY],
+    "deberta mlm": ["train", "mlm", "--arch", "deberta", "--max-steps", "2", *ZOO_TINY],
+    "electra": ["train", "electra", "--max-steps", "2", *ELECTRA_TINY],
     "lm flash t5-bias": ["train", "lm", "--backend", "flash", "--pos", "t5", "--max-steps", "2"],
     "lm dyt nope": ["train", "lm", "--norm", "dyt", "--pos", "none", "--max-steps", "2"],
 }
