@@ -87,17 +87,6 @@ COMMAND_PREFIX = "Command: "
 _COMMAND_LINE = re.compile(r"Command: `[^`]*`.*")  # a page's command line (and any note)
 
 
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo (Linux), else what platform knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def load_average() -> list[float]:
     """The 1, 5 and 15 minute load average, rounded (empty where the OS has none)."""
     if not hasattr(os, "getloadavg"):
@@ -118,6 +107,8 @@ def set_threads(n: int) -> int:
 def machine(threads: int | None = None, device: str = "cpu", **extra: object) -> dict:
     """CPU model, logical cores, torch threads and version, Python, load average, extras."""
     import torch
+
+    from attnlab.bench.machine import cpu_model
 
     info: dict = {
         "cpu": cpu_model(),

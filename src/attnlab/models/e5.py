@@ -31,7 +31,7 @@ from torch import Tensor
 
 from attnlab.data.sentencepiece import SentencePieceTokenizer
 from attnlab.errors import UserError
-from attnlab.models.bert import BertConfig, BertModel, mean_pool
+from attnlab.models.bert import BertConfig, BertModel
 from attnlab.models.e5_file import E5File, read_e5_file
 from attnlab.models.registry import register_model, tokens
 
@@ -122,23 +122,6 @@ def load_e5(
             "rows; the two packages do not belong together"
         )
     return model, tokenizer
-
-
-@torch.no_grad()
-def embed(
-    model: BertModel, tokenizer: SentencePieceTokenizer, texts: list[str], batch_size: int = 32
-) -> Tensor:
-    """Sentence embeddings (N, D): mean over the tokens, L2-normalised (the model card's)."""
-    from attnlab.data import pad_batch
-
-    model.eval()
-    out = []
-    for start in range(0, len(texts), batch_size):
-        seqs = tokenizer.encode_batch(texts[start : start + batch_size], model.cfg.context)
-        ids, lengths = pad_batch(seqs, tokenizer.pad_id)
-        hidden = model(ids, lengths)  # (B, T, D)
-        out.append(torch.nn.functional.normalize(mean_pool(hidden, lengths), dim=-1))
-    return torch.cat(out)
 
 
 # multilingual-e5-small's architecture (what e5_config reads from the file); the word table

