@@ -83,8 +83,9 @@ def test_a_users_partial_file_beside_out_is_left_alone(classify_run, tmp_path, v
 
 
 def _distill(student: str, teacher: str, data: Path, *extra: str) -> list[str]:
+    assert TINY[:2] == ["--init", "none"]  # distill's student is always the character model: no --init
     return ["train", "distill", "--out", student, "--teacher", teacher, "--data", str(data),
-            *TINY, *extra]  # fmt: skip
+            *TINY[2:], *extra]  # fmt: skip
 
 
 def test_a_distill_resume_finds_a_relative_teacher_and_refuses_a_retrained_one(
