@@ -214,3 +214,33 @@ def test_the_e5_classifier_trains_under_bf16_autocast(tiny, reviews, tmp_path):
     lines = (out / "metrics.jsonl").read_text().splitlines()
     losses = [json.loads(line)["loss"] for line in lines if '"loss"' in line]
     assert losses and all(v == v and abs(v) < 1e3 for v in losses)
+
+
+def test_extra_train_joins_the_training_split_only(tiny, reviews, tmp_path, capsys):
+    extra = tmp_path / "english.csv"
+    extra.write_text("text,label\nGreat film,positive\nDull and long,negative\n"
+                     "Loved it,positive\nA waste of time,negative\n", encoding="utf-8")  # fmt: skip
+    plain, joined = tmp_path / "plain", tmp_path / "joined"
+    assert train(plain, reviews, "--max-steps", "1") == 0
+    assert train(joined, reviews, "--max-steps", "1", "--extra-train", str(extra)) == 0
+    before = json.loads((plain / "data_report.json").read_text())
+    after = json.loads((joined / "data_report.json").read_text())
+    assert after["split_sizes"]["train"] == before["split_sizes"]["train"] + 4
+    for name in ("val", "test"):  # the same held-out reviews, nothing of the extra file
+        assert after["split_sizes"][name] == before["split_sizes"][name]
+        assert after["label_counts"][name] == before["label_counts"][name]
+    assert after["extra_train"]["n"] == 4 and before["extra_train"] is None
+    split = json.loads((joined / "split.json").read_text())
+    assert split == json.loads((plain / "split.json").read_text())
+
+
+def test_extra_train_with_other_labels_is_refused_before_any_folder(
+    tiny, reviews, tmp_path, capsys
+):
+    extra = tmp_path / "stars.csv"
+    extra.write_text("text,label\nGreat film,5\nDull,1\n", encoding="utf-8")
+    out = tmp_path / "run"
+    assert train(out, reviews, "--max-steps", "1", "--extra-train", str(extra)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "labels ['1', '5'] are not among" in err[0], err
+    assert not out.exists()

@@ -87,6 +87,15 @@ class BertClassifyConfig(ConfigBase):
         "and test stay whole); 0 = all",
         min=0,
     )
+    extra_train: str = setting(
+        "",
+        "more training examples, added to the training split only (validation and test stay "
+        "the main corpus's): pang_lee, imdb, or a CSV/TSV/JSONL file with text_col and "
+        "label_col; a multilingual encoder learns from another language's reviews; '' = none",
+    )
+    extra_train_examples: int = setting(
+        0, "extra_train: a class-balanced random sample of this many; 0 = all", min=0
+    )
     train_layers: int = setting(
         0,
         "blocks at the top that train; the embeddings and the blocks below stay as pretrained "
@@ -169,19 +178,37 @@ def _bert_arch(cfg: BertConfig) -> dict:
     return {"arch": "bert", "embedding_size": 0, "shape": cfg}
 
 
+def read_corpus(name: str, text_col: str, label_col: str) -> LabeledCorpus:
+    """A bundled corpus by name, or the user's labelled file."""
+    if name in CORPORA:
+        return load_english_sentiment(name)
+    if name == "chinese_reviews":
+        return load_chinese_reviews()
+    return load_labeled_file(name, text_col, label_col)
+
+
 def load_corpus(dcfg: BertClassifyConfig) -> LabeledCorpus:
     """The named corpus or the user's file, subsampled when ``max_examples`` is set."""
-    if dcfg.data in CORPORA:
-        corpus = load_english_sentiment(dcfg.data)
-    elif dcfg.data == "chinese_reviews":
-        corpus = load_chinese_reviews()
-    else:
-        corpus = load_labeled_file(dcfg.data, dcfg.text_col, dcfg.label_col)
-    if dcfg.max_examples < 0:
-        raise UserError(f"max_examples must be >= 0 (0 = all), got {dcfg.max_examples}")
+    corpus = read_corpus(dcfg.data, dcfg.text_col, dcfg.label_col)
     if dcfg.max_examples:
         corpus = balanced_subsample(corpus, dcfg.max_examples, dcfg.split_seed)
     return corpus
+
+
+def load_extra_train(dcfg: BertClassifyConfig, labels: list[str]) -> LabeledCorpus | None:
+    """``extra_train``'s examples (None when unset); its labels must be the main corpus's."""
+    if not dcfg.extra_train:
+        return None
+    extra = read_corpus(dcfg.extra_train, dcfg.text_col, dcfg.label_col)
+    unknown = sorted(set(extra.labels) - set(labels))
+    if unknown:
+        raise UserError(
+            f"extra_train {dcfg.extra_train}: labels {unknown} are not among the main "
+            f"corpus's {sorted(set(labels))}; give a corpus with the same labels"
+        )
+    if dcfg.extra_train_examples:
+        extra = balanced_subsample(extra, dcfg.extra_train_examples, dcfg.split_seed)
+    return extra
 
 
 def _dataset(
@@ -313,7 +340,7 @@ class BertClassifyTask(Task):
     preset = "bert_classify"
     preset_prefix = "bert_classify"
     resumable = frozenset({"eval_batch_size"})
-    data_paths = ("data", "init")
+    data_paths = ("data", "init", "extra_train")
 
     def sections(self) -> dict[str, type[ConfigBase]]:
         return SECTIONS
@@ -338,6 +365,10 @@ class BertClassifyTask(Task):
             raise UserError("the validation split is empty; set val_ratio > 0")
         texts = {name: [corpus.texts[i] for i in idx] for name, idx in split.items()}
         labels_str = {name: [corpus.labels[i] for i in idx] for name, idx in split.items()}
+        extra = load_extra_train(dcfg, corpus.labels)
+        if extra is not None:  # after the split: it never enters validation or test
+            texts["train"] += extra.texts
+            labels_str["train"] += extra.labels
         for name in ("val", "test"):
             check_labels(labels_str["train"], labels_str[name], name)
         check_label_counts(labels_str["train"], dcfg.allow_rare_labels)
@@ -354,7 +385,10 @@ class BertClassifyTask(Task):
             "checkpoint": str(checkpoint),
             "init": "random (from_scratch)" if dcfg.from_scratch else "pretrained",
             "notes": notes,
-            "split_sizes": {name: len(idx) for name, idx in split.items()},
+            "split_sizes": {name: len(v) for name, v in texts.items()},
+            "extra_train": None
+            if extra is None
+            else {"source": extra.source, "n": len(extra.texts), "stats": extra.stats},
             "label_counts": {
                 name: dict(sorted(Counter(v).items())) for name, v in labels_str.items()
             },
