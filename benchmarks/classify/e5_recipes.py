@@ -49,6 +49,11 @@ def parser() -> argparse.ArgumentParser:
     probe.add_argument(
         "--probe-full", action="store_true", help="also probe on the whole training split"
     )
+    probe.add_argument(
+        "--extra-train",
+        default="",
+        help="also probe on the sample plus this corpus (as train classify --extra-train)",
+    )
     runs = sub.add_parser("runs", help="collect fine-tuned run folders into the table")
     runs.add_argument("dirs", nargs="+", type=Path)
     runs.add_argument("--name", action="append", default=[], help="a label per run, in order")
@@ -60,8 +65,9 @@ def _load() -> dict:
     return json.loads(path.read_text()) if path.exists() else {"floors": {}, "runs": {}}
 
 
-def _splits(train_examples: int):
-    """Texts and labels of train (sampled as the task samples), val, test, OOD and tutorial."""
+def _splits(train_examples: int, extra_train: str = ""):
+    """Texts and labels of train (sampled as the task samples), val, test, OOD, tutorial and
+    ``extra_train``'s corpus (read as the task reads it)."""
     from attnlab.data import load_chinese_reviews, stratified_split
     from attnlab.data.ood import load_ood, ood_files
     from attnlab.tasks.bert_classify import sample_train
@@ -83,6 +89,11 @@ def _splits(train_examples: int):
         ood = load_ood(name)[0]
         out[f"ood_{name}"] = (ood.texts, ood.labels)
     out["tutorial"] = ([t for t, _ in TUTORIAL_EXAMPLES], [label for _, label in TUTORIAL_EXAMPLES])
+    if extra_train:
+        from attnlab.tasks.bert_classify import read_corpus
+
+        extra = read_corpus(extra_train, "text", "label")
+        out["extra"] = (extra.texts, extra.labels)
     return out
 
 
@@ -130,7 +141,7 @@ def probe(args: argparse.Namespace) -> dict:
 
     from attnlab.models.e5 import load_e5
 
-    data = _splits(args.train_examples)
+    data = _splits(args.train_examples, args.extra_train)
     model, tokenizer = load_e5()
     model.eval()
     labels = sorted(set(data["train"][1]))
@@ -142,8 +153,11 @@ def probe(args: argparse.Namespace) -> dict:
         print(f"e5 features: {name} ({len(texts)} texts)", flush=True)
         feats[name] = _features(model, tokenizer, texts)
         seconds[name] = time.perf_counter() - start
+    if "extra" in feats:  # the sample plus the extra corpus, as one training set
+        feats["train_extra"] = torch.cat([feats["train"], feats.pop("extra")])
+        data["train_extra"] = tuple(a + b for a, b in zip(data["train"], data.pop("extra")))
     floors = {}
-    for train_name in ("train", "train_all"):
+    for train_name in ("train", "train_all", "train_extra"):
         if train_name not in feats:
             continue
         y = torch.tensor([labels.index(v) for v in data[train_name][1]])
@@ -163,7 +177,8 @@ def probe(args: argparse.Namespace) -> dict:
                     row[name] = _accuracy(pred, data[name][1])
                     if name == "tutorial":
                         row["tutorial_p_positive"] = [round(float(p), 3) for p in probs]
-        floors[f"frozen e5 + linear probe ({len(y)} train)"] = row
+        extra = f" with {args.extra_train}" if train_name == "train_extra" else ""
+        floors[f"frozen e5 + linear probe ({len(y)} train{extra})"] = row
     for train_name in ("train", "train_all"):
         floors[f"TF-IDF char 1-3 + LR ({len(data[train_name][0])} train)"] = _tfidf(
             data, train_name
@@ -205,7 +220,7 @@ def runs(args: argparse.Namespace) -> dict:
         out[name] = {
             "data": {
                 k: config["data"].get(k)
-                for k in ("train_examples", "train_layers", "freeze_layers", "probe_first")
+                for k in ("train_examples", "extra_train", "train_layers", "probe_first")
             },
             "train": {k: config["train"][k] for k in ("lr", "epochs", "batch_size", "seed")},
             "val": results["val"]["accuracy"],

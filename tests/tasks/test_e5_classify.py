@@ -234,6 +234,27 @@ def test_extra_train_joins_the_training_split_only(tiny, reviews, tmp_path, caps
     assert split == json.loads((plain / "split.json").read_text())
 
 
+def test_extra_train_takes_several_corpora_and_drops_held_out_texts(
+    tiny, reviews, tmp_path, capsys
+):
+    english = tmp_path / "english.csv"
+    english.write_text("text,label\nGreat film,positive\nDull and long,negative\n", "utf-8")
+    reused = tmp_path / "reused.csv"  # every review of the main corpus: most are in val/test
+    rows = sorted(set(zip(POSITIVE + NEGATIVE, ["positive"] * 4 + ["negative"] * 4)))
+    reused.write_text("text,label\n" + "".join(f"{t},{y}\n" for t, y in rows), "utf-8")
+    out = tmp_path / "run"
+    extra = f"{english},{reused}"
+    assert train(out, reviews, "--max-steps", "1", "--extra-train", extra) == 0
+    report = json.loads((out / "data_report.json").read_text())
+    tsv = [line.split("\t")[0] for line in reviews.read_text("utf-8").splitlines()[1:]]
+    split = json.loads((out / "split.json").read_text())["indices"]
+    held_out = {tsv[i] for name in ("val", "test") for i in split[name]}
+    stats = report["extra_train"]["stats"]
+    assert stats[str(english)] == {"n": 2, "dropped_in_val_or_test": 0}
+    assert stats[str(reused)] == {"n": 8 - len(held_out), "dropped_in_val_or_test": len(held_out)}
+    assert report["extra_train"]["n"] == 2 + 8 - len(held_out) and held_out
+
+
 def test_extra_train_with_other_labels_is_refused_before_any_folder(
     tiny, reviews, tmp_path, capsys
 ):

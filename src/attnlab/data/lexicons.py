@@ -44,6 +44,7 @@ _FILES: dict[str, dict[str, tuple[str, ...]]] = {
         NEGATIVE: tuple(f"dictionary/dutir/{c}.pkl" for c in "哀怒恶惧"),
     },
 }
+LEXICONS = tuple(sorted(_FILES))
 
 PROVENANCE: dict[str, dict[str, str]] = {
     "hownet": {

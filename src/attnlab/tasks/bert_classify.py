@@ -40,6 +40,7 @@ from attnlab.data import (
 from attnlab.data.coverage import reach
 from attnlab.data.english_sentiment import CORPORA, balanced_subsample, load_english_sentiment
 from attnlab.data.io import is_blank, read_json, write_json
+from attnlab.data.lexicons import LEXICONS, load_lexicon
 from attnlab.data.ood import load_ood, ood_files
 from attnlab.data.sentencepiece import SentencePieceTokenizer, load_tokenizer
 from attnlab.data.wordpiece import WordPieceTokenizer
@@ -90,8 +91,9 @@ class BertClassifyConfig(ConfigBase):
     extra_train: str = setting(
         "",
         "more training examples, added to the training split only (validation and test stay "
-        "the main corpus's): pang_lee, imdb, or a CSV/TSV/JSONL file with text_col and "
-        "label_col; a multilingual encoder learns from another language's reviews; '' = none",
+        "the main corpus's; a text also in them is dropped): comma-separated pang_lee, imdb, "
+        "hownet, dutir (a lexicon's words) or CSV/TSV/JSONL files with text_col and label_col; "
+        "a multilingual encoder learns from another language's reviews; '' = none",
     )
     extra_train_examples: int = setting(
         0, "extra_train: a class-balanced random sample of this many; 0 = all", min=0
@@ -195,17 +197,33 @@ def load_corpus(dcfg: BertClassifyConfig) -> LabeledCorpus:
     return corpus
 
 
-def load_extra_train(dcfg: BertClassifyConfig, labels: list[str]) -> LabeledCorpus | None:
-    """``extra_train``'s examples (None when unset); its labels must be the main corpus's."""
+def load_extra_train(
+    dcfg: BertClassifyConfig, labels: list[str], held_out: set[str]
+) -> LabeledCorpus | None:
+    """``extra_train``'s corpora as one (None when unset). Their labels must be the main
+    corpus's; a text that is also in validation or test is dropped (it would leak)."""
     if not dcfg.extra_train:
         return None
-    extra = read_corpus(dcfg.extra_train, dcfg.text_col, dcfg.label_col)
-    unknown = sorted(set(extra.labels) - set(labels))
-    if unknown:
-        raise UserError(
-            f"extra_train {dcfg.extra_train}: labels {unknown} are not among the main "
-            f"corpus's {sorted(set(labels))}; give a corpus with the same labels"
-        )
+    texts: list[str] = []
+    kept: list[str] = []
+    sources, stats = [], {}
+    for name in [n.strip() for n in dcfg.extra_train.split(",") if n.strip()]:
+        if name in LEXICONS:
+            part = load_lexicon(name)
+        else:
+            part = read_corpus(name, dcfg.text_col, dcfg.label_col)
+        unknown = sorted(set(part.labels) - set(labels))
+        if unknown:
+            raise UserError(
+                f"extra_train {name}: labels {unknown} are not among the main corpus's "
+                f"{sorted(set(labels))}; give a corpus with the same labels"
+            )
+        pairs = [(t, y) for t, y in zip(part.texts, part.labels) if t not in held_out]
+        stats[name] = {"n": len(pairs), "dropped_in_val_or_test": len(part.texts) - len(pairs)}
+        texts += [t for t, _ in pairs]
+        kept += [y for _, y in pairs]
+        sources.append(part.source)
+    extra = LabeledCorpus(texts, kept, source="; ".join(sources), stats=stats)
     if dcfg.extra_train_examples:
         extra = balanced_subsample(extra, dcfg.extra_train_examples, dcfg.split_seed)
     return extra
@@ -365,7 +383,7 @@ class BertClassifyTask(Task):
             raise UserError("the validation split is empty; set val_ratio > 0")
         texts = {name: [corpus.texts[i] for i in idx] for name, idx in split.items()}
         labels_str = {name: [corpus.labels[i] for i in idx] for name, idx in split.items()}
-        extra = load_extra_train(dcfg, corpus.labels)
+        extra = load_extra_train(dcfg, corpus.labels, set(texts["val"]) | set(texts["test"]))
         if extra is not None:  # after the split: it never enters validation or test
             texts["train"] += extra.texts
             labels_str["train"] += extra.labels
