@@ -83,7 +83,7 @@ def test_a_users_partial_file_beside_out_is_left_alone(classify_run, tmp_path, v
 
 
 def _distill(student: str, teacher: str, data: Path, *extra: str) -> list[str]:
-    assert TINY[:2] == ["--init", "none"]  # distill's student is always the character model: no --init
+    assert TINY[:2] == ["--init", "none"]  # distill's student is always a character model
     return ["train", "distill", "--out", student, "--teacher", teacher, "--data", str(data),
             *TINY[2:], *extra]  # fmt: skip
 
