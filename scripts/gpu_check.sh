@@ -29,10 +29,10 @@
 #   lm         the larger LM preset, `attnlab train lm --config small --device cuda
 #              --batch-size 64 --max-minutes 1.25` (nanoGPT's Shakespeare model with its GPU
 #              batch)  -> runs/lm/
-#   flash_triton  the Triton FlashAttention forward (attnlab.flash_triton): its tests compiled
+#   flash_triton  the Triton FlashAttention forward (attnlab.layers.flash_triton): its tests compiled
 #              and run on the GPU (ATTNLAB_TEST_DEVICE=cuda pytest tests/test_flash_triton.py),
 #              then benchmarks/attention/flash_triton.py, its forward time and peak memory beside SDPA
-#              and attnlab.flash at T = 1k..8k, bf16  -> tests/flash_triton.xml,
+#              and attnlab.layers.flash at T = 1k..8k, bf16  -> tests/flash_triton.xml,
 #              bench/flash_triton.{json,md}. Last, so it never squeezes the stages above: it
 #              gets what is left of the budget (skipped, and recorded so, if that is < 15 s).
 # Then summary.md and summary.json: every stage's status, exit code, duration and limit.

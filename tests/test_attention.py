@@ -1,4 +1,4 @@
-"""attnlab.attention against PyTorch's own attention, which nobody here wrote.
+"""attnlab.layers.attention against PyTorch's own attention, which nobody here wrote.
 
 * ``scaled_dot_product_attention`` (explicit and fused paths) == ``F.scaled_dot_product_attention``
   over random shapes, masks (padding, causal, both, random, fully masked rows), additive bias,
@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from torch.nn.attention.bias import causal_lower_right
 
 from _device import DEVICE, rng_state, set_rng_state
-from attnlab.attention import (
+from attnlab.layers.attention import (
     KVCache,
     MultiHeadAttention,
     causal_mask,
@@ -39,8 +39,8 @@ from attnlab.attention import (
     to_attn_mask,
     to_key_padding_mask,
 )
-from attnlab.efficient import LinearAttention, LocalAttention
-from attnlab.positions import RotaryEmbedding
+from attnlab.layers.efficient import LinearAttention, LocalAttention
+from attnlab.layers.positions import RotaryEmbedding
 from attnlab.verify.copy_weights import assert_grads_match, copy_links, mha_links
 
 pytestmark = pytest.mark.usefixtures("on_test_device")  # tests/_device.py: ATTNLAB_TEST_DEVICE

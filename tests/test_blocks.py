@@ -1,4 +1,4 @@
-"""attnlab.blocks against PyTorch's Transformer layers (and HF LLaMA's norm and MLP).
+"""attnlab.layers.blocks against PyTorch's Transformer layers (and HF LLaMA's norm and MLP).
 
 * RMSNorm == ``nn.RMSNorm`` (float32/float64, gradients) and == HF ``LlamaRMSNorm`` in bfloat16;
 * FeedForward gelu_tanh == Linear/GELU(tanh)/Linear; swiglu == HF ``LlamaMLP`` (w_in = [gate; up]);
@@ -21,8 +21,8 @@ import torch
 from torch import Tensor, nn
 
 from _verify import assert_verified
-from attnlab.attention import KVCache, from_key_padding_mask
-from attnlab.blocks import (
+from attnlab.layers.attention import KVCache, from_key_padding_mask
+from attnlab.layers.blocks import (
     Block,
     BlockConfig,
     BlockStack,
@@ -33,7 +33,7 @@ from attnlab.blocks import (
     RMSNorm,
     make_norm,
 )
-from attnlab.positions import RotaryEmbedding
+from attnlab.layers.positions import RotaryEmbedding
 from attnlab.verify import checks_torch
 from attnlab.verify.copy_weights import (
     Link,

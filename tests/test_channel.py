@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnlab.channel import (
+from attnlab.layers.channel import (
     CBAM,
     ECA,
     CoordinateAttention,

@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnlab.attention import MultiHeadAttention, padding_mask, scaled_dot_product_attention
 from attnlab.configs import apply_overrides, from_dict
-from attnlab.efficient import (
+from attnlab.layers.attention import MultiHeadAttention, padding_mask, scaled_dot_product_attention
+from attnlab.layers.efficient import (
     LinearAttention,
     LinearAttentionState,
     LocalAttention,

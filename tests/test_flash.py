@@ -1,4 +1,4 @@
-"""attnlab.flash: the hand-tiled FlashAttention equals F.scaled_dot_product_attention.
+"""attnlab.layers.flash: the hand-tiled FlashAttention equals F.scaled_dot_product_attention.
 
 * forward and dq, dk, dv in float64 over random shapes, masks (none, key padding, random,
   per head with an empty row), causal (bottom-right, Tk >= Tq) or not, GQA, and block sizes
@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnlab.attention import scaled_dot_product_attention
-from attnlab.flash import flash_attention
+from attnlab.layers.attention import scaled_dot_product_attention
+from attnlab.layers.flash import flash_attention
 from attnlab.verify.checks_infer import flash_case
 from attnlab.verify.runner import Measure
 

@@ -1,8 +1,8 @@
-"""attnlab.flash_triton: the Triton FlashAttention forward equals F.scaled_dot_product_attention.
+"""attnlab.layers.flash_triton: the Triton FlashAttention forward equals SDPA.
 
 On CPU the kernel runs under Triton's interpreter (TRITON_INTERPRET=1, set per test: triton
-reads it when the kernel is decorated, which attnlab.flash_triton does on first use, once per
-setting); with ATTNLAB_TEST_DEVICE=cuda the same tests compile and run it on the GPU
+reads it when the kernel is decorated, which attnlab.layers.flash_triton does on first use, once
+per setting); with ATTNLAB_TEST_DEVICE=cuda the same tests compile and run it on the GPU
 (scripts/gpu_check.sh, stage flash_triton). Skipped where triton is not installed, except the
 checks that need no kernel (input errors; attnlab imports and fails clearly without triton).
 
@@ -13,7 +13,7 @@ checks that need no kernel (input errors; attnlab imports and fails clearly with
   row that may attend to nothing (zeros, L = −∞), causal (bottom-right) or not, blocks 16/32;
 * bfloat16 and float16 against float64 SDPA of the same rounded inputs;
 * any leading dimensions (2-D, 3-D, 5-D), an explicit scale, strided (transposed) inputs;
-* gradients (the PyTorch recomputation backward of attnlab.flash fed by the kernel's O and L);
+* gradients (attnlab.layers.flash's PyTorch recomputation backward fed by the kernel's O, L);
 * Triton's GPU compiler (with the ptxas it ships) builds the kernel for sm_80 and sm_90 without
   a GPU: the kernel as the real compiler reads it, which the interpreter does not check.
 
@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from _device import tol
-from attnlab.flash_triton import flash_attention_triton
+from attnlab.layers.flash_triton import flash_attention_triton
 
 F64 = torch.float64
 LOW_PRECISION_TOL = {  # against float64 on the rounded inputs: P is rounded before P V
@@ -171,7 +171,7 @@ def test_compiles_for_nvidia_gpus_without_one(arch, dtype, mask, causal, head_di
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    import attnlab.flash_triton as ft
+    import attnlab.layers.flash_triton as ft
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     ft._triton()
@@ -222,13 +222,13 @@ def test_cpu_tensors_need_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> No
 def test_attnlab_imports_without_triton_and_the_kernel_says_what_is_missing() -> None:
     script = (
         "import sys\n"
-        "import attnlab, attnlab.flash_triton, attnlab.attention\n"
+        "import attnlab, attnlab.layers.flash_triton, attnlab.layers.attention\n"
         "assert 'triton' not in sys.modules, 'importing attnlab imported triton'\n"
         "sys.modules['triton'] = None  # as if it were not installed\n"
         "import torch\n"
         "q = torch.randn(1, 1, 4, 8)\n"
         "try:\n"
-        "    attnlab.flash_triton.flash_attention_triton(q, q, q)\n"
+        "    attnlab.layers.flash_triton.flash_attention_triton(q, q, q)\n"
         "except RuntimeError as err:\n"
         "    assert 'needs the triton package' in str(err), err\n"
         "else:\n"
@@ -242,7 +242,7 @@ def test_attnlab_imports_without_triton_and_the_kernel_says_what_is_missing() ->
 def test_triton_backend_of_multi_head_attention_equals_the_fused_one(kernel_device) -> None:
     """MultiHeadAttention(backend="triton") in float32: the fused backend's output, and with a
     KV cache the same step-by-step decode; need_weights still gives the explicit weights."""
-    from attnlab.attention import MultiHeadAttention
+    from attnlab.layers.attention import MultiHeadAttention
 
     torch.manual_seed(0)
     fused = MultiHeadAttention(32, 4, 2).to(kernel_device).eval()

@@ -20,7 +20,7 @@ from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from _device import tol
-from attnlab.attention import scaled_dot_product_attention
+from attnlab.layers.attention import scaled_dot_product_attention
 
 BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

@@ -1,4 +1,4 @@
-"""Mixture-of-experts feed-forward (attnlab.moe) against Mixtral and against a token-by-token
+"""Mixture-of-experts feed-forward (attnlab.layers.moe) against Mixtral and against a token-by-token
 reference.
 
 * MoEFeedForward == ``transformers``' MixtralSparseMoeBlock with copied weights: outputs, router
@@ -17,7 +17,7 @@ import math
 import pytest
 import torch
 
-from attnlab.moe import MoEFeedForward, load_balancing_loss, router_z_loss
+from attnlab.layers.moe import MoEFeedForward, load_balancing_loss, router_z_loss
 from attnlab.verify.copy_weights import assert_grads_match, copy_links, mixtral_moe_links
 
 transformers = pytest.importorskip("transformers")

@@ -1,4 +1,4 @@
-"""attnlab.positions against the formulas of the papers and Hugging Face's implementations.
+"""attnlab.layers.positions against the formulas of the papers and Hugging Face's implementations.
 
 * sinusoidal table == Vaswani et al.'s formula computed here with ``math`` (odd widths too),
   the module adds it at an offset and extends itself past ``context``;
@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnlab.attention import scaled_dot_product_attention
-from attnlab.positions import (
+from attnlab.layers.attention import scaled_dot_product_attention
+from attnlab.layers.positions import (
     ALiBi,
     LearnedPositionalEmbedding,
     RotaryEmbedding,
@@ -226,7 +226,7 @@ def test_alibi_bias_gives_blooms_causal_attention(t_q: int, t_k: int) -> None:
 @pytest.mark.parametrize("bidirectional, buckets, distance", [(True, 32, 8), (False, 11, 5)])
 def test_t5_bias_refuses_a_max_distance_inside_the_exact_range(bidirectional, buckets, distance):
     """At or below the exact range the log-spaced buckets divide by log(1) = 0 (HF crashes)."""
-    from attnlab.positions import T5RelativePositionBias
+    from attnlab.layers.positions import T5RelativePositionBias
 
     with pytest.raises(ValueError, match="must exceed the exact range"):
         T5RelativePositionBias(2, buckets, distance, bidirectional=bidirectional)

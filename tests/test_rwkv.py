@@ -1,4 +1,4 @@
-"""RWKV (attnlab.rwkv): the parallel (chunked) wkv equals the recurrence, the layers decode
+"""RWKV (attnlab.layers.rwkv): the parallel (chunked) wkv equals the recurrence, the layers decode
 from their cache what the full forward computes, and the RWKV GPT equals Hugging Face's
 RwkvForCausalLM with copied weights.
 
@@ -18,8 +18,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnlab.blocks import make_norm
-from attnlab.rwkv import ChannelMix, RwkvBlock, TimeMix, wkv_chunked, wkv_sequential
+from attnlab.layers.blocks import make_norm
+from attnlab.layers.rwkv import ChannelMix, RwkvBlock, TimeMix, wkv_chunked, wkv_sequential
 
 F64 = torch.float64
 
@@ -159,7 +159,7 @@ def test_the_rwkv_gpt_matches_hugging_face(what):
 @pytest.mark.parametrize("T", [1, 5, 23])
 def test_wkv_weights_are_the_attention_that_wkv_computes(T):
     """Σ_i α[t, i] v_i == the recurrence's wkv_t (float64), rows are distributions over i <= t."""
-    from attnlab.rwkv import wkv_weights
+    from attnlab.layers.rwkv import wkv_weights
 
     (w, u, k, v), _ = wkv_inputs(2, T, 6)
     alpha = wkv_weights(w, u, k)  # (B, D, T, T)
@@ -171,8 +171,8 @@ def test_wkv_weights_are_the_attention_that_wkv_computes(T):
 
 
 def test_recorded_time_mix_weights_are_its_channel_groups():
-    from attnlab.attention_record import record_attention
-    from attnlab.rwkv import wkv_weights
+    from attnlab.layers.attention_record import record_attention
+    from attnlab.layers.rwkv import wkv_weights
 
     mix = TimeMix(8, 0, 2).double()
     mix.view_heads = 2

@@ -1,5 +1,5 @@
-"""Mamba (attnlab.ssm): the two scans agree, the cache decodes what the full forward computes,
-and the Mamba GPT equals Hugging Face's MambaForCausalLM with copied weights.
+"""Mamba (attnlab.layers.ssm): the two scans agree, the cache decodes what the full forward
+computes, and the Mamba GPT equals Hugging Face's MambaForCausalLM with copied weights.
 
 * chunked (parallel) scan == sequential loop in float64, outputs, last state and the gradients
   of every input, for lengths that are and are not multiples of the chunk, with an initial state;
@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnlab.ssm import MambaBlock, selective_scan_chunked, selective_scan_sequential
+from attnlab.layers.ssm import MambaBlock, selective_scan_chunked, selective_scan_sequential
 
 F64 = torch.float64
 
@@ -200,7 +200,7 @@ def test_the_mamba_gpt_matches_hugging_face(what):
 @pytest.mark.parametrize("T", [1, 6, 19])
 def test_hidden_attention_reproduces_the_scan(T):
     """y_t = Σ_s α[t, s] x_s from a zero state (Ali et al. 2024), float64, against the scan."""
-    from attnlab.ssm import hidden_attention
+    from attnlab.layers.ssm import hidden_attention
 
     x, delta, A, B, C, _ = (t.detach() for t in scan_inputs(2, T, 5, 3))
     alpha = hidden_attention(delta, A, B, C)  # (b, D, T, T)
@@ -211,7 +211,7 @@ def test_hidden_attention_reproduces_the_scan(T):
 
 
 def test_a_mamba_layer_records_its_normalised_hidden_attention():
-    from attnlab.attention_record import record_attention
+    from attnlab.layers.attention_record import record_attention
 
     block = MambaBlock(8, d_state=4, d_conv=3, expand=2, dt_rank=2).double()
     block.view_heads = 4

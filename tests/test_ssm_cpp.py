@@ -1,4 +1,4 @@
-"""The fused C++ selective scan (attnlab.ssm_cpp) against the sequential reference.
+"""The fused C++ selective scan (attnlab.layers.ssm_cpp) against the sequential reference.
 
 The first test builds the kernel (about a minute and a half from a cold cache, then torch's
 extensions directory keeps it). Inputs are random, from the per-test seed of conftest.py.
@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnlab import ssm_cpp
-from attnlab.ssm import MambaBlock, selective_scan_chunked, selective_scan_sequential
+from attnlab.layers import ssm_cpp
+from attnlab.layers.ssm import MambaBlock, selective_scan_chunked, selective_scan_sequential
 
 F64 = torch.float64
 

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnlab.blocks import BlockConfig, NormKind, NormPosition
 from attnlab.configs import (
     add_dataclass_arguments,
     apply_overrides,
@@ -27,13 +26,8 @@ from attnlab.configs import (
     from_dict,
     validate_config,
 )
-from attnlab.models.bert import BertConfig
-from attnlab.models.classifier import ClassifierConfig
-from attnlab.models.cnn import CNNConfig
-from attnlab.models.gpt import GPTConfig
-from attnlab.models.seq2seq import Seq2SeqConfig
-from attnlab.models.vit import ViTConfig
-from attnlab.positions import (
+from attnlab.layers.blocks import BlockConfig, NormKind, NormPosition
+from attnlab.layers.positions import (
     ALiBi,
     LearnedPositionalEmbedding,
     RotaryEmbedding,
@@ -43,6 +37,12 @@ from attnlab.positions import (
     make_positions,
     sincos_2d_table,
 )
+from attnlab.models.bert import BertConfig
+from attnlab.models.classifier import ClassifierConfig
+from attnlab.models.cnn import CNNConfig
+from attnlab.models.gpt import GPTConfig
+from attnlab.models.seq2seq import Seq2SeqConfig
+from attnlab.models.vit import ViTConfig
 
 MODEL_CONFIGS = [ClassifierConfig, GPTConfig, Seq2SeqConfig, BertConfig, ViTConfig, CNNConfig]
 OLD_NAMES = {"max_len", "norm_first", "tie_output", "norm_type"}

@@ -7,7 +7,7 @@ q, k, v of shape (1, 1, T, 64) in float32 (one sequence, one head: attention alo
 memory is not hidden under a block's activations), one thread, causal. Three kernels:
 ``explicit`` (attnlab's step-by-step path, which keeps the T×T weights for the backward),
 ``fused`` (F.scaled_dot_product_attention, PyTorch's CPU flash kernel) and ``flash``
-(attnlab.flash, tiles of --block × --block, backward by recomputation). Every point runs in a
+(attnlab.layers.flash, tiles of --block × --block, backward by recomputation). Every point runs in a
 fresh process (src/attnlab/bench/memory.py: the rise of the peak resident set size over the
 step). The explicit path stops at --explicit-max-T: at 16k its T×T float32 tensors alone would
 need several GiB on a machine shared by other jobs. Writes docs/results/flash_memory.{json,md}

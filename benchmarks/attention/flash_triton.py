@@ -1,4 +1,4 @@
-"""Forward time and peak memory of the Triton FlashAttention against SDPA and attnlab.flash.
+"""Forward time and peak memory of the Triton FlashAttention against SDPA and attnlab.layers.flash.
 
     python -m benchmarks.attention.flash_triton --device cuda [--lengths 1024 2048 4096 8192]
                                       [--dtype bfloat16] [--out OUT]      (scripts/gpu_check.sh)
@@ -6,8 +6,8 @@
 
 Causal self-attention forward, q/k/v (batch, heads, T, head_dim), three kernels:
 ``sdpa`` (F.scaled_dot_product_attention: on CUDA its flash / memory-efficient kernels),
-``triton`` (attnlab.flash_triton.flash_attention_triton, one program per query block) and
-``torch_flash`` (attnlab.flash.flash_attention: the same algorithm in PyTorch tensor ops, a
+``triton`` (attnlab.layers.flash_triton.flash_attention_triton, one program per query block) and
+``torch_flash`` (attnlab.layers.flash.flash_attention: the same algorithm in PyTorch tensor ops, a
 Python loop over tiles). Time: median of --repeats calls after --warmup ones (the first Triton
 call compiles), CUDA-synchronised. Memory: peak CUDA memory allocated during one call above
 what was allocated before it (q, k, v excluded; the output included). Error: largest absolute
@@ -55,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.nn.functional as F
 
-    from attnlab.flash import flash_attention
-    from attnlab.flash_triton import flash_attention_triton
+    from attnlab.layers.flash import flash_attention
+    from attnlab.layers.flash_triton import flash_attention_triton
 
     device = torch.device(args.device)
     cuda = device.type == "cuda"
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
 
     where = info.get("gpu", info.get("cpu", "")) + f", torch {torch.__version__}"
     lines = [
-        "# Triton FlashAttention forward against SDPA and attnlab.flash",
+        "# Triton FlashAttention forward against SDPA and attnlab.layers.flash",
         "",
         f"`{command}`",
         "",

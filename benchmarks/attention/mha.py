@@ -50,9 +50,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnlab.attention import MultiHeadAttention
 from attnlab.bench.memory import run_isolated
 from attnlab.bench.timing import interleaved
+from attnlab.layers.attention import MultiHeadAttention
 from attnlab.verify.copy_weights import copy_links, mha_links
 from benchmarks import common
 

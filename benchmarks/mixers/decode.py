@@ -39,9 +39,9 @@ from torch import nn
 
 from attnlab.bench.report import scaling_lines
 from attnlab.bench.scaling import fit_exponent
-from attnlab.blocks import FeedForward
+from attnlab.layers.blocks import FeedForward
+from attnlab.layers.ssm import MambaBlock
 from attnlab.models.gpt import GPT, GPTConfig
-from attnlab.ssm import MambaBlock
 from benchmarks import common
 
 VOCAB, D_MODEL = 256, 256

@@ -198,7 +198,7 @@ def quantize_per_head_token(x: Tensor) -> tuple[Tensor, Tensor]:
 
 
 class Int8KVCache:
-    """A KV cache (the interface of :class:`attnlab.attention.KVCache`) that stores keys and
+    """A KV cache (the interface of :class:`attnlab.layers.attention.KVCache`) that stores keys and
     values as int8 with one float32 scale per token and head: D + 4 bytes per token, head and
     tensor instead of 4·D. Attention reads the dequantised keys and values."""
 

@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 import torch
 
-from attnlab.attention import padding_mask
 from attnlab.cli import main
 from attnlab.data import pad_batch
 from attnlab.data.images import normalize
 from attnlab.explore import pack
 from attnlab.explore.page import explore_data, read_page_data
 from attnlab.explore.sources import load_source
+from attnlab.layers.attention import padding_mask
 
 TOL = 1e-6
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from attnlab import attention_record
-from attnlab.attention import MultiHeadAttention, causal_mask, from_key_padding_mask
-from attnlab.attention_record import is_recording, record_attention
+from attnlab.layers import attention_record
+from attnlab.layers.attention import MultiHeadAttention, causal_mask, from_key_padding_mask
+from attnlab.layers.attention_record import is_recording, record_attention
 from attnlab.verify.copy_weights import copy_links, mha_links
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from attnlab.blocks import Block, DecoderBlock
+from attnlab.layers.blocks import Block, DecoderBlock
 from attnlab.models.bert import BertConfig, BertModel
 from attnlab.models.classifier import ClassifierConfig, TextClassifier
 from attnlab.models.gpt import GPT, GPTConfig

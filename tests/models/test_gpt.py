@@ -389,7 +389,7 @@ def test_t5_and_alibi_refuse_linear_attention_and_nope_counts_every_parameter() 
 
 def test_sinusoidal_positions_scale_the_embeddings_as_vaswani() -> None:
     """Vaswani §3.4: the stack sees E[ids]·√d + PE(pos)."""
-    from attnlab.positions import sinusoid_table
+    from attnlab.layers.positions import sinusoid_table
 
     model = GPT(tiny(pos="sinusoidal")).eval()
     seen = {}

@@ -21,10 +21,10 @@ import pytest
 import torch
 from torch import nn
 
+from attnlab.layers.moe import MoEFeedForward
+from attnlab.layers.ssm import MambaBlock
 from attnlab.models.generation import Generation, sample_next
 from attnlab.models.gpt import GPT, GPTConfig
-from attnlab.moe import MoEFeedForward
-from attnlab.ssm import MambaBlock
 from attnlab.tasks.lm import lm_step
 from attnlab.tasks.sections import PRESETS
 from attnlab.train import load_weights, save_weights

@@ -34,7 +34,7 @@ def test_t5_without_the_output_scale_fails(monkeypatch, seed):
 
 
 def test_t5_with_the_bias_in_the_first_layer_only_fails(monkeypatch, seed):
-    from attnlab.blocks import Block
+    from attnlab.layers.blocks import Block
 
     calls = []
     original = Block.forward
@@ -75,7 +75,7 @@ def test_albert_with_separate_layers_fails(monkeypatch, seed):
     from attnlab.models.albert import AlbertModel
 
     def forward(self, input_ids, lengths=None, token_type_ids=None):  # one pass, not n_layers
-        from attnlab.attention import padding_mask
+        from attnlab.layers.attention import padding_mask
 
         mask = None if lengths is None else padding_mask(lengths, input_ids.shape[1])
         x, _ = self.layer(self.project(self.embeddings(input_ids, token_type_ids)), mask)

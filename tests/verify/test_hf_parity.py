@@ -16,9 +16,9 @@ import pytest
 import torch
 from torch import nn
 
-from attnlab.attention import MultiHeadAttention
-from attnlab.blocks import BlockStack
-from attnlab.positions import T5RelativePositionBias, t5_relative_bucket
+from attnlab.layers.attention import MultiHeadAttention
+from attnlab.layers.blocks import BlockStack
+from attnlab.layers.positions import T5RelativePositionBias, t5_relative_bucket
 from attnlab.verify.checks_hf import llama_stack_pair
 from attnlab.verify.copy_weights import (
     Link,
@@ -118,7 +118,7 @@ def test_llama_matches_hugging_face(dtype: torch.dtype, attn: str, tol: dict) ->
 
 def test_llama_kv_cache_decoding_matches_hugging_face_full_forward() -> None:
     """Greedy-style decoding through attnlab's caches == LlamaModel on the whole sequence."""
-    from attnlab.attention import KVCache
+    from attnlab.layers.attention import KVCache
 
     hf, embedding, stack, _ = llama_pair(F64, "sdpa")
     ids = torch.randint(0, LLAMA["vocab_size"], (2, 9))

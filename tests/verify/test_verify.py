@@ -69,9 +69,9 @@ def test_a_broken_attention_kernel_fails_its_row_and_the_exit_status(tmp_path, m
 
 
 def test_broken_moe_experts_and_mamba_fail_their_rows(monkeypatch, seed):
-    from attnlab.moe import MoEFeedForward
-    from attnlab.rwkv import TimeMix
-    from attnlab.ssm import MambaBlock
+    from attnlab.layers.moe import MoEFeedForward
+    from attnlab.layers.rwkv import TimeMix
+    from attnlab.layers.ssm import MambaBlock
 
     monkeypatch.setattr(MoEFeedForward, "expert", off_by_a_little(MoEFeedForward.expert))
     monkeypatch.setattr(MambaBlock, "forward", off_by_a_little(MambaBlock.forward))

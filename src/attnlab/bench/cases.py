@@ -7,9 +7,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from attnlab.attention import MultiHeadAttention
-from attnlab.blocks import Block, BlockConfig
 from attnlab.errors import UserError
+from attnlab.layers.attention import MultiHeadAttention
+from attnlab.layers.blocks import Block, BlockConfig
 from attnlab.models.gpt import GPT, GPTConfig
 
 Step = Callable[[], None]
@@ -85,10 +85,10 @@ def _gpt_steps(spec: dict, device: torch.device) -> tuple[Step, Step]:
 
 def _attention_steps(spec: dict, device: torch.device) -> tuple[Step, Step]:
     """Causal attention alone, forward + backward, q, k, v (B, H, T, d) float32: ``kind`` is
-    explicit (the T×T path), fused (F.scaled_dot_product_attention) or flash (attnlab.flash,
+    explicit (the T×T path), fused (F.scaled_dot_product_attention) or flash (attnlab.layers.flash,
     with tiles of ``spec["block"]``)."""
-    from attnlab.attention import explicit_attention
-    from attnlab.flash import flash_attention
+    from attnlab.layers.attention import explicit_attention
+    from attnlab.layers.flash import flash_attention
 
     kernels = {
         "explicit": lambda q, k, v: explicit_attention(q, k, v, is_causal=True)[0],

@@ -13,12 +13,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnlab.attention import MultiHeadAttention, explicit_attention, scaled_dot_product_attention
 from attnlab.bench.memory import run_isolated
 from attnlab.bench.timing import interleaved, median_ms, paired_ratio
-from attnlab.blocks import Block, BlockConfig
-from attnlab.efficient import LinearAttention, LocalAttention
-from attnlab.flash import flash_attention
+from attnlab.layers.attention import (
+    MultiHeadAttention,
+    explicit_attention,
+    scaled_dot_product_attention,
+)
+from attnlab.layers.blocks import Block, BlockConfig
+from attnlab.layers.efficient import LinearAttention, LocalAttention
+from attnlab.layers.flash import flash_attention
 from attnlab.models.generation import Generation
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.train.optim import build_optimizer
@@ -58,7 +62,7 @@ def bench_kernels(device, rounds: int, T: int, window: int = 128) -> dict:
         "fused": lambda: scaled_dot_product_attention(q, k, v, is_causal=True)[0],
         f"local_w{window}": lambda: local(q, k, v, **kw)[0],
         "linear": lambda: linear(q, k, v, **kw)[0],
-        "flash": lambda: flash_attention(q, k, v, is_causal=True),  # attnlab.flash, by hand
+        "flash": lambda: flash_attention(q, k, v, is_causal=True),  # attnlab.layers.flash, by hand
     }
     samples = interleaved(
         {n: (lambda f=f: f().backward(cot)) for n, f in runs.items()}, rounds, device

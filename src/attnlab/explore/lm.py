@@ -12,10 +12,10 @@ from typing import Any
 
 import torch
 
-from attnlab.attention_record import record_attention
 from attnlab.errors import UserError
 from attnlab.explore.pack import build_group, calls_named
 from attnlab.explore.sources import Source
+from attnlab.layers.attention_record import record_attention
 from attnlab.models.generation import Generation, check_sampling, sample_next
 from attnlab.tasks.lm import encode_prompt
 

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from attnlab.attention_record import AttentionCall
 from attnlab.errors import UserError
+from attnlab.layers.attention_record import AttentionCall
 
 # Raw scores double a group's size; past this many numbers (L·H·Tq·Tk) they are left out and the
 # page says why (a 1,000-token input of a 2-layer, 4-head model is 8 million).

@@ -12,10 +12,10 @@ from typing import Any
 
 import torch
 
-from attnlab.attention_record import record_attention
 from attnlab.errors import UserError
 from attnlab.explore.pack import build_group, calls_named
 from attnlab.explore.sources import Source
+from attnlab.layers.attention_record import record_attention
 from attnlab.models.beam import DecodeSettings, beam_search, greedy_decode
 
 BOS, EOS, UNK = 1, 2, 3

@@ -11,12 +11,12 @@ from typing import Any
 
 import torch
 
-from attnlab.attention_record import record_attention
 from attnlab.data import pad_batch
 from attnlab.data.io import is_blank
 from attnlab.errors import UserError
 from attnlab.explore.pack import build_group, calls_named, rollout
 from attnlab.explore.sources import Source
+from attnlab.layers.attention_record import record_attention
 from attnlab.models.classifier import TextClassifierEnsemble
 
 

@@ -14,12 +14,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab.attention_record import record_attention
-from attnlab.channel import CBAM, ECA, CoordinateAttention, SqueezeExcite
 from attnlab.data.images import normalize
 from attnlab.errors import UserError
 from attnlab.explore.pack import build_group, calls_named, f32, u8
 from attnlab.explore.sources import Source
+from attnlab.layers.attention_record import record_attention
+from attnlab.layers.channel import CBAM, ECA, CoordinateAttention, SqueezeExcite
 from attnlab.models.registry import family_of
 from attnlab.models.vit import attention_rollout
 
@@ -103,7 +103,7 @@ def swin_examples(source: Source, paths: list[str]) -> dict[str, Any]:
     """One example per image: each block's window attention spread over the token grid (one
     group per block, so plain and shifted windows show as different masks), the attention
     each first-stage token receives, the prediction."""
-    from attnlab.attention_record import AttentionCall
+    from attnlab.layers.attention_record import AttentionCall
     from attnlab.models.swin import attention_received, dense_window_attention
 
     run = source.run

@@ -4,7 +4,7 @@ What it changes relative to attnlab's BERT (:mod:`attnlab.models.bert`):
 
 * **factorised embedding** (§3.1): tokens are embedded in E ≪ D dimensions and projected to D,
   V·E + E·D parameters instead of V·D (``AlbertModel.project``);
-* **cross-layer sharing** (§3.1): one post-norm :class:`attnlab.blocks.Block` is applied
+* **cross-layer sharing** (§3.1): one post-norm :class:`attnlab.layers.blocks.Block` is applied
   ``n_layers`` times (``AlbertModel.forward``'s loop), so depth adds compute, not parameters.
 
 The block, the embeddings (word + position + type, LayerNorm) and the [CLS] pooler are BERT's.
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from attnlab.attention import padding_mask
-from attnlab.blocks import Block
+from attnlab.layers.attention import padding_mask
+from attnlab.layers.blocks import Block
 from attnlab.models.bert import BertEmbeddings, init_bert_weights
 from attnlab.models.electra import ElectraConfig, embedding_config
 from attnlab.models.registry import register_model, tokens

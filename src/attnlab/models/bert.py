@@ -16,14 +16,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.attention import Backend, padding_mask
-from attnlab.blocks import Block, BlockConfig, BlockStack, block_setting
 from attnlab.configs import ConfigBase, coerce_value, project, setting
-from attnlab.efficient import AttentionKind
 from attnlab.errors import UserError
+from attnlab.layers.attention import Backend, padding_mask
+from attnlab.layers.blocks import Block, BlockConfig, BlockStack, block_setting
+from attnlab.layers.efficient import AttentionKind
+from attnlab.layers.positions import make_positions
 from attnlab.models.prune import apply_head_counts
 from attnlab.models.registry import register_model, tokens
-from attnlab.positions import make_positions
 
 BertActivation = Literal["gelu", "gelu_tanh", "relu"]  # those a Hugging Face config can name
 # Hugging Face ``hidden_act`` -> attnlab FeedForward activation.

@@ -12,8 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.attention import Backend, padding_mask
-from attnlab.blocks import (
+from attnlab.configs import ConfigBase, project, setting
+from attnlab.errors import UserError
+from attnlab.layers.attention import Backend, padding_mask
+from attnlab.layers.blocks import (
     Activation,
     Block,
     BlockConfig,
@@ -22,12 +24,10 @@ from attnlab.blocks import (
     NormPosition,
     block_setting,
 )
-from attnlab.configs import ConfigBase, project, setting
-from attnlab.efficient import AttentionKind
-from attnlab.errors import UserError
+from attnlab.layers.efficient import AttentionKind
+from attnlab.layers.positions import make_positions
 from attnlab.models.prune import apply_head_counts
 from attnlab.models.registry import register_model, tokens
-from attnlab.positions import make_positions
 
 Position = Literal["sinusoidal", "learned", "rope", "t5", "alibi", "none"]
 Pooling = Literal["mean", "max", "cls"]

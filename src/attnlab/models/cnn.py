@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.channel import ChannelAttentionKind, make_attention
 from attnlab.configs import ConfigBase, setting
+from attnlab.layers.channel import ChannelAttentionKind, make_attention
 from attnlab.models.registry import images, register_model
 
 

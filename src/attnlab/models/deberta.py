@@ -7,7 +7,7 @@ What it changes relative to attnlab's BERT (:mod:`attnlab.models.bert`):
   + k_j·q^r_{δ(j,i)} (position-to-content, "p2c"), all divided by √(3 d) (eq. 4), where
   k^r, q^r are projections of a table of relative-position vectors shared by every layer
   (:class:`DisentangledSelfAttention`, ``c2p``/``p2c`` in ``forward``). The two position terms
-  reach the core :func:`attnlab.attention.scaled_dot_product_attention` as its additive
+  reach the core :func:`attnlab.layers.attention.scaled_dot_product_attention` as its additive
   ``bias``; the softmax, masking and value product are the core's;
 * **relative positions** δ(i, j) = i − j clipped to ±k, and in v2/v3 mapped to
   **log-spaced buckets** beyond ``position_buckets / 2`` (:func:`log_bucket_position`);
@@ -26,10 +26,10 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from attnlab.attention import padding_mask, scaled_dot_product_attention
-from attnlab.blocks import BlockConfig, block_setting, check_heads
 from attnlab.configs import ConfigBase, setting
 from attnlab.errors import UserError
+from attnlab.layers.attention import padding_mask, scaled_dot_product_attention
+from attnlab.layers.blocks import BlockConfig, block_setting, check_heads
 from attnlab.models.bert import BertActivation, init_bert_weights
 from attnlab.models.registry import register_model, tokens
 

@@ -26,9 +26,9 @@ from dataclasses import dataclass, replace
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.attention import padding_mask
-from attnlab.blocks import Block, BlockStack, apply_activation
 from attnlab.configs import setting
+from attnlab.layers.attention import padding_mask
+from attnlab.layers.blocks import Block, BlockStack, apply_activation
 from attnlab.models.bert import BertConfig, BertEmbeddings, init_bert_weights
 from attnlab.models.registry import register_model, tokens
 

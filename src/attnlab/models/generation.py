@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnlab.attention import KVCache
 from attnlab.errors import UserError
+from attnlab.layers.attention import KVCache
 from attnlab.models.gpt import GPT
 from attnlab.quant import Int8KVCache
 

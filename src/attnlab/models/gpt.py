@@ -5,7 +5,7 @@ Positions are learned absolute vectors (GPT-2), rotary (RoPE, LLaMA) or linear a
 (ALiBi); norms LayerNorm or RMSNorm; the feed-forward GELU or SwiGLU; ``n_kv_heads`` < ``n_heads``
 gives grouped-query attention. With ``tie_weights`` the output projection is the token
 embedding matrix (Press & Wolf 2017). Attention runs through PyTorch's fused causal kernel,
-or, with ``attention = "local"`` or ``"linear"``, through :mod:`attnlab.efficient` (sliding
+or, with ``attention = "local"`` or ``"linear"``, through :mod:`attnlab.layers.efficient` (sliding
 window of ``window`` keys and ``n_global`` global tokens, or elu+1 linear attention); each
 kind decodes with its own cache (:meth:`GPT.new_caches`).
 
@@ -26,15 +26,15 @@ projections start at zero, so every block starts as the identity) and ``logit_so
 (logits = c · tanh(logits / c), Gemma 2); an untied head is ``tie_weights = false``.
 
 Mixer and feed-forward: ``mixer = "mamba"`` replaces self-attention in every layer by a Mamba
-block (:mod:`attnlab.ssm`), ``"hybrid"`` in every layer except attn_every, 2·attn_every, ...
+block (:mod:`attnlab.layers.ssm`), ``"hybrid"`` in every layer except attn_every, 2·attn_every, ...
 (1-based), which keep attention (Jamba, Lieber et al. 2024, interleaves the same way); every
 layer keeps its feed-forward sublayer. Settings of attention (pos rope/alibi, qk_norm,
 value_embeddings, the attention kernel) act on the attention layers only, so ``--mixer mamba``
 works on any preset (learned positions are still added to the embeddings). ``ffn = "moe"``
-makes that sublayer a top-k mixture of ``experts`` (:mod:`attnlab.moe`); the load-balancing
+makes that sublayer a top-k mixture of ``experts`` (:mod:`attnlab.layers.moe`); the load-balancing
 and router z-losses of the last forward are :meth:`GPT.aux_loss`, the routing shares
 :meth:`GPT.expert_usage`. ``mixer = "rwkv"`` makes every layer an RWKV-4 layer
-(:mod:`attnlab.rwkv`): the time-mix replaces attention and, with ``ffn = "dense"``, RWKV's
+(:mod:`attnlab.layers.rwkv`): the time-mix replaces attention and, with ``ffn = "dense"``, RWKV's
 channel-mix is the feed-forward (``moe`` puts experts there instead). ``ffn = "none"`` leaves
 the feed-forward sublayer out (Gu & Dao's Mamba LM: the mixer alone in each layer). Decoding
 keeps a KV cache for each attention layer and the recurrent state of each Mamba or RWKV layer.
@@ -55,16 +55,23 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from attnlab.attention import Backend
-from attnlab.blocks import Activation, Block, BlockConfig, BlockStack, NormKind, block_setting
 from attnlab.configs import ConfigBase, project, setting
-from attnlab.efficient import AttentionKind
 from attnlab.errors import UserError
+from attnlab.layers.attention import Backend
+from attnlab.layers.blocks import (
+    Activation,
+    Block,
+    BlockConfig,
+    BlockStack,
+    NormKind,
+    block_setting,
+)
+from attnlab.layers.efficient import AttentionKind
+from attnlab.layers.moe import MoEFeedForward
+from attnlab.layers.positions import LearnedPositionalEmbedding, RopeScaling, make_positions
+from attnlab.layers.rwkv import ChannelMix, RwkvBlock, TimeMix
+from attnlab.layers.ssm import MambaBlock
 from attnlab.models.registry import register_model, tokens
-from attnlab.moe import MoEFeedForward
-from attnlab.positions import LearnedPositionalEmbedding, RopeScaling, make_positions
-from attnlab.rwkv import ChannelMix, RwkvBlock, TimeMix
-from attnlab.ssm import MambaBlock
 
 EMB_STD = 0.02  # GPT-2's init of every Linear and Embedding weight
 

@@ -20,12 +20,19 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from attnlab.blocks import Activation, Block, BlockConfig, BlockStack, NormKind, block_setting
 from attnlab.configs import ConfigBase, setting
 from attnlab.errors import UserError
+from attnlab.layers.blocks import (
+    Activation,
+    Block,
+    BlockConfig,
+    BlockStack,
+    NormKind,
+    block_setting,
+)
+from attnlab.layers.positions import make_positions
 from attnlab.models.registry import images, register_model
 from attnlab.models.vit import ViT, ViTConfig, init_vit_weights
-from attnlab.positions import make_positions
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """Attention-head pruning (Michel, Levy & Neubig 2019, "Are Sixteen Heads Really Better than
-One?"), for any model built from :class:`attnlab.attention.MultiHeadAttention` layers.
+One?"), for any model built from :class:`attnlab.layers.attention.MultiHeadAttention` layers.
 
 * **head mask** ξ (one gate per head, :func:`head_mask`): each head's output is multiplied by
   ξ_h before the output projection, through a pre-hook on ``out_proj`` (attention itself is
@@ -22,8 +22,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab.attention import MultiHeadAttention
 from attnlab.errors import UserError
+from attnlab.layers.attention import MultiHeadAttention
 
 
 def attention_layers(model: nn.Module) -> list[MultiHeadAttention]:

@@ -16,8 +16,10 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from attnlab.attention import Backend, KVCache, padding_mask_from_ids
-from attnlab.blocks import (
+from attnlab.configs import ConfigBase, project, setting
+from attnlab.errors import UserError
+from attnlab.layers.attention import Backend, KVCache, padding_mask_from_ids
+from attnlab.layers.blocks import (
     Activation,
     Block,
     BlockConfig,
@@ -28,11 +30,9 @@ from attnlab.blocks import (
     NormPosition,
     block_setting,
 )
-from attnlab.configs import ConfigBase, project, setting
-from attnlab.efficient import AttentionKind
-from attnlab.errors import UserError
+from attnlab.layers.efficient import AttentionKind
+from attnlab.layers.positions import make_positions
 from attnlab.models.registry import register_model, token_pair
-from attnlab.positions import make_positions
 
 
 @dataclass

@@ -37,8 +37,8 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from attnlab.attention import KVCache
 from attnlab.errors import UserError
+from attnlab.layers.attention import KVCache
 from attnlab.models.generation import check_sampling, new_caches, sampling_probs
 from attnlab.models.gpt import GPT
 from attnlab.quant import Int8KVCache

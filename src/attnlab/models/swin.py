@@ -1,11 +1,11 @@
 """Swin Transformer (Liu et al. 2021): windowed self-attention, shifted windows, patch merging.
 
 What it changes relative to the core pieces: the blocks are pre-norm blocks made of the same
-:class:`attnlab.blocks.BlockConfig` parts as the ViT (``self_attention()``, ``feed_forward()``,
-``make_norm()``), but attention runs inside non-overlapping M × M windows of the token grid
-(§3.2, W-MSA): the grid is cut into windows, each window is a batch row of
-:class:`~attnlab.attention.MultiHeadAttention`, and a learned relative position bias B is added
-to every head's scores, Attention(Q, K, V) = SoftMax(QKᵀ/√d + B)V  (eq. 4), B read from a
+:class:`attnlab.layers.blocks.BlockConfig` parts as the ViT (``self_attention()``,
+``feed_forward()``, ``make_norm()``), but attention runs inside non-overlapping M × M windows of
+the token grid (§3.2, W-MSA): the grid is cut into windows, each window is a batch row of
+:class:`~attnlab.layers.attention.MultiHeadAttention`, and a learned relative position bias B is
+added to every head's scores, Attention(Q, K, V) = SoftMax(QKᵀ/√d + B)V  (eq. 4), B read from a
 table of (2M−1)² entries per head. Every second block shifts the grid by ⌊M/2⌋ before cutting
 (SW-MSA, eq. 3) with a cyclic roll; a boolean mask keeps tokens that were not neighbours before
 the roll from attending to each other. Between stages, patch merging concatenates each 2 × 2
@@ -24,7 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.blocks import (
+from attnlab.configs import ConfigBase, setting
+from attnlab.errors import UserError
+from attnlab.layers.blocks import (
     Activation,
     BlockConfig,
     NormKind,
@@ -32,8 +34,6 @@ from attnlab.blocks import (
     check_dyt_alpha0,
     make_norm,
 )
-from attnlab.configs import ConfigBase, setting
-from attnlab.errors import UserError
 from attnlab.models.registry import images, register_model
 from attnlab.models.vit import PatchEmbedding, init_vit_weights
 

@@ -3,7 +3,7 @@
 What T5 changes relative to attnlab's core encoder-decoder (:mod:`attnlab.models.seq2seq`):
 
 * **no absolute positions**: one learned scalar per (relative-distance bucket, head) is added
-  to the self-attention scores (:class:`attnlab.positions.T5RelativePositionBias`), computed
+  to the self-attention scores (:class:`attnlab.layers.positions.T5RelativePositionBias`), computed
   once per stack and shared by every layer (:meth:`T5.encode`, :meth:`T5.decode`: ``bias=``);
   bidirectional buckets in the encoder, causal ones in the decoder; cross-attention has none;
 * **pre-norm RMSNorm without bias** and no bias in any linear layer (:meth:`T5Config.block_config`);
@@ -24,8 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.attention import KVCache, padding_mask, padding_mask_from_ids
-from attnlab.blocks import (
+from attnlab.configs import ConfigBase, setting
+from attnlab.layers.attention import KVCache, padding_mask, padding_mask_from_ids
+from attnlab.layers.blocks import (
     Block,
     BlockConfig,
     BlockStack,
@@ -34,9 +35,8 @@ from attnlab.blocks import (
     RMSNorm,
     block_setting,
 )
-from attnlab.configs import ConfigBase, setting
+from attnlab.layers.positions import T5RelativePositionBias, make_positions
 from attnlab.models.registry import register_model, token_pair
-from attnlab.positions import T5RelativePositionBias, make_positions
 
 
 @dataclass

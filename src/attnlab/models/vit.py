@@ -20,13 +20,20 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from attnlab.attention import Backend
-from attnlab.blocks import Activation, Block, BlockConfig, BlockStack, NormKind, block_setting
 from attnlab.configs import ConfigBase, project, setting
-from attnlab.efficient import AttentionKind
 from attnlab.errors import UserError
+from attnlab.layers.attention import Backend
+from attnlab.layers.blocks import (
+    Activation,
+    Block,
+    BlockConfig,
+    BlockStack,
+    NormKind,
+    block_setting,
+)
+from attnlab.layers.efficient import AttentionKind
+from attnlab.layers.positions import make_positions, sincos_2d_table
 from attnlab.models.registry import images, register_model
-from attnlab.positions import make_positions, sincos_2d_table
 
 
 @dataclass

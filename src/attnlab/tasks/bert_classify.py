@@ -587,7 +587,7 @@ class BertClassifierRun(Run):
     def attention(self, text: str) -> dict[str, Any]:
         """Pieces, attention (L, H, T, T), the attention each piece receives in the last layer
         (mean over heads and queries) and the prediction for one text."""
-        from attnlab.attention import padding_mask
+        from attnlab.layers.attention import padding_mask
 
         if is_blank(text):
             raise UserError("the text is empty; give some words to look at")

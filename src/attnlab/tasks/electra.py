@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.attention import padding_mask
 from attnlab.configs import ConfigBase, setting, to_dict
 from attnlab.errors import UserError
+from attnlab.layers.attention import padding_mask
 from attnlab.models.bert import BertModel
 from attnlab.models.bert_checkpoint import save_pretrained
 from attnlab.models.electra import (

@@ -73,8 +73,8 @@ def _texts() -> list[str]:
 
 def check_e5_layers(m: Measure) -> None:
     """Every layer's hidden states at the real tokens, a random batch, float64."""
-    from attnlab.attention import padding_mask
     from attnlab.data import pad_batch
+    from attnlab.layers.attention import padding_mask
 
     model, tokenizer, f = _loaded()
     texts = _texts()

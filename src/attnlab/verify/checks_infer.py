@@ -24,7 +24,7 @@ def flash_case(m: Measure, generator: torch.Generator | None = None) -> str:
     def rint(lo: int, hi: int) -> int:
         return int(torch.randint(lo, hi + 1, (), generator=generator))
 
-    from attnlab.flash import flash_attention
+    from attnlab.layers.flash import flash_attention
 
     B, Hkv, groups = rint(1, 3), rint(1, 3), rint(1, 3)
     H = Hkv * groups

@@ -18,14 +18,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention.bias import causal_lower_right
 
-from attnlab.attention import (
+from attnlab.layers.attention import (
     MultiHeadAttention,
     combine_masks,
     from_attn_mask,
     from_key_padding_mask,
     scaled_dot_product_attention,
 )
-from attnlab.blocks import Block, BlockConfig, BlockStack, Decoder, DecoderBlock
+from attnlab.layers.blocks import Block, BlockConfig, BlockStack, Decoder, DecoderBlock
 from attnlab.verify.copy_weights import (
     copy_links,
     decoder_layer_links,

@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from attnlab.attention import MultiHeadAttention
-from attnlab.blocks import Block, BlockStack, DecoderBlock, FeedForward
+from attnlab.layers.attention import MultiHeadAttention
+from attnlab.layers.blocks import Block, BlockStack, DecoderBlock, FeedForward
+from attnlab.layers.moe import MoEFeedForward
+from attnlab.layers.positions import T5RelativePositionBias
+from attnlab.layers.rwkv import ChannelMix, TimeMix
+from attnlab.layers.ssm import MambaBlock
 from attnlab.models.vit import ViT
-from attnlab.moe import MoEFeedForward
-from attnlab.positions import T5RelativePositionBias
-from attnlab.rwkv import ChannelMix, TimeMix
-from attnlab.ssm import MambaBlock
 
 
 def _same(t: Tensor) -> Tensor:

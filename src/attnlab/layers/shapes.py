@@ -1,7 +1,7 @@
 """How every attention path reads its inputs: q, k, v of any rank, and a mask or bias of any
-rank against the scores (…, Tq, Tk). :mod:`attnlab.attention` and the flash kernels
-(:mod:`attnlab.flash`, :mod:`attnlab.flash_triton`) share these rules, so they live below all
-of them.
+rank against the scores (…, Tq, Tk). :mod:`attnlab.layers.attention` and the flash kernels
+(:mod:`attnlab.layers.flash`, :mod:`attnlab.layers.flash_triton`) share these rules, so they
+live below all of them.
 
 The mask rule, one for all of attnlab (any dimension may also be 1):
 

@@ -20,10 +20,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from attnlab.attention import Backend, KVCache, MultiHeadAttention, RotaryHook
 from attnlab.configs import ConfigBase, setting
-from attnlab.efficient import BACKEND_HELP, AttentionKind, check_attention_config, make_kernel
 from attnlab.errors import UserError
+from attnlab.layers.attention import Backend, KVCache, MultiHeadAttention, RotaryHook
+from attnlab.layers.efficient import (
+    BACKEND_HELP,
+    AttentionKind,
+    check_attention_config,
+    make_kernel,
+)
 
 NormKind = Literal["layer", "rms", "dyt"]
 NormPosition = Literal["pre", "post"]
@@ -247,8 +252,8 @@ class Block(nn.Module):
     Bidirectional it is an encoder layer (BERT, ViT); with ``is_causal=True`` it is the
     GPT/LLaMA decoder-only block.
     ``attention`` chooses full, local (sliding ``window``, ``n_global`` global tokens) or
-    linear self-attention (:mod:`attnlab.efficient`), ``backend`` how full attention is computed
-    (explicit, fused, flash, triton); the parameters are the same for all of them.
+    linear self-attention (:mod:`attnlab.layers.efficient`), ``backend`` how full attention is
+    computed (explicit, fused, flash, triton); the parameters are the same for all of them.
     With ``value_embeddings`` the block has a learned gate λ (init 0.5) and its self-attention
     values become v = x W_v + λ · e for the ``values`` e given to forward (modded-nanogpt mixes
     λ₀ v + λ₁ e; λ₀ folds into W_v).

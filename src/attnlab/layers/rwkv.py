@@ -1,7 +1,7 @@
 """RWKV-4 (Peng et al. 2023, "RWKV: Reinventing RNNs for the Transformer Era"): time-mix and
 channel-mix, a sequence mixer and a feed-forward for the GPT (``mixer = "rwkv"``).
 
-What it changes relative to the core block (:class:`attnlab.blocks.Block`): attention is
+What it changes relative to the core block (:class:`attnlab.layers.blocks.Block`): attention is
 replaced by the **time-mix**, a linear-time weighted average over the past with a learned
 per-channel decay, and the MLP by the **channel-mix**; both first mix each input with the
 previous position's ("token shift"). The residual wiring and the norms are the block's; the first
@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.attention_record import channel_groups, is_recording, record_mixer_weights
+from attnlab.layers.attention_record import channel_groups, is_recording, record_mixer_weights
 
 NEG = -1e30  # the running maximum of an empty state (as Hugging Face's); exp(NEG - m) = 0
 
@@ -373,7 +373,7 @@ class RwkvBlock(nn.Module):
     """One RWKV layer: x + TimeMix(norm1(x)), then x + FFN(norm2(x)); the first layer
     normalises its input first (``pre_norm``, RWKV's ln0). ``ff`` is RWKV's ChannelMix, another
     feed-forward (e.g. a mixture of experts, called ``ff(h)``), or None (no FFN sublayer).
-    Called like :class:`attnlab.blocks.Block` (mask, bias and values are for attention
+    Called like :class:`attnlab.layers.blocks.Block` (mask, bias and values are for attention
     and ignored; it returns no attention weights)."""
 
     def __init__(

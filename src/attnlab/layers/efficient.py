@@ -1,12 +1,12 @@
 """Attention for long sequences: sliding-window (local) attention and linear attention.
 
 Both are *kernels*: they take per-head q, k, v (B, H, T, D) like
-:func:`attnlab.attention.scaled_dot_product_attention` and plug into
-:class:`attnlab.attention.MultiHeadAttention` through its ``kernel`` argument (they hold no
+:func:`attnlab.layers.attention.scaled_dot_product_attention` and plug into
+:class:`attnlab.layers.attention.MultiHeadAttention` through its ``kernel`` argument (they hold no
 parameters, so checkpoints are the same as with full attention). :func:`make_kernel` builds one
 from the config switch ``attention = "full" | "local" | "linear"``: *what* is computed. *How*
 full attention is computed (explicit, fused, flash, triton) is the separate ``backend`` switch
-of :func:`attnlab.attention.scaled_dot_product_attention`; local and linear attention compute
+of :func:`attnlab.layers.attention.scaled_dot_product_attention`; local and linear attention compute
 their own way and take only the default backend.
 
 **Local attention** (sliding window; Child et al. 2019 §4, Beltagy et al. 2020 "Longformer"
@@ -42,15 +42,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab.attention import (
+from attnlab.errors import UserError
+from attnlab.layers.attention import (
     BACKENDS,
     AttentionKernel,
     combine_masks,
     scaled_dot_product_attention,
 )
-from attnlab.attention_record import is_recording
-from attnlab.errors import UserError
-from attnlab.shapes import normalize_mask
+from attnlab.layers.attention_record import is_recording
+from attnlab.layers.shapes import normalize_mask
 
 AttentionKind = Literal["full", "local", "linear"]
 ATTENTION_KINDS: tuple[str, ...] = get_args(AttentionKind)

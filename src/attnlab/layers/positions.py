@@ -2,7 +2,7 @@
 
 Absolute encodings are added to the token embeddings: ``forward(x, offset)`` returns
 ``x + P[offset : offset + T]``. RoPE rotates per-head queries and keys inside attention
-(it plugs into :class:`attnlab.attention.MultiHeadAttention` as its ``rotary`` hook). T5 and
+(it plugs into :class:`attnlab.layers.attention.MultiHeadAttention` as its ``rotary`` hook). T5 and
 ALiBi produce an additive score bias (1, H, Tq, Tk) passed to attention as ``bias=``.
 ViT's fixed 2-D sine-cosine grid is absolute too. :func:`make_positions` builds any of them
 from a config's ``pos`` choice; every model gets its positional modules from it.

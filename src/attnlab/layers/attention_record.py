@@ -3,12 +3,12 @@
 ``with record_attention(model) as rec: model(x)`` leaves in ``rec.calls`` one
 :class:`AttentionCall` per attention computed, in order, each labelled with the name of the
 attention module in ``model`` that made it. While a recorder is active every attention call
-takes the explicit path of :mod:`attnlab.attention` (the only one that forms the weights) and
+takes the explicit path of :mod:`attnlab.layers.attention` (the only one that forms the weights) and
 hands its scores and weights to :func:`record_call`; sequence mixers whose attention is implicit
 (RWKV, Mamba) hand theirs to :func:`record_mixer_weights`. One recorder at a time.
 
 A module is an attention module when its class sets ``is_attention = True``
-(:class:`attnlab.attention.MultiHeadAttention` does, and so do the mixers above).
+(:class:`attnlab.layers.attention.MultiHeadAttention` does, and so do the mixers above).
 """
 
 from __future__ import annotations

@@ -32,8 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.blocks import Activation, apply_activation
 from attnlab.errors import UserError
+from attnlab.layers.blocks import Activation, apply_activation
 
 EXPERT_ACTIVATIONS: tuple[str, ...] = get_args(Activation)  # those of a dense FeedForward
 

@@ -23,15 +23,15 @@ recomputed as P = exp(S − L) and
     dV_j += Pᵀ dO_i,   dP = dO_i V_jᵀ,   dS = P ∘ (dP − D_i),
     dQ_i += dS K_j · scale,   dK_j += dSᵀ Q_i · scale.
 
-Conventions are those of :func:`attnlab.attention.scaled_dot_product_attention`: q, k, v of
+Conventions are those of :func:`attnlab.layers.attention.scaled_dot_product_attention`: q, k, v of
 shape (…, T, d) with any leading dimensions (the third from the end is the head dimension when
 there are four or more, and k, v may have fewer heads: grouped-query attention, by repeating
 each key/value head), a boolean ``mask`` where True means *may attend* read by
-:func:`attnlab.shapes.normalize_mask`, ``is_causal`` aligned bottom-right, and a row with
+:func:`attnlab.layers.shapes.normalize_mask`, ``is_causal`` aligned bottom-right, and a row with
 nothing to attend to gives zeros and zero gradients. Tiles entirely above the causal diagonal
 are skipped. This is the algorithm, written in PyTorch tensor operations; it is memory-lean, not
 fast (a loop over tiles in Python), which is why the fused kernel stays the default. Models
-reach it as the ``"flash"`` backend of :func:`attnlab.attention.scaled_dot_product_attention`
+reach it as the ``"flash"`` backend of :func:`attnlab.layers.attention.scaled_dot_product_attention`
 (``backend = "flash"`` in a model config); calls with an additive bias or dropout then run on
 the fused kernel.
 """
@@ -44,7 +44,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnlab.shapes import as_4d, check_mask, check_qkv
+from attnlab.layers.shapes import as_4d, check_mask, check_qkv
 
 BLOCK_Q = 128
 BLOCK_K = 128

@@ -1,4 +1,4 @@
-"""FlashAttention's forward as a Triton kernel: the algorithm of :mod:`attnlab.flash` (the
+"""FlashAttention's forward as a Triton kernel: the algorithm of :mod:`attnlab.layers.flash` (the
 FlashAttention-2 forward, Dao 2023, Algorithm 1) in one GPU program per query block.
 
 One program owns ``block_q`` query rows of one (batch, head). It loads its query tile once, then
@@ -13,21 +13,21 @@ sum ℓ and an unnormalised output O in float32 registers:
 (base 2 instead of e: the same identity with the factor log₂e folded into the scale, as the
 hardware's exp2 is the cheap one). After the last block it writes O / ℓ and the log-sum-exp
 L = (m + log₂ ℓ) · ln 2 of every row; a row with nothing to attend to keeps ℓ = 0 and is
-written as zeros with L = −∞ (the documented rule of :mod:`attnlab.flash`). Under ``is_causal``
-the loop stops at the last key block that reaches the diagonal. Why one rescale per block is
-exact: docs/inference.md.
+written as zeros with L = −∞ (the documented rule of :mod:`attnlab.layers.flash`). Under
+``is_causal`` the loop stops at the last key block that reaches the diagonal. Why one rescale
+per block is exact: docs/inference.md.
 
-Conventions are those of :func:`attnlab.flash.flash_attention`: q, k, v of shape (…, T, d)
+Conventions are those of :func:`attnlab.layers.flash.flash_attention`: q, k, v of shape (…, T, d)
 with any leading dimensions (the third from the end is the head dimension with four or more;
 k, v may have fewer heads: grouped-query attention, as if each key/value head were repeated:
 the kernel reads key/value head h // (H / Hkv) instead of copying), a boolean ``mask`` where
-True means *may attend* read by :func:`attnlab.shapes.normalize_mask`, ``is_causal``
+True means *may attend* read by :func:`attnlab.layers.shapes.normalize_mask`, ``is_causal``
 aligned bottom-right, ``scale`` (default 1/√d), block sizes as arguments (powers of two >= 16,
 as ``tl.dot`` needs; T need not be a multiple). Inputs float32, bfloat16 or float16; the
 matmuls accumulate in float32, and float32 inputs are multiplied in IEEE float32 (not TF32)
 unless ``allow_tf32=True``.
 
-The forward is the Triton kernel. The backward is :mod:`attnlab.flash`'s recomputation
+The forward is the Triton kernel. The backward is :mod:`attnlab.layers.flash`'s recomputation
 backward in PyTorch tensor operations (it needs only q, k, v, O and L, all of which the kernel
 leaves), so gradients are exact but not fast.
 
@@ -40,7 +40,7 @@ the interpreter bfloat16 tiles are widened to float32 before ``tl.dot`` (the sam
 bfloat16 product is exact in float32). Its speed on a GPU is measured by
 ``scripts/gpu_check.sh`` (stage ``flash_triton``, ``benchmarks/flash_triton.py``).
 Models reach it as the ``"triton"`` backend of
-:func:`attnlab.attention.scaled_dot_product_attention` (``backend = "triton"`` in a model
+:func:`attnlab.layers.attention.scaled_dot_product_attention` (``backend = "triton"`` in a model
 config; CUDA only).
 """
 
@@ -53,7 +53,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnlab.shapes import as_4d, check_mask, check_qkv
+from attnlab.layers.shapes import as_4d, check_mask, check_qkv
 
 BLOCK_Q = 64
 BLOCK_K = 64
@@ -111,11 +111,11 @@ def flash_attention_triton(
 ) -> Tensor | tuple[Tensor, Tensor]:
     """softmax(Q Kᵀ · scale, masked) V by the Triton kernel (module docstring); (…, Tq, Dv).
 
-    Arguments as :func:`attnlab.flash.flash_attention`. ``return_lse``: also return the
+    Arguments as :func:`attnlab.layers.flash.flash_attention`. ``return_lse``: also return the
     log-sum-exp of every row, float32 of shape (…, Tq) (−∞ for a row with nothing to attend
     to). ``allow_tf32``: let float32 matmuls use TF32 on GPUs that have it (faster, ~1e-3
     relative). ``num_warps``/``num_stages``: Triton launch settings. Differentiable in q, k, v
-    (backward by recomputation in PyTorch, :mod:`attnlab.flash`). Raises ValueError on inputs
+    (backward by recomputation in PyTorch, :mod:`attnlab.layers.flash`). Raises ValueError on inputs
     it does not take, RuntimeError without triton, or for CPU tensors outside the interpreter.
     """
     check_qkv(q, k, v, is_causal)
@@ -125,7 +125,7 @@ def flash_attention_triton(
     if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(
             "the Triton kernel takes q, k, v of one dtype among float32, bfloat16, float16; got "
-            f"{q.dtype}, {k.dtype}, {v.dtype} (attnlab.flash.flash_attention takes float64)"
+            f"{q.dtype}, {k.dtype}, {v.dtype} (attnlab.layers.flash.flash_attention takes float64)"
         )
     n, Tk = q.dim(), k.shape[-2]
     if mask is not None:
@@ -147,7 +147,8 @@ def flash_attention_triton(
         raise RuntimeError(
             f"the Triton kernel runs on CUDA tensors; got {device} tensors. On the CPU it runs "
             "only under Triton's interpreter: set TRITON_INTERPRET=1 before the first call (slow: "
-            "for testing). attnlab.flash.flash_attention is the PyTorch version for any device"
+            "for testing). attnlab.layers.flash.flash_attention is the PyTorch version for any "
+            "device"
         )
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     settings = (is_causal, scale, block_q, block_k, allow_tf32, num_warps, num_stages, interpret)
@@ -211,7 +212,8 @@ def _constexprs(
 
 
 class _FlashTriton(torch.autograd.Function):
-    """Forward: the Triton kernel. Backward: attnlab.flash's recomputation from q, k, v, O, L."""
+    """Forward: the Triton kernel. Backward: attnlab.layers.flash's recomputation from q, k, v,
+    O, L."""
 
     @staticmethod
     def forward(
@@ -225,7 +227,7 @@ class _FlashTriton(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, d_out: Tensor, _d_lse: Tensor | None) -> tuple[Tensor | None, ...]:
-        from attnlab.flash import _Flash
+        from attnlab.layers.flash import _Flash
 
         has_mask, causal, scale, block_q, block_k, *_ = ctx.settings
         q, k, v, out, lse, *rest = ctx.saved_tensors

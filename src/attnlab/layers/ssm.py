@@ -18,7 +18,7 @@ Two scans compute the same recurrence: :func:`selective_scan_sequential`, a plai
 chunks that all advance together, one fused multiply-add per step for every chunk at once, the
 states entering the chunks joined by a short loop over chunks, a hand-written backward that
 recomputes the states). On the CPU the block's chunked scan runs as one fused C++ kernel
-instead, the same function (:mod:`attnlab.ssm_cpp`; ``ATTNLAB_EAGER_SCAN=1`` keeps the eager
+instead, the same function (:mod:`attnlab.layers.ssm_cpp`; ``ATTNLAB_EAGER_SCAN=1`` keeps the eager
 scan). Decoding runs the
 block one token at a time from a :class:`MambaCache` (the last d_conv − 1 conv inputs and the
 state h), so each new token costs the same whatever the length so far. A Mamba language model
@@ -36,8 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.attention_record import channel_groups, is_recording, record_mixer_weights
-from attnlab.ssm_cpp import selective_scan_compiled, usable
+from attnlab.layers.attention_record import channel_groups, is_recording, record_mixer_weights
+from attnlab.layers.ssm_cpp import selective_scan_compiled, usable
 
 SCANS = ("chunked", "sequential")
 LOG2E = math.log2(math.e)  # exp(x) = 2^(x log₂e)
@@ -633,7 +633,7 @@ def selective_scan_fast(
     chunk: int = 0,
 ) -> tuple[Tensor, Tensor]:
     """The scan the block's ``scan = "chunked"`` runs: the fused C++ kernel
-    (:mod:`attnlab.ssm_cpp`) for CPU float32/float64 tensors when it built and
+    (:mod:`attnlab.layers.ssm_cpp`) for CPU float32/float64 tensors when it built and
     ``ATTNLAB_EAGER_SCAN=1`` is not set, else :func:`selective_scan_chunked`. Both compute the
     function of :func:`selective_scan_sequential`; same shapes in and out."""
     _check_scan_shapes(x, delta, A, B, C)

@@ -6,14 +6,14 @@ Read top to bottom:
 1. :func:`explicit_attention`: eq. 1, one line per step, on per-head tensors (B, H, T, Dh).
 2. :func:`scaled_dot_product_attention`: the one entry point the models call. It takes any
    rank, reads the mask, and computes the same numbers by one of four **backends** (the *how*;
-   *what* is computed, full, local or linear attention, is :mod:`attnlab.efficient`'s):
+   *what* is computed, full, local or linear attention, is :mod:`attnlab.layers.efficient`'s):
 
    * ``"explicit"``: :func:`explicit_attention`, the textbook steps; the only one that forms the
      weights, so ``need_weights=True`` and an active recorder
-     (:class:`attnlab.attention_record.record_attention`) always take it;
+     (:class:`attnlab.layers.attention_record.record_attention`) always take it;
    * ``"fused"`` (the default): PyTorch's ``F.scaled_dot_product_attention``;
-   * ``"flash"``: attnlab's FlashAttention written by hand (:mod:`attnlab.flash`);
-   * ``"triton"``: its forward as a Triton kernel (:mod:`attnlab.flash_triton`, CUDA).
+   * ``"flash"``: attnlab's FlashAttention written by hand (:mod:`attnlab.layers.flash`);
+   * ``"triton"``: its forward as a Triton kernel (:mod:`attnlab.layers.flash_triton`, CUDA).
 
    The flash kernels take no additive bias and no dropout: a call with either runs on the fused
    kernel instead.
@@ -21,7 +21,7 @@ Read top to bottom:
    *may attend*, broadcastable to (B, H, Tq, Tk): 2-D (Tq, Tk) is shared by all, 3-D
    (B, Tq, Tk) is per sample, 4-D (B, H, Tq, Tk) per sample and head (a key padding mask is
    (B, 1, 1, Tk)); anything else is refused with a message saying how to reshape
-   (:func:`attnlab.shapes.normalize_mask`, the rule in full). PyTorch's ``key_padding_mask``
+   (:func:`attnlab.layers.shapes.normalize_mask`, the rule in full). PyTorch's ``key_padding_mask``
    and boolean ``attn_mask`` use the opposite sense (True = ignore): convert them at the
    boundary with :func:`from_key_padding_mask` and :func:`from_attn_mask`. A query row with
    nothing to attend to yields zeros (and zero gradients), never NaN, as
@@ -41,10 +41,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.attention_record import is_recording, record_call
-from attnlab.flash import flash_attention
-from attnlab.flash_triton import flash_attention_triton
-from attnlab.shapes import as_4d, check_mask, check_qkv, normalize_mask
+from attnlab.layers.attention_record import is_recording, record_call
+from attnlab.layers.flash import flash_attention
+from attnlab.layers.flash_triton import flash_attention_triton
+from attnlab.layers.shapes import as_4d, check_mask, check_qkv, normalize_mask
 
 # --------------------------------------------------------------------------- attention, explicitly
 
@@ -121,11 +121,11 @@ def scaled_dot_product_attention(
     With four or more dimensions the third from the end is the head dimension and k, v may have
     fewer heads Hkv than q's H, H a multiple of Hkv (grouped-query attention); every other
     leading dimension must agree. mask: bool, True = may attend, read by
-    :func:`attnlab.shapes.normalize_mask` (2-D (Tq, Tk) shared, 3-D (B, Tq, Tk) per sample, or
-    q's rank). bias: additive float scores, read by the same rule. Returns (output (…, Tq, Dv),
-    weights (…, Tq, Tk) or None). ``backend``: the module docstring; every backend gives the
-    same numbers, and weights come from ``"explicit"``, which ``need_weights`` or an active
-    recorder choose whatever ``backend`` says.
+    :func:`attnlab.layers.shapes.normalize_mask` (2-D (Tq, Tk) shared, 3-D (B, Tq, Tk) per
+    sample, or q's rank). bias: additive float scores, read by the same rule. Returns (output
+    (…, Tq, Dv), weights (…, Tq, Tk) or None). ``backend``: the module docstring; every backend
+    gives the same numbers, and weights come from ``"explicit"``, which ``need_weights`` or an
+    active recorder choose whatever ``backend`` says.
     """
     check_qkv(q, k, v, is_causal)
     if backend not in BACKENDS:
@@ -362,7 +362,7 @@ RotaryHook = Callable[[Tensor, Tensor, int], tuple[Tensor, Tensor]]
 
 
 class AttentionKernel(Protocol):
-    """Self-attention other than full softmax attention (``attnlab.efficient`` builds them).
+    """Self-attention other than full softmax attention (``attnlab.layers.efficient`` builds them).
 
     Called with per-head q (B, H, Tq, D), k, v (B, Hkv, Tk, D) instead of
     :func:`scaled_dot_product_attention`; it owns its decoding cache (``new_cache``), which it
@@ -397,7 +397,8 @@ class MultiHeadAttention(nn.Module):
     ``rotary`` is an optional hook ``(q, k, offset) -> (q, k)`` applied to the per-head queries
     and keys (RoPE); an additive ``bias`` passed to :meth:`forward` carries relative positions.
     ``kernel`` replaces full attention in self-attention (local or linear attention, from
-    :func:`attnlab.efficient.make_kernel`); the parameters, and so checkpoints, stay the same.
+    :func:`attnlab.layers.efficient.make_kernel`); the parameters, and so checkpoints, stay the
+    same.
     ``backend`` says how full attention (self and cross) is computed: explicit, fused, flash or
     triton (:func:`scaled_dot_product_attention`).
     ``q_norm``/``k_norm`` (QK-norm, e.g. RMSNorm over Dh as in Qwen3) normalise each

@@ -1,6 +1,6 @@
 """The selective scan as one fused CPU kernel, written by hand in C++.
 
-The same function as :func:`attnlab.ssm.selective_scan_sequential` (Gu & Dao 2023, eq. 2 with
+The same function as :func:`attnlab.layers.ssm.selective_scan_sequential` (Gu & Dao 2023, eq. 2 with
 zero-order hold on A and Euler on B): h_t = exp(Δ_t A) ⊙ h_{t−1} + Δ_t x_t B_t, y_t = C_t h_t,
 from h0 (zeros when None), returning y (batch, T, D) and the last state h_T (batch, D, N).
 
@@ -18,7 +18,7 @@ autocast, so bf16/fp16 models reach it upcast).
 
 It is compiled with ``torch.utils.cpp_extension.load_inline`` (-O3) on first use and cached in
 torch's extensions directory (~75 s the first time). If the build fails (no compiler, no
-libmvec), one line on stderr says so and why, and :mod:`attnlab.ssm` runs its eager chunked
+libmvec), one line on stderr says so and why, and :mod:`attnlab.layers.ssm` runs its eager chunked
 scan instead: the same function. ``ATTNLAB_EAGER_SCAN=1`` in the environment forces the eager
 scan (read at every call).
 """
@@ -381,8 +381,8 @@ def selective_scan_compiled(
     x: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, h0: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
     """The selective scan by the fused kernel; same shapes in and out as
-    :func:`attnlab.ssm.selective_scan_sequential` (the caller checks them). h0 None: zeros, and
-    no gradient for it."""
+    :func:`attnlab.layers.ssm.selective_scan_sequential` (the caller checks them). h0 None:
+    zeros, and no gradient for it."""
     if h0 is None:
         h0 = x.new_zeros(x.shape[0], x.shape[2], A.shape[1])  # (b, D, N)
     dtype = x.dtype
