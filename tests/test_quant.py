@@ -1,5 +1,5 @@
-"""attnlab.quant: int8 weights equal torch.ao's per-channel int8 weights; the int8 matmul stays
-within the bound its scales imply (weight-only and dynamic activations); beside
+"""attnlab.compress.int8: int8 weights equal torch.ao's per-channel int8 weights; the int8 matmul
+stays within the bound its scales imply (weight-only and dynamic activations); beside
 torch.ao.quantization.quantize_dynamic on the same model; a quantised model saves and loads."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from attnlab.quant import (
+from attnlab.compress.int8 import (
     EPS,
     Int8Linear,
     dynamic_bound,

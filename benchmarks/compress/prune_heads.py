@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from attnlab.models.prune import head_importance, heads_to_remove, prune_heads
+from attnlab.compress.heads import head_importance, heads_to_remove, prune_heads
 from attnlab.tasks.prune import (
     accuracy,
     batches,

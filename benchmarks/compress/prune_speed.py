@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from attnlab.models.prune import heads_to_remove, prune_heads
+from attnlab.compress.heads import heads_to_remove, prune_heads
 from benchmarks import common
 from benchmarks.compress.prune_heads import test_batches, timing_batch
 
@@ -74,8 +74,8 @@ def minilm_rows(rounds: int) -> dict:
     from prune_minilm import batches
 
     from attnlab.data.english_sentiment import balanced_subsample, load_pang_lee
+    from attnlab.interop.hf_bert import load_pretrained
     from attnlab.models.bert import BertClassifier
-    from attnlab.models.bert_checkpoint import load_pretrained
 
     saved = json.loads(Path("docs/results/prune_heads_minilm.json").read_text())
     encoder, _, tokenizer, _ = load_pretrained("minilm")

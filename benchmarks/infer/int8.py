@@ -11,7 +11,7 @@ Runs measured (trained here unless --work / --lm already hold them, one thread):
 * translate: `attnlab train translate --config copy` (the synthetic copy task) for
   --translate-steps steps; quality = test BLEU and chrF (greedy; no latency row).
 Each variant is the same loaded model: fp32; bf16 (``model.to(torch.bfloat16)``); attnlab int8
-weight-only and dynamic (`attnlab quantize`'s layers, :func:`attnlab.quant.quantize_model`);
+weight-only and dynamic (`attnlab quantize`'s layers, :func:`attnlab.compress.int8.quantize_model`);
 torch.ao dynamic int8 (``quantize_dynamic(model, {nn.Linear}, qint8)``). Size on disk: the
 weights file as `attnlab quantize` writes it (safetensors), bf16 as safetensors, torch.ao's
 state dict with torch.save (its packed weights have no safetensors form). Latency: median of
@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from attnlab.quant import quantize_model
+from attnlab.compress.int8 import quantize_model
 from attnlab.tasks import runner
 from attnlab.tasks.runs import load_run
 from attnlab.train.checkpoint import save_weights

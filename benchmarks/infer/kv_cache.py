@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.data.text_lm import eval_starts, open_tokens
-from attnlab.models.generation import Generation, new_caches
+from attnlab.infer.generation import Generation, new_caches
 from attnlab.tasks.runs import load_run
 from benchmarks import common
 

@@ -27,8 +27,8 @@ import numpy as np
 import torch
 
 from attnlab.data.text_lm import open_tokens
-from attnlab.models.generation import Generation, sample_next
-from attnlab.models.speculative import ModelDrafter, NgramDrafter, speculative_decode
+from attnlab.infer.generation import Generation, sample_next
+from attnlab.infer.speculative import ModelDrafter, NgramDrafter, speculative_decode
 from attnlab.tasks import runner
 from attnlab.tasks.lm import LMRun
 from benchmarks import common

@@ -31,7 +31,7 @@ import transformers
 from torch import nn
 
 from attnlab.bench import suites
-from attnlab.models.generation import Generation, sample_next
+from attnlab.infer.generation import Generation, sample_next
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.train.optim import build_optimizer
 from benchmarks import common

@@ -325,7 +325,7 @@ def _run_generate(args: argparse.Namespace) -> int:
     run = LMRun.load(args.run, args.device)
     drafter = _drafter(args, run)
     if not args.no_cache:
-        from attnlab.models.generation import new_caches
+        from attnlab.infer.generation import new_caches
 
         new_caches(run.model, args.kv_cache)  # refused before anything is printed
     prompt = default_prompt(run.tokenizer) if args.prompt is None else args.prompt
@@ -379,7 +379,7 @@ def _run_generate(args: argparse.Namespace) -> int:
 
 def _drafter(args: argparse.Namespace, run: Any) -> Any:
     """The speculative drafter --draft / --prompt-lookup ask for, or None."""
-    from attnlab.models.speculative import (
+    from attnlab.infer.speculative import (
         ModelDrafter,
         NgramDrafter,
         check_draft,

@@ -21,8 +21,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
+from attnlab.compress.int8 import prepare_for_int8_weights
 from attnlab.errors import UserError
-from attnlab.quant import prepare_for_int8_weights
 
 CHECKSUM_KEY = "attnlab_sha256"
 

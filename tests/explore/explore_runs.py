@@ -100,8 +100,8 @@ def bert_classifier_run(root: Path) -> Path:
     """A fine-tuned-BERT run folder: MiniLM's WordPiece vocabulary, a tiny random encoder."""
     from attnlab.data import LabelVocab
     from attnlab.data.wordpiece import WordPieceTokenizer
+    from attnlab.interop.hf_bert import resolve_checkpoint
     from attnlab.models.bert import BertClassifier, BertConfig
-    from attnlab.models.bert_checkpoint import resolve_checkpoint
 
     tok = WordPieceTokenizer.from_dir(resolve_checkpoint("minilm"))
     run, cfg = _folder(root, "bert_classify", "bert_classify", {"pooling": "cls"})

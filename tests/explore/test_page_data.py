@@ -201,7 +201,7 @@ def test_cnn_page_gates_equal_the_modules(runs, tmp_path, kind):
 
 def test_minilm_page_equals_our_bert_and_hugging_face(tmp_path):
     transformers = pytest.importorskip("transformers")
-    from attnlab.models.bert_checkpoint import resolve_checkpoint
+    from attnlab.interop.hf_bert import resolve_checkpoint
 
     texts = ["The cat sat on the mat.", "A dog barked loudly at the passing mail van."]
     source = load_source("minilm")

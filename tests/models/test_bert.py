@@ -41,15 +41,20 @@ from attnlab.data.english_sentiment import (
 from attnlab.data.mlm import mask_tokens
 from attnlab.data.wordpiece import SPECIALS, WordPieceTokenizer
 from attnlab.errors import UserError
-from attnlab.models.bert import BertConfig, BertForMaskedLM, BertModel, mean_pool
-from attnlab.models.bert_checkpoint import (
-    MLM_NAMES,
-    POOLER_NAMES,
-    encoder_names,
+from attnlab.interop.hf_bert import (
     hf_state,
     load_pretrained,
     resolve_checkpoint,
     save_pretrained,
+)
+from attnlab.models.bert import (
+    MLM_NAMES,
+    POOLER_NAMES,
+    BertConfig,
+    BertForMaskedLM,
+    BertModel,
+    encoder_names,
+    mean_pool,
 )
 from attnlab.verify.checks_minilm import SENTENCES
 

@@ -1,4 +1,4 @@
-"""Decoding caches of attnlab.models.generation: the float KV cache gives the logits of
+"""Decoding caches of attnlab.infer.generation: the float KV cache gives the logits of
 uncached decoding (float64, to 1e-12) and so the same greedy tokens; the int8 KV cache holds
 keys and values within the bound of its per-token, per-head scales, and decodes close to the
 float cache; a --kv-cache that does not exist or does not apply is refused."""
@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from attnlab.compress.int8 import Int8KVCache, quantize_per_head_token
 from attnlab.errors import UserError
-from attnlab.models.generation import Generation, new_caches
+from attnlab.infer.generation import Generation, new_caches
 from attnlab.models.gpt import GPT, GPTConfig
-from attnlab.quant import Int8KVCache, quantize_per_head_token
 
 
 def gpt(**kw) -> GPT:

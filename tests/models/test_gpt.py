@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from _device import DEVICE
-from attnlab.models.generation import Generation, sample_next
+from attnlab.infer.generation import Generation, sample_next
+from attnlab.interop.hf_gpt2 import config_to_hf, load_hf_gpt2, save_hf_gpt2
 from attnlab.models.gpt import GPT, GPTConfig
-from attnlab.models.gpt_hf import config_to_hf, load_hf_gpt2, save_hf_gpt2
 from attnlab.train import load_weights, save_weights
 from attnlab.verify.checks_hf import scramble
 from attnlab.verify.copy_weights import copy_links, llama_gpt_links

@@ -21,9 +21,9 @@ import pytest
 import torch
 from torch import nn
 
+from attnlab.infer.generation import Generation, sample_next
 from attnlab.layers.moe import MoEFeedForward
 from attnlab.layers.ssm import MambaBlock
-from attnlab.models.generation import Generation, sample_next
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.tasks.lm import lm_step
 from attnlab.tasks.sections import PRESETS

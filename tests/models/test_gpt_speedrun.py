@@ -22,11 +22,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from attnlab.infer.generation import Generation, sample_next
+from attnlab.interop.hf_gpt2 import config_to_hf
 from attnlab.layers.blocks import Block, BlockConfig, FeedForward
 from attnlab.layers.positions import RotaryEmbedding
-from attnlab.models.generation import Generation, sample_next
 from attnlab.models.gpt import GPT, GPTConfig
-from attnlab.models.gpt_hf import config_to_hf
 from attnlab.train import load_weights, save_weights
 from attnlab.verify.checks_hf import scramble
 from attnlab.verify.copy_weights import copy_links, llama_gpt_links

@@ -6,15 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnlab.models.bert import BertConfig, BertModel
-from attnlab.models.classifier import ClassifierConfig, TextClassifier
-from attnlab.models.prune import (
+from attnlab.compress.heads import (
     attention_layers,
     head_importance,
     head_mask,
     heads_to_remove,
     prune_heads,
 )
+from attnlab.models.bert import BertConfig, BertModel
+from attnlab.models.classifier import ClassifierConfig, TextClassifier
 
 F64 = torch.float64
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from attnlab.models.beam import DecodeSettings, beam_search, greedy_decode, length_penalty
+from attnlab.infer.beam import DecodeSettings, beam_search, greedy_decode, length_penalty
 from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
 from attnlab.verify.copy_weights import assert_grads_match, copy_links, transformer_links
 

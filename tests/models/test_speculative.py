@@ -1,4 +1,4 @@
-"""Speculative decoding (attnlab.models.speculative) is exact.
+"""Speculative decoding (attnlab.infer.speculative) is exact.
 
 * temperature 0: identical, token for token, to the target's own greedy decoding (plain
   cached Generation) over many prompts, lengths, K, with a draft model and with prompt lookup,
@@ -21,13 +21,13 @@ import pytest
 import torch
 
 from attnlab.errors import UserError
-from attnlab.models.generation import Generation, sampling_probs
-from attnlab.models.gpt import GPT, GPTConfig
-from attnlab.models.speculative import (
+from attnlab.infer.generation import Generation, sampling_probs
+from attnlab.infer.speculative import (
     ModelDrafter,
     NgramDrafter,
     speculative_decode,
 )
+from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.verify.checks_infer import plain_greedy, speculative_greedy_case
 from attnlab.verify.runner import Measure
 
@@ -117,7 +117,7 @@ def test_sampled_tokens_are_distributed_as_the_target(mode: str) -> None:
 
 def test_greedy_equals_hugging_face_assisted_generation() -> None:
     transformers = pytest.importorskip("transformers")
-    from attnlab.models.gpt_hf import load_hf_gpt2
+    from attnlab.interop.hf_gpt2 import load_hf_gpt2
 
     def hf_gpt2(layers: int, seed: int):
         torch.manual_seed(seed)
@@ -151,7 +151,7 @@ def test_greedy_equals_hugging_face_assisted_generation() -> None:
 
 
 def test_bad_input_is_refused() -> None:
-    from attnlab.models.speculative import check_draft
+    from attnlab.infer.speculative import check_draft
 
     target, other = gpt(11, 1, 16, 0), gpt(12, 1, 16, 0)
     with pytest.raises(UserError, match="vocabulary"):

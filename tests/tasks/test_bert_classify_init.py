@@ -55,7 +55,7 @@ def test_fine_tune_the_directory_on_the_bundled_reviews_then_predict(checkpoint,
 
 
 def test_the_run_starts_from_the_checkpoints_encoder_and_tokenizer(checkpoint, tmp_path):
-    from attnlab.models.bert_checkpoint import load_pretrained
+    from attnlab.interop.hf_bert import load_pretrained
     from attnlab.tasks.bert_classify import BertClassifierRun
 
     out = tmp_path / "ft0"

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from attnlab.cli import main
-from attnlab.models.bert_checkpoint import load_pretrained
+from attnlab.interop.hf_bert import load_pretrained
 from attnlab.tasks import runner
 
 os.environ["HF_HUB_OFFLINE"] = "1"

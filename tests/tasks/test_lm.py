@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from attnlab.cli import main
-from attnlab.models.gpt_hf import save_hf_gpt2
+from attnlab.interop.hf_gpt2 import save_hf_gpt2
 from attnlab.tasks import lm, runner
 from attnlab.tasks.lm import LMRun, build_config, generate_text
 from attnlab.train import load_weights

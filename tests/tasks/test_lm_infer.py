@@ -68,8 +68,8 @@ def test_speculative_bad_input_exits_2_and_prints_nothing(runs, tmp_path, capsys
     assert main([*generate(str(target)), "--draft", str(other)]) == 2
     out = capsys.readouterr()
     assert "another tokenizer" in out.err and out.out == ""
+    from attnlab.interop.hf_gpt2 import save_hf_gpt2
     from attnlab.models.gpt import GPT, GPTConfig
-    from attnlab.models.gpt_hf import save_hf_gpt2
 
     save_hf_gpt2(GPT(GPTConfig(vocab_size=50257, context=16, n_layers=1, n_heads=2,
                                d_model=16)), tmp_path / "gpt2")  # fmt: skip

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "explore"))
 import explore_runs  # noqa: E402  (tiny run folders of every kind)
 
 from attnlab.cli import main  # noqa: E402
-from attnlab.quant import Int8Linear  # noqa: E402
+from attnlab.compress.int8 import Int8Linear  # noqa: E402
 from attnlab.tasks import runner  # noqa: E402
 from attnlab.tasks.runs import load_run  # noqa: E402
 

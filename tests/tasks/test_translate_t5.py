@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from attnlab.cli import main
-from attnlab.models.beam import DecodeSettings, beam_search, greedy_decode
+from attnlab.infer.beam import DecodeSettings, beam_search, greedy_decode
 from attnlab.models.seq2seq import Seq2SeqConfig
 from attnlab.models.t5 import T5Translator, t5_from_seq2seq
 from attnlab.tasks.translate import build_config, build_translator

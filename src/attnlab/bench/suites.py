@@ -15,6 +15,7 @@ from torch import nn
 
 from attnlab.bench.memory import run_isolated
 from attnlab.bench.timing import interleaved, median_ms, paired_ratio
+from attnlab.infer.generation import Generation
 from attnlab.layers.attention import (
     MultiHeadAttention,
     explicit_attention,
@@ -23,7 +24,6 @@ from attnlab.layers.attention import (
 from attnlab.layers.blocks import Block, BlockConfig
 from attnlab.layers.efficient import LinearAttention, LocalAttention
 from attnlab.layers.flash import flash_attention
-from attnlab.models.generation import Generation
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.train.optim import build_optimizer
 from attnlab.train.precision import autocast, choose_precision, precision_name

@@ -15,8 +15,8 @@ import torch
 from attnlab.errors import UserError
 from attnlab.explore.pack import build_group, calls_named
 from attnlab.explore.sources import Source
+from attnlab.infer.generation import Generation, check_sampling, sample_next
 from attnlab.layers.attention_record import record_attention
-from attnlab.models.generation import Generation, check_sampling, sample_next
 from attnlab.tasks.lm import encode_prompt
 
 TOP_K = 10

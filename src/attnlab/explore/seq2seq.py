@@ -15,8 +15,8 @@ import torch
 from attnlab.errors import UserError
 from attnlab.explore.pack import build_group, calls_named
 from attnlab.explore.sources import Source
+from attnlab.infer.beam import DecodeSettings, beam_search, greedy_decode
 from attnlab.layers.attention_record import record_attention
-from attnlab.models.beam import DecodeSettings, beam_search, greedy_decode
 
 BOS, EOS, UNK = 1, 2, 3
 

@@ -4,7 +4,7 @@ BertModel = word + learned position + token-type embeddings -> LayerNorm -> drop
 post-norm Blocks (exact erf GELU) -> hidden states (B, T, D), plus the pooler
 tanh(W h_[CLS] + b). BertForMaskedLM adds the MLM head (dense -> GELU -> LayerNorm -> decoder
 tied to the word embeddings + bias); BertClassifier adds dropout and a linear layer on a pooled
-vector. Hugging Face checkpoints load through :mod:`attnlab.models.bert_checkpoint`.
+vector. Hugging Face checkpoints load through :mod:`attnlab.interop.hf_bert`.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.compress.heads import apply_head_counts
 from attnlab.configs import ConfigBase, coerce_value, project, setting
 from attnlab.errors import UserError
 from attnlab.layers.attention import Backend, padding_mask
 from attnlab.layers.blocks import Block, BlockConfig, BlockStack, block_setting
 from attnlab.layers.efficient import AttentionKind
 from attnlab.layers.positions import make_positions
-from attnlab.models.prune import apply_head_counts
 from attnlab.models.registry import register_model, tokens
 
 BertActivation = Literal["gelu", "gelu_tanh", "relu"]  # those a Hugging Face config can name
@@ -345,3 +345,45 @@ register_model(
     example=tokens(lengths=True),
     tiny={"vocab_size": 40, "d_model": 16, "n_layers": 2, "n_heads": 2, "d_ff": 32, "context": 16},
 )(BertModel)
+
+
+# ---------------------------------------------------------------- Hugging Face parameter names
+# What attnlab.interop.hf_bert reads and writes, and the names inside e5's packed file.
+
+
+def encoder_names(cfg: BertConfig) -> dict[str, tuple[str, ...]]:
+    """attnlab BertModel parameter -> the Hugging Face tensors it is made of (in row order)."""
+    names: dict[str, tuple[str, ...]] = {
+        "embeddings.word.weight": ("embeddings.word_embeddings.weight",),
+        "embeddings.position.embedding.weight": ("embeddings.position_embeddings.weight",),
+        "embeddings.token_type.weight": ("embeddings.token_type_embeddings.weight",),
+    }
+    pairs = {"embeddings.norm": "embeddings.LayerNorm"}
+    for i in range(cfg.n_layers):
+        ours, hf = f"encoder.blocks.{i}", f"encoder.layer.{i}"
+        for kind in ("weight", "bias"):
+            names[f"{ours}.self_attn.q_proj.{kind}"] = (f"{hf}.attention.self.query.{kind}",)
+            names[f"{ours}.self_attn.kv_proj.{kind}"] = tuple(
+                f"{hf}.attention.self.{part}.{kind}" for part in ("key", "value")
+            )
+        pairs |= {
+            f"{ours}.self_attn.out_proj": f"{hf}.attention.output.dense",
+            f"{ours}.norm1": f"{hf}.attention.output.LayerNorm",
+            f"{ours}.ff.w_in": f"{hf}.intermediate.dense",
+            f"{ours}.ff.w_out": f"{hf}.output.dense",
+            f"{ours}.norm2": f"{hf}.output.LayerNorm",
+        }
+    for ours, hf in pairs.items():
+        for kind in ("weight", "bias"):
+            names[f"{ours}.{kind}"] = (f"{hf}.{kind}",)
+    return names
+
+
+POOLER_NAMES = {"pooler.weight": ("pooler.dense.weight",), "pooler.bias": ("pooler.dense.bias",)}
+MLM_NAMES = {
+    "transform.weight": ("cls.predictions.transform.dense.weight",),
+    "transform.bias": ("cls.predictions.transform.dense.bias",),
+    "norm.weight": ("cls.predictions.transform.LayerNorm.weight",),
+    "norm.bias": ("cls.predictions.transform.LayerNorm.bias",),
+    "bias": ("cls.predictions.bias",),
+}

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.compress.heads import apply_head_counts
 from attnlab.configs import ConfigBase, project, setting
 from attnlab.errors import UserError
 from attnlab.layers.attention import Backend, padding_mask
@@ -26,7 +27,6 @@ from attnlab.layers.blocks import (
 )
 from attnlab.layers.efficient import AttentionKind
 from attnlab.layers.positions import make_positions
-from attnlab.models.prune import apply_head_counts
 from attnlab.models.registry import register_model, tokens
 
 Position = Literal["sinusoidal", "learned", "rope", "t5", "alibi", "none"]

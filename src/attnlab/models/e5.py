@@ -31,7 +31,7 @@ from torch import Tensor
 
 from attnlab.data.sentencepiece import SentencePieceTokenizer
 from attnlab.errors import UserError
-from attnlab.models.bert import BertConfig, BertModel
+from attnlab.models.bert import BertConfig, BertModel, encoder_names
 from attnlab.models.e5_file import E5File, read_e5_file
 from attnlab.models.registry import register_model, tokens
 
@@ -90,8 +90,6 @@ def e5_config(f: E5File, dropout: float = 0.1) -> BertConfig:
 
 def our_state(f: E5File) -> dict[str, Tensor]:
     """The file's tensors under attnlab BertModel names (K and V stacked as ``kv_proj``)."""
-    from attnlab.models.bert_checkpoint import encoder_names
-
     cfg = e5_config(f)
     hf = dict(f.tensors)
     out: dict[str, Tensor] = {}

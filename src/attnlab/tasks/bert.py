@@ -24,8 +24,8 @@ from attnlab.data.io import read_utf8
 from attnlab.data.sentencepiece import SentencePieceTokenizer
 from attnlab.data.wordpiece import WordPieceTokenizer
 from attnlab.errors import UserError
+from attnlab.interop.hf_bert import load_pretrained, resolve_checkpoint
 from attnlab.models.bert import BertModel, mean_pool
-from attnlab.models.bert_checkpoint import load_pretrained, resolve_checkpoint
 from attnlab.models.e5 import NAME as E5
 from attnlab.models.e5 import PREFIXES, load_e5, tokenizer_path
 

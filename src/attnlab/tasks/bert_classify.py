@@ -45,9 +45,9 @@ from attnlab.data.ood import load_ood, ood_files
 from attnlab.data.sentencepiece import SentencePieceTokenizer, load_tokenizer
 from attnlab.data.wordpiece import WordPieceTokenizer
 from attnlab.errors import UserError
+from attnlab.interop.hf_bert import load_pretrained, resolve_checkpoint
 from attnlab.metrics import classification_report, format_report
 from attnlab.models.bert import BertClassifier, BertConfig, mean_pool
-from attnlab.models.bert_checkpoint import load_pretrained, resolve_checkpoint
 from attnlab.models.e5 import NAME as E5
 from attnlab.models.e5 import SOURCE as E5_SOURCE
 from attnlab.models.e5 import load_e5

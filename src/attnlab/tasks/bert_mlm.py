@@ -28,8 +28,8 @@ from attnlab.data.io import read_utf8, write_json
 from attnlab.data.mlm import MLMData
 from attnlab.data.wordpiece import WordPieceTokenizer
 from attnlab.errors import UserError
+from attnlab.interop.hf_bert import load_pretrained, resolve_checkpoint, save_pretrained
 from attnlab.models.bert import BertConfig, BertForMaskedLM
-from attnlab.models.bert_checkpoint import load_pretrained, resolve_checkpoint, save_pretrained
 from attnlab.models.zoo_mlm import ZooForMaskedLM
 from attnlab.tasks.bert_classify import BertClassifyConfig, load_corpus
 from attnlab.tasks.rundir import WEIGHTS

@@ -26,9 +26,9 @@ from torch import Tensor, nn
 
 from attnlab.configs import ConfigBase, setting, to_dict
 from attnlab.errors import UserError
+from attnlab.interop.hf_bert import save_pretrained
 from attnlab.layers.attention import padding_mask
 from attnlab.models.bert import BertModel
-from attnlab.models.bert_checkpoint import save_pretrained
 from attnlab.models.electra import (
     ElectraConfig,
     ElectraDiscriminator,

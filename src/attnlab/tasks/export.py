@@ -28,8 +28,7 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from attnlab.errors import UserError
-from attnlab.models.bert import BertConfig, BertModel
-from attnlab.models.bert_checkpoint import POOLER_NAMES, encoder_names
+from attnlab.models.bert import POOLER_NAMES, BertConfig, BertModel, encoder_names
 
 FORMATS = ("hf", "onnx")
 REMOTE_MODULE = "modeling_attnlab"

@@ -36,10 +36,10 @@ from attnlab.data.text_lm import (
     write_tokens,
 )
 from attnlab.errors import UserError
-from attnlab.models.generation import Generation, check_sampling, sample_next
+from attnlab.infer.generation import Generation, check_sampling, sample_next
+from attnlab.infer.speculative import Drafter, speculative_decode
+from attnlab.interop.hf_gpt2 import load_hf_gpt2
 from attnlab.models.gpt import GPT, GPTConfig
-from attnlab.models.gpt_hf import load_hf_gpt2
-from attnlab.models.speculative import Drafter, speculative_decode
 from attnlab.tasks import runner
 from attnlab.tasks.rundir import WEIGHTS
 from attnlab.tasks.task import Run, RunConfig, Setup, Task
@@ -430,7 +430,7 @@ def generate_text(
     """Continue ``prompt`` ``num_samples`` times; ``on_text(sample, text)`` streams new text.
 
     A sample ends after ``max_new_tokens`` tokens or just before its first stop string.
-    With ``drafter`` (one sample) decoding is speculative (attnlab.models.speculative): the
+    With ``drafter`` (one sample) decoding is speculative (attnlab.infer.speculative): the
     same distribution, several tokens per pass of the model.
     """
     check_request(max_new_tokens, num_samples, temperature, top_k, top_p)

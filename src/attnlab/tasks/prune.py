@@ -1,6 +1,6 @@
 """``attnlab prune RUN --heads N --out OUT``: a classifier run with N attention heads removed.
 
-Head importance (Michel et al. 2019, :mod:`attnlab.models.prune`) is measured on the run's
+Head importance (Michel et al. 2019, :mod:`attnlab.compress.heads`) is measured on the run's
 validation split with the training loss (cross-entropy); the N least important heads are cut
 out of the weights (smaller projections), and OUT is a complete run folder: the source run's
 files, its config with ``model.heads_per_layer`` set, the smaller weights, and ``prune.json``
@@ -18,8 +18,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from attnlab.compress.heads import head_importance, heads_to_remove, prune_heads
 from attnlab.errors import UserError
-from attnlab.models.prune import head_importance, heads_to_remove, prune_heads
 from attnlab.tasks import rundir
 from attnlab.tasks.rundir import WEIGHTS
 from attnlab.tasks.runs import load_run

@@ -2,10 +2,10 @@
 
 OUT holds everything RUN holds (config, tokenizer, data report, results, plots) except the
 training state (state/: a quantised run is for inference, it cannot be trained further) and
-the weights, rewritten with every nn.Linear as an :class:`attnlab.quant.Int8Linear` (a head
+the weights, rewritten with every nn.Linear as an :class:`attnlab.compress.int8.Int8Linear` (a head
 tied to the embedding stays float). ``quantization.json`` records the scheme and the source.
 Every verb loads OUT as it loads RUN: ``load_tensors_into`` sees the int8 tensors and swaps the
-layers in before loading (attnlab.quant.prepare_for_int8_weights).
+layers in before loading (attnlab.compress.int8.prepare_for_int8_weights).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from pathlib import Path
 
 from torch import nn
 
+from attnlab.compress.int8 import Activations, quantize_model
 from attnlab.data.io import write_json
 from attnlab.errors import UserError
-from attnlab.quant import Activations, quantize_model
 from attnlab.tasks.rundir import LOCK, QUANTIZED, WEIGHTS, check_not_quantized, derived_copy
 from attnlab.tasks.runs import load_run
 from attnlab.tensor_files import read_tensors

@@ -31,7 +31,7 @@ from attnlab.data.parallel import (
     synthetic_pairs,
 )
 from attnlab.errors import UserError
-from attnlab.models.beam import DecodeSettings, beam_search, greedy_decode
+from attnlab.infer.beam import DecodeSettings, beam_search, greedy_decode
 from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
 from attnlab.models.t5 import T5Translator, t5_from_seq2seq
 from attnlab.tasks import runner

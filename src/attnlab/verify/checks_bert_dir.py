@@ -93,7 +93,7 @@ def check_chinese_bert_dir(m: Measure) -> None:
     import transformers
 
     from attnlab.data import pad_batch
-    from attnlab.models.bert_checkpoint import load_pretrained
+    from attnlab.interop.hf_bert import load_pretrained
 
     lowercase = bool(randint(0, 1))
     texts = [choice(TEXTS) for _ in range(randint(2, 6))]

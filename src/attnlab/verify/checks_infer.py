@@ -77,7 +77,7 @@ def check_flash(m: Measure, cases: int = 12) -> None:
 
 def plain_greedy(model, prompt: Tensor, n: int) -> list[int]:
     """The target's own greedy decoding: Generation (KV cache, window), one token per step."""
-    from attnlab.models.generation import Generation
+    from attnlab.infer.generation import Generation
 
     gen = Generation(model.eval(), prompt)
     with torch.no_grad():
@@ -89,8 +89,8 @@ def plain_greedy(model, prompt: Tensor, n: int) -> list[int]:
 def speculative_greedy_case(m: Measure, generator: torch.Generator | None = None) -> str:
     """Random target and draft GPTs (float64), random prompt, length and K: speculative
     greedy output (draft model, and prompt lookup) vs the target's own greedy output."""
+    from attnlab.infer.speculative import ModelDrafter, NgramDrafter, speculative_decode
     from attnlab.models.gpt import GPT, GPTConfig
-    from attnlab.models.speculative import ModelDrafter, NgramDrafter, speculative_decode
 
     def rint(lo: int, hi: int) -> int:
         return int(torch.randint(lo, hi + 1, (), generator=generator))
@@ -143,7 +143,12 @@ def ao_per_channel(w: Tensor) -> tuple[Tensor, Tensor]:
 def check_int8(m: Measure, cases: int = 6) -> None:
     """Int8 weights equal torch.ao's; the dequantised matmul stays within its bound (the
     error reported is how far past the bound, 0 when within)."""
-    from attnlab.quant import Int8Linear, dynamic_bound, quantize_per_channel, weight_only_bound
+    from attnlab.compress.int8 import (
+        Int8Linear,
+        dynamic_bound,
+        quantize_per_channel,
+        weight_only_bound,
+    )
 
     for _ in range(cases):
         inp, out = (int(t) for t in torch.randint(1, 200, (2,)))

@@ -32,7 +32,7 @@ def check_minilm(m: Measure) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the checkpoint is local; never reach a hub
     import sentence_transformers
 
-    from attnlab.models.bert_checkpoint import resolve_checkpoint
+    from attnlab.interop.hf_bert import resolve_checkpoint
     from attnlab.tasks.bert import SentenceEncoder
 
     order = torch.randperm(len(SENTENCES))[: randint(4, len(SENTENCES))].tolist()

@@ -25,7 +25,14 @@ from torch import Tensor, nn
 
 from attnlab.data.wordpiece import WordPieceTokenizer
 from attnlab.errors import UserError
-from attnlab.models.bert import BertConfig, BertMLMHead, BertModel
+from attnlab.models.bert import (
+    MLM_NAMES,
+    POOLER_NAMES,
+    BertConfig,
+    BertMLMHead,
+    BertModel,
+    encoder_names,
+)
 from attnlab.tensor_files import read_tensors
 
 DEFAULT_CHECKPOINT = "minilm"
@@ -99,47 +106,6 @@ def read_state(path: Path) -> dict[str, Tensor]:
             key = key.rsplit(".", 1)[0] + (".weight" if key.endswith(".gamma") else ".bias")
         state[key] = value
     return state
-
-
-# ---------------------------------------------------------------------------- name mapping
-
-
-def encoder_names(cfg: BertConfig) -> dict[str, tuple[str, ...]]:
-    """attnlab BertModel parameter -> the Hugging Face tensors it is made of (in row order)."""
-    names: dict[str, tuple[str, ...]] = {
-        "embeddings.word.weight": ("embeddings.word_embeddings.weight",),
-        "embeddings.position.embedding.weight": ("embeddings.position_embeddings.weight",),
-        "embeddings.token_type.weight": ("embeddings.token_type_embeddings.weight",),
-    }
-    pairs = {"embeddings.norm": "embeddings.LayerNorm"}
-    for i in range(cfg.n_layers):
-        ours, hf = f"encoder.blocks.{i}", f"encoder.layer.{i}"
-        for kind in ("weight", "bias"):
-            names[f"{ours}.self_attn.q_proj.{kind}"] = (f"{hf}.attention.self.query.{kind}",)
-            names[f"{ours}.self_attn.kv_proj.{kind}"] = tuple(
-                f"{hf}.attention.self.{part}.{kind}" for part in ("key", "value")
-            )
-        pairs |= {
-            f"{ours}.self_attn.out_proj": f"{hf}.attention.output.dense",
-            f"{ours}.norm1": f"{hf}.attention.output.LayerNorm",
-            f"{ours}.ff.w_in": f"{hf}.intermediate.dense",
-            f"{ours}.ff.w_out": f"{hf}.output.dense",
-            f"{ours}.norm2": f"{hf}.output.LayerNorm",
-        }
-    for ours, hf in pairs.items():
-        for kind in ("weight", "bias"):
-            names[f"{ours}.{kind}"] = (f"{hf}.{kind}",)
-    return names
-
-
-POOLER_NAMES = {"pooler.weight": ("pooler.dense.weight",), "pooler.bias": ("pooler.dense.bias",)}
-MLM_NAMES = {
-    "transform.weight": ("cls.predictions.transform.dense.weight",),
-    "transform.bias": ("cls.predictions.transform.dense.bias",),
-    "norm.weight": ("cls.predictions.transform.LayerNorm.weight",),
-    "norm.bias": ("cls.predictions.transform.LayerNorm.bias",),
-    "bias": ("cls.predictions.bias",),
-}
 
 
 def _gather(

@@ -17,10 +17,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from attnlab.compress.int8 import Int8KVCache
 from attnlab.errors import UserError
 from attnlab.layers.attention import KVCache
 from attnlab.models.gpt import GPT
-from attnlab.quant import Int8KVCache
 
 
 def check_sampling(temperature: float, top_k: int, top_p: float) -> None:

@@ -12,7 +12,7 @@ sequence x so far:
 Every emitted token is then distributed exactly as the target's own sample (Leviathan et al.,
 Theorem 1): P(emit y) = min(p(y), q(y)) + (1 − Σ min(p, q)) · max(0, p(y) − q(y)) / Σ max(0, p − q)
 = p(y). The distributions p and q are those the sampler draws from (temperature, top-k, top-p
-applied: :func:`attnlab.models.generation.sampling_probs`); at temperature 0 both are one-hot
+applied: :func:`attnlab.infer.generation.sampling_probs`); at temperature 0 both are one-hot
 and the rule reduces to "accept while the draft equals the target's argmax", so the output is the
 target's greedy output token for token.
 
@@ -21,7 +21,7 @@ cache), or no model at all: prompt lookup (:class:`NgramDrafter`, Saxena 2023; H
 ``prompt_lookup_num_tokens``): find the latest earlier occurrence of the sequence's last n-gram
 and propose the tokens that followed it; its q is one-hot on the proposal.
 
-Context window: the same rule as :class:`attnlab.models.generation.Generation` (when the
+Context window: the same rule as :class:`attnlab.infer.generation.Generation` (when the
 sequence outgrows the context, the window jumps to the last context // 2 tokens); a round never
 proposes past the end of the current window, so every logit is computed over the same window as
 plain decoding would use. Rejected positions are cut from the KV caches (a KVCache is cropped;
@@ -37,11 +37,11 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from attnlab.compress.int8 import Int8KVCache
 from attnlab.errors import UserError
+from attnlab.infer.generation import check_sampling, new_caches, sampling_probs
 from attnlab.layers.attention import KVCache
-from attnlab.models.generation import check_sampling, new_caches, sampling_probs
 from attnlab.models.gpt import GPT
-from attnlab.quant import Int8KVCache
 
 
 @dataclass

@@ -1,0 +1,2 @@
+"""Using trained weights outside training: GPT decoding (``generation``: the context window, the
+KV cache, sampling), speculative decoding, beam search for the encoder-decoder."""
