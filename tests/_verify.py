@@ -3,8 +3,8 @@ the tolerance its registry states."""
 
 from __future__ import annotations
 
+from attnlab.verify.check import Measure
 from attnlab.verify.registry import CHECKS
-from attnlab.verify.runner import Measure
 
 
 def assert_verified(m: Measure, component: str) -> None:

@@ -35,6 +35,7 @@ from attnlab.layers.blocks import (
 )
 from attnlab.layers.positions import RotaryEmbedding
 from attnlab.verify import checks_torch
+from attnlab.verify.check import Measure
 from attnlab.verify.copy_weights import (
     Link,
     assert_grads_match,
@@ -43,7 +44,6 @@ from attnlab.verify.copy_weights import (
     linear_links,
     llama_mlp_links,
 )
-from attnlab.verify.runner import Measure
 
 pytestmark = pytest.mark.usefixtures("on_test_device")  # tests/_device.py: ATTNLAB_TEST_DEVICE
 

@@ -216,7 +216,7 @@ def test_every_section_of_every_task_is_a_config_base_declared_with_setting() ->
     import dataclasses
 
     from attnlab.configs import SETTING, ConfigBase
-    from attnlab.tasks.registry import get_task, task_names
+    from attnlab.runs.registry import get_task, task_names
 
     checked = 0
     for name in task_names():

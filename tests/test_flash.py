@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from attnlab.layers.attention import scaled_dot_product_attention
 from attnlab.layers.flash import flash_attention
+from attnlab.verify.check import Measure
 from attnlab.verify.checks_infer import flash_case
-from attnlab.verify.runner import Measure
 
 F64 = torch.float64
 

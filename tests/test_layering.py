@@ -23,9 +23,10 @@ LAYERS: list[set[str]] = [
     {"models"},
     {"interop"},
     {"train"},
+    {"runs"},
     {"infer"},
     {"tasks"},
-    {"bench", "explore", "verify", "cli", "__main__", "attnlab"},
+    {"commands", "bench", "explore", "verify", "cli", "__main__", "attnlab"},
 ]  # fmt: skip
 LEVEL = {unit: level for level, units in enumerate(LAYERS) for unit in units}
 
@@ -92,7 +93,7 @@ def cycles(graph: dict[str, set[tuple[str, str]]]) -> list[list[str]]:
 
 
 def module_name(path: Path, src: Path) -> str:
-    """src/attnlab/tasks/runs.py -> attnlab.tasks.runs; .../tasks/__init__.py -> attnlab.tasks."""
+    """src/attnlab/runs/load.py -> attnlab.runs.load; .../tasks/__init__.py -> attnlab.tasks."""
     rel = path.relative_to(src.parent).with_suffix("")
     return ".".join(p for p in rel.parts if p != "__init__")
 

@@ -9,9 +9,9 @@ import typing
 import pytest
 
 from attnlab.configs import coerce_value, from_dict, load_toml, to_dict
-from attnlab.tasks import sections
-from attnlab.tasks.registry import REGISTRY, get_task
-from attnlab.tasks.task import Task
+from attnlab.runs import sections
+from attnlab.runs.registry import REGISTRY, get_task
+from attnlab.runs.task import Task
 
 PRESETS = sorted(p.stem for p in sections.PRESETS.glob("*.toml"))
 # keys restated on purpose: lm_baby pins every flag of nanoGPT's baby GPT command line, and

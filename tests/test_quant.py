@@ -21,8 +21,8 @@ from attnlab.compress.int8 import (
     rescale,
     weight_only_bound,
 )
+from attnlab.verify.check import Measure
 from attnlab.verify.checks_infer import ao_per_channel
-from attnlab.verify.runner import Measure
 
 
 @pytest.mark.parametrize("trial", range(5))

@@ -145,7 +145,7 @@ def test_the_rwkv_gpt_matches_hugging_face(what):
     pytest.importorskip("transformers")
     from _verify import assert_verified
     from attnlab.verify import checks_mixers
-    from attnlab.verify.runner import Measure
+    from attnlab.verify.check import Measure
 
     check = {
         "logits/greedy/cache": checks_mixers.check_rwkv_logits,

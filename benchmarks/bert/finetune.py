@@ -21,7 +21,7 @@ import os
 import time
 from pathlib import Path
 
-from attnlab.tasks import runner
+from attnlab.runs import training
 from benchmarks import common
 
 ROOT = common.ROOT
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     for arm in ARMS:
         out = Path(args.out) / f"{args.name}-{arm}"
         start = time.perf_counter()
-        r = runner.train("bert_classify", out, {**shared, "from_scratch": arm == "scratch"})
+        r = training.train("bert_classify", out, {**shared, "from_scratch": arm == "scratch"})
         report = json.loads((out / "data_report.json").read_text())
         results["arms"][arm] = {
             "test_accuracy": r["test"]["accuracy"],

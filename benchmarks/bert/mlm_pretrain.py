@@ -18,7 +18,7 @@ import json
 import math
 from pathlib import Path
 
-from attnlab.tasks import runner
+from attnlab.runs import training
 from benchmarks import common
 
 ROOT = common.ROOT
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
         "num_threads": 1,  # on 2 busy shared cores, 2 threads ran ~5x slower than 1
         "seed": 0,
     }
-    results = runner.train("mlm", args.out, overrides)
+    results = training.train("mlm", args.out, overrides)
     records = [json.loads(x) for x in (Path(args.out) / "metrics.jsonl").read_text().splitlines()]
     report = json.loads((Path(args.out) / "data_report.json").read_text())
     train = [(r["step"], r["loss"]) for r in records if r["split"] == "train"]

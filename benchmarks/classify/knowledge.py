@@ -35,7 +35,8 @@ from typing import Any
 import torch
 
 from attnlab.data.ood import OOD_DIR, load_ood, ood_files
-from attnlab.tasks import classify, runner
+from attnlab.runs import training
+from attnlab.tasks import classify
 from attnlab.tasks.classify import TUTORIAL_EXAMPLES, ClassifierRun
 from benchmarks import common
 
@@ -213,7 +214,7 @@ def train(variants: list[str], seeds: list[int], precision: str = "auto") -> Non
             load_before = os.getloadavg()
             started = time.perf_counter()
             print(f"{out}: training", flush=True)
-            runner.train("classify", out, overrides_of(variant, seed, precision), resume=False)
+            training.train("classify", out, overrides_of(variant, seed, precision), resume=False)
             wall = time.perf_counter() - started
             record = record_run(variant, seed, out, wall, load_before, precision)
             print(json.dumps({k: record[k] for k in ("variant", "seed", "test", "ood")}))

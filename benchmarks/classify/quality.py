@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from attnlab.configs import parse_key_values
-from attnlab.tasks import runner
+from attnlab.runs import training
 from attnlab.tasks.classify import TUTORIAL_EXAMPLES, ClassifierRun
 from benchmarks import common
 
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     overrides = parse_key_values(args.overrides)
     started = time.perf_counter()
-    results = runner.train("classify", Path(args.out), overrides, resume=args.resume)
+    results = training.train("classify", Path(args.out), overrides, resume=args.resume)
     wall = time.perf_counter() - started
     usage = resource.getrusage(resource.RUSAGE_SELF)
     cpu_seconds = usage.ru_utime + usage.ru_stime

@@ -34,8 +34,8 @@ COMMON = ["--tensorboard", "false", "--precision", "fp32", "--num-threads", "1"]
 
 
 def score(run_dir: Path, rounds: int) -> dict:
-    from attnlab.tasks.prune import accuracy, count_parameters
-    from attnlab.tasks.runs import load_run
+    from attnlab.commands.prune import accuracy, count_parameters
+    from attnlab.runs.load import load_run
 
     run = load_run(run_dir)
     model = run.model.float().eval()

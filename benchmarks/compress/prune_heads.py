@@ -20,8 +20,7 @@ from pathlib import Path
 
 import torch
 
-from attnlab.compress.heads import head_importance, heads_to_remove, prune_heads
-from attnlab.tasks.prune import (
+from attnlab.commands.prune import (
     accuracy,
     batches,
     count_parameters,
@@ -29,7 +28,8 @@ from attnlab.tasks.prune import (
     prunable_model,
     validation_data,
 )
-from attnlab.tasks.runs import load_run
+from attnlab.compress.heads import head_importance, heads_to_remove, prune_heads
+from attnlab.runs.load import load_run
 from benchmarks import common
 
 

@@ -21,12 +21,12 @@ from pathlib import Path
 import torch
 from sklearn.linear_model import LogisticRegression
 
+from attnlab.commands.prune import accuracy, count_parameters, loss_fn
 from attnlab.compress.heads import head_importance, heads_to_remove, prune_heads
 from attnlab.data.buckets import pad_batch
 from attnlab.data.english_sentiment import balanced_subsample, load_pang_lee
 from attnlab.interop.hf_bert import load_pretrained
 from attnlab.models.bert import BertClassifier
-from attnlab.tasks.prune import accuracy, count_parameters, loss_fn
 from benchmarks import common
 from benchmarks.compress.prune_heads import latency_ms, timing_batch
 

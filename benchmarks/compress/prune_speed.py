@@ -59,7 +59,7 @@ def cpu_ms(models: dict, batch: dict[str, torch.Tensor], rounds: int) -> dict[in
 
 
 def classifier_rows(run_dir: str, rounds: int) -> dict:
-    from attnlab.tasks.runs import load_run
+    from attnlab.runs.load import load_run
 
     saved = json.loads(Path("docs/results/prune_heads.json").read_text())
     result = next(r for r in saved["results"] if r["run"] == run_dir)

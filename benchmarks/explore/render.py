@@ -26,8 +26,8 @@ from attnlab.data import CharTokenizer, LabelVocab
 from attnlab.explore.page import explore_data, render_page
 from attnlab.explore.sources import load_source
 from attnlab.models.classifier import ClassifierConfig, build_classifier
+from attnlab.runs.task import RunConfig
 from attnlab.tasks.classify import ClassifyConfig
-from attnlab.tasks.task import RunConfig
 from attnlab.train import TrainConfig, save_weights
 from benchmarks import common
 

@@ -36,8 +36,8 @@ import torch
 from torch import nn
 
 from attnlab.compress.int8 import quantize_model
-from attnlab.tasks import runner
-from attnlab.tasks.runs import load_run
+from attnlab.runs import training
+from attnlab.runs.load import load_run
 from attnlab.train.checkpoint import save_weights
 from benchmarks import common
 
@@ -96,7 +96,7 @@ def add_latency(rows: dict, lat: dict[str, tuple], batch: int) -> None:
 
 def ensure(task: str, out: Path, overrides: dict, preset: str | None = None) -> None:
     if not (out / "results.json").exists():
-        runner.train(task, out, overrides, preset)
+        training.train(task, out, overrides, preset)
 
 
 def main(argv: list[str] | None = None) -> None:

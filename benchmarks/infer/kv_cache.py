@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from attnlab.data.text_lm import eval_starts, open_tokens
 from attnlab.infer.generation import Generation, new_caches
-from attnlab.tasks.runs import load_run
+from attnlab.runs.load import load_run
 from benchmarks import common
 
 KINDS = ("float", "int8")

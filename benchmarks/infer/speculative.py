@@ -29,7 +29,7 @@ import torch
 from attnlab.data.text_lm import open_tokens
 from attnlab.infer.generation import Generation, sample_next
 from attnlab.infer.speculative import ModelDrafter, NgramDrafter, speculative_decode
-from attnlab.tasks import runner
+from attnlab.runs import training
 from attnlab.tasks.lm import LMRun
 from benchmarks import common
 
@@ -42,7 +42,7 @@ DRAFT = {**TARGET, "n_layers": "1", "n_heads": "4", "d_model": "128", "batch_siz
 def train(out: Path, settings: dict, minutes: float, steps: int) -> dict:
     if (out / "summary.json").exists():
         return json.loads((out / "summary.json").read_text())
-    runner.train("lm", out, {**settings, "max_minutes": str(minutes), "max_steps": str(steps)})
+    training.train("lm", out, {**settings, "max_minutes": str(minutes), "max_steps": str(steps)})
     return json.loads((out / "summary.json").read_text())
 
 

@@ -20,7 +20,7 @@ import shutil
 import time
 from pathlib import Path
 
-from attnlab.tasks import runner
+from attnlab.runs import training
 from benchmarks import common
 
 
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
         if kind == "local":
             overrides["window"] = args.window
         start = time.perf_counter()
-        res = runner.train("lm", run_dir, overrides, "baby")
+        res = training.train("lm", run_dir, overrides, "baby")
         wall = time.perf_counter() - start
         row = {
             "attention": kind,

@@ -37,8 +37,8 @@ import torch.nn.functional as F
 
 from attnlab.data.text_lm import open_tokens
 from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.runs.training import train
 from attnlab.tasks.lm import LMRun
-from attnlab.tasks.runner import train
 from benchmarks import common
 
 RESULTS = Path("docs/results")

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from attnlab.tasks.runner import train
+from attnlab.runs.training import train
 from benchmarks import common
 
 RESULTS = Path("docs/results")

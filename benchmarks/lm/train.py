@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from attnlab.data.text_lm import eval_starts, open_tokens
-from attnlab.tasks import runner
+from attnlab.runs import training
 from attnlab.tasks.lm import LMRun, generate_text, mean_loss
 from attnlab.train.precision import autocast
 from benchmarks import common
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.eval_every:
         overrides["eval_every"] = args.eval_every
     start = time.perf_counter()
-    results = runner.train("lm", run_dir, overrides, args.preset)
+    results = training.train("lm", run_dir, overrides, args.preset)
     total_s = time.perf_counter() - start
     torch.set_num_threads(args.threads)
     summary = results["summary"]

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
+from attnlab.verify.check import PASS, run_check
 from attnlab.verify.registry import CHECKS
-from attnlab.verify.runner import PASS, run_check
 from benchmarks import common
 
 OUT = Path("docs/results/verify_tolerances")

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import torch
 
-from attnlab.tasks import runner, translate
+from attnlab.runs import training
+from attnlab.tasks import translate
 from attnlab.tasks.translate import TranslatorRun
 from benchmarks import common
 from benchmarks.translate._runs import read_run_config
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
             overrides["max_minutes"] = str(args.minutes)
         overrides |= dict(kv.split("=", 1) for kv in args.overrides)
         preset = None if args.config == "default" else args.config
-        results = runner.train("translate", run, overrides, preset)
+        results = training.train("translate", run, overrides, preset)
         total = time.perf_counter() - start
         load_average = os.getloadavg()[0]  # 1-minute load as training ends
     beam = results["test"]

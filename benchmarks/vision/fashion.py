@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from attnlab.data.io import atomic_write_text, write_json
-from attnlab.tasks import runner
+from attnlab.runs import training
 from benchmarks import common
 
 VARIANTS = {
@@ -56,7 +56,7 @@ def run_variant(
     if epochs is not None:
         overrides["epochs"] = epochs
     cpu0 = time.process_time()
-    results = runner.train(arch, run_root / name, overrides)
+    results = training.train(arch, run_root / name, overrides)
     s = results["summary"]
     return {
         "variant": name,

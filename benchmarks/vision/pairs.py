@@ -47,7 +47,7 @@ from pathlib import Path
 
 import torch
 
-from attnlab.tasks import runner
+from attnlab.runs import training
 from benchmarks import common
 
 ROOT = Path("runs/vision_pairs")
@@ -90,11 +90,11 @@ def _folder(pair: str, dataset: str, seed: int) -> Path:
 def train_stage(
     task: str, out: Path, overrides: dict, minutes: float, dataset: str, seed: int = 0
 ) -> dict:
-    """One `runner.train` call on one thread with a wall-time cap; its results and costs."""
+    """One `training.train` call on one thread with a wall-time cap; its results and costs."""
     load_start = round(os.getloadavg()[0], 1)
     cpu0 = time.process_time()
     data = {"dataset": dataset, "hflip": dataset != "mnist"}  # digits are not mirror-symmetric
-    results = runner.train(
+    results = training.train(
         task,
         out,
         {

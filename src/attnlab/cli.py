@@ -25,7 +25,7 @@ from attnlab.configs import (
 )
 from attnlab.errors import UserError
 from attnlab.explore import command as explore_command
-from attnlab.tasks.registry import REGISTRY
+from attnlab.runs.registry import REGISTRY
 from attnlab.verify import command as verify_command
 
 RUN_HELP = "run directory (written by `attnlab train`)"
@@ -57,8 +57,8 @@ def task_parser(name: str, argv: list[str]) -> argparse.ArgumentParser:
 
     Defaults shown are the values the command will use: the task's bundled preset, or the
     preset named by ``--config`` in ``argv``."""
-    from attnlab.tasks import runner
-    from attnlab.tasks.registry import get_task
+    from attnlab.runs import training
+    from attnlab.runs.registry import get_task
 
     task = get_task(name)
     pre = argparse.ArgumentParser(add_help=False)
@@ -78,7 +78,7 @@ def task_parser(name: str, argv: list[str]) -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     try:
-        values = runner.build_config(task, preset, {}).sections
+        values = training.build_config(task, preset, {}).sections
     except ValueError:
         values = {}  # a bad --config is reported when the command runs
     taken: set[str] = set()
@@ -95,8 +95,8 @@ def task_parser(name: str, argv: list[str]) -> argparse.ArgumentParser:
 
 
 def _run_train(args: argparse.Namespace) -> int:
-    from attnlab.tasks import rundir, runner
-    from attnlab.tasks.registry import get_task
+    from attnlab.runs import folder, training
+    from attnlab.runs.registry import get_task
 
     name = args.task
     opts = task_parser(name, args.rest).parse_args(args.rest)
@@ -111,13 +111,13 @@ def _run_train(args: argparse.Namespace) -> int:
     if opts.out is None:
         out = Path(f"runs/{name}")
         # under torchrun every rank must pick the same folder: no numbering there
-        if not (opts.resume or rundir.distributed()):
-            out = rundir.free_run_dir(out)
+        if not (opts.resume or folder.distributed()):
+            out = folder.free_run_dir(out)
     else:
         out = Path(opts.out)
-    results = runner.train(name, out, overrides, opts.config, opts.resume, opts.device)
-    if rundir.is_main_process():
-        for line in runner.describe(name, results, out):
+    results = training.train(name, out, overrides, opts.config, opts.resume, opts.device)
+    if folder.is_main_process():
+        for line in training.describe(name, results, out):
             print(line)
     return 0
 
@@ -150,7 +150,7 @@ def _redirected(name: str, opts: argparse.Namespace) -> str:
     none`` trains the tutorial's character model from scratch. A resumed run continues as the
     task its folder records.
     """
-    from attnlab.tasks.registry import get_task
+    from attnlab.runs.registry import get_task
 
     task = get_task(name)
     if task.redirect is None:
@@ -194,7 +194,7 @@ def _recorded_task(opts: argparse.Namespace) -> str | None:
 
 
 def _load(run: str, verb: str, device: str = "cpu") -> Any:
-    from attnlab.tasks import load_run
+    from attnlab.runs import load_run
 
     loaded = load_run(run, device)
     loaded.require(verb)
@@ -214,7 +214,7 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
 def _run_eval(args: argparse.Namespace) -> int:
     run = _load(args.run, "evaluate")
     if args.data is None:
-        from attnlab.tasks.runs import require_data
+        from attnlab.runs.load import require_data
 
         require_data(run)
     columns = {k: v for k, v in (("text_col", args.text_col), ("label_col", args.label_col)) if v}
@@ -454,7 +454,7 @@ def _add_prune(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_prune(args: argparse.Namespace) -> int:
-    from attnlab.tasks.prune import prune_run
+    from attnlab.commands.prune import prune_run
 
     r = prune_run(args.run, args.heads, args.out)
     print(
@@ -481,7 +481,7 @@ def _add_embed(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_embed(args: argparse.Namespace) -> int:
-    from attnlab.tasks.bert import SentenceEncoder, write_vectors
+    from attnlab.infer.embeddings import SentenceEncoder, write_vectors
 
     if args.role is not None and args.checkpoint != "e5":
         raise UserError("--role applies to e5 only (other checkpoints read no prefix)")
@@ -503,7 +503,7 @@ def _add_similarity(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_similarity(args: argparse.Namespace) -> int:
-    from attnlab.tasks.bert import SentenceEncoder, similarity
+    from attnlab.infer.embeddings import SentenceEncoder, similarity
 
     print(f"{similarity(SentenceEncoder.load(args.checkpoint), args.a, args.b):.4f}")
     return 0
@@ -519,7 +519,7 @@ def _add_search(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_search(args: argparse.Namespace) -> int:
-    from attnlab.tasks.bert import SentenceEncoder, read_lines, search
+    from attnlab.infer.embeddings import SentenceEncoder, read_lines, search
 
     docs = read_lines(args.file)
     hits = search(SentenceEncoder.load(args.checkpoint), docs, args.queries, args.k)
@@ -568,7 +568,7 @@ def _add_ablate(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_ablate(args: argparse.Namespace) -> int:
-    from attnlab.tasks.ablate import run_sweep
+    from attnlab.commands.ablate import run_sweep
 
     run_sweep(args)
     return 0
@@ -595,7 +595,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    from attnlab.bench.run import run_bench
+    from attnlab.bench.command import run_bench
 
     sections = tuple(s for s in args.only.split(",") if s)
     out = run_bench(args.out, args.quick, args.device, args.num_threads, sections)
@@ -617,7 +617,7 @@ def _add_quantize(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_quantize(args: argparse.Namespace) -> int:
-    from attnlab.tasks.quantize import quantize_run
+    from attnlab.commands.quantize import quantize_run
 
     info = quantize_run(args.run, args.out, args.activations)
     print(f"{args.out}: {info['layers']} linear layers int8, activations {info['activations']}")
@@ -634,7 +634,7 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_export(args: argparse.Namespace) -> int:
-    from attnlab.tasks.export import export_run
+    from attnlab.commands.export import export_run
 
     out = export_run(args.run, args.format, args.out)
     print(f"{out}: {args.format} export of {args.run}")

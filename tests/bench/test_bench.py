@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from attnlab.bench.command import run_bench
 from attnlab.bench.memory import run_isolated
-from attnlab.bench.run import run_bench
 from attnlab.bench.scaling import fit_exponent, run_scaling
 
 

@@ -1,7 +1,7 @@
 """Tiny run folders of every kind, written directly (random weights, seconds, no training).
 
-The config comes from the task layer (``runner.build_config``: the task's preset with tiny
-overrides, ``rundir.write_config``) and each folder holds the files the task's ``load`` reads,
+The config comes from the task layer (``training.build_config``: the task's preset with tiny
+overrides, ``folder.write_config``) and each folder holds the files the task's ``load`` reads,
 so ``load_run`` loads it exactly as it loads a trained run.
 """
 
@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from attnlab.tasks import rundir
-from attnlab.tasks.runner import build_config
+from attnlab.runs import folder
+from attnlab.runs.training import build_config
 from attnlab.train import save_weights
 
 TEXTS = ["好看极了精彩感人", "剧情拖沓很失望", "演技很棒情节紧凑", "无聊透顶浪费时间"]
@@ -33,7 +33,7 @@ def _folder(root: Path, name: str, task: str, overrides: dict[str, Any]):
 
 
 def _save(run: Path, cfg, model: torch.nn.Module) -> Path:
-    rundir.write_config(run, cfg.to_json())
+    folder.write_config(run, cfg.to_json())
     save_weights(model, run / "model.safetensors")
     return run
 

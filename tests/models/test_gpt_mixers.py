@@ -25,8 +25,8 @@ from attnlab.infer.generation import Generation, sample_next
 from attnlab.layers.moe import MoEFeedForward
 from attnlab.layers.ssm import MambaBlock
 from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.runs.sections import PRESETS
 from attnlab.tasks.lm import lm_step
-from attnlab.tasks.sections import PRESETS
 from attnlab.train import load_weights, save_weights
 
 F64 = torch.float64
@@ -231,7 +231,7 @@ def test_bad_settings_are_refused(changes: dict, message: str) -> None:
 def test_every_lm_preset_takes_mamba_hybrid_and_moe(preset: str) -> None:
     """LM_CONFIG.md: --mixer mamba / hybrid and --ffn moe work on any preset; the settings of
     attention (rope, qk_norm, value embeddings) act on the attention layers only."""
-    from attnlab.tasks.runner import build_config
+    from attnlab.runs.training import build_config
 
     shrink = dict(vocab_size=V, n_layers=2, d_model=32, n_heads=4, n_kv_heads=0, d_ff=0)
     ids = torch.randint(0, V, (1, 6))

@@ -10,8 +10,8 @@ import torch
 
 from attnlab.models import mae as mae_mod
 from attnlab.models.mae import MAE, MAEConfig, patchify, random_masking, unpatchify
+from attnlab.verify.check import Measure
 from attnlab.verify.checks_vision import check_mae
-from attnlab.verify.runner import Measure
 
 pytest.importorskip("transformers")
 

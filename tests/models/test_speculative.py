@@ -28,8 +28,8 @@ from attnlab.infer.speculative import (
     speculative_decode,
 )
 from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.verify.check import Measure
 from attnlab.verify.checks_infer import plain_greedy, speculative_greedy_case
-from attnlab.verify.runner import Measure
 
 
 def gpt(vocab: int, layers: int, context: int, seed: int, d: int = 16, **kw) -> GPT:

@@ -24,8 +24,8 @@ from attnlab.models.swin import (
     window_partition,
     window_reverse,
 )
+from attnlab.verify.check import Measure
 from attnlab.verify.checks_vision import check_swin
-from attnlab.verify.runner import Measure
 
 pytest.importorskip("transformers")
 

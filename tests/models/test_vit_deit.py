@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from attnlab.models.vit import ViT, ViTConfig
+from attnlab.verify.check import Measure
 from attnlab.verify.checks_vision import check_deit
-from attnlab.verify.runner import Measure
 
 pytest.importorskip("transformers")
 

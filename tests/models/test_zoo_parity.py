@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from attnlab.verify import checks_zoo as zoo
-from attnlab.verify.runner import FAIL, PASS, Check, run_check
+from attnlab.verify.check import FAIL, PASS, Check, run_check
 
 pytest.importorskip("transformers")
 

@@ -14,8 +14,8 @@ import torch
 
 from attnlab.cli import main
 from attnlab.verify import registry
+from attnlab.verify.check import PASS, run_check
 from attnlab.verify.checks_bert_dir import write_tiny_chinese_bert
-from attnlab.verify.runner import PASS, run_check
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 TRAIN = ["--tensorboard", "false", "--precision", "fp32", "--num-threads", "1"]

@@ -17,7 +17,7 @@ import torch
 
 from attnlab.cli import main
 from attnlab.interop.hf_bert import load_pretrained
-from attnlab.tasks import runner
+from attnlab.runs import training
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 
@@ -116,7 +116,7 @@ def test_from_scratch_keeps_the_architecture_but_not_the_weights(mlm_run, tmp_pa
     run, csv_file = mlm_run
     overrides = {"init": str(run), "data": str(csv_file), "from_scratch": "true", "max_steps": "1"}
     overrides |= {"lr": "1e-9", "tensorboard": "false", "precision": "fp32", "warmup_ratio": "0"}
-    runner.train("bert_classify", tmp_path / "scratch", overrides)
+    training.train("bert_classify", tmp_path / "scratch", overrides)
     model = bert_classify.BertClassifierRun.load(tmp_path / "scratch").model
     pretrained, _, _, _ = load_pretrained(run)
     word = model.bert.embeddings.word.weight

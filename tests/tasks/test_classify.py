@@ -11,7 +11,8 @@ import torch
 
 from attnlab.cli import main
 from attnlab.data.corpus import LabeledCorpus
-from attnlab.tasks import classify, runner
+from attnlab.runs import training
+from attnlab.tasks import classify
 from attnlab.tasks.classify import ClassifierRun
 
 TINY = {
@@ -52,7 +53,7 @@ def trained(tmp_path_factory) -> tuple[Path, Path, dict]:
     root = tmp_path_factory.mktemp("classify")
     data = write_corpus(root / "train.csv")
     run = root / "run"
-    results = runner.train("classify", run, {"data": str(data), **TINY})
+    results = training.train("classify", run, {"data": str(data), **TINY})
     return run, data, results
 
 
@@ -115,8 +116,8 @@ def test_predict_eval_and_attention_commands(trained, tmp_path, capsys):
 def test_same_seed_same_metrics(tmp_path):
     data = write_corpus(tmp_path / "d.csv", n=90)
     settings = {"data": str(data), **TINY, "epochs": "1"}
-    a = runner.train("classify", tmp_path / "a", settings)
-    b = runner.train("classify", tmp_path / "b", settings)
+    a = training.train("classify", tmp_path / "a", settings)
+    b = training.train("classify", tmp_path / "b", settings)
     assert a["val"] == b["val"] and a["summary"]["best_metric"] == b["summary"]["best_metric"]
 
 
@@ -182,7 +183,7 @@ def test_separate_train_and_test_files_carve_validation_from_train(tmp_path):
     train_file = write_corpus(tmp_path / "train.csv", n=120, seed=1)
     test_file = write_corpus(tmp_path / "test.csv", n=30, seed=2)
     settings = {"data": str(train_file), "test_data": str(test_file), **TINY, "epochs": "1"}
-    results = runner.train("classify", tmp_path / "run", settings)
+    results = training.train("classify", tmp_path / "run", settings)
     sizes = json.loads((tmp_path / "run" / "data_report.json").read_text())["split_sizes"]
     assert sizes == {"train": 108, "val": 12, "test": 30}
     assert results["test"]["n"] == 30
@@ -191,7 +192,7 @@ def test_separate_train_and_test_files_carve_validation_from_train(tmp_path):
 def test_an_ensemble_run_trains_predicts_and_draws_one_members_attention(tmp_path, capsys):
     data = write_corpus(tmp_path / "d.csv")
     run = tmp_path / "ens"
-    results = runner.train(
+    results = training.train(
         "classify", run, {"data": str(data), **TINY, "epochs": "4", "members": "2"}
     )
     assert results["test"]["accuracy"] >= 0.9, results["test"]
@@ -213,7 +214,7 @@ def test_tail_share_reaches_training_and_prediction(tmp_path):
     data = write_corpus(tmp_path / "d.csv", n=90)
     run = tmp_path / "tail"
     settings = {**TINY, "epochs": "1", "truncate_len": "8", "tail_share": "0.5"}
-    runner.train("classify", run, {"data": str(data), **settings})
+    training.train("classify", run, {"data": str(data), **settings})
     loaded = ClassifierRun.load(run)
     assert loaded.config.data.tail_share == 0.5
     text = "的一是在不了有和人这中大"
@@ -338,14 +339,14 @@ def test_training_reports_out_of_domain_accuracy_and_eval_scores_the_ood_files(
     data, _ = toy_knowledge
     run = tmp_path / "run"
     settings = {"data": str(data), **TINY, "epochs": "2", "lexicons": "hownet"}
-    results = runner.train("classify", run, settings)
+    results = training.train("classify", run, settings)
     assert set(results["ood"]) == {"dev", "test"}
     for report in results["ood"].values():
         assert report["n"] == 2 and {"accuracy", "macro_f1"} <= set(report)
         assert set(report["accuracy_by"]) == {"domain", "phenomenon"}
     saved = json.loads((run / "results.json").read_text())
     assert saved["ood"]["dev"]["accuracy"] == results["ood"]["dev"]["accuracy"]
-    lines = runner.describe("classify", results, run)
+    lines = training.describe("classify", results, run)
     assert any(line.startswith("out-of-domain dev accuracy") for line in lines)
     assert any(line.startswith("out-of-domain test accuracy") for line in lines)
     capsys.readouterr()
@@ -353,7 +354,7 @@ def test_training_reports_out_of_domain_accuracy_and_eval_scores_the_ood_files(
     assert main(["eval", str(run), "--data", str(ood_dev), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["n"] == 2 and report["accuracy"] == results["ood"]["dev"]["accuracy"]
-    off = runner.train(
+    off = training.train(
         "classify", tmp_path / "off", {**settings, "ood_eval": "false", "max_steps": "2"}
     )
     assert off["ood"] is None

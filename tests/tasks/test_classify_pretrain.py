@@ -11,7 +11,8 @@ from tests.tasks.test_classify import TINY, write_corpus
 from attnlab.cli import main
 from attnlab.data import CharTokenizer
 from attnlab.models.classifier import ClassifierConfig, TextClassifier
-from attnlab.tasks import classify, runner
+from attnlab.runs import training
+from attnlab.tasks import classify
 from attnlab.tasks.classify_pretrain import CharMLMHead, pretrain_encoder
 
 
@@ -62,10 +63,10 @@ def test_the_mlm_decoder_is_the_embedding_matrix():
 def test_the_task_pretrains_before_fine_tuning_and_reports_it(tmp_path, monkeypatch):
     data = write_corpus(tmp_path / "d.csv", n=120)
     said: list[str] = []
-    monkeypatch.setattr(runner, "say", lambda msg: said.append(msg))
+    monkeypatch.setattr(training, "say", lambda msg: said.append(msg))
     settings = {"data": str(data), **TINY, "epochs": "1", "pretrain": "reviews",
                 "pretrain_steps": "10"}  # fmt: skip
-    runner.train("classify", tmp_path / "run", settings)
+    training.train("classify", tmp_path / "run", settings)
     report = (tmp_path / "run" / "data_report.json").read_text(encoding="utf-8")
     assert '"pretraining"' in report and '"loss_first"' in report and '"reviews"' in report
     assert any("pretraining step 10/10" in line for line in said)
@@ -75,7 +76,7 @@ def test_the_task_pretrains_before_fine_tuning_and_reports_it(tmp_path, monkeypa
     monkeypatch.setattr(
         classify, "load_unlabeled", lambda *a, **k: pytest.fail("pretraining text read on resume")
     )
-    runner.train("classify", tmp_path / "run", {**settings, "epochs": "2"}, resume=True)
+    training.train("classify", tmp_path / "run", {**settings, "epochs": "2"}, resume=True)
     assert not any("pretraining step" in line for line in said)
 
 

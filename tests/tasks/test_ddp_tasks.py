@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from attnlab.tasks import load_run
+from attnlab.runs import load_run
 
 pytestmark = pytest.mark.slow
 ENV = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from attnlab.cli import main
-from attnlab.tasks import load_run, runner
+from attnlab.runs import load_run, training
 from attnlab.tasks.distill import distillation_loss
 
 F64 = torch.float64
@@ -61,10 +61,10 @@ def write_corpus(path: Path, n: int = 180) -> Path:
 def test_a_student_learns_from_a_teacher_run(tmp_path, capsys):
     data = str(write_corpus(tmp_path / "d.csv"))
     teacher = tmp_path / "teacher"
-    runner.train("classify", teacher, {"data": data, "d_model": "32", "n_heads": "2", **TINY})
+    training.train("classify", teacher, {"data": data, "d_model": "32", "n_heads": "2", **TINY})
     student = tmp_path / "student"
     settings = {"data": data, "d_model": "16", "n_heads": "2", **TINY, "epochs": "10"}
-    results = runner.train(
+    results = training.train(
         "distill",
         student,
         {**settings, "teacher": str(teacher), "temperature": "3", "alpha": "0.7"},
@@ -79,7 +79,7 @@ def test_a_student_learns_from_a_teacher_run(tmp_path, capsys):
     capsys.readouterr()
     bad = {**settings, "alpha": "1.5", "teacher": str(teacher)}
     with pytest.raises(ValueError, match="alpha"):
-        runner.train("distill", tmp_path / "bad", bad)
+        training.train("distill", tmp_path / "bad", bad)
     assert main(["train", "distill", "--data", data, "--out", str(tmp_path / "none")]) == 2
 
 
@@ -95,8 +95,8 @@ def test_the_teacher_scores_the_lexicon_words_the_student_trains_on(tmp_path):
     data.write_text("\n".join(lines) + "\n", encoding="utf-8")
     settings = {"data": str(data), "d_model": "16", "n_heads": "2", **TINY, "epochs": "1"}
     teacher = tmp_path / "teacher"
-    runner.train("classify", teacher, settings)
+    training.train("classify", teacher, settings)
     student = tmp_path / "student"
-    runner.train("distill", student, {**settings, "teacher": str(teacher), "lexicons": "hownet"})
+    training.train("distill", student, {**settings, "teacher": str(teacher), "lexicons": "hownet"})
     report = json.loads((student / "data_report.json").read_text())
     assert report["extra_training"]["added"] > 1000  # the words rode along with their logits

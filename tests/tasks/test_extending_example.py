@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from attnlab.cli import main
-from attnlab.tasks import load_run, registry
+from attnlab.runs import load_run, registry
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "extending.md"
 

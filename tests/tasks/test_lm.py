@@ -12,7 +12,8 @@ import torch
 
 from attnlab.cli import main
 from attnlab.interop.hf_gpt2 import save_hf_gpt2
-from attnlab.tasks import lm, runner
+from attnlab.runs import training
+from attnlab.tasks import lm
 from attnlab.tasks.lm import LMRun, build_config, generate_text
 from attnlab.train import load_weights
 
@@ -45,7 +46,7 @@ def trained(tmp_path_factory) -> tuple[Path, dict]:
     root = tmp_path_factory.mktemp("lm")
     corpus = write_corpus(root / "corpus")
     torch.set_num_threads(1)
-    results = runner.train("lm", root / "run", {"data": str(corpus), **QUICK}, "quick")
+    results = training.train("lm", root / "run", {"data": str(corpus), **QUICK}, "quick")
     return root / "run", results
 
 
@@ -69,7 +70,7 @@ def test_the_reported_val_loss_is_the_whole_split_and_says_so(trained) -> None:
     run reports is the best weights on every validation window, and results.json says which."""
     run, results = trained
     from attnlab.data.text_lm import eval_starts, open_tokens
-    from attnlab.tasks import load_run
+    from attnlab.runs import load_run
 
     loaded = load_run(run)
     val = open_tokens(run / "data" / "val.bin", loaded.tokenizer.vocab_size)
@@ -100,9 +101,9 @@ def test_resume_after_an_interrupt_ends_with_identical_weights(trained, tmp_path
 
     monkeypatch.setattr(lm, "lm_step", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        runner.train("lm", tmp_path / "run", overrides, "quick")
+        training.train("lm", tmp_path / "run", overrides, "quick")
     monkeypatch.setattr(lm, "lm_step", real_step)
-    runner.train("lm", tmp_path / "run", overrides, "quick", resume=True)
+    training.train("lm", tmp_path / "run", overrides, "quick", resume=True)
     for name in ("model.safetensors", "state/model.safetensors"):
         a, b = LMRun.load(run).model, LMRun.load(tmp_path / "run").model
         load_weights(a, run / name)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from attnlab.cli import main
-from attnlab.tasks import runner
+from attnlab.runs import training
 
 QUICK = {"lr": "1e-2", "max_steps": "60", "eval_every": "60", "eval_windows": "8",
          "sample_tokens": "0", "checkpoint_every": "60"}  # fmt: skip
@@ -28,8 +28,8 @@ def runs(tmp_path_factory) -> tuple[Path, Path]:
     (root / "corpus" / "a.txt").write_text("\n".join(lines) + "\n")
     torch.set_num_threads(1)
     data = {"data": str(root / "corpus"), **QUICK}
-    runner.train("lm", root / "target", data, "quick")
-    runner.train("lm", root / "draft", {**data, "n_layers": "1"}, "quick")
+    training.train("lm", root / "target", data, "quick")
+    training.train("lm", root / "draft", {**data, "n_layers": "1"}, "quick")
     return root / "target", root / "draft"
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from attnlab.cli import main
-from attnlab.tasks import load_run, runner
+from attnlab.runs import load_run, training
 
 TINY = {
     "d_model": "32", "n_heads": "4", "n_layers": "2", "d_ff": "64", "epochs": "6",
@@ -38,7 +38,7 @@ def write_corpus(path: Path, n: int = 180) -> Path:
 def trained(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("prune")
     run = root / "run"
-    runner.train("classify", run, {"data": str(write_corpus(root / "d.csv")), **TINY})
+    training.train("classify", run, {"data": str(write_corpus(root / "d.csv")), **TINY})
     return run
 
 

@@ -16,8 +16,8 @@ import explore_runs  # noqa: E402  (tiny run folders of every kind)
 
 from attnlab.cli import main  # noqa: E402
 from attnlab.compress.int8 import Int8Linear  # noqa: E402
-from attnlab.tasks import runner  # noqa: E402
-from attnlab.tasks.runs import load_run  # noqa: E402
+from attnlab.runs import training  # noqa: E402
+from attnlab.runs.load import load_run  # noqa: E402
 
 CLASSIFY = {"d_model": "32", "n_heads": "2", "n_layers": "1", "d_ff": "64", "epochs": "6",
             "batch_size": "16", "lr": "3e-3", "tensorboard": "false", "precision": "fp32",
@@ -42,7 +42,7 @@ def classify_run(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("quantize")
     torch.set_num_threads(1)
     data = classify_corpus(root / "train.csv")
-    runner.train("classify", root / "run", {"data": str(data), **CLASSIFY})
+    training.train("classify", root / "run", {"data": str(data), **CLASSIFY})
     return root / "run"
 
 
@@ -100,7 +100,7 @@ def test_quantized_lm_and_translation_runs(tmp_path, capsys) -> None:
     lines = [f"{random.Random(i).choice(['anna', 'bob'])} sees cleo." for i in range(400)]
     (tmp_path / "c.txt").write_text("\n".join(lines) + "\n")
     lm_run = tmp_path / "lm"
-    runner.train("lm", lm_run, {"data": str(tmp_path / "c.txt"), "max_steps": "30",
+    training.train("lm", lm_run, {"data": str(tmp_path / "c.txt"), "max_steps": "30",
                                 "eval_every": "30", "sample_tokens": "0", "eval_windows": "4"},
                  "quick")  # fmt: skip
     assert main(["quantize", str(lm_run), "--out", str(tmp_path / "lm8")]) == 0
@@ -133,7 +133,7 @@ RUN_KINDS = {
 @pytest.mark.parametrize("kind", list(RUN_KINDS))
 def test_every_run_kind_quantizes_and_loads(kind, tmp_path) -> None:
     """Tiny run folders of every kind (tests/explore/explore_runs.py, random weights)."""
-    from attnlab.tasks.quantize import quantize_run
+    from attnlab.commands.quantize import quantize_run
 
     info = quantize_run(RUN_KINDS[kind](tmp_path / "run"), tmp_path / "q")
     model = load_run(tmp_path / "q").model

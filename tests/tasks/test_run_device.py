@@ -13,7 +13,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "explore"))
 import explore_runs  # noqa: E402  (tiny run folders of every kind)
 
-from attnlab.tasks import load_run  # noqa: E402
+from attnlab.runs import load_run  # noqa: E402
 
 
 @pytest.fixture(scope="module")

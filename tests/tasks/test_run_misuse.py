@@ -12,7 +12,7 @@ import torch
 from _cli import TINY, probe, snapshot, train, write_corpus
 
 from attnlab.cli import main
-from attnlab.tasks.runs import load_run
+from attnlab.runs.load import load_run
 from attnlab.train.checkpoint import save_weights
 
 
@@ -212,7 +212,7 @@ def test_attention_settings_with_an_attention_free_mixer_are_refused(mixer, tmp_
 
 
 def test_bench_refuses_negative_threads_and_writes_inside_an_out_folder(tmp_path, capsys):
-    from attnlab.bench.run import report_path
+    from attnlab.bench.command import report_path
 
     probe(capsys, ["bench", "--num-threads", "-2", "--out", str(tmp_path / "r")], "-2")
     assert list(tmp_path.iterdir()) == []

@@ -16,10 +16,10 @@ import pytest
 from _cli import TINY, probe, snapshot, train, write_corpus
 
 from attnlab.cli import main
-from attnlab.tasks import rundir
+from attnlab.runs import folder
 
 HOLD_STAGING = (
-    "import sys, time\nfrom pathlib import Path\nfrom attnlab.tasks.rundir import Staging\n"
+    "import sys, time\nfrom pathlib import Path\nfrom attnlab.runs.folder import Staging\n"
     "s = Staging(Path(sys.argv[1])).__enter__()\nprint(s.path, flush=True)\ntime.sleep(60)"
 )
 
@@ -47,7 +47,7 @@ def test_a_start_killed_during_start_up_is_cleaned_by_the_next(tmp_path, corpus)
     proc, staging = hold_staging(out)
     proc.kill()  # kill -9 during start-up: the staging folder stays behind
     proc.wait()
-    assert staging.is_dir() and rundir.stale_staging(staging)
+    assert staging.is_dir() and folder.stale_staging(staging)
     assert train(out, corpus, "--max-steps", "2", "--eval-every", "2") == 0
     assert not list(tmp_path.glob(".R.starting-*")), "the stale staging folder is removed"
     assert (out / "config.json").is_file()
@@ -63,7 +63,7 @@ def test_stale_staging_is_told_by_its_lock_not_its_pid(tmp_path, corpus) -> None
     (mine / "config.json").write_text("{}")
     proc, living = hold_staging(tmp_path / "R")
     try:
-        assert not rundir.stale_staging(living)
+        assert not folder.stale_staging(living)
         assert train(out, corpus, "--max-steps", "2", "--eval-every", "2") == 0
         assert not mine.exists()
         assert living.is_dir(), "a start in progress keeps its folder"
@@ -72,9 +72,9 @@ def test_stale_staging_is_told_by_its_lock_not_its_pid(tmp_path, corpus) -> None
         proc.wait()
     empty = tmp_path / ".S.starting-7"  # a start killed between mkdir and its lock
     empty.mkdir()
-    assert not rundir.stale_staging(empty)  # young: could be a start about to lock it
+    assert not folder.stale_staging(empty)  # young: could be a start about to lock it
     os.utime(empty, (0, 0))
-    assert rundir.stale_staging(empty)
+    assert folder.stale_staging(empty)
 
 
 # ---------------------------------------------------------------------------- --out targets
@@ -96,25 +96,25 @@ def test_outs_that_cannot_hold_a_run_give_one_line(tmp_path, corpus, capsys) -> 
 
 
 @contextlib.contextmanager
-def tmpfs(folder: Path, size: str, options: str = ""):
-    """A small tmpfs at ``folder`` (skips where this machine cannot mount one)."""
-    folder.mkdir()
+def tmpfs(where: Path, size: str, options: str = ""):
+    """A small tmpfs at ``where`` (skips where this machine cannot mount one)."""
+    where.mkdir()
     mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}{options}", "tmpfs", str(folder)],
+        ["mount", "-t", "tmpfs", "-o", f"size={size}{options}", "tmpfs", str(where)],
         capture_output=True,
     )
     if mounted.returncode != 0:
         pytest.skip("cannot mount a tmpfs here (needs root); the ENOSPC probes below still run")
     try:
-        yield folder
+        yield where
     finally:
-        subprocess.run(["umount", "-l", str(folder)], check=False)
+        subprocess.run(["umount", "-l", str(where)], check=False)
 
 
-def fill(folder: Path, leave: int) -> Path:
-    """Fill the file system of ``folder`` until about ``leave`` bytes are free."""
-    free = os.statvfs(folder).f_bavail * os.statvfs(folder).f_frsize
-    filler = folder / "filler"
+def fill(where: Path, leave: int) -> Path:
+    """Fill the file system of ``where`` until about ``leave`` bytes are free."""
+    free = os.statvfs(where).f_bavail * os.statvfs(where).f_frsize
+    filler = where / "filler"
     with open(filler, "wb") as handle:
         handle.write(b"\0" * max(free - leave, 0))
     return filler
@@ -189,21 +189,21 @@ def finished(tmp_path_factory, corpus) -> Path:
 
 
 @contextlib.contextmanager
-def read_only(folder: Path):
-    """``folder`` read-only: a read-only bind mount where possible, else chmod (non-root)."""
-    bound = subprocess.run(["mount", "--bind", str(folder), str(folder)], capture_output=True)
+def read_only(where: Path):
+    """``where`` read-only: a read-only bind mount where possible, else chmod (non-root)."""
+    bound = subprocess.run(["mount", "--bind", str(where), str(where)], capture_output=True)
     if bound.returncode == 0:
-        remount = ["mount", "-o", "remount,bind,ro", str(folder)]
+        remount = ["mount", "-o", "remount,bind,ro", str(where)]
         if subprocess.run(remount, capture_output=True).returncode == 0:
             try:
                 yield "read-only file system"
             finally:
-                subprocess.run(["umount", "-l", str(folder)], check=False)
+                subprocess.run(["umount", "-l", str(where)], check=False)
             return
-        subprocess.run(["umount", "-l", str(folder)], check=False)
+        subprocess.run(["umount", "-l", str(where)], check=False)
     if os.geteuid() == 0:
         pytest.skip("root can write through chmod and this machine cannot mount read-only")
-    modes = {p: p.stat().st_mode for p in [folder, *folder.rglob("*")]}
+    modes = {p: p.stat().st_mode for p in [where, *where.rglob("*")]}
     for p in modes:
         p.chmod(modes[p] & ~0o222)
     try:

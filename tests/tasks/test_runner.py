@@ -18,8 +18,8 @@ import pytest
 from _cli import TINY, probe, snapshot, write_corpus
 
 from attnlab.cli import main
-from attnlab.tasks import load_run, rundir
-from attnlab.tasks.registry import REGISTRY, get_task
+from attnlab.runs import folder, load_run
+from attnlab.runs.registry import REGISTRY, get_task
 
 
 @pytest.fixture(scope="module")
@@ -142,22 +142,22 @@ def test_invalid_options_leave_no_files(tmp_path, corpus, capsys, bad, needle) -
 
 
 def test_the_lock_refuses_a_second_writer_and_names_the_holder(tmp_path: Path) -> None:
-    folder = tmp_path / "run"
-    folder.mkdir()
+    run = tmp_path / "run"
+    run.mkdir()
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom attnlab.tasks.rundir import RunLock\n"
+        [sys.executable, "-c", "import sys, time\nfrom attnlab.runs.folder import RunLock\n"
          "lock = RunLock(__import__('pathlib').Path(sys.argv[1])).acquire()\n"
-         "print('held', flush=True)\ntime.sleep(60)", str(folder)],
+         "print('held', flush=True)\ntime.sleep(60)", str(run)],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(ValueError, match=f"pid {holder.pid} on .* since"):
-            rundir.RunLock(folder).acquire()
+            folder.RunLock(run).acquire()
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
-    rundir.RunLock(folder).acquire().release()  # a killed holder leaves no stale lock
+    folder.RunLock(run).acquire().release()  # a killed holder leaves no stale lock
 
 
 def test_two_trainings_into_one_out_cannot_mix(tmp_path, corpus, capsys) -> None:
@@ -185,7 +185,7 @@ def test_two_trainings_into_one_out_cannot_mix(tmp_path, corpus, capsys) -> None
 
 def test_a_start_that_loses_the_race_discards_only_its_own_files(tmp_path: Path) -> None:
     out = tmp_path / "R"
-    staging = rundir.Staging(out).__enter__()
+    staging = folder.Staging(out).__enter__()
     (staging.path / "config.json").write_text("{}")
     out.mkdir()
     (out / "config.json").write_text('{"task": "other"}')  # another start published first
@@ -214,7 +214,7 @@ def test_help_shows_the_values_the_command_will_use(capsys) -> None:
         main(["train", "classify", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     preset = get_task("classify")
-    from attnlab.tasks.runner import build_config
+    from attnlab.runs.training import build_config
 
     cfg = build_config(preset, None, {})
     shown = dict(re.findall(r"--(\w+) \S+ .*?\(default: ([^)]*)\)", text))

@@ -16,7 +16,7 @@ import json
 import pytest
 
 from attnlab.verify import checks_torch, command, registry
-from attnlab.verify.runner import ERROR, FAIL, MISSING, PASS, Check, Oracle, run_check
+from attnlab.verify.check import ERROR, FAIL, MISSING, PASS, Check, Oracle, run_check
 
 pytest.importorskip("transformers")
 

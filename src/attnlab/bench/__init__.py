@@ -5,7 +5,7 @@ timing.py    interleaved timing rounds; CUDA events on a GPU
 memory.py    peak memory of one step, in a fresh process
 suites.py    the benchmarks: kernels, MHA, encoder layer, GPT step, generation
 scaling.py   one block's time and memory against sequence length, with fitted exponents
-report.py    the markdown report; run.py ties them together
+report.py    the markdown report; command.py ties them together (`attnlab bench`)
 """
 
 SECTIONS = ("kernels", "mha", "encoder_layer", "gpt_step", "e5_step", "generation", "scaling")

@@ -30,7 +30,7 @@ class Source:
 def load_source(run: str | Path) -> Source:
     """A run directory (classify, BERT fine-tune, lm, translate, vit, cnn), a Hugging Face GPT-2
     directory, a BERT checkpoint directory, or ``"minilm"`` (the shipped all-MiniLM-L6-v2)."""
-    from attnlab.tasks.bert import SentenceEncoder
+    from attnlab.infer.embeddings import SentenceEncoder
 
     name = str(run)
     if name == "minilm":
@@ -49,7 +49,7 @@ def load_source(run: str | Path) -> Source:
         return Source("gpt", LMRun.load(path), path.name)
     if raw.get("model_type") == "bert" or (path / "checkpoint" / "config.json").is_file():
         return Source("bert", SentenceEncoder.load(path), path.name)
-    from attnlab.tasks.runs import load_run
+    from attnlab.runs.load import load_run
 
     loaded = load_run(path)
     if loaded.explore_page is None:  # the Run says which page draws it (tasks.task.Run)

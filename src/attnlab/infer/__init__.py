@@ -1,2 +1,3 @@
 """Using trained weights outside training: GPT decoding (``generation``: the context window, the
-KV cache, sampling), speculative decoding, beam search for the encoder-decoder."""
+KV cache, sampling), speculative decoding, beam search for the encoder-decoder, and sentence
+embeddings from a BERT checkpoint or run (``embeddings``)."""

@@ -51,6 +51,8 @@ from attnlab.models.bert import BertClassifier, BertConfig, mean_pool
 from attnlab.models.e5 import NAME as E5
 from attnlab.models.e5 import SOURCE as E5_SOURCE
 from attnlab.models.e5 import load_e5
+from attnlab.runs.folder import WEIGHTS
+from attnlab.runs.task import Run, RunConfig, Setup, Task
 from attnlab.tasks.classify import (
     accuracy_by_tag,
     draw_heatmaps,
@@ -59,8 +61,6 @@ from attnlab.tasks.classify import (
     result_lines,
     step_fn,
 )
-from attnlab.tasks.rundir import WEIGHTS
-from attnlab.tasks.task import Run, RunConfig, Setup, Task
 from attnlab.train import TrainConfig, load_weights
 
 
@@ -267,7 +267,7 @@ def zoo_run(init: str) -> Any:
     raw = read_json(config, "run config")
     if raw.get("task") != "mlm" or raw["model"].get("arch", "bert") == "bert":
         return None
-    from attnlab.tasks.runs import load_run
+    from attnlab.runs.load import load_run
 
     return load_run(init)
 
@@ -548,7 +548,7 @@ class BertClassifierRun(Run):
 
     @classmethod
     def load(cls, run_dir: str | Path, device: str = "cpu") -> BertClassifierRun:
-        from attnlab.tasks.runs import load_run_of
+        from attnlab.runs.load import load_run_of
 
         run = load_run_of(run_dir, cls, "a fine-tuned BERT classifier", device)
         return run  # type: ignore[return-value]

@@ -31,9 +31,9 @@ from attnlab.errors import UserError
 from attnlab.interop.hf_bert import load_pretrained, resolve_checkpoint, save_pretrained
 from attnlab.models.bert import BertConfig, BertForMaskedLM
 from attnlab.models.zoo_mlm import ZooForMaskedLM
+from attnlab.runs.folder import WEIGHTS
+from attnlab.runs.task import Run, RunConfig, Setup, Task
 from attnlab.tasks.bert_classify import BertClassifyConfig, load_corpus
-from attnlab.tasks.rundir import WEIGHTS
-from attnlab.tasks.task import Run, RunConfig, Setup, Task
 from attnlab.train import StepOutput, TrainConfig, load_weights, seed_everything
 
 
@@ -289,7 +289,7 @@ class MLMRun(Run):
 
     def embed(self, texts: list[str]) -> Any:
         """Sentence vectors from the run's checkpoint (mean pooling, unit length)."""
-        from attnlab.tasks.bert import SentenceEncoder
+        from attnlab.infer.embeddings import SentenceEncoder
 
         return SentenceEncoder.load(self.run_dir).encode(texts)
 
@@ -303,7 +303,7 @@ class ZooMLMRun(MLMRun):
     def __init__(
         self, run_dir: Path, cfg: RunConfig, model: ZooForMaskedLM, tokenizer: WordPieceTokenizer
     ) -> None:
-        from attnlab.tasks.bert import SentenceEncoder
+        from attnlab.infer.embeddings import SentenceEncoder
 
         super().__init__(run_dir, cfg)
         self.model, self.tokenizer, self.max_len = model.bert, tokenizer, cfg.data.max_len

@@ -50,10 +50,10 @@ from attnlab.models.classifier import (
     TextClassifierEnsemble,
     build_classifier,
 )
-from attnlab.tasks import runner
+from attnlab.runs import training
+from attnlab.runs.folder import WEIGHTS
+from attnlab.runs.task import Run, RunConfig, Setup, Task
 from attnlab.tasks.classify_pretrain import pretrain_encoder
-from attnlab.tasks.rundir import WEIGHTS
-from attnlab.tasks.task import Run, RunConfig, Setup, Task
 from attnlab.train import StepOutput, TrainConfig, load_weights
 
 # The tutorial's own examples and the label each must get.
@@ -156,7 +156,7 @@ SECTIONS: dict[str, type[ConfigBase]] = {
 
 def build_config(preset: str | Path | None, overrides: dict[str, Any]) -> RunConfig:
     """Defaults <- presets/classify.toml <- a user preset (file or bundled name) <- fields."""
-    return runner.build_config(TASK, preset, overrides)
+    return training.build_config(TASK, preset, overrides)
 
 
 # ---------------------------------------------------------------------------- data
@@ -493,7 +493,7 @@ class ClassifyTask(Task):
                 model, prep.unlabeled, prep.tokenizer, steps=d.pretrain_steps,
                 batch_size=cfg.train.batch_size, lr=d.pretrain_lr, max_len=d.pretrain_len,
                 mask_prob=d.pretrain_mask, seed=cfg.train.seed, device=prep.device,
-                log=runner.say,
+                log=training.say,
             )  # fmt: skip
         m = cfg.model
         n_params = sum(p.numel() for p in model.parameters())
@@ -685,7 +685,7 @@ class ClassifierRun(Run):
 
     @classmethod
     def load(cls, run_dir: str | Path, device: str = "cpu") -> ClassifierRun:
-        from attnlab.tasks.runs import load_run_of
+        from attnlab.runs.load import load_run_of
 
         return load_run_of(run_dir, cls, "a classifier", device)  # type: ignore[return-value]
 

@@ -24,8 +24,8 @@ import torch.nn.functional as F
 from attnlab.configs import ConfigBase, setting
 from attnlab.data import ClassificationData
 from attnlab.errors import UserError
+from attnlab.runs.task import RunConfig, Setup
 from attnlab.tasks.classify import SECTIONS, ClassifyTask, Prepared
-from attnlab.tasks.task import RunConfig, Setup
 from attnlab.train import StepOutput
 
 
@@ -123,7 +123,7 @@ class DistillTask(ClassifyTask):
             raise UserError("distill trains one student; set members = 1")
 
     def setup(self, cfg: RunConfig, run_dir: Path, resume: bool, device: str) -> Setup:
-        from attnlab.tasks.runs import load_run
+        from attnlab.runs.load import load_run
 
         setup = super().setup(cfg, run_dir, resume, device)
         teacher = load_run(cfg.distill.teacher)

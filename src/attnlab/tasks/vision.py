@@ -43,9 +43,9 @@ from attnlab.metrics import classification_report, format_report
 from attnlab.models.registry import model_entry
 from attnlab.models.swin import Swin, SwinConfig
 from attnlab.models.vit import ViT, ViTConfig
-from attnlab.tasks import runner
-from attnlab.tasks.rundir import WEIGHTS
-from attnlab.tasks.task import Run, RunConfig, Setup, Task
+from attnlab.runs import training
+from attnlab.runs.folder import WEIGHTS
+from attnlab.runs.task import Run, RunConfig, Setup, Task
 from attnlab.tensor_files import load_tensors_into, read_tensors
 from attnlab.train import StepOutput, TrainConfig
 
@@ -90,7 +90,7 @@ def sections(arch: Arch) -> dict[str, type[ConfigBase]]:
 
 def build_config(arch: Arch, preset: str | Path | None, overrides: dict[str, Any]) -> RunConfig:
     """Defaults <- presets/<arch>.toml <- a user TOML (sections or flat keys) <- command line."""
-    return runner.build_config(TASKS[arch], preset, overrides)
+    return training.build_config(TASKS[arch], preset, overrides)
 
 
 # ---------------------------------------------------------------------------- data
@@ -216,7 +216,7 @@ MAE_SHAPE = ("patch_size", "d_model", "n_layers", "n_heads", "d_ff", "activation
 def adopt_mae_shape(cfg: RunConfig) -> str:
     """Give the ViT of ``cfg`` the shape of the MAE run ``cfg.data.init``'s encoder (patch stem,
     sin-cos positions, class token); returns the line that says so."""
-    from attnlab.tasks.rundir import read_config
+    from attnlab.runs.folder import read_config
 
     raw = read_config(Path(cfg.data.init))
     if raw.get("task") != "mae":
@@ -424,7 +424,7 @@ class VisionRun(Run):
 
     @classmethod
     def load(cls, run_dir: str | Path, device: str = "cpu") -> VisionRun:
-        from attnlab.tasks.runs import load_run_of
+        from attnlab.runs.load import load_run_of
 
         return load_run_of(run_dir, cls, "a vision run", device)  # type: ignore[return-value]
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
+from attnlab.verify.check import Measure
 from attnlab.verify.checks_torch import choice, randint
-from attnlab.verify.runner import Measure
 
 # Common characters of Chinese reviews: the vocabulary's CJK pieces (others become [UNK]).
 CHARS = (

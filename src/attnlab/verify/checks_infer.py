@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab.verify.runner import Measure
+from attnlab.verify.check import Measure
 
 F64 = torch.float64
 

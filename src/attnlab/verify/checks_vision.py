@@ -17,9 +17,9 @@ from torch import Tensor, nn
 from attnlab.models.mae import MAE, MAEConfig
 from attnlab.models.swin import Swin, SwinConfig
 from attnlab.models.vit import ViT, ViTConfig
+from attnlab.verify.check import Measure
 from attnlab.verify.checks_hf import _transformers
 from attnlab.verify.checks_torch import choice, randint
-from attnlab.verify.runner import Measure
 
 F64 = torch.float64
 

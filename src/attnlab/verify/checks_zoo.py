@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from attnlab.verify.check import Measure
 from attnlab.verify.checks_hf import _transformers, backward_both, scramble
 from attnlab.verify.checks_torch import choice, randint
 from attnlab.verify.copy_weights import Link, _cat, _covers, copy_links
-from attnlab.verify.runner import Measure
 
 F64 = torch.float64
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from attnlab.errors import UserError
 
 if TYPE_CHECKING:  # torch and the checks load only when verify runs (`attnlab --help` stays fast)
-    from attnlab.verify.runner import Row
+    from attnlab.verify.check import Row
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -60,7 +60,7 @@ def select(only: str) -> list:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from attnlab.verify.runner import failed, format_table, run_checks, write_json
+    from attnlab.verify.check import failed, format_table, run_checks, write_json
 
     checks = select(args.only)
     if args.json:
@@ -110,7 +110,7 @@ def _progress(total: int):
 
 
 def summary(rows: list[Row], wall: float, seed: int) -> str:
-    from attnlab.verify.runner import MISSING, PASS
+    from attnlab.verify.check import MISSING, PASS
 
     n_pass = sum(r.status == PASS for r in rows)
     missing = [r for r in rows if r.status == MISSING]

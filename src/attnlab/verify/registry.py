@@ -23,9 +23,9 @@ from attnlab.verify import checks_optim as opt
 from attnlab.verify import checks_torch as pt
 from attnlab.verify import checks_vision as vis
 from attnlab.verify import checks_zoo as zoo
+from attnlab.verify.check import Check, Oracle
 from attnlab.verify.checks_bert_dir import check_chinese_bert_dir
 from attnlab.verify.checks_minilm import check_minilm
-from attnlab.verify.runner import Check, Oracle
 
 TRANSFORMERS = Oracle(
     "transformers", "pip install 'attnlab[verify]' (Hugging Face transformers >= 5)"

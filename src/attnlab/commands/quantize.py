@@ -17,8 +17,8 @@ from torch import nn
 from attnlab.compress.int8 import Activations, quantize_model
 from attnlab.data.io import write_json
 from attnlab.errors import UserError
-from attnlab.tasks.rundir import LOCK, QUANTIZED, WEIGHTS, check_not_quantized, derived_copy
-from attnlab.tasks.runs import load_run
+from attnlab.runs.folder import LOCK, QUANTIZED, WEIGHTS, check_not_quantized, derived_copy
+from attnlab.runs.load import load_run
 from attnlab.tensor_files import read_tensors
 from attnlab.train.checkpoint import save_weights
 

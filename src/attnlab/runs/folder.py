@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.errors import UserError
-from attnlab.tasks.task import FORMAT
+from attnlab.runs.task import FORMAT
 
 LOCK = ".lock"
 CONFIG = "config.json"

@@ -18,8 +18,8 @@ from typing import Any
 
 from attnlab.data.io import read_json, write_json
 from attnlab.errors import UserError
-from attnlab.tasks.rundir import CONFIG, WEIGHTS
-from attnlab.tasks.task import RunConfig
+from attnlab.runs.folder import CONFIG, WEIGHTS
+from attnlab.runs.task import RunConfig
 
 RECORD = "data_files.json"
 

@@ -1,11 +1,12 @@
 """What a task is: its config sections and the few steps that are its own.
 
-The runner (:mod:`attnlab.tasks.runner`) owns every step that all tasks share: the run directory
-and its lock, building and validating the config, resume, seeding, the engine, reloading the
-best weights and writing results. A task only says what is specific to it, by overriding the
-methods of :class:`Task` below. :class:`Run` is a finished run loaded for use; the verbs it
-supports (predict, evaluate, attention, generate, translate, embed) are its methods, and
-``verbs`` lists them, so every command can dispatch through :func:`attnlab.tasks.load_run`.
+The runner (:mod:`attnlab.runs.training`) owns every step that all tasks share: the run
+directory and its lock, building and validating the config, resume, seeding, the engine,
+reloading the best weights and writing results. A task only says what is specific to it, by
+overriding the methods of :class:`Task` below. :class:`Run` is a finished run loaded for use;
+the verbs it supports (predict, evaluate, attention, generate, translate, embed) are its
+methods, and ``verbs`` lists them, so every command can dispatch through
+:func:`attnlab.runs.load_run`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any, ClassVar
 from attnlab.configs import ConfigBase, to_dict
 from attnlab.errors import UserError
 
-FORMAT = 2  # version of the config.json layout, the only one rundir.read_config reads
+FORMAT = 2  # version of the config.json layout, the only one folder.read_config reads
 
 # Fields a resumed run may change: they steer how long and how visibly it goes on, not what it
 # learns from or what the model is.

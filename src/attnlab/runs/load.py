@@ -7,26 +7,26 @@ from pathlib import Path
 import torch
 
 from attnlab.errors import UserError
-from attnlab.tasks import datafiles, rundir
-from attnlab.tasks.registry import get_task
-from attnlab.tasks.runner import saved_config
-from attnlab.tasks.task import Run
+from attnlab.runs import datafiles, folder
+from attnlab.runs.registry import get_task
+from attnlab.runs.task import Run
+from attnlab.runs.training import saved_config
 
 
 def load_run(run_dir: str | Path, device: str = "cpu") -> Run:
     """The run in ``run_dir`` with the verbs that apply to it (``run.verbs``).
 
-    A config.json of another layout is refused (rundir.read_config); weights are checked on
+    A config.json of another layout is refused (folder.read_config); weights are checked on
     load (checksum, finite values)."""
     run_dir = Path(run_dir)
-    raw = rundir.read_config(run_dir)
+    raw = folder.read_config(run_dir)
     task = get_task(raw["task"])
     try:
         cfg = saved_config(task, raw)
     except ValueError as err:
-        raise UserError(f"{run_dir / rundir.CONFIG}: {err}") from None
+        raise UserError(f"{run_dir / folder.CONFIG}: {err}") from None
     datafiles.relocate(cfg, run_dir)  # data files that moved, found again by their content
-    weights = rundir.WEIGHTS
+    weights = folder.WEIGHTS
     if not (run_dir / weights).is_file():
         raise UserError(
             f"{run_dir} has no {weights} yet: training has not finished its first evaluation; "

@@ -5,7 +5,7 @@
      on ``--resume`` read the saved one and accept only the changes that are safe to resume
      with; validate everything before a file is written;
   2. take the run directory: a new run is assembled in a staging folder and renamed into place,
-     a resumed one is locked (one writer at a time, see rundir);
+     a resumed one is locked (one writer at a time, see :mod:`attnlab.runs.folder`);
   3. the task prepares its data; the runner writes config.json and the task's files, seeds,
      builds the model and hands everything to the engine (exact resume, DDP, precision);
   4. rank 0 reloads the best weights, asks the task for its results and writes results.json.
@@ -26,9 +26,9 @@ from typing import Any
 from attnlab.configs import apply_overrides, from_dict, load_toml, to_dict
 from attnlab.data.io import read_json, write_json
 from attnlab.errors import UserError
-from attnlab.tasks import datafiles, rundir, sections
-from attnlab.tasks.registry import get_task
-from attnlab.tasks.task import RESUMABLE_FIELDS, RunConfig, Task
+from attnlab.runs import datafiles, folder, sections
+from attnlab.runs.registry import get_task
+from attnlab.runs.task import RESUMABLE_FIELDS, RunConfig, Task
 
 DIVERGED = "diverged.json"  # written when training diverged; allows a resume with another lr
 FREE = "free space or choose another --out"
@@ -147,9 +147,9 @@ def say(msg: str) -> None:
 
 
 @contextlib.contextmanager
-def _take_folder(out: Path, resume: bool) -> Iterator[tuple[Path, rundir.Staging | None]]:
+def _take_folder(out: Path, resume: bool) -> Iterator[tuple[Path, folder.Staging | None]]:
     """(folder to prepare in, staging) for rank 0; other ranks get a private scratch folder."""
-    if not rundir.is_main_process():
+    if not folder.is_main_process():
         if resume:  # rank 0 only rewrites config.json: the data files can be read in place
             yield out, None
             return
@@ -157,13 +157,13 @@ def _take_folder(out: Path, resume: bool) -> Iterator[tuple[Path, rundir.Staging
             yield Path(scratch), None
         return
     if resume:
-        with rundir.RunLock(out):
+        with folder.RunLock(out):
             yield out, None
         return
     made = [d for d in (out.parent, *out.parent.parents) if not d.exists()]
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with rundir.Staging(out) as staging:
+        with folder.Staging(out) as staging:
             try:
                 yield staging.path, staging
             finally:
@@ -187,13 +187,13 @@ def train(
     from attnlab.train.checkpoint import check_checkpoint
 
     task, out, overrides = get_task(task_name), Path(out), dict(overrides or {})
-    main = rundir.is_main_process()
+    main = folder.is_main_process()
     if main:
-        rundir.check_target(out, resume)
+        folder.check_target(out, resume)
     record: dict[str, Any] = {}
     if resume:
-        rundir.check_resumable(out)
-        raw = rundir.read_config(out)
+        folder.check_resumable(out)
+        raw = folder.read_config(out)
         if raw["task"] != task.name:
             raise UserError(
                 f"--resume: {out} holds a {raw['task']!r} run, not {task.name!r}; "
@@ -209,8 +209,8 @@ def train(
         cfg = build_config(task, preset, overrides)
         record = datafiles.resolve(cfg, task.data_paths)
     try:
-        with _take_folder(out, resume) as (folder, staging):
-            return _train(task, cfg, out, folder, staging, record, resume, device)
+        with _take_folder(out, resume) as (work, staging):
+            return _train(task, cfg, out, work, staging, record, resume, device)
     except FloatingPointError as err:  # the loss or gradients diverged
         if main:
             with contextlib.suppress(OSError):
@@ -221,7 +221,7 @@ def train(
             f"--lr {cfg.train.lr / 10:g}`"
         ) from None
     except Exception as err:
-        why = rundir.write_failure(err)
+        why = folder.write_failure(err)
         if why is None:
             raise
         raise UserError(_write_failure_message(task, out, why, resume)) from None
@@ -231,25 +231,26 @@ def _train(
     task: Task,
     cfg: RunConfig,
     out: Path,
-    folder: Path,
-    staging: rundir.Staging | None,
+    work: Path,
+    staging: folder.Staging | None,
     record: Mapping[str, Any],
     resume: bool,
     device: str,
 ) -> dict[str, Any]:
-    """Prepare, write the run's files, train and report (``train`` once the folder is taken)."""
+    """Prepare in ``work`` (the run folder, or a scratch one off rank 0), write the run's files,
+    train and report (``train`` once the folder is taken)."""
     from attnlab.train import Trainer, load_weights, seed_everything
 
-    main = rundir.is_main_process()
-    setup = task.setup(cfg, folder, resume, device)
+    main = folder.is_main_process()
+    setup = task.setup(cfg, work, resume, device)
     seed_everything(cfg.train.seed)
     model = task.build_model(cfg, setup)
     if main:
-        rundir.write_config(folder, cfg.to_json())
-        datafiles.write_record(folder, record)
+        folder.write_config(work, cfg.to_json())
+        datafiles.write_record(work, record)
         if not resume:
             for name, write in setup.files.items():
-                write(folder / name)
+                write(work / name)
         say(f"run directory: {out}")
         for line in setup.messages:
             say(line)
@@ -262,7 +263,7 @@ def _train(
     if not main:
         return {"summary": summary}
     (out / DIVERGED).unlink(missing_ok=True)
-    load_weights(model, out / rundir.WEIGHTS)
+    load_weights(model, out / folder.WEIGHTS)
     model.to(device).eval()
     results = {"summary": summary, **task.finish(cfg, setup, model, out, device)}
     write_json(out / "results.json", results)
@@ -299,7 +300,7 @@ def _write_failure_message(task: Task, out: Path, why: str, resume: bool) -> str
     """The one line for a run whose files could not be written (disk full, read-only, ...)."""
     from attnlab.train.checkpoint import STATE, recover_state_dir
 
-    if not (out / rundir.CONFIG).exists():  # a start: its staging folder is gone already
+    if not (out / folder.CONFIG).exists():  # a start: its staging folder is gone already
         return f"cannot write the new run {out} ({why}); nothing was kept: {FREE}"
     with contextlib.suppress(OSError):
         recover_state_dir(out)  # drop a half-written state.tmp/, keep the last whole checkpoint

@@ -57,7 +57,7 @@ class SentenceEncoder:
         if zoo.is_file() and '"arch": "' in zoo.read_text(encoding="utf-8"):
             raw = json.loads(zoo.read_text(encoding="utf-8"))
             if raw.get("task") == "mlm" and raw["model"].get("arch", "bert") != "bert":
-                from attnlab.tasks.runs import load_run  # an ALBERT/DeBERTa `train mlm` run
+                from attnlab.runs.load import load_run  # an ALBERT/DeBERTa `train mlm` run
 
                 return load_run(checkpoint).encoder  # type: ignore[attr-defined]
         path = resolve_checkpoint(checkpoint)

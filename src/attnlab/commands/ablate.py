@@ -21,8 +21,8 @@ from typing import Any
 
 from attnlab.configs import parse_key_values
 from attnlab.errors import UserError
-from attnlab.tasks import runner, sections
-from attnlab.tasks.registry import get_task
+from attnlab.runs import sections, training
+from attnlab.runs.registry import get_task
 
 COLUMNS = (
     "variant",
@@ -75,7 +75,7 @@ def variants(
 
 
 def _flat_preset(config: str | None, fixed: dict[str, str]) -> dict[str, Any]:
-    cfg = runner.build_config("classify", config, fixed)
+    cfg = training.build_config("classify", config, fixed)
     flat: dict[str, Any] = {}
     for part in cfg.sections.values():
         flat.update(vars(part))
@@ -126,7 +126,7 @@ def run_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
                 file=sys.stderr,
             )
             settings = {**fixed, **overrides, "seed": str(seed), "tensorboard": "false"}
-            runner.train(
+            training.train(
                 "classify",
                 run_dir,
                 settings,

@@ -2,7 +2,7 @@
 
 An entry is a name, a one-line help and the module that implements it; nothing heavy is
 imported until a task is used, so `attnlab --help` and `attnlab train --help` stay fast (no
-torch). The module defines ``TASK``, an instance of :class:`attnlab.tasks.task.Task`.
+torch). The module defines ``TASK``, an instance of :class:`attnlab.runs.task.Task`.
 Adding a task = one module + one line here (docs/extending.md walks through an example).
 """
 
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from attnlab.errors import UserError
 
 if TYPE_CHECKING:
-    from attnlab.tasks.task import Task
+    from attnlab.runs.task import Task
 
 
 @dataclass(frozen=True)

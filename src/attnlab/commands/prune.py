@@ -20,14 +20,14 @@ import torch.nn.functional as F
 
 from attnlab.compress.heads import head_importance, heads_to_remove, prune_heads
 from attnlab.errors import UserError
-from attnlab.tasks import rundir
-from attnlab.tasks.rundir import WEIGHTS
-from attnlab.tasks.runs import load_run
+from attnlab.runs import folder
+from attnlab.runs.folder import WEIGHTS
+from attnlab.runs.load import load_run
 from attnlab.train.checkpoint import save_weights
 
 # Files of the source run that are not copied: its weights, training state, lock and results
 # (prune.json holds the pruned model's).
-_SKIP = {WEIGHTS, "state", rundir.LOCK, "results.json", "test_report.txt"}
+_SKIP = {WEIGHTS, "state", folder.LOCK, "results.json", "test_report.txt"}
 
 
 def validation_data(run: Any) -> Any:
@@ -97,7 +97,7 @@ def prune_run(source: str | Path, n_heads: int, out: str | Path) -> dict[str, An
     out = Path(out)
     if out.exists():
         raise UserError(f"{out} exists; prune writes a new run folder, give another --out")
-    rundir.check_not_quantized(Path(source), "prune")
+    folder.check_not_quantized(Path(source), "prune")
     run = load_run(source)
     model = prunable_model(run).float().eval()
     data = batches(validation_data(run))
@@ -109,7 +109,7 @@ def prune_run(source: str | Path, n_heads: int, out: str | Path) -> dict[str, An
         raise UserError(f"--heads {n_heads}: {err}") from None
     kept = prune_heads(model, remove)
     after = accuracy(model, data)
-    raw = rundir.read_config(run.run_dir)
+    raw = folder.read_config(run.run_dir)
     raw["model"]["heads_per_layer"] = list(kept)
     report = {
         "source": str(run.run_dir),
@@ -124,8 +124,8 @@ def prune_run(source: str | Path, n_heads: int, out: str | Path) -> dict[str, An
         "parameters_before": size_before,
         "parameters_after": count_parameters(model),
     }
-    with rundir.derived_copy(run.run_dir, out, _SKIP) as staging:
-        rundir.write_config(staging, raw)
+    with folder.derived_copy(run.run_dir, out, _SKIP) as staging:
+        folder.write_config(staging, raw)
         save_weights(model, staging / WEIGHTS)
-        (staging / rundir.PRUNED).write_text(json.dumps(report, indent=2) + "\n")
+        (staging / folder.PRUNED).write_text(json.dumps(report, indent=2) + "\n")
     return report
