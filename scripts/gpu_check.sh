@@ -30,7 +30,7 @@
 #              --batch-size 64 --max-minutes 1.25` (nanoGPT's Shakespeare model with its GPU
 #              batch)  -> runs/lm/
 #   flash_triton  the Triton FlashAttention forward (attnlab.layers.flash_triton): its tests compiled
-#              and run on the GPU (ATTNLAB_TEST_DEVICE=cuda pytest tests/test_flash_triton.py),
+#              and run on the GPU (ATTNLAB_TEST_DEVICE=cuda pytest tests/layers/test_flash_triton.py),
 #              then benchmarks/attention/flash_triton.py, its forward time and peak memory beside SDPA
 #              and attnlab.layers.flash at T = 1k..8k, bf16  -> tests/flash_triton.xml,
 #              bench/flash_triton.{json,md}. Last, so it never squeezes the stages above: it
@@ -160,13 +160,13 @@ run_stage install "" "$([ "$DRY" = 1 ] && echo 'dry run: checks only')" -- \
 run_stage env "env.json,env.md" "" -- "${REPORT[@]}" env "$OUT" "$DEVICE"
 
 if [ "$DRY" = 1 ]; then
-  TEST_FILES=(tests/test_fused_backends.py
+  TEST_FILES=(tests/layers/test_fused_backends.py
     "tests/train/test_checkpoint.py::test_checkpoint_moves_between_devices_bitwise"
     "tests/train/test_precision.py::test_step_timing_synchronises_around_every_timed_step"
     tests/tasks/test_run_device.py)
 else
-  TEST_FILES=(tests/test_fused_backends.py tests/test_attention.py tests/test_blocks.py
-    tests/test_efficient.py tests/models/test_gpt.py tests/verify/test_hf_parity.py tests/train/test_engine.py
+  TEST_FILES=(tests/layers/test_fused_backends.py tests/layers/test_attention.py tests/layers/test_blocks.py
+    tests/layers/test_efficient.py tests/models/test_gpt.py tests/verify/test_hf_parity.py tests/train/test_engine.py
     tests/train/test_checkpoint.py tests/train/test_precision.py tests/tasks/test_run_device.py)
 fi
 run_stage tests "tests/junit.xml" "ATTNLAB_TEST_DEVICE=$DEVICE" -- \
@@ -199,7 +199,7 @@ flash_triton_stage() {
   local rc=0 bench=(--device "$DEVICE")
   [ "$DRY" = 1 ] && bench=(--quick)
   env ATTNLAB_TEST_DEVICE="$DEVICE" python3 -m pytest -q -p no:cacheprovider -rs \
-    --junitxml "$OUT/tests/flash_triton.xml" tests/test_flash_triton.py || rc=1
+    --junitxml "$OUT/tests/flash_triton.xml" tests/layers/test_flash_triton.py || rc=1
   python3 -m benchmarks.attention.flash_triton "${bench[@]}" --out "$OUT/bench/flash_triton" || rc=1
   return $rc
 }

@@ -1,13 +1,13 @@
 """The device the device-aware tests run on, and each dtype's tolerance: stated once, here.
 
-    python -m pytest tests/test_attention.py                          # CPU (the default)
-    ATTNLAB_TEST_DEVICE=cuda python -m pytest tests/test_attention.py # the same tests on CUDA
+    python -m pytest tests/layers/test_attention.py                           # CPU (the default)
+    ATTNLAB_TEST_DEVICE=cuda python -m pytest tests/layers/test_attention.py  # the same on CUDA
 
 A device-aware module opts in with ``pytestmark = pytest.mark.usefixtures("on_test_device")``
 (tests/conftest.py): each of its tests then runs with that device as torch's default device,
 so every tensor and module it builds lands there without naming it. A test that needs the
 device explicitly takes the ``device`` fixture. On CPU nothing changes at all. A test
-whose kernel does not exist on a device skips with the reason (tests/test_fused_backends.py).
+whose kernel does not exist on a device skips with the reason (tests/layers/test_fused_backends.py).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Every test starts from torch, numpy and ``random`` seeded with a seed drawn anew
 so each run of the suite checks new random inputs. When a test fails, its report carries a
 section ``attnlab seed`` with the line to replay it::
 
-    ATTNLAB_SEED=123456789 python -m pytest tests/test_attention.py::test_name
+    ATTNLAB_SEED=123456789 python -m pytest tests/layers/test_attention.py::test_name
 
 With ``ATTNLAB_SEED`` set, every test uses that seed, and it is also passed on to hypothesis
 as ``--hypothesis-seed`` (unless that is given), so the whole run is deterministic.

@@ -170,8 +170,8 @@ What held the memory of `attnlab train classify` (found with short runs, RSS rea
   to 64.
 - **Gradient checkpointing (the preset now).** Each block's activations are recomputed in the
   backward pass instead of kept (dropout masks replayed, so the numbers are the same: a test in
-  tests/test_blocks.py compares outputs and gradients). The last run of this page compares the
-  tree with `gradient_checkpointing = true` ("this tree") against the same tree with it false
+  tests/layers/test_blocks.py compares outputs and gradients). The last run of this page compares
+  the tree with `gradient_checkpointing = true` ("this tree") against the same tree with it false
   (`--before`, a copy of src/ with the preset line flipped), side by side.
 - **What remains:** the imported libraries, the parameters, gradients and AdamW
   moments (the n-gram bag alone is 65,536 × 128: 134 MB with its gradient and moments), one

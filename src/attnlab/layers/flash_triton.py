@@ -34,10 +34,10 @@ leaves), so gradients are exact but not fast.
 Triton is optional and imported only when the function is called: ``import attnlab`` never
 needs it. The kernel runs on CUDA tensors, or on CPU tensors under Triton's interpreter
 (``TRITON_INTERPRET=1``, read at each call; the kernel is decorated once per setting), which is
-how the tests prove it on a machine without a GPU (tests/test_flash_triton.py). One difference
-there: Triton 3.9's interpreter multiplies bfloat16 tiles as their raw 16-bit integers, so under
-the interpreter bfloat16 tiles are widened to float32 before ``tl.dot`` (the same products: a
-bfloat16 product is exact in float32). Its speed on a GPU is measured by
+how the tests prove it on a machine without a GPU (tests/layers/test_flash_triton.py). One
+difference there: Triton 3.9's interpreter multiplies bfloat16 tiles as their raw 16-bit integers,
+so under the interpreter bfloat16 tiles are widened to float32 before ``tl.dot`` (the same products:
+a bfloat16 product is exact in float32). Its speed on a GPU is measured by
 ``scripts/gpu_check.sh`` (stage ``flash_triton``, ``benchmarks/flash_triton.py``).
 Models reach it as the ``"triton"`` backend of
 :func:`attnlab.layers.attention.scaled_dot_product_attention` (``backend = "triton"`` in a model

@@ -96,5 +96,5 @@ register_model(
     oracle=None,
     example=images,
     tiny={"width": 8, "stages": 2, "blocks_per_stage": 1, "reduction": 4},
-    note="no oracle: tests/test_channel.py checks each attention module by hand",
+    note="no oracle: tests/layers/test_channel.py checks each attention module by hand",
 )(ResNetCNN)

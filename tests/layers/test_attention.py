@@ -48,7 +48,8 @@ pytestmark = pytest.mark.usefixtures("on_test_device")  # tests/_device.py: ATTN
 F64 = torch.float64
 TIGHT = dict(rtol=1e-9, atol=1e-11)  # float64, same maths in a different order
 SETTINGS = settings(max_examples=60, deadline=None)
-CPU_BACKENDS = ("explicit", "fused", "flash")  # "triton" needs CUDA: tests/test_flash_triton.py
+# "triton" needs CUDA: tests/layers/test_flash_triton.py
+CPU_BACKENDS = ("explicit", "fused", "flash")
 
 
 def randn(g: torch.Generator, *shape: int, grad: bool = True) -> Tensor:
