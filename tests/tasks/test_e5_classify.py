@@ -229,7 +229,7 @@ def test_extra_train_joins_the_training_split_only(tiny, reviews, tmp_path, caps
     for name in ("val", "test"):  # the same held-out reviews, nothing of the extra file
         assert after["split_sizes"][name] == before["split_sizes"][name]
         assert after["label_counts"][name] == before["label_counts"][name]
-    assert after["extra_train"]["n"] == 4 and before["extra_train"] is None
+    assert after["extra_training"]["n"] == 4 and before["extra_training"] is None
     split = json.loads((joined / "split.json").read_text())
     assert split == json.loads((plain / "split.json").read_text())
 
@@ -238,7 +238,10 @@ def test_extra_train_takes_several_corpora_and_drops_held_out_texts(
     tiny, reviews, tmp_path, capsys
 ):
     english = tmp_path / "english.csv"
-    english.write_text("text,label\nGreat film,positive\nDull and long,negative\n", "utf-8")
+    ood = "故事讲得很完整，人物关系清晰，看得很舒服。"  # an OOD dev text, and a tutorial one:
+    tutorial = "这部电影看得我热血沸腾，情节紧凑。"  # both are held out, never trained on
+    english.write_text(f"text,label\nGreat film,positive\nDull and long,negative\n"
+                       f"{ood},positive\n{tutorial},positive\n", "utf-8")  # fmt: skip
     reused = tmp_path / "reused.csv"  # every review of the main corpus: most are in val/test
     rows = sorted(set(zip(POSITIVE + NEGATIVE, ["positive"] * 4 + ["negative"] * 4)))
     reused.write_text("text,label\n" + "".join(f"{t},{y}\n" for t, y in rows), "utf-8")
@@ -249,10 +252,10 @@ def test_extra_train_takes_several_corpora_and_drops_held_out_texts(
     tsv = [line.split("\t")[0] for line in reviews.read_text("utf-8").splitlines()[1:]]
     split = json.loads((out / "split.json").read_text())["indices"]
     held_out = {tsv[i] for name in ("val", "test") for i in split[name]}
-    stats = report["extra_train"]["stats"]
-    assert stats[str(english)] == {"n": 2, "dropped_in_val_or_test": 0}
-    assert stats[str(reused)] == {"n": 8 - len(held_out), "dropped_in_val_or_test": len(held_out)}
-    assert report["extra_train"]["n"] == 2 + 8 - len(held_out) and held_out
+    stats = report["extra_training"]["stats"]
+    assert stats[str(english)] == {"n": 2, "dropped_held_out": 2}
+    assert stats[str(reused)] == {"n": 8 - len(held_out), "dropped_held_out": len(held_out)}
+    assert report["extra_training"]["n"] == 2 + 8 - len(held_out) and held_out
 
 
 def test_extra_train_with_other_labels_is_refused_before_any_folder(

@@ -57,6 +57,7 @@ from attnlab.tasks.classify import (
     accuracy_by_tag,
     draw_heatmaps,
     evaluator,
+    held_out_texts,
     predict_dataset,
     result_lines,
     step_fn,
@@ -91,7 +92,7 @@ class BertClassifyConfig(ConfigBase):
     extra_train: str = setting(
         "",
         "more training examples, added to the training split only (validation and test stay "
-        "the main corpus's; a text also in them is dropped): comma-separated pang_lee, imdb, "
+        "the main corpus's; a held-out text is dropped): comma-separated pang_lee, imdb, "
         "hownet, dutir (a lexicon's words) or CSV/TSV/JSONL files with text_col and label_col; "
         "a multilingual encoder learns from another language's reviews; '' = none",
     )
@@ -201,7 +202,7 @@ def load_extra_train(
     dcfg: BertClassifyConfig, labels: list[str], held_out: set[str]
 ) -> LabeledCorpus | None:
     """``extra_train``'s corpora as one (None when unset). Their labels must be the main
-    corpus's; a text that is also in validation or test is dropped (it would leak)."""
+    corpus's; a held-out text (validation, test, OOD, the tutorial's) is dropped."""
     if not dcfg.extra_train:
         return None
     texts: list[str] = []
@@ -219,7 +220,7 @@ def load_extra_train(
                 f"{sorted(set(labels))}; give a corpus with the same labels"
             )
         pairs = [(t, y) for t, y in zip(part.texts, part.labels) if t not in held_out]
-        stats[name] = {"n": len(pairs), "dropped_in_val_or_test": len(part.texts) - len(pairs)}
+        stats[name] = {"n": len(pairs), "dropped_held_out": len(part.texts) - len(pairs)}
         texts += [t for t, _ in pairs]
         kept += [y for _, y in pairs]
         sources.append(part.source)
@@ -383,7 +384,7 @@ class BertClassifyTask(Task):
             raise UserError("the validation split is empty; set val_ratio > 0")
         texts = {name: [corpus.texts[i] for i in idx] for name, idx in split.items()}
         labels_str = {name: [corpus.labels[i] for i in idx] for name, idx in split.items()}
-        extra = load_extra_train(dcfg, corpus.labels, set(texts["val"]) | set(texts["test"]))
+        extra = load_extra_train(dcfg, corpus.labels, held_out_texts(corpus, split))
         if extra is not None:  # after the split: it never enters validation or test
             texts["train"] += extra.texts
             labels_str["train"] += extra.labels
@@ -404,7 +405,7 @@ class BertClassifyTask(Task):
             "init": "random (from_scratch)" if dcfg.from_scratch else "pretrained",
             "notes": notes,
             "split_sizes": {name: len(v) for name, v in texts.items()},
-            "extra_train": None
+            "extra_training": None
             if extra is None
             else {"source": extra.source, "n": len(extra.texts), "stats": extra.stats},
             "label_counts": {
