@@ -86,8 +86,12 @@ def _splits(train_examples: int, extra_train: str = ""):
         [corpus.labels[i] for i in full_train],
     )
     for name in ood_files():
-        ood = load_ood(name)[0]
+        ood, tags = load_ood(name)
         out[f"ood_{name}"] = (ood.texts, ood.labels)
+        out[f"contrast_{name}"] = (  # the 转折 sentences (虽然…但是, 可惜, 不过 …)
+            [t for t, tag in zip(ood.texts, tags) if tag["phenomenon"] == "contrast"],
+            [y for y, tag in zip(ood.labels, tags) if tag["phenomenon"] == "contrast"],
+        )
     out["tutorial"] = ([t for t, _ in TUTORIAL_EXAMPLES], [label for _, label in TUTORIAL_EXAMPLES])
     if extra_train:
         from attnlab.tasks.bert_classify import read_corpus
@@ -170,7 +174,14 @@ def probe(args: argparse.Namespace) -> dict:
         val, decay, head = best
         row: dict = {"weight_decay": decay, "n_train": len(y), "val": val}
         with torch.no_grad():
-            for name in ("test", "ood_dev", "ood_test", "tutorial"):
+            for name in (
+                "test",
+                "ood_dev",
+                "ood_test",
+                "contrast_dev",
+                "contrast_test",
+                "tutorial",
+            ):
                 if name in feats:
                     probs = torch.softmax(head(feats[name]), -1)[:, labels.index("positive")]
                     pred = [labels[i] for i in head(feats[name]).argmax(-1)]
@@ -194,7 +205,7 @@ def _tfidf(data: dict, train_name: str) -> dict:
     x = vec.fit_transform(data[train_name][0])
     clf = LogisticRegression(C=4.0, max_iter=2000).fit(x, data[train_name][1])
     row: dict = {"n_train": len(data[train_name][0])}
-    for name in ("val", "test", "ood_dev", "ood_test", "tutorial"):
+    for name in ("val", "test", "ood_dev", "ood_test", "contrast_dev", "contrast_test", "tutorial"):
         if name in data:
             row[name] = _accuracy(clf.predict(vec.transform(data[name][0])), data[name][1])
     pos = list(clf.classes_).index("positive")
@@ -227,6 +238,12 @@ def runs(args: argparse.Namespace) -> dict:
             "test": results["test"]["accuracy"],
             "ood_dev": results["ood"]["dev"]["accuracy"],
             "ood_test": results["ood"]["test"]["accuracy"],
+            **{
+                f"contrast_{split}": results["ood"][split]["accuracy_by"]["phenomenon"]["contrast"][
+                    "accuracy"
+                ]
+                for split in ("dev", "test")
+            },
             "tutorial": _accuracy([p["label"] for p in preds], [w for _, w in TUTORIAL_EXAMPLES]),
             "tutorial_p_positive": [round(p["probs"]["positive"], 3) for p in preds],
             "wall_s": summary["wall_time_s"],
@@ -244,11 +261,12 @@ def render(data: dict) -> list[str]:
         "",
         "One split (the character model's: seed 0, 80/10/10; in-domain test n = 1,736), OOD "
         "dev/test n = 210 each, the tutorial's three sentences (accuracy, then p(positive) of "
-        "each: the first and third are positive, the second negative).",
+        "each: the first and third are positive, the second negative). OOD 转折: the 38 dev and "
+        "38 test sentences whose sentiment turns (虽然…但是, 不过, 可惜 …).",
         "",
-        "| recipe | train | val | test | OOD dev | OOD test | tutorial | p(positive) "
-        "| wall s | CPU s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| recipe | train | val | test | OOD dev | OOD test | OOD 转折 dev / test | tutorial "
+        "| p(positive) | wall s | CPU s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     rows = {**data.get("floors", {}), **data.get("runs", {})}
     for name, r in rows.items():
@@ -257,6 +275,8 @@ def render(data: dict) -> list[str]:
         cells = [f"{r[k]:.4f}" if isinstance(r.get(k), float) else "" for k in
                  ("val", "test", "ood_dev", "ood_test")]  # fmt: skip
         tut = f"{r['tutorial']:.2f}" if "tutorial" in r else ""
+        turn = " / ".join(f"{r[k]:.2f}" for k in ("contrast_dev", "contrast_test") if k in r)
+        cells.append(turn)
         wall = f"{r['wall_s']:.0f}" if "wall_s" in r else ""
         cpu = f"{r['cpu_s']:.0f}" if "cpu_s" in r else ""
         lines.append(
