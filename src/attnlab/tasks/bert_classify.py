@@ -273,7 +273,7 @@ def zoo_run(init: str) -> Any:
 
 
 def encoder_of(mlm_cfg: RunConfig) -> dict[str, Any]:
-    return {"arch": mlm_cfg.model.arch, "embedding_size": mlm_cfg.model.embedding_size}
+    return {"arch": mlm_cfg.arch, "embedding_size": mlm_cfg.model.embedding_size}
 
 
 def classifier(cfg: RunConfig, n_classes: int, encoder: dict[str, Any] | None) -> BertClassifier:
