@@ -11,7 +11,6 @@ import pytest
 from attnlab.configs import coerce_value, from_dict, load_toml, to_dict
 from attnlab.runs import sections
 from attnlab.runs.registry import REGISTRY, get_task
-from attnlab.runs.task import Task
 
 PRESETS = sorted(p.stem for p in sections.PRESETS.glob("*.toml"))
 # keys restated on purpose: lm_baby pins every flag of nanoGPT's baby GPT command line, and
@@ -22,15 +21,25 @@ RESTATED = {
 }
 
 
-def _readers(stem: str) -> list[tuple[Task, list]]:
-    """Each task that reads presets/{stem}.toml, with the presets it is layered on."""
+def _readers(stem: str) -> list[tuple[dict, list]]:
+    """The sections of each task (and architecture) that reads presets/{stem}.toml, with the
+    presets it is layered on: the task's base preset (per architecture: vision_vit, ...), or a
+    `--config` preset on top of it."""
     out = []
     for name in REGISTRY:
         task = get_task(name)
-        if task.preset == stem:
-            out.append((task, []))
-        elif task.preset_prefix and stem.startswith(f"{task.preset_prefix}_"):
-            out.append((task, [sections.PRESETS / f"{task.preset}.toml"]))
+        bases = {arch: task.preset.format(arch=arch) if task.preset else None
+                 for arch in task.archs or ("",)}  # fmt: skip
+        for arch, base in bases.items():
+            parts = task.arch_sections(arch)
+            if base == stem:
+                out.append((parts, []))
+            elif (
+                task.preset_prefix
+                and stem.startswith(f"{task.preset_prefix}_")
+                and stem not in bases.values()
+            ):
+                out.append((parts, [sections.PRESETS / f"{base}.toml"]))
     return out
 
 
@@ -46,11 +55,9 @@ def _keys(stem: str) -> dict:
 def test_every_preset_resolves_for_each_task_that_reads_it(stem: str) -> None:
     readers = _readers(stem)
     assert readers, f"presets/{stem}.toml is read by no task"
-    for task, base in readers:
-        cfg = sections.build_sections(
-            task.sections(), [*base, sections.PRESETS / f"{stem}.toml"], {}
-        )
-        for name, cls in task.sections().items():
+    for parts, base in readers:
+        cfg = sections.build_sections(parts, [*base, sections.PRESETS / f"{stem}.toml"], {})
+        for name, cls in parts.items():
             assert from_dict(cls, to_dict(cfg[name])) == cfg[name]
 
 
@@ -58,10 +65,10 @@ def test_every_preset_resolves_for_each_task_that_reads_it(stem: str) -> None:
 def test_no_preset_key_restates_a_default(stem: str) -> None:
     restated = []
     for key, value in _keys(stem).items():
-        for task, base in _readers(stem):
-            owner = sections.field_owner(task.sections())[key]
-            default = task.sections()[owner]()
-            layered = sections.build_sections(task.sections(), base, {})[owner]
+        for parts, base in _readers(stem):
+            owner = sections.field_owner(parts)[key]
+            default = parts[owner]()
+            layered = sections.build_sections(parts, base, {})[owner]
             hint = typing.get_type_hints(type(default))[key]
             same = coerce_value(value, hint, key) == getattr(default, key)
             if same and getattr(layered, key) == getattr(default, key):

@@ -32,7 +32,7 @@ ROOT = common.ROOT
 CASES = {
     "classify": (120, []),
     "lm": (10, []),
-    "vit": (5, []),
+    "vision": (5, []),
     "translate": (3, []),
 }
 

@@ -1,6 +1,7 @@
 """Fashion-MNIST: ViT vs a small ResNet with no / SE / ECA / CBAM / coordinate attention.
 
-Each variant trains from its bundled preset (``vit.toml`` / ``cnn.toml``) with the epochs and a
+Each variant trains `attnlab train vision --arch vit|cnn` from its bundled preset
+(``vision_vit.toml`` / ``vision_cnn.toml``) with the epochs and a
 wall-time cap given here, on `--threads` intra-op threads (1 by default); the best checkpoint
 by validation accuracy (6,000 images held out of the 60k training set) is scored on the 10k
 test set. Results are written after every variant, so an interrupted sweep still leaves its
@@ -30,11 +31,11 @@ from benchmarks import common
 
 VARIANTS = {
     "vit": ("vit", {}),
-    "cnn": ("cnn", {"attention": "none"}),
-    "cnn+se": ("cnn", {"attention": "se"}),
-    "cnn+eca": ("cnn", {"attention": "eca"}),
-    "cnn+cbam": ("cnn", {"attention": "cbam"}),
-    "cnn+ca": ("cnn", {"attention": "ca"}),
+    "cnn": ("cnn", {"channel_attention": "none"}),
+    "cnn+se": ("cnn", {"channel_attention": "se"}),
+    "cnn+eca": ("cnn", {"channel_attention": "eca"}),
+    "cnn+cbam": ("cnn", {"channel_attention": "cbam"}),
+    "cnn+ca": ("cnn", {"channel_attention": "ca"}),
 }
 OUT = common.RESULTS
 
@@ -46,6 +47,7 @@ def run_variant(
     arch, overrides = VARIANTS[name]
     overrides = {
         **overrides,
+        "arch": arch,
         "dataset": dataset,
         "hflip": dataset != "mnist",  # digits are not mirror-symmetric
         "max_minutes": minutes,
@@ -56,7 +58,7 @@ def run_variant(
     if epochs is not None:
         overrides["epochs"] = epochs
     cpu0 = time.process_time()
-    results = training.train(arch, run_root / name, overrides)
+    results = training.train("vision", run_root / name, overrides)
     s = results["summary"]
     return {
         "variant": name,
@@ -90,7 +92,7 @@ def render(meta: dict, rows: list[dict]) -> str:
         f"Produced on {meta['date']} ({machine_text(meta['machine'])}); "
         f"torch {meta['torch']}. Settings: {meta['epochs'] or 'preset'} epoch(s) at most per "
         f"variant, cap {meta['minutes']} min of training wall time with the lr schedule run "
-        "on the clock (`schedule_by_time`), presets `vit.toml` / `cnn.toml`.",
+        "on the clock (`schedule_by_time`), presets `vision_vit.toml` / `vision_cnn.toml`.",
         "",
         "Each row says when it was measured, with how many threads and the load average at "
         "its start and end (above the thread count means other jobs shared the cores, so the "

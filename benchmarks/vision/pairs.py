@@ -11,11 +11,12 @@ each, so both runs get the same wall-clock budget under the same load (each run'
 runs on the clock, `schedule_by_time`), both pinned to fp32 (precision auto's probe, swayed by
 the load, could pick differently for the two):
 
-- deit: the plain ViT (presets/vit.toml) | the DeiT student (presets/deit.toml: the same ViT
+- deit: the plain ViT (presets/vision_vit.toml) | the DeiT student (presets/vision_deit.toml: the
+  same ViT
   plus a distillation token, DeiT's hard-label objective, Touvron et al. 2021 eq. 3, on the
   argmax of the teacher that `teacher` trained); the student pays for the teacher's forward pass
   in every step, inside its budget;
-- swin: the plain ViT | Swin (presets/swin.toml);
+- swin: the plain ViT | Swin (presets/vision_swin.toml);
 - dyt: the plain ViT | the same ViT with `norm = "dyt"` (Zhu et al. 2025, α0 = 0.5);
 - dyt-alpha5: the plain ViT | DyT with every α starting at 5.0 instead of 0.5 (the conv stem's
   tokens enter the first block at std 0.11, so tanh(0.5 x) hands it inputs of std 0.055 where
@@ -23,7 +24,7 @@ the load, could pick differently for the two):
   docs/results/norm_dyt_vit_alpha*.md);
 - mae: a ViT of the MAE encoder's shape (plain 4x4 patch stem, fixed 2-D sin-cos positions,
   class token) trained from scratch for the whole budget | MAE pretraining (presets/mae.toml,
-  He et al. 2022, labels unused) for `--pretrain-share` of the budget, then `train vit --init`
+  He et al. 2022, labels unused) for `--pretrain-share` of the budget, then `train vision --init`
   fine-tuning it for the rest: the same total training time.
 
 Each classifier's best checkpoint by validation accuracy (6,000 training images held out) is
@@ -55,27 +56,28 @@ RESULTS = Path("docs/results")
 TEACHER = ROOT / "teacher"
 FP32 = {"precision": "fp32"}
 MAE_SHAPE_VIT = {"stem": "patch", "pos": "sincos2d", "pooling": "cls", **FP32}
+VIT = {"arch": "vit", **FP32}
 # pair -> {run name: [(task, overrides, share of the budget), ...]}; the first run is the baseline
 PAIRS: dict[str, dict[str, list[tuple[str, dict, float]]]] = {
     "deit": {
-        "vit": [("vit", FP32, 1.0)],
-        "deit": [("deit", {"teacher": str(TEACHER), **FP32}, 1.0)],
+        "vit": [("vision", VIT, 1.0)],
+        "deit": [("vision", {"arch": "deit", "teacher": str(TEACHER), **FP32}, 1.0)],
     },
-    "swin": {"vit": [("vit", FP32, 1.0)], "swin": [("swin", FP32, 1.0)]},
-    "dyt": {"vit": [("vit", FP32, 1.0)], "vit-dyt": [("vit", {"norm": "dyt", **FP32}, 1.0)]},
+    "swin": {"vit": [("vision", VIT, 1.0)], "swin": [("vision", {"arch": "swin", **FP32}, 1.0)]},
+    "dyt": {"vit": [("vision", VIT, 1.0)], "vit-dyt": [("vision", {"norm": "dyt", **VIT}, 1.0)]},
     "dyt-alpha5": {
-        "vit": [("vit", FP32, 1.0)],
-        "vit-dyt-a5": [("vit", {"norm": "dyt", "dyt_alpha0": 5.0, **FP32}, 1.0)],
+        "vit": [("vision", VIT, 1.0)],
+        "vit-dyt-a5": [("vision", {"norm": "dyt", "dyt_alpha0": 5.0, **VIT}, 1.0)],
     },
     "mae": {
-        "vit-scratch": [("vit", MAE_SHAPE_VIT, 1.0)],
-        "mae+finetune": [("mae", FP32, 0.5), ("vit", {"init": "{prev}", **FP32}, 0.5)],
+        "vit-scratch": [("vision", {**MAE_SHAPE_VIT, **VIT}, 1.0)],
+        "mae+finetune": [("mae", FP32, 0.5), ("vision", {"init": "{prev}", **VIT}, 0.5)],
     },
 }
 LABELS = {
-    "vit": "ViT (presets/vit.toml: conv stem, learned positions)",
+    "vit": "ViT (presets/vision_vit.toml: conv stem, learned positions)",
     "deit": "DeiT student: ViT + distillation token, hard labels from the CNN+SE teacher",
-    "swin": "Swin (presets/swin.toml: 2x2 patches, 7x7 windows, shifted, patch merging)",
+    "swin": "Swin (presets/vision_swin.toml: 2x2 patches, 7x7 windows, shifted, patch merging)",
     "vit-dyt": "ViT with DyT in place of every LayerNorm",
     "vit-dyt-a5": "ViT with DyT in place of every LayerNorm, α0 = 5",
     "vit-scratch": "ViT of the MAE encoder's shape, from scratch",
@@ -182,7 +184,8 @@ def run_pair(pair: str, minutes: float, dataset: str, seed: int) -> None:
 
 def train_teacher(minutes: float, dataset: str) -> None:
     torch.set_num_threads(1)
-    stage = train_stage("cnn", TEACHER, {"attention": "se"}, minutes, dataset)
+    cnn_se = {"arch": "cnn", "channel_attention": "se"}
+    stage = train_stage("vision", TEACHER, cnn_se, minutes, dataset)
     row = {k: v for k, v in stage.items() if k != "results"}
     row["test_acc"] = stage["results"]["test"]["accuracy"]
     (ROOT / "teacher.json").write_text(json.dumps(row, indent=1) + "\n")

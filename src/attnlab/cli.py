@@ -64,6 +64,7 @@ def task_parser(name: str, argv: list[str]) -> argparse.ArgumentParser:
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config", default=None)
     preset = pre.parse_known_args(argv)[0].config
+    arch = chosen_arch(task, argv)
     p = argparse.ArgumentParser(
         prog=f"attnlab train {task.name}",
         description=f"{REGISTRY[task.name].help}. Every config field is an option; key=value "
@@ -77,12 +78,19 @@ def task_parser(name: str, argv: list[str]) -> argparse.ArgumentParser:
     p.add_argument("--config", default=None, help="a TOML preset file or a bundled preset name")
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
+    if task.archs:
+        p.add_argument(
+            "--arch",
+            default=None,
+            help=f"the architecture, a model of `attnlab models`: {' | '.join(task.archs)} "
+            f"(default {task.archs[0]}; the options below are {arch}'s)",
+        )
     try:
-        values = training.build_config(task, preset, {}).sections
+        values = training.build_config(task, preset, {"arch": arch or None}).sections
     except ValueError:
         values = {}  # a bad --config is reported when the command runs
     taken: set[str] = set()
-    for section, cls in task.sections().items():
+    for section, cls in task.arch_sections(arch).items():
         group = p.add_argument_group(f"[{section}]")
         add_dataclass_arguments(group, cls, defaults=values.get(section))
         taken.update(f.name for f in dataclasses.fields(cls))
@@ -94,6 +102,29 @@ def task_parser(name: str, argv: list[str]) -> argparse.ArgumentParser:
     return p
 
 
+def chosen_arch(task: Any, argv: list[str]) -> str:
+    """The architecture whose options `attnlab train TASK argv` takes: ``--arch``, on
+    ``--resume`` the one the run in ``--out`` records, else the task's default ("" for a task
+    of one architecture). A name the task does not offer is refused in one line."""
+    from attnlab.runs import training
+    from attnlab.runs.load import recorded
+
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--arch", default=None)
+    pre.add_argument("--out", default=None)
+    pre.add_argument("--resume", action="store_true")
+    known = pre.parse_known_args(argv)[0]
+    arch = training.check_arch(task, known.arch)
+    if task.archs and known.arch is None and known.resume and known.out is not None:
+        try:
+            kind = recorded(known.out)
+        except UserError:
+            return arch  # the resume itself says what is wrong with the folder
+        if kind is not None and kind[0] == task.name:
+            return kind[1]
+    return arch
+
+
 def _run_train(args: argparse.Namespace) -> int:
     from attnlab.runs import folder, training
     from attnlab.runs.registry import get_task
@@ -103,10 +134,15 @@ def _run_train(args: argparse.Namespace) -> int:
     check_device(opts.device)
     name = _redirected(name, opts)
     overrides = parse_key_values(opts.overrides)
-    for cls in get_task(name).sections().values():
+    if "arch" in overrides:  # it picks the options the parser offers: read before parsing
+        raise UserError(f"arch={overrides['arch']}: choose the architecture with --arch NAME")
+    task = get_task(name)
+    for cls in task.arch_sections(chosen_arch(task, args.rest)).values():
         flags = collect_overrides(opts, cls)
         refuse_conflicts(overrides, flags)
         overrides.update(flags)
+    if vars(opts).get("arch") is not None:
+        overrides["arch"] = opts.arch
     refuse_ignored(overrides)
     if opts.out is None:
         out = Path(f"runs/{name}")

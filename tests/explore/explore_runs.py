@@ -88,7 +88,8 @@ def vision_run(root: Path, arch: str, **model: object) -> Path:
         fields |= dict(stem="patch")
     else:
         fields = dict(width=8, stages=2, blocks_per_stage=1)
-    run, cfg = _folder(root, arch, arch, {**fields, "in_channels": 1, "n_classes": 10, **model})
+    overrides = {**fields, "in_channels": 1, "n_classes": 10, **model, "arch": arch}
+    run, cfg = _folder(root, arch, "vision", overrides)
     classes = [f"class {k}" for k in range(10)]
     report = {"classes": classes, "image_shape": [1, 28, 28], "mean": [0.3], "std": [0.35]}
     _write(run / "data_report.json", report)

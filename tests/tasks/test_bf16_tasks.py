@@ -19,7 +19,7 @@ ZOO_TINY = ["--d-model", "32", "--n-layers", "2", "--n-heads", "2", "--d-ff", "6
 ELECTRA_TINY = ["--d-model", "32", "--n-layers", "2", "--n-heads", "4", "--d-ff", "64",
                 "--vocab-size", "200", "--max-len", "24"]  # fmt: skip
 COMMANDS = {
-    "swin": ["train", "swin", "--max-train", "64", "--max-steps", "2"],
+    "swin": ["train", "vision", "--arch", "swin", "--max-train", "64", "--max-steps", "2"],
     "mae": ["train", "mae", "--max-train", "64", "--max-steps", "2"],
     "t5 translate": ["train", "translate", "--config", "copy", "--arch", "t5", "--max-steps", "2"],
     "albert mlm": ["train", "mlm", "--arch", "albert", "--max-steps", "2", *ZOO_TINY],

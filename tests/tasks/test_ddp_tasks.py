@@ -58,9 +58,9 @@ CASES = {
                      "--eval-windows", "4", "--sample-tokens", "4", "--batch-size", "4"],
     "translate": lambda f: ["--config", "copy", "--synthetic-size", "600", *SMALL,
                             "--n-encoder-layers", "1", "--n-decoder-layers", "1"],
-    "vit": lambda f: ["--dataset", "folder", "--data", str(f["imgs"]), "--channels", "1",
-                      "--val-ratio", "0.2", "--test-ratio", "0.2", "--batch-size", "4",
-                      "--patch-size", "4", *SMALL, "--n-layers", "1", "--max-minutes", "0"],
+    "vision": lambda f: ["--dataset", "folder", "--data", str(f["imgs"]), "--channels", "1",
+                         "--val-ratio", "0.2", "--test-ratio", "0.2", "--batch-size", "4",
+                         "--patch-size", "4", *SMALL, "--n-layers", "1", "--max-minutes", "0"],
     "mlm": lambda f: ["--data", str(f["txt"]), *SMALL, "--n-layers", "1", "--vocab-size", "60",
                       "--min-frequency", "1", "--max-len", "12", "--batch-size", "8"],
 }  # fmt: skip

@@ -87,6 +87,33 @@ def test_arch_refuses_init_and_electra(tmp_path: Path, capsys: pytest.CaptureFix
     assert main(["train", "mlm", "--arch", "albert", "--init", "minilm", "--data", data, *out]) == 2
     assert "init takes BERT checkpoints" in capsys.readouterr().err
     assert main(["train", "electra", "--arch", "deberta", "--data", data, *out]) == 2
-    assert "leave arch at bert" in capsys.readouterr().err
+    assert "electra trains one architecture" in capsys.readouterr().err
     assert main(["train", "mlm", "--embedding-size", "8", "--data", data, *out]) == 2
     assert not (tmp_path / "x").exists()
+
+
+def test_what_a_folder_holds_is_read_from_its_config(tmp_path: Path, monkeypatch) -> None:
+    """`classify --init DIR` and `embed DIR` take DIR for an ALBERT/DeBERTa run by the task and
+    architecture its config.json records, however the JSON is spaced; a BERT run, a Hugging
+    Face checkpoint (a config.json that names no task) and a name go the BERT way."""
+    from attnlab.runs import load as run_load
+    from attnlab.runs.training import build_config
+    from attnlab.tasks.bert_classify import zoo_run
+
+    def folder(name: str, raw: dict, **dump: object) -> str:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(raw, **dump))  # type: ignore[arg-type]
+        return str(tmp_path / name)
+
+    albert = build_config("mlm", None, {"arch": "albert"}).to_json()
+    albert["bert"] = {}
+    compact = folder("compact", albert, separators=(",", ":"))  # no '"arch": "' in its text
+    spaced = folder("spaced", albert, indent=2)
+    bert = folder("bert", build_config("mlm", None, {}).to_json())
+    hf = folder("hf", {"model_type": "bert", "arch": "albert", "note": '"arch": "albert"'})
+    assert run_load.recorded(compact) == run_load.recorded(spaced) == ("mlm", "albert")
+    assert run_load.recorded(bert) == ("mlm", "bert")
+    assert run_load.recorded(hf) is None and run_load.recorded(tmp_path / "none") is None
+    monkeypatch.setattr(run_load, "load_run", lambda path: f"loaded {Path(path).name}")
+    assert zoo_run(compact) == "loaded compact" and zoo_run(spaced) == "loaded spaced"
+    assert zoo_run(bert) is None and zoo_run(hf) is None and zoo_run("minilm") is None

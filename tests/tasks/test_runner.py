@@ -48,6 +48,55 @@ def test_every_registered_task_loads_and_declares_its_sections() -> None:
         get_task("nope")
 
 
+def test_every_architecture_a_task_offers_is_a_registered_model() -> None:
+    """`--arch NAME` is one way in every task with several architectures: each name is a model
+    of `attnlab models`, and its model section is that entry's config (vision) or the task's."""
+    from attnlab.models.registry import list_models, model_entry
+
+    offered = {name: get_task(name).archs for name in REGISTRY}
+    assert offered["vision"] == ("vit", "swin", "cnn", "deit")
+    assert offered["mlm"] == ("bert", "albert", "deberta")
+    assert offered["translate"] == ("seq2seq", "t5")
+    for name, archs in offered.items():
+        assert set(archs) <= set(list_models()), (name, archs)
+        for arch in archs:
+            assert "model" in get_task(name).arch_sections(arch)
+    for arch in offered["vision"]:
+        assert get_task("vision").arch_sections(arch)["model"] is model_entry(arch).config
+
+
+@pytest.mark.parametrize(
+    ("task", "arch", "needle"),
+    [
+        ("vision", "vitt", "unknown --arch 'vitt' for vision; one of vit, swin, cnn, deit"),
+        ("mlm", "roberta", "unknown --arch 'roberta' for mlm; one of bert, albert, deberta"),
+        ("translate", "transformer", "unknown --arch 'transformer' for translate; one of"),
+        ("lm", "mamba", "--arch mamba: lm trains one architecture; drop --arch"),
+        ("electra", "bert", "--arch bert: electra trains one architecture"),
+    ],
+)
+def test_an_unknown_arch_is_one_line_and_no_folder(task, arch, needle, tmp_path, capsys) -> None:
+    out = tmp_path / "runs" / "x"
+    probe(capsys, ["train", task, "--arch", arch, "--out", str(out)], needle)
+    probe(capsys, ["train", task, "--arch", arch, "--help"], needle)
+    assert not (tmp_path / "runs").exists()
+    probe(capsys, ["train", task, f"arch={arch}", "--out", str(out)], "--arch NAME")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_help_lists_the_options_of_the_chosen_arch(capsys) -> None:
+    helps = {}
+    for arch in ("vit", "swin", "cnn"):
+        with pytest.raises(SystemExit):
+            main(["train", "vision", "--arch", arch, "--help"])
+        helps[arch] = " ".join(capsys.readouterr().out.split())
+    assert "--mlp-ratio" in helps["swin"] and "--mlp-ratio" not in helps["vit"]
+    assert "--channel-attention" in helps["cnn"] and "--d-model" not in helps["cnn"]
+    assert "--arch ARCH" in helps["vit"] and "vit | swin | cnn | deit" in helps["vit"]
+    shown = dict(re.findall(r"--(\w+) \S+ .*?\(default: ([^)]*)\)", helps["swin"]))
+    assert shown["mlp_ratio"] == "2.0"  # presets/vision_swin.toml's, not the dataclass's
+
+
 def test_config_json_has_one_layout_with_task_and_format(finished) -> None:
     raw = json.loads((finished / "config.json").read_text())
     assert raw["format"] == 2 and raw["task"] == "classify"

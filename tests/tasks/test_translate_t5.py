@@ -21,7 +21,7 @@ def tiny_t5(seed: int, activation: str = "relu") -> T5Translator:
     torch.manual_seed(seed)
     cfg = Seq2SeqConfig(
         src_vocab_size=23, tgt_vocab_size=23, d_model=16, n_heads=2, n_encoder_layers=2,
-        n_decoder_layers=2, d_ff=24, dropout=0.0, activation=activation, arch="t5",
+        n_decoder_layers=2, d_ff=24, dropout=0.0, activation=activation,
     )  # fmt: skip
     t5 = t5_from_seq2seq(cfg)
     t5.num_buckets, t5.max_distance = 8, 12  # a few steps already reach the log buckets
@@ -71,11 +71,13 @@ def test_greedy_and_beam_with_cache_equal_without(seed: int) -> None:
 
 
 def test_arch_defaults_to_the_transformer_and_t5_needs_one_vocabulary() -> None:
-    cfg = build_config("copy", {})
-    assert cfg.model.arch == "transformer"
-    assert type(build_translator(Seq2SeqConfig(src_vocab_size=9, tgt_vocab_size=9))).__name__ == (
-        "Seq2SeqTransformer"
-    )
+    cfg = build_config("copy", {"src_vocab_size": 9, "tgt_vocab_size": 9})
+    assert cfg.arch == "seq2seq"
+    assert type(build_translator(cfg)).__name__ == "Seq2SeqTransformer"
+    cfg = build_config("copy", {"arch": "t5", "src_vocab_size": 9, "tgt_vocab_size": 9})
+    assert type(build_translator(cfg)).__name__ == "T5Translator"
+    with pytest.raises(ValueError, match="unknown --arch 'transformer' for translate; one of"):
+        build_config("copy", {"arch": "transformer"})
     with pytest.raises(ValueError, match="shared_embeddings"):
         build_config("copy", {"arch": "t5", "shared_embeddings": "false"})
     with pytest.raises(ValueError, match="geglu_tanh"):

@@ -114,12 +114,13 @@ def test_cli_train_eval_predict_attention_end_to_end(tmp_path: Path, capsys) -> 
     ]  # fmt: skip
     vit_args = ["--patch-size", "4", "--d-model", "16", "--n-layers", "1", "--n-heads", "2"]
     run = tmp_path / "vit"
-    assert main(["train", "vit", "--out", str(run), *common, *vit_args, "--d-ff", "32"]) == 0
+    assert main(["train", "vision", "--out", str(run), *common, *vit_args, "--d-ff", "32"]) == 0
     results = json.loads((run / "results.json").read_text())
     assert results["test"]["accuracy"] == 1.0  # top vs bottom is trivially separable
     assert results["images_per_s"] > 0 and results["n_params"] > 0
     config = json.loads((run / "config.json").read_text())
-    assert config["task"] == "vit" and config["format"] == 2
+    assert config["task"] == "vision" and config["format"] == 2
+    assert next(iter(config["model"].items())) == ("arch", "vit")  # the default, recorded first
     assert config["model"]["image_size"] == 12 and config["model"]["n_classes"] == 2
     capsys.readouterr()
 
@@ -135,10 +136,19 @@ def test_cli_train_eval_predict_attention_end_to_end(tmp_path: Path, capsys) -> 
 
     cnn = tmp_path / "cnn"
     cnn_args = ["--channel-attention", "cbam", "--width", "8", "--stages", "2", "--reduction", "4"]
-    assert main(["train", "cnn", "--out", str(cnn), *common, *cnn_args]) == 0
+    assert main(["train", "vision", "--arch", "cnn", "--out", str(cnn), *common, *cnn_args]) == 0
     config = json.loads((cnn / "config.json").read_text())
-    assert config["task"] == "cnn" and config["model"]["channel_attention"] == "cbam"
+    assert config["task"] == "vision" and config["model"]["arch"] == "cnn"
+    assert config["model"]["channel_attention"] == "cbam"
     assert main(["attention", str(cnn), top]) == 2  # rollout needs a ViT: a clear error
     assert "needs a ViT" in capsys.readouterr().err
-    assert main(["train", "vit", "--dataset", "folder", "--out", str(tmp_path / "x")]) == 2
+    # a resume takes the architecture the run records (cnn's options, no --arch) and keeps it
+    resume = ["train", "vision", "--out", str(cnn), "--resume", "--max-steps", "42"]
+    assert main([*resume, "--channel-attention", "cbam"]) == 0
+    assert json.loads((cnn / "config.json").read_text())["model"]["arch"] == "cnn"
+    capsys.readouterr()
+    assert main(["predict", str(cnn), top]) == 0 and capsys.readouterr().out.startswith("top")
+    assert main([*resume, "--arch", "vit"]) == 2
+    assert "--arch cannot change when resuming" in capsys.readouterr().err
+    assert main(["train", "vision", "--dataset", "folder", "--out", str(tmp_path / "x")]) == 2
     assert "--data ROOT" in capsys.readouterr().err

@@ -25,7 +25,9 @@ COMMON = [
 
 
 def _train(task: str, out: Path, root: Path, *extra: str) -> dict:
-    assert main(["train", task, "--out", str(out), "--data", str(root), *COMMON, *extra]) == 0
+    """``task``: a task and its options, "vision --arch swin"."""
+    args = ["train", *task.split(), "--out", str(out), "--data", str(root), *COMMON, *extra]
+    assert main(args) == 0
     return json.loads((out / "results.json").read_text())
 
 
@@ -33,7 +35,7 @@ def test_swin_end_to_end_with_windows_on_the_explorer(tmp_path: Path, capsys) ->
     root = _image_folder(tmp_path / "imgs")
     run = tmp_path / "swin"
     swin = ["--patch-size", "1", "--d-model", "8", "--depths", "2,1", "--stage-heads", "2,4"]
-    results = _train("swin", run, root, *swin, "--window", "4")
+    results = _train("vision --arch swin", run, root, *swin, "--window", "4")
     assert results["test"]["accuracy"] == 1.0  # top vs bottom is trivially separable
     capsys.readouterr()
     assert main(["eval", str(run), "--json"]) == 0
@@ -71,14 +73,16 @@ def test_swin_end_to_end_with_windows_on_the_explorer(tmp_path: Path, capsys) ->
 def test_deit_distils_from_a_cnn_run(tmp_path: Path, capsys) -> None:
     root = _image_folder(tmp_path / "imgs")
     teacher = tmp_path / "cnn"
-    _train("cnn", teacher, root, "--channel-attention", "se", "--width", "8", "--stages", "2")
+    cnn = ["--channel-attention", "se", "--width", "8", "--stages", "2"]
+    _train("vision --arch cnn", teacher, root, *cnn)
     vit = ["--patch-size", "4", "--d-model", "16", "--n-layers", "1", "--n-heads", "2"]
     vit += ["--d-ff", "32"]
     run = tmp_path / "deit"
     capsys.readouterr()
-    assert main(["train", "deit", "--out", str(run), "--data", str(root), *COMMON, *vit]) == 2
-    assert "deit needs --teacher RUN" in capsys.readouterr().err
-    results = _train("deit", run, root, *vit, "--teacher", str(teacher))
+    deit = ["train", "vision", "--arch", "deit", "--out", str(run), "--data", str(root)]
+    assert main([*deit, *COMMON, *vit]) == 2
+    assert "--arch deit needs --teacher RUN" in capsys.readouterr().err
+    results = _train("vision --arch deit", run, root, *vit, "--teacher", str(teacher))
     assert results["test"]["accuracy"] == 1.0
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert any("teacher_agree" in json.dumps(m) for m in metrics)
@@ -90,9 +94,9 @@ def test_deit_distils_from_a_cnn_run(tmp_path: Path, capsys) -> None:
     (ex,) = read_page_data(page.read_text(encoding="utf-8"))["examples"]
     assert ex["groups"][0]["query_tokens"][:3] == ["[cls]", "[dist]", "p0,0"]
     assert main(["attention", str(run), top, "--out", str(tmp_path / "a.png")]) == 0
-    # --teacher on another task is refused before anything is written
+    # --teacher with another architecture is refused before anything is written
     bad = tmp_path / "vit"
-    args = ["train", "vit", "--out", str(bad), "--data", str(root), *COMMON, *vit]
+    args = ["train", "vision", "--out", str(bad), "--data", str(root), *COMMON, *vit]
     assert main([*args, "--teacher", str(teacher)]) == 2
     assert not bad.exists()
     torch.manual_seed(0)
@@ -113,11 +117,12 @@ def test_mae_pretrains_draws_reconstructions_and_initialises_a_vit(tmp_path: Pat
     assert losses[-1] < losses[0]  # it learns to reconstruct
     vit = tmp_path / "vit"
     capsys.readouterr()
-    _train("vit", vit, root, "--init", str(run), "--max-steps", "1", "--lr", "1e-9")
+    _train("vision", vit, root, "--init", str(run), "--max-steps", "1", "--lr", "1e-9")
     assert "init: the encoder of MAE run" in capsys.readouterr().err
     config = json.loads((vit / "config.json").read_text())["model"]
     assert (config["d_model"], config["pos"], config["stem"]) == (16, "sincos2d", "patch")
     mae_w, vit_w = read_tensors(run / "model.safetensors"), read_tensors(vit / "model.safetensors")
     q = "encoder.blocks.0.self_attn.kv_proj.weight"
     assert (mae_w["encoder." + q] - vit_w[q]).abs().max() < 1e-6  # lr 1e-9: still the encoder
-    assert main(["train", "cnn", "--out", str(tmp_path / "c"), "--init", str(run)]) == 2
+    c = ["train", "vision", "--arch", "cnn", "--out", str(tmp_path / "c"), "--init", str(run)]
+    assert main(c) == 2

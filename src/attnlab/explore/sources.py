@@ -28,7 +28,7 @@ class Source:
 
 
 def load_source(run: str | Path) -> Source:
-    """A run directory (classify, BERT fine-tune, lm, translate, vit, cnn), a Hugging Face GPT-2
+    """A run directory (classify, BERT fine-tune, lm, translate, vision), a Hugging Face GPT-2
     directory, a BERT checkpoint directory, or ``"minilm"`` (the shipped all-MiniLM-L6-v2)."""
     from attnlab.infer.embeddings import SentenceEncoder
 

@@ -28,6 +28,7 @@ from attnlab.interop.hf_bert import load_pretrained, resolve_checkpoint
 from attnlab.models.bert import BertModel, mean_pool
 from attnlab.models.e5 import NAME as E5
 from attnlab.models.e5 import PREFIXES, load_e5, tokenizer_path
+from attnlab.runs.load import load_run, recorded
 
 
 @dataclass
@@ -53,13 +54,9 @@ class SentenceEncoder:
             model, tokenizer = load_e5(prefix=PREFIXES[role])
             passages = SentencePieceTokenizer.load(tokenizer_path(), prefix=PREFIXES["passage"])
             return cls(model.eval(), tokenizer, model.cfg.context, passages)
-        zoo = Path(checkpoint) / "config.json"
-        if zoo.is_file() and '"arch": "' in zoo.read_text(encoding="utf-8"):
-            raw = json.loads(zoo.read_text(encoding="utf-8"))
-            if raw.get("task") == "mlm" and raw["model"].get("arch", "bert") != "bert":
-                from attnlab.runs.load import load_run  # an ALBERT/DeBERTa `train mlm` run
-
-                return load_run(checkpoint).encoder  # type: ignore[attr-defined]
+        kind = recorded(checkpoint)
+        if kind is not None and kind[0] == "mlm" and kind[1] != "bert":
+            return load_run(checkpoint).encoder  # type: ignore[attr-defined]  # ALBERT/DeBERTa
         path = resolve_checkpoint(checkpoint)
         model, _, tokenizer, _ = load_pretrained(path)
         max_len = model.cfg.context

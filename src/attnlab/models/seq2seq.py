@@ -64,12 +64,6 @@ class Seq2SeqConfig(ConfigBase):
     n_global: int = block_setting("n_global", 0)
     backend: Backend = block_setting("backend", "fused")
 
-    arch: Literal["transformer", "t5"] = setting(
-        "transformer",
-        "transformer (Vaswani et al.) | t5 (models/t5.py: relative bias, RMSNorm; needs "
-        "shared_embeddings, activation relu or geglu_tanh; ignores norm, pos, tie_weights)",
-    )
-
     def check(self) -> None:
         if self.shared_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             raise UserError(
@@ -77,13 +71,6 @@ class Seq2SeqConfig(ConfigBase):
                 f"{self.src_vocab_size} and {self.tgt_vocab_size}; set shared_embeddings=false"
             )
         self.block_config()  # head counts, attention kernel
-        if self.arch == "t5":
-            if not self.shared_embeddings:
-                raise UserError("arch=t5 has one embedding for both sides: shared_embeddings")
-            if self.activation not in ("relu", "geglu_tanh"):
-                raise UserError("arch=t5 takes activation relu (v1.0) or geglu_tanh (v1.1)")
-            if self.attention != "full":
-                raise UserError("arch=t5 takes attention=full")
 
     def block_config(self) -> BlockConfig:
         """The block of both stacks (the decoder adds cross-attention; it is always full)."""

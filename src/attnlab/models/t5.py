@@ -195,7 +195,7 @@ class T5Translator(T5):
 
 
 def t5_from_seq2seq(cfg: Any) -> T5Config:
-    """The T5 of a translation run's model section (``Seq2SeqConfig`` with ``arch = "t5"``):
+    """The T5 of a translation run's model section (a ``Seq2SeqConfig``, ``--arch t5``):
     one shared vocabulary, its sizes and dropout; T5's own norm, positions and output scale."""
     return T5Config(
         vocab_size=cfg.src_vocab_size,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -10,7 +11,7 @@ from attnlab.errors import UserError
 from attnlab.runs import datafiles, folder
 from attnlab.runs.registry import get_task
 from attnlab.runs.task import Run
-from attnlab.runs.training import saved_config
+from attnlab.runs.training import saved_arch, saved_config
 
 
 def load_run(run_dir: str | Path, device: str = "cpu") -> Run:
@@ -35,6 +36,26 @@ def load_run(run_dir: str | Path, device: str = "cpu") -> Run:
     run = task.load(run_dir, cfg, device)
     run.device = torch.device(device)
     return run
+
+
+def recorded(run_dir: str | Path) -> tuple[str, str] | None:
+    """(task, arch) that the run in ``run_dir`` records, arch "" for a task of one
+    architecture; None when the folder holds no attnlab run (no config.json, or one that
+    names no task: a Hugging Face checkpoint). A run's config.json of another layout, or of a
+    task or architecture this attnlab does not have, is refused in one line."""
+    path = Path(run_dir) / folder.CONFIG
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(raw, dict) or "task" not in raw:
+        return None
+    raw = folder.read_config(run_dir)
+    task = get_task(raw["task"])
+    try:
+        return task.name, saved_arch(task, raw)
+    except ValueError as err:
+        raise UserError(f"{path}: {err}") from None
 
 
 def require_data(run: Run) -> None:

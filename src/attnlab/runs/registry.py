@@ -48,7 +48,8 @@ REGISTRY: dict[str, TaskEntry] = {
         ),
         TaskEntry(
             "mlm",
-            "masked-LM pretraining of BERT on any text (bundled Chinese reviews by default)",
+            "masked-LM pretraining, --arch bert (default) | albert | deberta, on any text "
+            "(bundled Chinese reviews by default)",
             "attnlab.tasks.bert_mlm",
         ),
         TaskEntry(
@@ -63,33 +64,18 @@ REGISTRY: dict[str, TaskEntry] = {
         ),
         TaskEntry(
             "translate",
-            "encoder-decoder Transformer translation (Bible en->de by default)",
+            "encoder-decoder translation, --arch seq2seq (default) | t5 (Bible en->de by default)",
             "attnlab.tasks.translate",
         ),
         TaskEntry(
-            "vit",
-            "Vision Transformer image classifier (Fashion-MNIST by default)",
-            "attnlab.tasks.vision",
-        ),
-        TaskEntry(
-            "swin",
-            "Swin Transformer image classifier: shifted windows, patch merging (Fashion-MNIST)",
-            "attnlab.tasks.vision",
-        ),
-        TaskEntry(
-            "deit",
-            "DeiT: a ViT with a distillation token taught by --teacher RUN (Fashion-MNIST)",
+            "vision",
+            "image classifier, --arch vit (default) | swin | cnn | deit (Fashion-MNIST by default)",
             "attnlab.tasks.vision",
         ),
         TaskEntry(
             "mae",
             "masked-autoencoder pretraining of a ViT encoder on images (Fashion-MNIST)",
             "attnlab.tasks.mae",
-        ),
-        TaskEntry(
-            "cnn",
-            "small ResNet with --channel-attention none|se|eca|cbam|ca (Fashion-MNIST by default)",
-            "attnlab.tasks.vision",
         ),
     )
 }
@@ -104,6 +90,4 @@ def get_task(name: str) -> Task:
     """The task called ``name``; a ValueError lists the known ones."""
     if name not in REGISTRY:
         raise UserError(f"unknown task {name!r}; known tasks: {', '.join(REGISTRY)}")
-    module = importlib.import_module(REGISTRY[name].module)
-    tasks = getattr(module, "TASKS", None) or {module.TASK.name: module.TASK}
-    return tasks[name]
+    return importlib.import_module(REGISTRY[name].module).TASK

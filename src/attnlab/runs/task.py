@@ -41,10 +41,13 @@ RESUMABLE_FIELDS = frozenset(
 
 @dataclass
 class RunConfig:
-    """A run's config: one dataclass per section (data, model, train, ...), by section name."""
+    """A run's config: one dataclass per section (data, model, train, ...), by section name,
+    and for a task of several architectures the one chosen (``--arch``, a model registry name;
+    empty for a task of one)."""
 
     task: str
     sections: dict[str, ConfigBase]
+    arch: str = ""
 
     def __getattr__(self, name: str) -> ConfigBase:
         sections = self.__dict__.get("sections", {})
@@ -53,12 +56,13 @@ class RunConfig:
         raise AttributeError(name)
 
     def to_json(self) -> dict[str, Any]:
-        """The config.json layout: format, task, then each section as a dict."""
-        return {
-            "format": FORMAT,
-            "task": self.task,
-            **{name: to_dict(part) for name, part in self.sections.items()},
-        }
+        """The config.json layout: format, task, then each section as a dict; the model
+        section starts with the run's ``arch`` when the task has several."""
+        out: dict[str, Any] = {"format": FORMAT, "task": self.task}
+        for name, part in self.sections.items():
+            values = to_dict(part)
+            out[name] = {"arch": self.arch, **values} if name == "model" and self.arch else values
+        return out
 
 
 @dataclass
@@ -85,10 +89,18 @@ class Task:
     # classify --init CKPT` is BERT fine-tuning. The command line offers the other task's
     # options too and runs that task when the option is given.
     redirect: ClassVar[tuple[str, str, str] | None] = None  # (option, task, what it does)
+    # The architectures `--arch NAME` chooses between (model registry names, the first the
+    # default); empty: the task trains one. With several, ``preset`` may hold ``{arch}``.
+    archs: ClassVar[tuple[str, ...]] = ()
 
     def sections(self) -> dict[str, type[ConfigBase]]:
         """Config sections that the command line and presets set, by name."""
         raise NotImplementedError
+
+    def arch_sections(self, arch: str) -> dict[str, type[ConfigBase]]:
+        """The sections of a run of ``arch`` (one of ``archs``); the same for every one unless
+        the task overrides this (vision: each architecture's model config)."""
+        return self.sections()
 
     def derived_sections(self) -> dict[str, type[ConfigBase]]:
         """Sections the task fills in itself (e.g. a checkpoint's architecture); saved too."""

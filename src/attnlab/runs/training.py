@@ -38,15 +38,38 @@ DIVERGED_FIELDS = frozenset({"lr", "muon_lr", "clip_norm", "warmup_steps", "warm
 def build_config(
     task: Task | str, preset: str | Path | None, overrides: Mapping[str, Any]
 ) -> RunConfig:
-    """A new run's config: defaults <- presets/{task.preset}.toml <- ``preset`` <- fields."""
+    """A new run's config: defaults <- presets/{task.preset}.toml <- ``preset`` <- fields.
+
+    ``overrides["arch"]`` (``--arch``) chooses the architecture of a task that has several
+    (``task.archs``; the first by default): its model section and its base preset."""
     task = get_task(task) if isinstance(task, str) else task
-    sources = [sections.PRESETS / f"{task.preset}.toml"] if task.preset else []
+    overrides = dict(overrides)
+    arch = check_arch(task, overrides.pop("arch", None))
+    sources = [sections.PRESETS / f"{task.preset.format(arch=arch)}.toml"] if task.preset else []
     if preset:
         sources.append(sections.preset_file(preset, task.preset_prefix))
-    cfg = RunConfig(task.name, sections.build_sections(task.sections(), sources, overrides))
+    parts = sections.build_sections(task.arch_sections(arch), sources, overrides)
+    cfg = RunConfig(task.name, parts, arch)
     check_finite(cfg)
     task.check(cfg)
     return cfg
+
+
+def check_arch(task: Task, arch: str | None) -> str:
+    """The architecture a new run of ``task`` trains: ``arch`` (a model registry name that the
+    task offers), the task's default when None, or "" for a task of one architecture."""
+    if not task.archs:
+        if arch:
+            raise UserError(f"--arch {arch}: {task.name} trains one architecture; drop --arch")
+        return ""
+    if arch is None:
+        return task.archs[0]
+    if arch not in task.archs:
+        raise UserError(f"unknown --arch {arch!r} for {task.name}; one of {', '.join(task.archs)}")
+    from attnlab.models.registry import model_entry
+
+    model_entry(arch)  # every architecture a task offers is a registered model
+    return arch
 
 
 def check_finite(cfg: RunConfig) -> None:
@@ -57,9 +80,24 @@ def check_finite(cfg: RunConfig) -> None:
                 raise UserError(f"--{name.replace('_', '-')} {value}: give a finite number")
 
 
+def saved_arch(task: Task, raw: Mapping[str, Any]) -> str:
+    """The architecture a saved run of ``task`` records (its model section's ``arch``)."""
+    if not task.archs:
+        return ""
+    model = raw.get("model")
+    arch = model.get("arch") if isinstance(model, dict) else None
+    if arch not in task.archs:
+        raise UserError(
+            f"the run's config.json names no architecture of {task.name} (model arch "
+            f"{arch!r}, not one of {', '.join(task.archs)}); restore the file or retrain"
+        )
+    return arch
+
+
 def saved_config(task: Task, raw: Mapping[str, Any]) -> RunConfig:
     """The config a run directory was trained with (``raw`` = its config.json)."""
-    parts = {**task.sections(), **task.derived_sections()}
+    arch = saved_arch(task, raw)
+    parts = {**task.arch_sections(arch), **task.derived_sections()}
     missing = [name for name in parts if name not in raw]
     if missing:
         raise UserError(f"the run's config.json lacks the section(s) {', '.join(missing)}")
@@ -69,7 +107,11 @@ def saved_config(task: Task, raw: Mapping[str, Any]) -> RunConfig:
             f"the run's config.json has {', '.join(repr(raw[n]) for n in wrong)} where the "
             f"section(s) {', '.join(wrong)} belong; restore the file or retrain"
         )
-    return RunConfig(task.name, {name: from_dict(cls, raw[name]) for name, cls in parts.items()})
+    values = {name: raw[name] for name in parts}
+    if arch:
+        values["model"] = {k: v for k, v in values["model"].items() if k != "arch"}
+    parts = {name: from_dict(cls, values[name]) for name, cls in parts.items()}
+    return RunConfig(task.name, parts, arch)
 
 
 def resumed_config(
@@ -85,9 +127,16 @@ def resumed_config(
     A data path may be given again when its file moved (the same content, see datafiles); a
     run that diverged may change its learning rate (``DIVERGED``)."""
     cfg = saved_config(task, raw)
-    owner = sections.field_owner(task.sections())
+    owner = sections.field_owner(task.arch_sections(cfg.arch))
     if preset:
         overrides = {**preset_fields(preset, task, owner), **overrides}
+    overrides = dict(overrides)
+    arch = overrides.pop("arch", None)
+    if arch is not None and arch != cfg.arch:
+        raise UserError(
+            f"--arch cannot change when resuming (the run trained {cfg.arch or 'one architecture'}"
+            f"); start a new run to train {arch}"
+        )
     moved = {k: str(overrides[k]) for k in task.data_paths if k in overrides and out is not None}
     overrides = {k: v for k, v in overrides.items() if k not in moved}
     allowed = RESUMABLE_FIELDS | task.resumable

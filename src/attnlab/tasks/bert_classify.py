@@ -261,20 +261,19 @@ class Prepared:
 
 
 def zoo_run(init: str) -> Any:
-    """The ALBERT/DeBERTa pretraining run (``train mlm --arch``) ``init`` names, else None."""
-    config = Path(init) / "config.json"
-    if not config.is_file() or '"arch": "' not in config.read_text(encoding="utf-8"):
-        return None
-    raw = read_json(config, "run config")
-    if raw.get("task") != "mlm" or raw["model"].get("arch", "bert") == "bert":
-        return None
-    from attnlab.runs.load import load_run
+    """The ALBERT/DeBERTa pretraining run (``train mlm --arch``) ``init`` names, else None
+    (e5, minilm, a BERT checkpoint directory, a BERT ``train mlm`` run): the task and
+    architecture its config.json records decide."""
+    from attnlab.runs.load import load_run, recorded
 
+    kind = recorded(init)
+    if kind is None or kind[0] != "mlm" or kind[1] == "bert":
+        return None
     return load_run(init)
 
 
 def encoder_of(mlm_cfg: RunConfig) -> dict[str, Any]:
-    return {"arch": mlm_cfg.model.arch, "embedding_size": mlm_cfg.model.embedding_size}
+    return {"arch": mlm_cfg.arch, "embedding_size": mlm_cfg.model.embedding_size}
 
 
 def classifier(cfg: RunConfig, n_classes: int, encoder: dict[str, Any] | None) -> BertClassifier:

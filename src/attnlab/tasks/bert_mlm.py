@@ -17,7 +17,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -69,14 +69,9 @@ class MLMModelConfig(ConfigBase):
     d_ff: int = setting(1024, min=1)
     dropout: float = setting(0.1, min=0, below=1)
     attn_dropout: float = setting(0.1, min=0, below=1)
-    arch: Literal["bert", "albert", "deberta"] = setting(
-        "bert", "bert | albert (shared layer) | deberta (disentangled attention), models/"
+    embedding_size: int = setting(
+        0, "--arch albert/deberta: token embedding width; 0 = d_model", min=0
     )
-    embedding_size: int = setting(0, "albert/deberta: token embedding width; 0 = d_model", min=0)
-
-    def check(self) -> None:
-        if self.arch == "bert" and self.embedding_size:
-            raise UserError("embedding_size is for arch albert or deberta")
 
 
 SECTIONS: dict[str, type[ConfigBase]] = {
@@ -140,14 +135,16 @@ def _data(
 
 
 def build_model(
-    dcfg: MLMDataConfig, mcfg: MLMModelConfig, train_texts: list[str], saved: Path | None
+    cfg: RunConfig, train_texts: list[str], saved: Path | None
 ) -> tuple[BertForMaskedLM, WordPieceTokenizer, list[str], str]:
-    """(model, tokenizer, notes, source): the ``init`` checkpoint, or a new BERT + WordPiece.
+    """(model, tokenizer, notes, source): the ``init`` checkpoint, or a new BERT (ALBERT,
+    DeBERTa: ``cfg.arch``) + WordPiece.
 
     A new WordPiece vocabulary is trained on ``train_texts`` unless a resumed run ``saved`` one.
     """
-    if dcfg.init and mcfg.arch != "bert":
-        raise UserError(f"arch={mcfg.arch} trains a new model: init takes BERT checkpoints")
+    dcfg: MLMDataConfig = cfg.data
+    mcfg: MLMModelConfig = cfg.model
+    arch = encoder_arch(cfg)
     if dcfg.init:
         encoder, head, tokenizer, notes = load_pretrained(dcfg.init, with_mlm=True)
         model = BertForMaskedLM(encoder.cfg)
@@ -160,16 +157,21 @@ def build_model(
         tokenizer = WordPieceTokenizer.train(
             train_texts, dcfg.vocab_size, dcfg.min_frequency, dcfg.lowercase
         )
-    cfg = BertConfig(
+    shape = BertConfig(
         vocab_size=tokenizer.vocab_size,
         context=dcfg.max_len,
         pad_id=tokenizer.pad_id,
-        **{k: v for k, v in to_dict(mcfg).items() if k not in ("arch", "embedding_size")},
+        **{k: v for k, v in to_dict(mcfg).items() if k != "embedding_size"},
     )
-    if mcfg.arch != "bert":
-        model = ZooForMaskedLM(mcfg.arch, cfg, mcfg.embedding_size)
-        return model, tokenizer, [], f"new {mcfg.arch}"  # type: ignore[return-value]
-    return BertForMaskedLM(cfg), tokenizer, [], "new"
+    if arch != "bert":
+        model = ZooForMaskedLM(arch, shape, mcfg.embedding_size)  # type: ignore[arg-type]
+        return model, tokenizer, [], f"new {arch}"  # type: ignore[return-value]
+    return BertForMaskedLM(shape), tokenizer, [], "new"
+
+
+def encoder_arch(cfg: RunConfig) -> str:
+    """The encoder a run pretrains: its ``--arch``; a BERT for ELECTRA (one architecture)."""
+    return cfg.arch or "bert"
 
 
 @dataclass
@@ -186,6 +188,7 @@ class MLMTask(Task):
     """Masked-language-model pretraining of BERT."""
 
     name = "mlm"
+    archs = ("bert", "albert", "deberta")  # ALBERT: a shared layer; DeBERTa: disentangled
     preset = "bert_mlm"
     preset_prefix = "bert_mlm"
     resumable = frozenset({"eval_batch_size"})
@@ -193,6 +196,12 @@ class MLMTask(Task):
 
     def sections(self) -> dict[str, type[ConfigBase]]:
         return SECTIONS
+
+    def check(self, cfg: RunConfig) -> None:
+        if cfg.arch != "bert" and cfg.data.init:
+            raise UserError(f"--arch {cfg.arch} trains a new model: init takes BERT checkpoints")
+        if cfg.arch == "bert" and cfg.model.embedding_size:
+            raise UserError("embedding_size is for --arch albert or deberta")
 
     def derived_sections(self) -> dict[str, type[ConfigBase]]:
         return {"bert": BertConfig}  # the architecture trained (the init checkpoint's, or new)
@@ -207,7 +216,7 @@ class MLMTask(Task):
         texts = {name: [corpus.texts[i] for i in split[name]] for name in ("train", "val")}
         saved = run_dir / "tokenizer.json" if resume else None
         seed_everything(cfg.train.seed)  # the model is built here, with its tokenizer
-        model, tokenizer, notes, source = build_model(dcfg, cfg.model, texts["train"], saved)
+        model, tokenizer, notes, source = build_model(cfg, texts["train"], saved)
         bert = model.shape if isinstance(model, ZooForMaskedLM) else model.bert.cfg
         if dcfg.max_len > bert.context:
             raise UserError(f"max_len={dcfg.max_len} exceeds the model's {bert.context} positions")
@@ -249,7 +258,7 @@ class MLMTask(Task):
             model.bert.pooler.requires_grad_(False)
         n_params = sum(p.numel() for p in model.parameters())
         setup.messages.append(
-            f"model: {cfg.model.arch.upper()} {bert.n_layers} layers, d_model {bert.d_model}, "
+            f"model: {encoder_arch(cfg).upper()} {bert.n_layers} layers, d_model {bert.d_model}, "
             f"vocab {bert.vocab_size}, {n_params / 1e6:.1f}M parameters"
         )
         return model
@@ -262,7 +271,7 @@ class MLMTask(Task):
     ) -> dict[str, Any]:
         prep: Prepared = setup.prepared
         n_params = sum(p.numel() for p in model.parameters())
-        if cfg.model.arch != "bert":  # no Hugging Face BERT folder: the run is model.safetensors
+        if encoder_arch(cfg) != "bert":  # no Hugging Face BERT folder: the run is model.safetensors
             return {"n_params": n_params, "checkpoint": None}
         checkpoint = save_pretrained(run_dir / "checkpoint", model.bert, prep.tokenizer, model.mlm)
         n_params = sum(p.numel() for p in model.parameters())
@@ -274,9 +283,10 @@ class MLMTask(Task):
         return [f"Hugging Face checkpoint: {results['checkpoint']}"]
 
     def load(self, run_dir: Path, cfg: RunConfig, device: str) -> MLMRun:
-        if cfg.model.arch == "bert":
+        arch = encoder_arch(cfg)
+        if arch == "bert":
             return MLMRun(run_dir, cfg)
-        model = ZooForMaskedLM(cfg.model.arch, cfg.bert, cfg.model.embedding_size)
+        model = ZooForMaskedLM(arch, cfg.bert, cfg.model.embedding_size)  # type: ignore[arg-type]
         load_weights(model, run_dir / WEIGHTS)
         tokenizer = WordPieceTokenizer.load(run_dir / "tokenizer.json")
         return ZooMLMRun(run_dir, cfg, model.to(device).eval(), tokenizer)

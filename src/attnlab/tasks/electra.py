@@ -129,13 +129,14 @@ class ElectraTask(MLMTask):
     """ELECTRA pretraining: generator + discriminator, replaced-token detection."""
 
     name = "electra"
+    archs = ()  # one architecture: the discriminator is a BERT
 
     def sections(self) -> dict[str, type]:
         return {**SECTIONS, "electra": ElectraSettings}
 
     def check(self, cfg: RunConfig) -> None:
-        if cfg.model.arch != "bert":
-            raise UserError("ELECTRA's discriminator is a BERT: leave arch at bert")
+        if cfg.model.embedding_size:
+            raise UserError("embedding_size is for mlm --arch albert or deberta")
 
     def setup(self, cfg: RunConfig, run_dir: Path, resume: bool, device: str) -> Setup:
         setup = super().setup(cfg, run_dir, resume, device)  # data, tokenizer, a BERT

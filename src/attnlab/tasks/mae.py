@@ -4,7 +4,7 @@
 (labels unused; the same splits, augmentation and normalisation as the vision task), selects
 the weights by the validation reconstruction loss (masked patches, a fixed noise per image so
 that every evaluation hides the same patches), and draws test images, their masked version and
-the reconstruction in ``reconstructions.png``. ``attnlab train vit --init RUN`` then fine-tunes
+the reconstruction in ``reconstructions.png``. ``attnlab train vision --init RUN`` then fine-tunes
 the pretrained encoder as a ViT classifier (the ViT's shape is taken from the MAE run).
 """
 
@@ -111,7 +111,7 @@ class MAETask(Task):
         return [
             f"test reconstruction loss {results['test_loss']:.4f} (masked patches); "
             f"{results['n_params']:,} parameters; pictures in {run_dir}/reconstructions.png",
-            f"fine-tune the encoder: attnlab train vit --init {run_dir}",
+            f"fine-tune the encoder: attnlab train vision --init {run_dir}",
         ]
 
     def load(self, run_dir: Path, cfg: RunConfig, device: str) -> MAERun:

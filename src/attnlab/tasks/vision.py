@@ -6,7 +6,9 @@ hard-label objective (Touvron et al. 2021, eq. 3): ½ CE(class head, label) + ½
 head, argmax of the teacher), the teacher being a finished vision run (``--teacher RUN``, e.g.
 a CNN+SE run) run in eval mode on the same augmented batch.
 
-A run directory holds config.json ({"task": "vit"|"swin"|"deit"|"cnn", data, model, train}),
+`attnlab train vision --arch vit|swin|cnn|deit` (model registry names; vit by default) chooses
+the network. A run directory holds config.json ({"task": "vision", data, model (its "arch"
+first), train}),
 data_report.json (classes, image shape, normalisation, split sizes),
 model.safetensors, metrics.jsonl, curves.png, state/, results.json and test_report.txt.
 """
@@ -17,7 +19,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -49,8 +51,7 @@ from attnlab.runs.task import Run, RunConfig, Setup, Task
 from attnlab.tensor_files import load_tensors_into, read_tensors
 from attnlab.train import StepOutput, TrainConfig
 
-Arch = Literal["vit", "cnn", "swin", "deit"]
-MODEL_CONFIGS: dict[str, type[ConfigBase]] = {a: model_entry(a).config for a in get_args(Arch)}
+ARCHS = ("vit", "swin", "cnn", "deit")  # model registry names; the first is the default
 
 
 @dataclass
@@ -81,16 +82,17 @@ class VisionConfig(ConfigBase):
     )
 
 
-def sections(arch: Arch) -> dict[str, type[ConfigBase]]:
-    """Config sections of ``arch``: data, model and train."""
-    if arch not in MODEL_CONFIGS:
-        raise UserError(f"arch must be one of {', '.join(MODEL_CONFIGS)}, got {arch!r}")
-    return {"data": VisionConfig, "model": MODEL_CONFIGS[arch], "train": TrainConfig}
+def sections(arch: str) -> dict[str, type[ConfigBase]]:
+    """Config sections of ``arch``: data, model (the registry entry's config) and train."""
+    if arch not in ARCHS:
+        raise UserError(f"unknown --arch {arch!r} for vision; one of {', '.join(ARCHS)}")
+    return {"data": VisionConfig, "model": model_entry(arch).config, "train": TrainConfig}
 
 
-def build_config(arch: Arch, preset: str | Path | None, overrides: dict[str, Any]) -> RunConfig:
-    """Defaults <- presets/<arch>.toml <- a user TOML (sections or flat keys) <- command line."""
-    return training.build_config(TASKS[arch], preset, overrides)
+def build_config(arch: str, preset: str | Path | None, overrides: dict[str, Any]) -> RunConfig:
+    """Defaults <- presets/vision_<arch>.toml <- a user TOML (sections or flat keys) <- command
+    line."""
+    return training.build_config(TASK, preset, {**overrides, "arch": arch})
 
 
 # ---------------------------------------------------------------------------- data
@@ -179,9 +181,9 @@ def predict_dataset(
 
 def build_model(cfg: RunConfig) -> nn.Module:
     """The ViT (DeiT: a ViT with a distillation token), Swin or CNN of a run config."""
-    if cfg.task == "deit" and not cfg.model.distill:
-        raise UserError("the deit task trains a ViT with distill = true; do not turn it off")
-    return model_entry(cfg.task).build(cfg.model)
+    if cfg.arch == "deit" and not cfg.model.distill:
+        raise UserError("--arch deit trains a ViT with distill = true; do not turn it off")
+    return model_entry(cfg.arch).build(cfg.model)
 
 
 def deit_step_fn(label_smoothing: float, teacher: VisionRun, mean: list[float], std: list[float]):
@@ -246,7 +248,7 @@ def load_mae_encoder(model: nn.Module, run_dir: Path) -> None:
 def load_teacher(cfg: RunConfig, classes: list[str], shape: list[int]) -> VisionRun:
     """The teacher run of a deit config, checked against the student's data."""
     if not cfg.data.teacher:
-        raise UserError("deit needs --teacher RUN: a finished vision run to distil from")
+        raise UserError("--arch deit needs --teacher RUN: a finished vision run to distil from")
     teacher = VisionRun.load(cfg.data.teacher)
     if teacher.classes != classes or list(teacher.report["image_shape"]) != list(shape):
         raise UserError(
@@ -284,23 +286,26 @@ def image_data(
 
 
 class VisionTask(Task):
-    """Image classification with a ViT or a CNN (``arch``)."""
+    """Image classification with a ViT, a Swin, a DeiT student or a CNN (``--arch``)."""
 
-    preset_prefix = ""
+    name = "vision"
+    archs = ARCHS
+    preset = "vision_{arch}"
+    preset_prefix = "vision"
     resumable = frozenset({"eval_batch_size"})
     data_paths = ("data", "labels", "test_data", "test_labels")
 
-    def __init__(self, arch: Arch) -> None:
-        self.name = self.preset = self.preset_prefix = arch  # type: ignore[misc]
-
     def sections(self) -> dict[str, type[ConfigBase]]:
-        return sections(self.name)  # type: ignore[arg-type]
+        return sections(ARCHS[0])
+
+    def arch_sections(self, arch: str) -> dict[str, type[ConfigBase]]:
+        return sections(arch)
 
     def setup(self, cfg: RunConfig, run_dir: Path, resume: bool, device: str) -> Setup:
-        if cfg.data.teacher and self.name != "deit":
-            raise UserError(f"--teacher applies to the deit task, not {self.name}")
-        if cfg.data.init and self.name != "vit":
-            raise UserError(f"--init (an MAE run) applies to the vit task, not {self.name}")
+        if cfg.data.teacher and cfg.arch != "deit":
+            raise UserError(f"--teacher applies to --arch deit, not {cfg.arch}")
+        if cfg.data.init and cfg.arch != "vit":
+            raise UserError(f"--init (an MAE run) applies to --arch vit, not {cfg.arch}")
         init_message = adopt_mae_shape(cfg) if cfg.data.init else None
         splits, source = load_splits(cfg.data)
         train_set = splits["train"]
@@ -326,9 +331,9 @@ class VisionTask(Task):
         setup = Setup((splits, report), train_data, evaluate, files, [message])
         if init_message:
             setup.messages.append(init_message)
-        if self.name == "deit":
+        if cfg.arch == "deit":
             self.teacher = load_teacher(cfg, train_set.classes, [c, h, w])
-            setup.messages.append(f"teacher: {cfg.data.teacher} ({self.teacher.config.task})")
+            setup.messages.append(f"teacher: {cfg.data.teacher} ({self.teacher.config.arch})")
         return setup
 
     def build_model(self, cfg: RunConfig, setup: Setup) -> nn.Module:
@@ -336,11 +341,11 @@ class VisionTask(Task):
         if cfg.data.init:  # (on --resume the checkpoint's weights replace these)
             load_mae_encoder(model, Path(cfg.data.init))
         n_params = sum(p.numel() for p in model.parameters())
-        setup.messages.append(f"model: {self.name}, {n_params / 1e6:.3f}M parameters")
+        setup.messages.append(f"model: {cfg.arch}, {n_params / 1e6:.3f}M parameters")
         return model
 
     def step(self, cfg: RunConfig):
-        if self.name == "deit":
+        if cfg.arch == "deit":
             mean, std = self.report_stats
             return deit_step_fn(cfg.data.label_smoothing, self.teacher, mean, std)
         return step_fn(cfg.data.label_smoothing)
@@ -376,7 +381,7 @@ class VisionTask(Task):
         return VisionRun(run_dir, cfg, model, report)
 
 
-TASKS = {arch: VisionTask(arch) for arch in get_args(Arch)}
+TASK = VisionTask()
 
 
 def evaluate_set(
@@ -420,7 +425,7 @@ class VisionRun(Run):
     @property
     def explore_page(self) -> str:  # type: ignore[override]
         """The explorer's page of the architecture: "cnn", or "vit" (ViT, DeiT and Swin)."""
-        return "cnn" if self.task == "cnn" else "vit"
+        return "cnn" if self.config.arch == "cnn" else "vit"
 
     @classmethod
     def load(cls, run_dir: str | Path, device: str = "cpu") -> VisionRun:
