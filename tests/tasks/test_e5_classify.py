@@ -268,3 +268,15 @@ def test_extra_train_with_other_labels_is_refused_before_any_folder(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "labels ['1', '5'] are not among" in err[0], err
     assert not out.exists()
+
+
+def test_extra_train_auto_adds_pang_lee_to_the_bundled_reviews_only():
+    from attnlab.tasks.bert_classify import BertClassifyConfig, resolve_extra_train
+
+    def resolved(**fields) -> str:
+        return resolve_extra_train(BertClassifyConfig(extra_train="auto", **fields))
+
+    assert resolved(init="e5", data="chinese_reviews") == "pang_lee"
+    assert resolved(init="e5", data="my_reviews.csv") == ""  # a user's file: nothing added
+    assert resolved(init="minilm", data="chinese_reviews") == ""
+    assert resolve_extra_train(BertClassifyConfig(extra_train="hownet")) == "hownet"

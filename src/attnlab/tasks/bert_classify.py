@@ -94,7 +94,8 @@ class BertClassifyConfig(ConfigBase):
         "more training examples, added to the training split only (validation and test stay "
         "the main corpus's; a held-out text is dropped): comma-separated pang_lee, imdb, "
         "hownet, dutir (a lexicon's words) or CSV/TSV/JSONL files with text_col and label_col; "
-        "a multilingual encoder learns from another language's reviews; '' = none",
+        "a multilingual encoder learns from another language's reviews; auto = pang_lee for "
+        "e5 on the bundled Chinese reviews (films, which they lack), none otherwise; '' = none",
     )
     extra_train_examples: int = setting(
         0, "extra_train: a class-balanced random sample of this many; 0 = all", min=0
@@ -143,6 +144,13 @@ def resolve_data(data: str, init: str, tokenizer: Tokenizer) -> str:
     if init == E5:  # multilingual: the main job's Chinese reviews
         return "chinese_reviews"
     return "chinese_reviews" if tokenizer.cjk_share() >= CHINESE_VOCAB_SHARE else "pang_lee"
+
+
+def resolve_extra_train(dcfg: BertClassifyConfig) -> str:
+    """What ``extra_train="auto"`` means once ``data`` is resolved; any other value as given."""
+    if dcfg.extra_train != "auto":
+        return dcfg.extra_train
+    return "pang_lee" if dcfg.init == E5 and dcfg.data == "chinese_reviews" else ""
 
 
 def sample_train(split: dict[str, list[int]], labels: list[str], n: int, seed: int) -> None:
@@ -371,6 +379,7 @@ class BertClassifyTask(Task):
         encoder, tokenizer, notes, checkpoint, arch = load_encoder(dcfg)
         shape = arch.pop("shape")
         dcfg.data = resolve_data(dcfg.data, dcfg.init, tokenizer)  # config.json records it
+        dcfg.extra_train = resolve_extra_train(dcfg)  # and this
         corpus = load_corpus(dcfg)
         split_path = run_dir / "split.json"
         if resume and split_path.exists():
