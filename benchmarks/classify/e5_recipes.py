@@ -228,7 +228,9 @@ def runs(args: argparse.Namespace) -> dict:
         run = BertClassifierRun.load(run_dir)
         preds = run.predict([t for t, _ in TUTORIAL_EXAMPLES])
         size = sum(p.stat().st_size for p in run_dir.rglob("*") if p.is_file())
+        report = json.loads((run_dir / "data_report.json").read_text())
         out[name] = {
+            "n_train": report["split_sizes"]["train"],  # the sample plus any extra_train
             "data": {
                 k: config["data"].get(k)
                 for k in ("train_examples", "extra_train", "train_layers", "probe_first")
@@ -270,7 +272,7 @@ def render(data: dict) -> list[str]:
     ]
     rows = {**data.get("floors", {}), **data.get("runs", {})}
     for name, r in rows.items():
-        n = r.get("n_train") or r.get("data", {}).get("train_examples", "")
+        n = r.get("n_train", "")
         p = ", ".join(f"{v:.2f}" for v in r.get("tutorial_p_positive", []))
         cells = [f"{r[k]:.4f}" if isinstance(r.get(k), float) else "" for k in
                  ("val", "test", "ood_dev", "ood_test")]  # fmt: skip
