@@ -327,6 +327,15 @@ def test_a_truncated_checkpoint_on_resume_gives_one_line(tmp_path, finished, cap
     assert snapshot(run) == before  # the refused resume rewrote nothing
 
 
+def test_results_record_the_finishing_process_memory_and_cpu(finished) -> None:
+    import resource
+
+    use = json.loads((finished / "results.json").read_text())["process"]
+    own = resource.getrusage(resource.RUSAGE_SELF)  # the test process trained it, in-process
+    assert 100 < use["peak_rss_mib"] <= own.ru_maxrss / 1024 + 0.1
+    assert 0 < use["cpu_s"] <= own.ru_utime + own.ru_stime + 0.1
+
+
 # ---------------------------------------------------------------------------- stops and limits
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import resource
 import sys
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -315,8 +316,19 @@ def _train(
     load_weights(model, out / folder.WEIGHTS)
     model.to(device).eval()
     results = {"summary": summary, **task.finish(cfg, setup, model, out, device)}
+    results["process"] = process_usage()
     write_json(out / "results.json", results)
     return results
+
+
+def process_usage() -> dict[str, float]:
+    """This process's peak resident memory (MiB) and CPU seconds so far (user + system): the
+    process that finished the run, so after a ``--resume`` the resumed part only."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {
+        "peak_rss_mib": round(usage.ru_maxrss / 1024, 1),  # Linux reports KiB
+        "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
+    }
 
 
 def finished(out: Path, cfg: RunConfig) -> dict[str, Any] | None:
@@ -377,5 +389,8 @@ def describe(task_name: str, results: Mapping[str, Any], run_dir: Path) -> list[
         f"\nbest {s['monitor']} {s['best_metric']:.4f} at step {s['best_step']} of {s['steps']} "
         f"({s['stop_reason']}); {s['wall_time_s'] / 60:.1f} min, precision {s['precision']}"
     )
+    if "process" in results:  # absent in runs from before it was recorded
+        use = results["process"]
+        best += f"; peak memory {use['peak_rss_mib'] / 1024:.2f} GiB, {use['cpu_s']:.0f} CPU-s"
     lines = get_task(task_name).describe(results, run_dir)
     return [best, *lines, f"results in {run_dir}/ (results.json, curves.png, metrics.jsonl)"]
