@@ -280,3 +280,29 @@ def test_extra_train_auto_adds_pang_lee_to_the_bundled_reviews_only():
     assert resolved(init="e5", data="my_reviews.csv") == ""  # a user's file: nothing added
     assert resolved(init="minilm", data="chinese_reviews") == ""
     assert resolve_extra_train(BertClassifyConfig(extra_train="hownet")) == "hownet"
+
+
+def test_probe_sample_and_attention_dropout_reach_the_run(tiny, reviews, tmp_path, capsys):
+    default, chosen = tmp_path / "default", tmp_path / "chosen"
+    assert train(default, reviews, "--max-steps", "1", "--probe-first", "true") == 0
+    args = ["--probe-examples", "6", "--attn-dropout", "0", "--dropout", "0.2"]
+    assert train(chosen, reviews, "--max-steps", "1", "--probe-first", "true", *args) == 0
+    model = {
+        run: json.loads((run / "config.json").read_text())["model"] for run in (default, chosen)
+    }
+    assert model[default]["attn_dropout"] == model[default]["dropout"] == 0.1
+    assert model[chosen]["attn_dropout"] == 0.0 and model[chosen]["dropout"] == 0.2
+    probes = [
+        json.loads((run / "data_report.json").read_text())["probe"] for run in (default, chosen)
+    ]
+    assert probes[0]["n"] == 16 and probes[1]["n"] == 6
+
+
+def test_stratified_sample_keeps_each_class_share():
+    from attnlab.tasks.bert_classify import stratified_sample
+
+    labels = ["a"] * 30 + ["b"] * 10
+    keep = stratified_sample(labels, 8, seed=3)
+    assert keep == sorted(set(keep)) and [labels[i] for i in keep].count("b") == 2
+    assert len(keep) == 8 and stratified_sample(labels, 8, seed=3) == keep
+    assert stratified_sample(labels, 0, 3) == stratified_sample(labels, 99, 3) == list(range(40))
