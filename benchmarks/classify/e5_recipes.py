@@ -10,8 +10,9 @@ Two modes, one page (docs/results/classify_e5.md):
            dev/test, the tutorial's three sentences.
 ``runs``   the fine-tuned recipes, read from `attnlab train classify` run folders (results.json,
            summary.json, config.json; each run's own command is its config): their scores, the
-           tutorial sentences through the run's predict, wall and CPU time, peak memory when
-           the run was timed with /usr/bin/time (``--rss FILE`` per run, optional).
+           tutorial sentences through the run's predict, wall and CPU time, and peak memory
+           (the run's own record in results.json; runs from before it was recorded leave it
+           blank).
 
 The page is rendered from docs/results/classify_e5.json, which both modes update.
 
@@ -233,9 +234,18 @@ def runs(args: argparse.Namespace) -> dict:
             "n_train": report["split_sizes"]["train"],  # the sample plus any extra_train
             "data": {
                 k: config["data"].get(k)
-                for k in ("train_examples", "extra_train", "train_layers", "probe_first")
+                for k in (
+                    "train_examples",
+                    "extra_train",
+                    "train_layers",
+                    "probe_first",
+                    "probe_examples",
+                    "attn_dropout",
+                )
+            },  # fmt: skip
+            "train": {
+                k: config["train"][k] for k in ("lr", "epochs", "batch_size", "grad_accum", "seed")
             },
-            "train": {k: config["train"][k] for k in ("lr", "epochs", "batch_size", "seed")},
             "val": results["val"]["accuracy"],
             "test": results["test"]["accuracy"],
             "ood_dev": results["ood"]["dev"]["accuracy"],
@@ -250,6 +260,9 @@ def runs(args: argparse.Namespace) -> dict:
             "tutorial_p_positive": [round(p["probs"]["positive"], 3) for p in preds],
             "wall_s": summary["wall_time_s"],
             "cpu_s": summary["cpu_time_s"],
+            "peak_gib": round(results["process"]["peak_rss_mib"] / 1024, 2)
+            if "process" in results
+            else None,
             "run_folder_mb": round(size / 2**20, 1),
         }
     return {"runs": out}
@@ -267,8 +280,8 @@ def render(data: dict) -> list[str]:
         "38 test sentences whose sentiment turns (虽然…但是, 不过, 可惜 …).",
         "",
         "| recipe | train | val | test | OOD dev | OOD test | OOD 转折 dev / test | tutorial "
-        "| p(positive) | wall s | CPU s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| p(positive) | wall s | CPU s | peak GiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     rows = {**data.get("floors", {}), **data.get("runs", {})}
     for name, r in rows.items():
@@ -281,8 +294,9 @@ def render(data: dict) -> list[str]:
         cells.append(turn)
         wall = f"{r['wall_s']:.0f}" if "wall_s" in r else ""
         cpu = f"{r['cpu_s']:.0f}" if "cpu_s" in r else ""
+        peak = f"{r['peak_gib']:.2f}" if r.get("peak_gib") else ""
         lines.append(
-            f"| {name} | {n} | " + " | ".join(cells) + f" | {tut} | {p} | {wall} | {cpu} |"
+            f"| {name} | {n} | " + " | ".join(cells) + f" | {tut} | {p} | {wall} | {cpu} | {peak} |"
         )
     lines.append(
         "\nEach fine-tuned row is a run of `attnlab train classify --out DIR` with the settings "
