@@ -250,7 +250,14 @@ def train(
             )
         cfg = resumed_config(task, raw, overrides, preset, out)
         record = cfg.__dict__.pop("data_record", {})
-        check_checkpoint(out)  # a damaged checkpoint is refused before any file changes
+        # a damaged checkpoint is refused before any file changes; trained weights with no
+        # checkpoint (state/ deleted, a copy without it) would be trained over from step 0
+        if check_checkpoint(out) is None and (out / folder.WEIGHTS).is_file():
+            raise UserError(
+                f"--resume: {out} holds trained weights ({folder.WEIGHTS}) but no checkpoint "
+                f"(state/) to continue from, and training from step 0 would overwrite them; "
+                "train a new run into another --out"
+            )
         done = finished(out, cfg)
         if done is not None:
             return done

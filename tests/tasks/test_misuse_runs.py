@@ -1,0 +1,71 @@
+"""Run folders under misuse, second round: a resume that would train over weights it cannot
+continue from is refused in one line, and one seed gives one run in any process."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _cli import probe, snapshot, train, write_corpus
+from test_run_misuse import BERT_TINY, write_text
+
+from attnlab.cli import main
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+@pytest.fixture(scope="module")
+def classify_run(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("run")
+    assert train(root / "run", write_corpus(root / "tiny.csv"), "--max-steps", "4") == 0
+    return root / "run"
+
+
+def test_a_quantized_run_is_not_resumed_as_training(classify_run, tmp_path, capsys) -> None:
+    int8 = tmp_path / "int8"
+    assert main(["quantize", str(classify_run), "--out", str(int8)]) == 0
+    before = snapshot(int8)
+    argv = ["train", "classify", "--out", str(int8), "--resume", "--max-steps", "8"]
+    probe(capsys, argv, "int8-quantised run", "train --resume")
+    assert snapshot(int8) == before
+
+
+def test_trained_weights_without_a_checkpoint_are_not_trained_over(
+    classify_run, tmp_path, capsys
+) -> None:
+    """A finished run whose state/ is gone (deleted to save space, or a copy made without it)
+    keeps its weights: a resume has nothing to continue from and refuses."""
+    run = tmp_path / "run"
+    shutil.copytree(classify_run, run, ignore=shutil.ignore_patterns("state", ".lock"))
+    before = snapshot(run)
+    argv = ["train", "classify", "--out", str(run), "--resume", "--max-steps", "8"]
+    probe(capsys, argv, "no checkpoint", "model.safetensors", "another --out")
+    assert snapshot(run) == before
+    assert main(["eval", str(run)]) == 0  # the run is still the finished one
+
+
+def _train_in_a_process(task: str, data: Path, out: Path, hash_seed: str) -> None:
+    env = {**os.environ, "PYTHONHASHSEED": hash_seed, "PYTHONPATH": str(SRC)}
+    argv = ["train", task, "--data", str(data), "--out", str(out), "--seed", "3", *BERT_TINY]
+    done = subprocess.run(
+        [sys.executable, "-m", "attnlab", *argv], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, (hash_seed, done.stderr[-2000:])
+
+
+@pytest.mark.parametrize("task", ["mlm", "electra"])
+def test_one_seed_gives_one_run_in_processes_of_other_hash_seeds(task, tmp_path) -> None:
+    """Each run in a fresh interpreter, with its own str-hash seed (set and dict order) and
+    its own Rust hash-map keys (the tokenizer trainer's, safetensors' header)."""
+    data = write_text(tmp_path / "text.txt")
+    for seed in ("1", "2"):
+        _train_in_a_process(task, data, tmp_path / seed, seed)
+    names = ["tokenizer.json", "model.safetensors", "state/model.safetensors"]
+    names += ["state/optimizer.safetensors"]
+    for name in names:
+        same = (tmp_path / "1" / name).read_bytes() == (tmp_path / "2" / name).read_bytes()
+        assert same, f"{name} differs between PYTHONHASHSEED 1 and 2"
