@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from _cli import probe, snapshot, train, write_corpus
+import torch
+from _cli import TINY, probe, snapshot, train, write_corpus
 from test_run_misuse import BERT_TINY, write_text
 
 from attnlab.cli import main
@@ -69,3 +70,29 @@ def test_one_seed_gives_one_run_in_processes_of_other_hash_seeds(task, tmp_path)
     for name in names:
         same = (tmp_path / "1" / name).read_bytes() == (tmp_path / "2" / name).read_bytes()
         assert same, f"{name} differs between PYTHONHASHSEED 1 and 2"
+
+
+def test_distill_takes_the_default_e5_classify_run_as_teacher(tmp_path, monkeypatch) -> None:
+    """`train classify` fine-tunes e5 by default: that run teaches, its soft labels are its own
+    predictions (SentencePiece pieces, e5's "query: " prefix). A tiny random encoder of e5's
+    layout stands in for the real one, as in test_e5_classify."""
+    pytest.importorskip("semantra_multilingual")
+    from test_e5_classify import TEXTS, tiny_e5
+    from test_e5_classify import train as train_e5
+
+    import attnlab.tasks.bert_classify as bert_classify
+    from attnlab.runs.load import load_run
+    from attnlab.tasks.distill import teacher_logits
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(bert_classify, "load_e5", lambda dropout=0.1: tiny_e5(dropout))
+    data = write_corpus(tmp_path / "tiny.csv", n=32)
+    assert train_e5(tmp_path / "teacher", data, "--max-steps", "2") == 0
+    argv = ["train", "distill", "--teacher", str(tmp_path / "teacher"), "--data", str(data)]
+    argv += ["--out", str(tmp_path / "student"), "--max-steps", "2", *TINY[2:]]
+    assert main(argv) == 0
+    teacher = load_run(tmp_path / "teacher")
+    probs = teacher_logits(teacher, TEXTS, 2).softmax(-1)  # (3, C)
+    for row, pred in zip(probs, teacher.predict(TEXTS)):
+        want = [pred["probs"][label] for label in teacher.labels.labels]
+        torch.testing.assert_close(row, torch.tensor(want), rtol=0, atol=1e-6)
