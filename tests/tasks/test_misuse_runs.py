@@ -96,3 +96,13 @@ def test_distill_takes_the_default_e5_classify_run_as_teacher(tmp_path, monkeypa
     for row, pred in zip(probs, teacher.predict(TEXTS)):
         want = [pred["probs"][label] for label in teacher.labels.labels]
         torch.testing.assert_close(row, torch.tensor(want), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("verb", ["quantize", "prune"])
+def test_a_copy_into_the_run_itself_is_refused(classify_run, verb, capsys) -> None:
+    """An --out inside the source run would copy its own staging folder into itself."""
+    before = snapshot(classify_run)
+    extra = ["--heads", "1"] if verb == "prune" else []
+    out = classify_run / "copy"
+    probe(capsys, [verb, str(classify_run), *extra, "--out", str(out)], "inside the run", verb)
+    assert snapshot(classify_run) == before and not out.exists()
