@@ -106,3 +106,26 @@ def test_a_copy_into_the_run_itself_is_refused(classify_run, verb, capsys) -> No
     out = classify_run / "copy"
     probe(capsys, [verb, str(classify_run), *extra, "--out", str(out)], "inside the run", verb)
     assert snapshot(classify_run) == before and not out.exists()
+
+
+@pytest.mark.parametrize("task", ["mlm", "electra"])
+def test_a_resume_names_a_saved_setting_this_attnlab_refuses(task, tmp_path, capsys) -> None:
+    """A folder whose config.json holds a mask_prob of 0 (made before the range was checked,
+    before any training) is not resumed, and the line names the file and what to do."""
+    from attnlab.configs import to_dict
+    from attnlab.runs.folder import write_config
+    from attnlab.runs.registry import get_task
+    from attnlab.runs.training import build_config
+
+    run = tmp_path / "run"
+    run.mkdir()
+    raw = build_config(get_task(task), None, {}).to_json()
+    for name, section in get_task(task).derived_sections().items():  # written by setup
+        raw[name] = to_dict(section())
+    raw["data"]["mask_prob"] = 0.0
+    write_config(run, raw)
+    before = snapshot(run)
+    for extra in ([], ["--mask-prob", "0.15"]):
+        argv = ["train", task, "--out", str(run), "--resume", *extra]
+        probe(capsys, argv, str(run / "config.json"), "mask_prob", "another --out")
+    assert snapshot(run) == before

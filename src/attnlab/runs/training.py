@@ -126,7 +126,13 @@ def resumed_config(
     A ``preset`` given again counts as its fields typed out: what it agrees on is no change.
     A data path may be given again when its file moved (the same content, see datafiles); a
     run that diverged may change its learning rate (``DIVERGED``)."""
-    cfg = saved_config(task, raw)
+    try:
+        cfg = saved_config(task, raw)
+    except ValueError as err:  # e.g. a setting this attnlab refuses, saved by an older one
+        where = out / folder.CONFIG if out is not None else folder.CONFIG
+        raise UserError(
+            f"{where}: {err}; this run cannot be resumed: train a new run into another --out"
+        ) from None
     owner = sections.field_owner(task.arch_sections(cfg.arch))
     if preset:
         overrides = {**preset_fields(preset, task, owner), **overrides}
