@@ -44,7 +44,7 @@ def test_trained_weights_without_a_checkpoint_are_not_trained_over(
     shutil.copytree(classify_run, run, ignore=shutil.ignore_patterns("state", ".lock"))
     before = snapshot(run)
     argv = ["train", "classify", "--out", str(run), "--resume", "--max-steps", "8"]
-    probe(capsys, argv, "no checkpoint", "model.safetensors", "another --out")
+    probe(capsys, argv, "finished run", "no checkpoint", "model.safetensors", "another --out")
     assert snapshot(run) == before
     assert main(["eval", str(run)]) == 0  # the run is still the finished one
 

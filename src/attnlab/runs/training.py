@@ -256,13 +256,15 @@ def train(
             )
         cfg = resumed_config(task, raw, overrides, preset, out)
         record = cfg.__dict__.pop("data_record", {})
-        # a damaged checkpoint is refused before any file changes; trained weights with no
+        # a damaged checkpoint is refused before any file changes; a finished run with no
         # checkpoint (state/ deleted, a copy without it) would be trained over from step 0
-        if check_checkpoint(out) is None and (out / folder.WEIGHTS).is_file():
+        # (a run that failed before its first checkpoint has no summary: it starts over)
+        ended = [n for n in ("summary.json", "results.json") if (out / n).is_file()]
+        if check_checkpoint(out) is None and (out / folder.WEIGHTS).is_file() and ended:
             raise UserError(
-                f"--resume: {out} holds trained weights ({folder.WEIGHTS}) but no checkpoint "
-                f"(state/) to continue from, and training from step 0 would overwrite them; "
-                "train a new run into another --out"
+                f"--resume: {out} holds a finished run ({folder.WEIGHTS}, {ended[0]}) but no "
+                "checkpoint (state/) to continue from, and training from step 0 would overwrite "
+                "its weights; train a new run into another --out"
             )
         done = finished(out, cfg)
         if done is not None:
