@@ -1,5 +1,7 @@
 """Run folders under misuse, second round: a resume that would train over weights it cannot
-continue from is refused in one line, and one seed gives one run in any process."""
+continue from, a copy into the run it copies and a saved setting this attnlab refuses are each
+refused in one line with nothing changed; one seed gives one run in any process; the default
+classify run (e5) teaches distill."""
 
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ def test_a_quantized_run_is_not_resumed_as_training(classify_run, tmp_path, caps
     assert snapshot(int8) == before
 
 
-def test_trained_weights_without_a_checkpoint_are_not_trained_over(
+def test_a_finished_run_without_a_checkpoint_is_not_trained_over(
     classify_run, tmp_path, capsys
 ) -> None:
     """A finished run whose state/ is gone (deleted to save space, or a copy made without it)
