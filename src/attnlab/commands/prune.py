@@ -98,6 +98,7 @@ def prune_run(source: str | Path, n_heads: int, out: str | Path) -> dict[str, An
     if out.exists():
         raise UserError(f"{out} exists; prune writes a new run folder, give another --out")
     folder.check_not_quantized(Path(source), "prune")
+    folder.check_derived_out(Path(source), out, "prune")
     run = load_run(source)
     model = prunable_model(run).float().eval()
     data = batches(validation_data(run))

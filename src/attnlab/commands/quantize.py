@@ -17,7 +17,14 @@ from torch import nn
 from attnlab.compress.int8 import Activations, quantize_model
 from attnlab.data.io import write_json
 from attnlab.errors import UserError
-from attnlab.runs.folder import LOCK, QUANTIZED, WEIGHTS, check_not_quantized, derived_copy
+from attnlab.runs.folder import (
+    LOCK,
+    QUANTIZED,
+    WEIGHTS,
+    check_derived_out,
+    check_not_quantized,
+    derived_copy,
+)
 from attnlab.runs.load import load_run
 from attnlab.tensor_files import read_tensors
 from attnlab.train.checkpoint import save_weights
@@ -45,8 +52,7 @@ def quantize_run(run_dir: str | Path, out: str | Path, activations: Activations 
     check_not_quantized(run_dir, "quantize")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"--out {out} exists and is not an empty folder; give a new folder")
-    if out.resolve() == run_dir.resolve():
-        raise UserError("--out must differ from the run being quantised")
+    check_derived_out(run_dir, out, "quantize")
     run = load_run(run_dir, "cpu")
     keys = set(read_tensors(run_dir / WEIGHTS))
     model = _weights_module(run, keys)

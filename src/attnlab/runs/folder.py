@@ -307,6 +307,17 @@ class Staging:
 # ---------------------------------------------------------------------------- config.json
 
 
+def check_derived_out(source: Path, out: Path, verb: str) -> None:
+    """Refuse an ``out`` for a copy of the run ``source`` that is the run or lies inside it
+    (the copy would copy its own staging folder into itself)."""
+    source, target = source.resolve(), out.resolve()
+    if target == source or source in target.parents:
+        raise UserError(
+            f"--out {out} is inside the run {source} that {verb} copies; {verb} writes a new "
+            "run folder: give an --out outside it"
+        )
+
+
 @contextlib.contextmanager
 def derived_copy(source: Path, out: Path, skip: set[str]) -> Iterator[Path]:
     """A copy of the run ``source`` (less the names in ``skip``) assembled in a staging folder

@@ -127,7 +127,13 @@ def resumed_config(
     A ``preset`` given again counts as its fields typed out: what it agrees on is no change.
     A data path may be given again when its file moved (the same content, see datafiles); a
     run that diverged may change its learning rate (``DIVERGED``)."""
-    cfg = saved_config(task, raw)
+    try:
+        cfg = saved_config(task, raw)
+    except ValueError as err:  # e.g. a setting this attnlab refuses, saved by an older one
+        where = out / folder.CONFIG if out is not None else folder.CONFIG
+        raise UserError(
+            f"{where}: {err}; this run cannot be resumed: train a new run into another --out"
+        ) from None
     owner = sections.field_owner(task.arch_sections(cfg.arch))
     if preset:
         overrides = {**preset_fields(preset, task, owner), **overrides}
@@ -251,7 +257,16 @@ def train(
             )
         cfg = resumed_config(task, raw, overrides, preset, out)
         record = cfg.__dict__.pop("data_record", {})
-        check_checkpoint(out)  # a damaged checkpoint is refused before any file changes
+        # a damaged checkpoint is refused before any file changes; a finished run with no
+        # checkpoint (state/ deleted, a copy without it) would be trained over from step 0
+        # (a run that failed before its first checkpoint has no summary: it starts over)
+        ended = [n for n in ("summary.json", "results.json") if (out / n).is_file()]
+        if check_checkpoint(out) is None and (out / folder.WEIGHTS).is_file() and ended:
+            raise UserError(
+                f"--resume: {out} holds a finished run ({folder.WEIGHTS}, {ended[0]}) but no "
+                "checkpoint (state/) to continue from, and training from step 0 would overwrite "
+                "its weights; train a new run into another --out"
+            )
         done = finished(out, cfg)
         if done is not None:
             return done

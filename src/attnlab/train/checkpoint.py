@@ -220,14 +220,16 @@ def load_checkpoint(
     return read_trainer_state(run_dir), rng_states
 
 
-def check_checkpoint(run_dir: str | Path) -> None:
+def check_checkpoint(run_dir: str | Path) -> Path | None:
     """Read every file of `run_dir/state/` (checksums, truncation, JSON) without loading it
-    into anything, so a resume can refuse a damaged checkpoint before it changes a file."""
+    into anything, so a resume can refuse a damaged checkpoint before it changes a file.
+    Returns `state/`, or None when there is no checkpoint to resume from."""
     state = recover_state_dir(run_dir)
     if state is None:
-        return  # nothing to resume from: the run starts from step 0
+        return None
     read_tensors(state / "model.safetensors", "weights")
     read_tensors(state / "optimizer.safetensors", "optimizer state")
     read_tensors(state / "rng.safetensors", "RNG state")
     for name in ("optimizer.json", "rng.json", "trainer.json"):
         _read_json(state / name)
+    return state
