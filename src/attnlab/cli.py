@@ -622,7 +622,12 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         "cache, and long-sequence scaling.",
     )
     p.add_argument("--quick", action="store_true", help="small shapes, few rounds (~1 minute)")
-    p.add_argument("--out", default=DEFAULT_OUT, help=f"report path (default: {DEFAULT_OUT})")
+    p.add_argument(
+        "--out",
+        default=DEFAULT_OUT,
+        help=f"the report, FILE.md (its data beside it as FILE.json), or a folder to write "
+        f"{DEFAULT_OUT} in (default: {DEFAULT_OUT})",
+    )
     p.add_argument("--device", default="cpu", help="cpu or cuda (CUDA events time the GPU)")
     p.add_argument("--num-threads", type=int, default=1, help="torch threads; 0 = default")
     p.add_argument(

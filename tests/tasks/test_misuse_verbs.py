@@ -1,0 +1,57 @@
+"""`attnlab bench` and `verify`: each runs end to end on a tiny input, and an output path that
+names no file the user asked for, or a negative --num-threads, is refused in one line before
+anything runs or is written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from _cli import probe, snapshot
+
+from attnlab.cli import main
+
+
+def test_bench_writes_its_report_and_data_inside_an_out_folder(tmp_path, capsys) -> None:
+    out = tmp_path / "reports"
+    argv = ["bench", "--quick", "--only", "mha", "--num-threads", "1", "--out", f"{out}/"]
+    assert main(argv) == 0, capsys.readouterr().err  # "DIR/": a folder, made for the report
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["reports"]
+    assert sorted(p.name for p in out.iterdir()) == ["bench-report.json", "bench-report.md"]
+    assert "nn.MultiheadAttention" in (out / "bench-report.md").read_text()
+    assert "mha" in json.loads((out / "bench-report.json").read_text())["sections"]
+
+
+def test_bench_refuses_an_out_that_names_no_markdown_file(tmp_path, capsys) -> None:
+    (tmp_path / "file.txt").write_text("mine\n")
+    (tmp_path / "r.json").mkdir()
+    before = snapshot(tmp_path)
+    for out, needle in (
+        ("r.txt", "the report is markdown"),  # r.md would be written, not r.txt
+        ("file.txt/r.md", "file.txt is a file"),
+        ("r", "r.json is a folder"),  # the data of r.md goes to r.json
+    ):
+        probe(capsys, ["bench", "--quick", "--only", "mha", "--out", str(tmp_path / out)], needle)
+    assert snapshot(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == [
+        "file.txt",
+        "r.json",
+    ]
+
+
+@pytest.mark.parametrize("verb", ["bench", "verify"])
+def test_negative_threads_are_refused_as_training_refuses_them(verb, tmp_path, capsys) -> None:
+    small = ["--quick", "--only", "mha", "--out", str(tmp_path / "r.md")]  # quick if accepted
+    small = small if verb == "bench" else ["--only", "scaled_dot"]
+    line = probe(capsys, [verb, "--num-threads", "-2", *small], "--num-threads must be >= 0")
+    assert "got -2" in line and list(tmp_path.iterdir()) == []
+
+
+def test_verify_runs_end_to_end_and_writes_its_json_table(tmp_path, capsys) -> None:
+    out = tmp_path / "table.json"
+    argv = ["verify", "--only", "scaled_dot", "--seed", "3", "--json", str(out)]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert "passed" in capsys.readouterr().out
+    table = json.loads(out.read_text())
+    assert table["meta"]["seed"] == 3
+    rows = {r["component"]: r["status"] for r in table["rows"]}
+    assert rows["scaled_dot_product_attention"] == "pass" and set(rows.values()) == {"pass"}
