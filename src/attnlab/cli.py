@@ -342,7 +342,12 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--prompt-lookup", action="store_true", help="speculative decoding without a draft model"
     )
-    p.add_argument("--lookahead", type=int, default=4, help="speculative: tokens drafted per pass")
+    p.add_argument(
+        "--lookahead",
+        type=int,
+        default=None,
+        help="speculative: tokens drafted per pass (default 4)",
+    )
     p.add_argument(
         "--kv-cache", default="float", help="float, or int8 (a scale per token and head)"
     )
@@ -354,10 +359,7 @@ def _run_generate(args: argparse.Namespace) -> int:
     from attnlab.tasks.lm import LMRun, check_request, default_prompt
 
     check_request(args.max_new_tokens, args.num_samples, args.temperature, args.top_k, args.top_p)
-    if args.no_cache and args.kv_cache != "float":
-        raise UserError(
-            f"--kv-cache {args.kv_cache} has no cache to act on with --no-cache; drop one"
-        )
+    refuse_unused_decoding(args)
     run = LMRun.load(args.run, args.device)
     drafter = _drafter(args, run)
     if not args.no_cache:
@@ -395,7 +397,8 @@ def _run_generate(args: argparse.Namespace) -> int:
         on_text=on_text if streaming else None,
         device=args.device,
         kv_cache=args.kv_cache,
-        **({} if drafter is None else {"drafter": drafter, "lookahead": args.lookahead}),
+        **({} if drafter is None else {"drafter": drafter}),
+        **({} if args.lookahead is None else {"lookahead": args.lookahead}),
     )
     if streaming:
         sys.stdout.write("\n")
@@ -413,6 +416,25 @@ def _run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def refuse_unused_decoding(args: argparse.Namespace) -> None:
+    """Refuse a generate option that the others make unused (it would be dropped silently)."""
+    speculative = args.draft is not None or args.prompt_lookup
+    if args.no_cache and args.kv_cache != "float":
+        raise UserError(
+            f"--kv-cache {args.kv_cache} has no cache to act on with --no-cache; drop one"
+        )
+    if args.no_cache and speculative:
+        raise UserError(
+            "--no-cache would be ignored: speculative decoding (--draft, --prompt-lookup) "
+            "always decodes with the cache; drop one"
+        )
+    if args.lookahead is not None and not speculative:
+        raise UserError(
+            f"--lookahead {args.lookahead} would be ignored: it is the tokens drafted per pass "
+            "of speculative decoding; add --draft RUN or --prompt-lookup, or drop it"
+        )
+
+
 def _drafter(args: argparse.Namespace, run: Any) -> Any:
     """The speculative drafter --draft / --prompt-lookup ask for, or None."""
     from attnlab.infer.speculative import (
@@ -427,7 +449,8 @@ def _drafter(args: argparse.Namespace, run: Any) -> Any:
         return None
     if args.draft is not None and args.prompt_lookup:
         raise UserError("--draft and --prompt-lookup are two drafters: choose one")
-    check_lookahead(args.lookahead)
+    if args.lookahead is not None:
+        check_lookahead(args.lookahead)
     if args.prompt_lookup:
         return NgramDrafter()
     draft = LMRun.load(args.draft, args.device)

@@ -1,6 +1,6 @@
-"""`attnlab bench` and `verify`: each runs end to end on a tiny input, and an output path that
-names no file the user asked for, or a negative --num-threads, is refused in one line before
-anything runs or is written."""
+"""`attnlab bench`, `verify` and `generate`: each runs end to end on a tiny input, and each
+option that another makes unused, or an output path that names no file the user asked for, is
+refused in one line before anything runs or is written."""
 
 from __future__ import annotations
 
@@ -55,3 +55,17 @@ def test_verify_runs_end_to_end_and_writes_its_json_table(tmp_path, capsys) -> N
     assert table["meta"]["seed"] == 3
     rows = {r["component"]: r["status"] for r in table["rows"]}
     assert rows["scaled_dot_product_attention"] == "pass" and set(rows.values()) == {"pass"}
+
+
+@pytest.mark.parametrize(
+    "extra, needles",
+    [
+        (["--lookahead", "3"], ["--lookahead 3 would be ignored", "--draft RUN"]),
+        (["--prompt-lookup", "--no-cache"], ["--no-cache would be ignored", "speculative"]),
+        (["--temperature", "0", "--top-k", "40"], ["--top-k 40 would be ignored", "greedy"]),
+        (["--temperature", "0", "--top-p", "0.9"], ["--top-p 0.9 would be ignored"]),
+    ],
+)
+def test_generate_refuses_an_option_the_others_make_unused(extra, needles, tmp_path, capsys):
+    """Refused before the run is read (the folder here holds no run at all)."""
+    probe(capsys, ["generate", str(tmp_path), *extra], *needles)

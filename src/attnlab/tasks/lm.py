@@ -402,6 +402,12 @@ def check_request(
 ) -> None:
     """Reject generation settings that mean nothing, before anything is printed."""
     check_sampling(temperature, top_k, top_p)
+    if temperature == 0 and (top_k, top_p) != (0, 1.0):
+        given = f"--top-k {top_k}" if top_k else f"--top-p {top_p}"
+        raise UserError(
+            f"{given} would be ignored: --temperature 0 is greedy decoding (always the most "
+            "likely token); drop it, or give a temperature above 0 to sample"
+        )
     if max_new_tokens < 1 or num_samples < 1:
         raise UserError(
             f"--max-new-tokens and --num-samples must be >= 1, got {max_new_tokens}, {num_samples}"
