@@ -67,7 +67,7 @@ def test_a_sweep_of_other_settings_is_refused_and_the_same_one_continues(sweep, 
     out, data = sweep
     before = snapshot(out)
     line = probe(capsys, ablate(out, data, "--steps", "3"), "holds a sweep with fixed")
-    assert "'max_steps': '2'" in line and "'max_steps': '3'" in line
+    assert "fixed max_steps=2, this command has max_steps=3:" in line, line
     probe(capsys, ablate(out, data, "--steps", "2", "--grid"), "grid False", "True")
     assert snapshot(out) == before
     capsys.readouterr()

@@ -122,14 +122,20 @@ def check_sweep_folder(out: Path, same: dict[str, Any]) -> None:
         raw = json.loads(recorded.read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
         raise UserError(f"{recorded} is unreadable ({err}); give a new --out") from None
+    raw = raw if isinstance(raw, dict) else {}
     for key, value in same.items():
-        if not isinstance(raw, dict) or raw.get(key) != value:
-            theirs = raw.get(key) if isinstance(raw, dict) else None
-            raise UserError(
-                f"--out {out} holds a sweep with {key} {theirs!r}, this command has {value!r}: "
-                "its finished runs would not be this command's; give a new --out, or the "
-                "sweep's own settings to continue it"
-            )
+        theirs = raw.get(key)
+        if theirs == value:
+            continue
+        if isinstance(theirs, dict) and isinstance(value, dict):  # name only what differs
+            names = sorted(k for k in {*theirs, *value} if theirs.get(k) != value.get(k))
+            theirs = ", ".join(f"{k}={theirs.get(k)}" for k in names)
+            value = ", ".join(f"{k}={value.get(k)}" for k in names)
+        raise UserError(
+            f"--out {out} holds a sweep with {key} {theirs}, this command has {value}: its "
+            "finished runs would not be this command's; give a new --out, or the sweep's own "
+            "settings to continue it"
+        )
 
 
 def run_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Literal
 
 from attnlab.configs import ConfigBase, setting
@@ -126,7 +125,7 @@ class TrainConfig(ConfigBase):
 def check_num_threads(value: int) -> None:
     """--num-threads of a verb that trains nothing (bench, verify), held to the bound that
     TrainConfig.num_threads declares for training."""
-    (field,) = (f for f in dataclasses.fields(TrainConfig) if f.name == "num_threads")
+    (field,) = (f for f in fields(TrainConfig) if f.name == "num_threads")
     if value < field.metadata["min"]:
         raise UserError(
             f"--num-threads must be >= {field.metadata['min']} (0 = torch's default), got {value}"
