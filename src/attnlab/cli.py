@@ -613,7 +613,7 @@ def _add_ablate(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--seeds", type=int, default=1, help="seeds per variant (mean ± std)")
     p.add_argument("--steps", type=int, default=0, help="optimizer steps per variant")
-    p.add_argument("--epochs", type=int, default=0, help="epochs per variant (if no --steps)")
+    p.add_argument("--epochs", type=int, default=0, help="epochs per variant (instead of --steps)")
     p.add_argument(
         "--minutes", type=float, default=0.0, help="stop each variant after this much training"
     )
