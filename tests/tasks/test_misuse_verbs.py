@@ -86,3 +86,27 @@ def test_an_option_given_twice_with_other_values_is_refused(tmp_path, capsys) ->
     sweep = ["ablate", "classify", "n_heads=1", "--out", str(tmp_path / "s")]
     probe(capsys, [*sweep, "--set", "lr=1", "--set", "seed=2"], "--set is given twice")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["text.txt"]
+
+
+def test_a_tiny_context_scores_a_bounded_number_of_validation_windows(tmp_path, monkeypatch):
+    """A context of a few tokens makes a split of many windows: the reported loss scores
+    FINAL_WINDOWS evenly spaced ones (here 50 of some 750), and says so, not every one."""
+    from attnlab.data.text_lm import eval_starts, open_tokens
+    from attnlab.runs import load_run, training
+    from attnlab.tasks import lm
+
+    monkeypatch.setattr(lm, "FINAL_WINDOWS", 50)
+    text = tmp_path / "text.txt"
+    text.write_text("anna sees bob.\n" * 1000, encoding="utf-8")  # 15,000 characters
+    run = tmp_path / "lm"
+    settings = {"data": str(text), "context": "2", "max_steps": "1", "d_model": "16",
+                "n_layers": "1", "tensorboard": "false", "num_threads": "1"}  # fmt: skip
+    results = training.train("lm", run, settings, "quick")
+    loaded = load_run(run)
+    val = open_tokens(run / "data" / "val.bin", loaded.tokenizer.vocab_size)
+    every = eval_starts(len(val), 2, 0)
+    assert len(every) > 50
+    assert results["val_scope"].startswith("50 evenly spaced windows of 2 tokens of the val")
+    assert f"split's {len(every):,}" in results["val_scope"]
+    want = lm.mean_loss(loaded.model, val, eval_starts(len(val), 2, 50), 32)
+    assert results["val_loss"] == pytest.approx(want, rel=1e-6)
