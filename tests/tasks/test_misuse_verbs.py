@@ -106,7 +106,7 @@ def test_a_tiny_context_scores_a_bounded_number_of_validation_windows(tmp_path, 
     val = open_tokens(run / "data" / "val.bin", loaded.tokenizer.vocab_size)
     every = eval_starts(len(val), 2, 0)
     assert len(every) > 50
-    assert results["val_scope"].startswith("50 evenly spaced windows of 2 tokens of the val")
-    assert f"split's {len(every):,}" in results["val_scope"]
+    scope = f"50 evenly spaced of the validation split's {len(every):,} windows of 2 tokens"
+    assert results["val_scope"].startswith(scope), results["val_scope"]
     want = lm.mean_loss(loaded.model, val, eval_starts(len(val), 2, 50), 32)
     assert results["val_loss"] == pytest.approx(want, rel=1e-6)

@@ -336,8 +336,8 @@ def final_val_loss(
     if len(every) > FINAL_WINDOWS:
         scored = eval_starts(len(val), context, FINAL_WINDOWS)
         scope = (
-            f"{len(scored):,} evenly spaced windows of {context} tokens of the validation "
-            f"split's {len(every):,} (at most {FINAL_WINDOWS:,} are scored)"
+            f"{len(scored):,} evenly spaced of the validation split's {len(every):,} windows of "
+            f"{context} tokens, at most {FINAL_WINDOWS:,} being scored"
         )
     sample = eval_starts(len(val), context, cfg.data.eval_windows)
     return {
