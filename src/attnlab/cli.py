@@ -130,7 +130,9 @@ def _run_train(args: argparse.Namespace) -> int:
     from attnlab.runs.registry import get_task
 
     name = args.task
-    opts = task_parser(name, args.rest).parse_args(args.rest)
+    parser = task_parser(name, args.rest)
+    refuse_repeated(parser, args.rest)
+    opts = parser.parse_args(args.rest)
     check_device(opts.device)
     name = _redirected(name, opts)
     overrides = parse_key_values(opts.overrides)
@@ -342,7 +344,12 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--prompt-lookup", action="store_true", help="speculative decoding without a draft model"
     )
-    p.add_argument("--lookahead", type=int, default=4, help="speculative: tokens drafted per pass")
+    p.add_argument(
+        "--lookahead",
+        type=int,
+        default=None,
+        help="speculative: tokens drafted per pass (default 4)",
+    )
     p.add_argument(
         "--kv-cache", default="float", help="float, or int8 (a scale per token and head)"
     )
@@ -354,10 +361,7 @@ def _run_generate(args: argparse.Namespace) -> int:
     from attnlab.tasks.lm import LMRun, check_request, default_prompt
 
     check_request(args.max_new_tokens, args.num_samples, args.temperature, args.top_k, args.top_p)
-    if args.no_cache and args.kv_cache != "float":
-        raise UserError(
-            f"--kv-cache {args.kv_cache} has no cache to act on with --no-cache; drop one"
-        )
+    refuse_unused_decoding(args)
     run = LMRun.load(args.run, args.device)
     drafter = _drafter(args, run)
     if not args.no_cache:
@@ -395,7 +399,8 @@ def _run_generate(args: argparse.Namespace) -> int:
         on_text=on_text if streaming else None,
         device=args.device,
         kv_cache=args.kv_cache,
-        **({} if drafter is None else {"drafter": drafter, "lookahead": args.lookahead}),
+        **({} if drafter is None else {"drafter": drafter}),
+        **({} if args.lookahead is None else {"lookahead": args.lookahead}),
     )
     if streaming:
         sys.stdout.write("\n")
@@ -413,6 +418,25 @@ def _run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def refuse_unused_decoding(args: argparse.Namespace) -> None:
+    """Refuse a generate option that the others make unused (it would be dropped silently)."""
+    speculative = args.draft is not None or args.prompt_lookup
+    if args.no_cache and args.kv_cache != "float":
+        raise UserError(
+            f"--kv-cache {args.kv_cache} has no cache to act on with --no-cache; drop one"
+        )
+    if args.no_cache and speculative:
+        raise UserError(
+            "--no-cache would be ignored: speculative decoding (--draft, --prompt-lookup) "
+            "always decodes with the cache; drop one"
+        )
+    if args.lookahead is not None and not speculative:
+        raise UserError(
+            f"--lookahead {args.lookahead} would be ignored: it is the tokens drafted per pass "
+            "of speculative decoding; add --draft RUN or --prompt-lookup, or drop it"
+        )
+
+
 def _drafter(args: argparse.Namespace, run: Any) -> Any:
     """The speculative drafter --draft / --prompt-lookup ask for, or None."""
     from attnlab.infer.speculative import (
@@ -427,7 +451,8 @@ def _drafter(args: argparse.Namespace, run: Any) -> Any:
         return None
     if args.draft is not None and args.prompt_lookup:
         raise UserError("--draft and --prompt-lookup are two drafters: choose one")
-    check_lookahead(args.lookahead)
+    if args.lookahead is not None:
+        check_lookahead(args.lookahead)
     if args.prompt_lookup:
         return NgramDrafter()
     draft = LMRun.load(args.draft, args.device)
@@ -588,7 +613,7 @@ def _add_ablate(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--seeds", type=int, default=1, help="seeds per variant (mean ± std)")
     p.add_argument("--steps", type=int, default=0, help="optimizer steps per variant")
-    p.add_argument("--epochs", type=int, default=0, help="epochs per variant (if no --steps)")
+    p.add_argument("--epochs", type=int, default=0, help="epochs per variant (instead of --steps)")
     p.add_argument(
         "--minutes", type=float, default=0.0, help="stop each variant after this much training"
     )
@@ -622,7 +647,12 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         "cache, and long-sequence scaling.",
     )
     p.add_argument("--quick", action="store_true", help="small shapes, few rounds (~1 minute)")
-    p.add_argument("--out", default=DEFAULT_OUT, help=f"report path (default: {DEFAULT_OUT})")
+    p.add_argument(
+        "--out",
+        default=DEFAULT_OUT,
+        help=f"the report, FILE.md (its data beside it as FILE.json), or a folder to write "
+        f"{DEFAULT_OUT} in (default: {DEFAULT_OUT})",
+    )
     p.add_argument("--device", default="cpu", help="cpu or cuda (CUDA events time the GPU)")
     p.add_argument("--num-threads", type=int, default=1, help="torch threads; 0 = default")
     p.add_argument(
@@ -757,6 +787,39 @@ def check_device(device: str | None) -> None:
         raise UserError(f"--device {device!r}: attnlab runs on cpu, cuda or mps")
 
 
+def refuse_repeated(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """Refuse an option of ``parser`` given twice in ``argv`` with other values: argparse keeps
+    the last and drops the first without a word (--stop, meant to repeat, appends instead)."""
+    stores = {
+        flag: action
+        for action in parser._actions
+        if type(action) is argparse._StoreAction
+        for flag in action.option_strings
+    }
+    seen: dict[str, str] = {}
+    i = 0
+    while i < len(argv) and argv[i] != "--":
+        flag, eq, value = argv[i].partition("=")
+        action = stores.get(flag)
+        i += 1
+        if action is None:
+            continue
+        if not eq and action.nargs is None:  # the value follows (it may be -2)
+            value = argv[i] if i < len(argv) and not argv[i].startswith("--") else ""
+            i += 1 if value else 0
+        elif not eq:  # nargs * or +: the values up to the next option
+            taken = []
+            while i < len(argv) and not argv[i].startswith("-"):
+                taken.append(argv[i])
+                i += 1
+            value = " ".join(taken)
+        given = f"{flag} {value}".strip()
+        if action.dest in seen and (action.nargs is not None or seen[action.dest] != given):
+            what = "give all its values after one" if action.nargs is not None else "keep one"
+            raise UserError(f"{flag} is given twice ({seen[action.dest]} and {given}); {what}")
+        seen[action.dest] = given
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="attnlab",
@@ -780,6 +843,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         setattr(args, trailing, list(getattr(args, trailing)) + extra)
     try:
+        verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        refuse_repeated(verbs.choices[args.command], argv[argv.index(args.command) + 1 :])
         clean_text_args(args)
         check_device(getattr(args, "device", None))
         return COMMANDS[args.command][1](args)

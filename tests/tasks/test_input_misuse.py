@@ -229,4 +229,7 @@ def test_verify_json_into_a_folder_is_refused_before_the_checks_run(tmp_path, ca
     probe(capsys, ["verify", "--only", "scaled_dot", "--json", str(tmp_path)], "is a folder")
     where = tmp_path / "no" / "t.json"
     probe(capsys, ["verify", "--only", "scaled_dot", "--json", str(where)], "no folder")
-    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "notes.txt").write_text("mine\n")
+    where = tmp_path / "notes.txt" / "t.json"
+    probe(capsys, ["verify", "--only", "scaled_dot", "--json", str(where)], "notes.txt is a file")
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]

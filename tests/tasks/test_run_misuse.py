@@ -190,8 +190,8 @@ def test_an_lm_text_too_short_to_split_says_so_with_the_size_needed(tmp_path, ca
 
 
 def test_a_field_given_as_flag_and_as_field_value_is_refused(tmp_path, capsys) -> None:
-    out = tmp_path / "run"
-    argv = ["train", "classify", "--out", str(out), "--max-steps", "2", "max_steps=4"]
+    out = tmp_path / "run"  # TINY: were the check lost, a tiny run would fail this test fast
+    argv = ["train", "classify", "--out", str(out), *TINY, "--max-steps", "2", "max_steps=4"]
     probe(capsys, argv, "max_steps is given twice", "--max-steps 2", "max_steps=4")
     probe(capsys, ["train", "classify", "--out", str(out), "lr=1", "lr=2"], "lr is given twice")
     assert list(tmp_path.iterdir()) == []
@@ -202,12 +202,22 @@ def test_generate_refuses_a_kv_cache_kind_without_a_cache(tmp_path, capsys) -> N
     probe(capsys, argv, "--kv-cache int8", "--no-cache")
 
 
+# were a check lost, these would train a tiny language model and fail fast, not the default one
+LM_TINY = ["--config", "quick", "--max-steps", "1", "--d-model", "16", "--n-layers", "1",
+           "--tensorboard", "false", "--num-threads", "1"]  # fmt: skip
+
+
+def lm_text(path: Path) -> Path:
+    path.write_text("anna sees bob.\n" * 200, encoding="utf-8")
+    return path
+
+
 @pytest.mark.parametrize("mixer", ["mamba", "rwkv"])
 def test_attention_settings_with_an_attention_free_mixer_are_refused(mixer, tmp_path, capsys):
-    out = tmp_path / "lm"
-    argv = ["train", "lm", "--mixer", mixer, "--backend", "flash", "--out", str(out)]
-    probe(capsys, argv, "--backend", "would be ignored", f"--mixer {mixer}")
-    probe(capsys, [*argv[:4], "window=8", "--out", str(out)], "--window")
+    out, data = tmp_path / "lm", lm_text(tmp_path / "text.txt")
+    lm = ["train", "lm", "--mixer", mixer, "--data", str(data), *LM_TINY, "--out", str(out)]
+    probe(capsys, [*lm, "--backend", "flash"], "--backend", "would be ignored", f"--mixer {mixer}")
+    probe(capsys, [*lm, "window=8"], "--window")
     assert not out.exists()
 
 
@@ -221,5 +231,7 @@ def test_bench_refuses_negative_threads_and_writes_inside_an_out_folder(tmp_path
 
 
 def test_an_lm_context_of_one_token_is_refused_before_the_folder(tmp_path, capsys) -> None:
-    probe(capsys, ["train", "lm", "--out", str(tmp_path / "lm"), "--context", "1"], "--context 1")
-    assert list(tmp_path.iterdir()) == []
+    data = lm_text(tmp_path / "text.txt")
+    argv = ["train", "lm", "--data", str(data), *LM_TINY, "--out", str(tmp_path / "lm")]
+    probe(capsys, [*argv, "--context", "1"], "--context 1")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["text.txt"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from attnlab.bench.machine import machine_info, matmul_peak_gflops, precision_in
 from attnlab.bench.report import render
 from attnlab.bench.scaling import run_scaling
 from attnlab.errors import UserError
+from attnlab.train.config import check_num_threads
 
 # (quick, full) settings of every section
 PLAN = {
@@ -28,12 +30,28 @@ PLAN = {
 
 
 def report_path(out: str | Path) -> Path:
-    """The report's .md path: ``out`` with .md, or DEFAULT_OUT inside ``out`` when that is an
-    existing folder (beside it, DIR.md and DIR.json would name no file the user asked for)."""
-    out = Path(out)
-    if out.is_dir():
-        return out / DEFAULT_OUT
-    return out.with_suffix(".md")
+    """The report's .md path; its data goes beside it, with .json.
+
+    An existing folder, or a path ending in "/", gets DEFAULT_OUT inside (beside it, DIR.md
+    and DIR.json would name no file the user asked for); FILE or FILE.md is FILE.md. Any other
+    suffix, a target that is a folder, or a path through a file is refused before the run."""
+    path = Path(out)
+    if path.is_dir() or str(out).endswith(("/", os.sep)):
+        path = path / DEFAULT_OUT
+    elif path.suffix not in ("", ".md"):
+        raise UserError(
+            f"--out {out}: the report is markdown; give FILE.md (its data goes beside it as "
+            "FILE.json) or a folder"
+        )
+    else:
+        path = path.with_suffix(".md")
+    for target in (path, path.with_suffix(".json")):
+        if target.is_dir():
+            raise UserError(f"--out {out}: {target} is a folder; give another report path")
+    above = next(p for p in path.parents if p.exists())  # the nearest existing folder above
+    if not above.is_dir():
+        raise UserError(f"--out {out}: {above} is a file, not a folder; give another path")
+    return path
 
 
 def run_bench(
@@ -50,8 +68,7 @@ def run_bench(
         raise UserError(f"unknown bench sections {sorted(unknown)}; choose from {SECTIONS}")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise UserError("--device cuda, but torch sees no CUDA device; use --device cpu")
-    if threads < 0:
-        raise UserError(f"--num-threads must be >= 0 (0 = torch's default), got {threads}")
+    check_num_threads(threads)
     out = report_path(out)
     if threads > 0:
         torch.set_num_threads(threads)

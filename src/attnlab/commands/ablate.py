@@ -82,19 +82,73 @@ def _flat_preset(config: str | None, fixed: dict[str, str]) -> dict[str, Any]:
     return flat
 
 
-def run_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Train every (variant, seed) not yet finished, then write the tables and the plot."""
-    out = Path(args.out)
+BUDGET = {"max_steps": "--steps", "epochs": "--epochs", "max_minutes": "--minutes"}
+
+
+def fixed_settings(args: argparse.Namespace) -> dict[str, str]:
+    """The settings every variant shares: --set, and the budget --steps, --epochs, --minutes
+    give (each field said once: nothing is dropped without a word)."""
+    if args.seeds < 1:
+        raise UserError(f"--seeds must be >= 1 (seeds per variant), got {args.seeds}")
+    if args.steps and args.epochs:
+        raise UserError(
+            f"--epochs {args.epochs} would be ignored: --steps {args.steps} sets the budget; "
+            "give one of them"
+        )
     fixed = parse_key_values(args.set)
-    if args.steps:
-        fixed["max_steps"] = str(args.steps)
-    elif args.epochs:
-        fixed["epochs"] = str(args.epochs)
-    if args.minutes:
-        fixed["max_minutes"] = str(args.minutes)
+    for key, flag in BUDGET.items():
+        value = getattr(args, flag[2:])
+        if not value:
+            continue
+        if key in fixed:
+            raise UserError(
+                f"{key} is given twice, as {flag} {value} and as --set {key}={fixed[key]}; keep one"
+            )
+        fixed[key] = str(value)
+    return fixed
+
+
+def check_sweep_folder(out: Path, same: dict[str, Any]) -> None:
+    """Refuse an --out that is a file, someone else's folder, or a sweep of other settings
+    (its finished runs would be reported as if this command had trained them)."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file; give a folder for the sweep")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    recorded = out / "sweep.json"
+    if not recorded.is_file():
+        raise UserError(f"--out {out} holds files but no sweep (sweep.json); give a new folder")
+    try:
+        raw = json.loads(recorded.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise UserError(f"{recorded} is unreadable ({err}); give a new --out") from None
+    raw = raw if isinstance(raw, dict) else {}
+    for key, value in same.items():
+        theirs = raw.get(key)
+        if theirs == value:
+            continue
+        if isinstance(theirs, dict) and isinstance(value, dict):  # name only what differs
+            names = sorted(k for k in {*theirs, *value} if theirs.get(k) != value.get(k))
+            theirs = ", ".join(f"{k}={theirs.get(k)}" for k in names)
+            value = ", ".join(f"{k}={value.get(k)}" for k in names)
+        raise UserError(
+            f"--out {out} holds a sweep with {key} {theirs}, this command has {value}: its "
+            "finished runs would not be this command's; give a new --out, or the sweep's own "
+            "settings to continue it"
+        )
+
+
+def run_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Train every (variant, seed) not yet finished, then write the tables and the plot.
+
+    The same folder continues a sweep of the same fixed settings, preset and --grid: finished
+    runs are kept, new variants or seeds are trained."""
+    out = Path(args.out)
+    fixed = fixed_settings(args)
     factors = parse_factors(args.factors)
     plan = variants(factors, _flat_preset(args.config, fixed), args.grid)
     seeds = list(range(args.seeds))
+    check_sweep_folder(out, {"fixed": fixed, "config": args.config, "grid": args.grid})
     out.mkdir(parents=True, exist_ok=True)  # after the checks: a refused sweep leaves nothing
     (out / "sweep.json").write_text(
         json.dumps(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Literal
 
 from attnlab.configs import ConfigBase, setting
@@ -120,3 +120,13 @@ class TrainConfig(ConfigBase):
             raise UserError(f"betas must be two numbers in [0, 1), got {self.betas}")
         if self.schedule == "noam" and self.warmup_steps == 0 and self.warmup_ratio == 0.0:
             raise UserError("schedule='noam' needs warmup: set warmup_steps or warmup_ratio > 0")
+
+
+def check_num_threads(value: int) -> None:
+    """--num-threads of a verb that trains nothing (bench, verify), held to the bound that
+    TrainConfig.num_threads declares for training."""
+    (field,) = (f for f in fields(TrainConfig) if f.name == "num_threads")
+    if value < field.metadata["min"]:
+        raise UserError(
+            f"--num-threads must be >= {field.metadata['min']} (0 = torch's default), got {value}"
+        )

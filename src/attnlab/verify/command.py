@@ -60,6 +60,7 @@ def select(only: str) -> list:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from attnlab.train.config import check_num_threads
     from attnlab.verify.check import failed, format_table, run_checks, write_json
 
     checks = select(args.only)
@@ -69,8 +70,7 @@ def run(args: argparse.Namespace) -> int:
         for c in checks:
             print(f"{c.component:36s} {c.oracle:32s} tolerance {c.tolerance:.0e}")
         return 0
-    if args.num_threads < 0:
-        raise UserError(f"--num-threads must be >= 0 (0 = torch's default), got {args.num_threads}")
+    check_num_threads(args.num_threads)
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -95,6 +95,9 @@ def _check_json_target(path: Path) -> None:
     """Refuse a --json path that cannot become a file: a folder, or one in no folder."""
     if path.is_dir():
         raise UserError(f"--json {path} is a folder; give a file path, e.g. {path / 'verify.json'}")
+    above = next(p for p in path.parents if p.exists())  # the nearest existing folder above
+    if not above.is_dir():
+        raise UserError(f"--json {path}: {above} is a file, not a folder; give another path")
     if not path.parent.is_dir():
         raise UserError(f"--json {path}: there is no folder {path.parent}; create it first")
 
