@@ -163,7 +163,8 @@ def read_json(
         found = {k: value.get(k) for k in shape} if isinstance(value, dict) else value
         raise DataError(
             path,
-            f"not a {what} file: expected a JSON object with {want}, found {str(found)[:80]}",
+            f"not a {what} file: expected a JSON object{' with ' + want if want else ''}, "
+            f"found {str(found)[:80]}",
             fix or f"regenerate the {what} file instead of editing it by hand",
         )
     return value
