@@ -80,7 +80,10 @@ DAMAGED = [
 ]
 
 
-@pytest.mark.parametrize(("damage", "needle"), DAMAGED)
+DAMAGED_IDS = [*(f"size_{n}" for _, n in DAMAGED[:4]), "utf16", "latin1", "bad_json", "list"]
+
+
+@pytest.mark.parametrize(("damage", "needle"), DAMAGED, ids=DAMAGED_IDS)
 def test_a_damaged_bert_checkpoint_is_one_line(damage, needle, mlm_run, tmp_path, capsys) -> None:
     run, csv = mlm_run
     before = snapshot(run)
