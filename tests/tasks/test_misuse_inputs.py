@@ -223,3 +223,12 @@ def test_a_metrics_line_that_is_not_an_object_is_skipped_on_resume(classify_run,
     assert main([*argv, "--num-threads", "1"]) == 0
     lines = (bad / "metrics.jsonl").read_text().splitlines()
     assert all(line.startswith("{") for line in lines)
+
+
+def test_a_lone_surrogate_in_a_run_file_reads_as_a_replacement_character(tmp_path, capsys):
+    run = explore_runs.classifier_run(tmp_path)
+    labels = run / "labels.json"
+    labels.write_text(labels.read_text().replace('"positive"', '"pos\\ud800"'))
+    assert main(["predict", str(run), "--json", "好看"]) == 0
+    assert set(json.loads(capsys.readouterr().out)["probs"]) == {"negative", "pos\ufffd"}
+    assert main(["explore", str(run), "好看", "--out", str(tmp_path / "page.html")]) == 0

@@ -144,7 +144,7 @@ def read_json(
     if not text.strip():
         raise DataError(path, f"the {what} file is empty", fix or f"regenerate the {what} file")
     try:
-        value = json.loads(text)
+        value = clean_strings(json.loads(text))  # the escape of a lone surrogate: U+FFFD
     except json.JSONDecodeError as err:
         raise DataError(
             path,
