@@ -232,3 +232,15 @@ def test_a_lone_surrogate_in_a_run_file_reads_as_a_replacement_character(tmp_pat
     assert main(["predict", str(run), "--json", "好看"]) == 0
     assert set(json.loads(capsys.readouterr().out)["probs"]) == {"negative", "pos\ufffd"}
     assert main(["explore", str(run), "好看", "--out", str(tmp_path / "page.html")]) == 0
+
+
+def test_a_translation_tokenizer_of_another_run_is_one_line(tmp_path, capsys) -> None:
+    from attnlab.data.parallel import TextTokenizer
+
+    run = explore_runs.translate_run(tmp_path)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    other = TextTokenizer.train([letters + " " + letters.upper()], "char", 99)
+    other.save(run / "tokenizer.json")
+    before = snapshot(run)
+    probe(capsys, ["translate", str(run), "the cat"], "tokenizer.json", "another run")
+    assert snapshot(run) == before
