@@ -92,6 +92,7 @@ def is_blank(text: str) -> bool:
 # A lone surrogate code point: a JSON escape such as "\\ud800", or a byte the command line
 # could not decode as UTF-8 (Python keeps it as U+DC80..U+DCFF). No UTF-8 encoder accepts one.
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # how JSON writes one
 
 
 def clean_text(text: str) -> str:
@@ -144,7 +145,9 @@ def read_json(
     if not text.strip():
         raise DataError(path, f"the {what} file is empty", fix or f"regenerate the {what} file")
     try:
-        value = clean_strings(json.loads(text))  # the escape of a lone surrogate: U+FFFD
+        value = json.loads(text)
+        if _SURROGATE_ESCAPE.search(text):  # a lone surrogate escaped in a string: U+FFFD
+            value = clean_strings(value)
     except json.JSONDecodeError as err:
         raise DataError(
             path,
