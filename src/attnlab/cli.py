@@ -747,21 +747,28 @@ TEXT_ARGS = ("texts", "inputs", "text", "prompt", "stop", "a", "b", "queries")
 
 def clean_text_args(args: argparse.Namespace) -> None:
     """Replace, in the text arguments, each byte the shell passed that is not UTF-8 (Python
-    keeps it as a lone surrogate, which no tokenizer or encoder accepts) by U+FFFD; a value
-    that names an existing file (an image to predict) is kept as it is."""
+    keeps it as a lone surrogate, which no tokenizer or encoder accepts) by U+FFFD; refuse such
+    bytes in any other argument (a path, a name: run files record them as UTF-8 JSON) and in a
+    text argument that names an existing file (an image to predict)."""
     import os
 
     from attnlab.data.io import clean_text
 
-    def clean(value: Any) -> Any:
-        if not isinstance(value, str):
+    def clean(value: Any, text: bool) -> Any:
+        if not isinstance(value, str) or clean_text(value) == value:
             return value
-        cleaned = clean_text(value)
-        return value if cleaned != value and os.path.exists(value) else cleaned
+        if text and not os.path.exists(value):
+            return clean_text(value)
+        shown = os.fsencode(value).decode("utf-8", "backslashreplace")
+        raise UserError(
+            f"the argument '{shown}' holds bytes that are not UTF-8; rename the file or folder "
+            "(or retype the value) in UTF-8"
+        )
 
-    for name in TEXT_ARGS:
-        value = getattr(args, name, None)
-        setattr(args, name, [clean(v) for v in value] if isinstance(value, list) else clean(value))
+    for name, value in vars(args).items():
+        text = name in TEXT_ARGS
+        cleaned = [clean(v, text) for v in value] if isinstance(value, list) else clean(value, text)
+        setattr(args, name, cleaned)
 
 
 def check_device(device: str | None) -> None:

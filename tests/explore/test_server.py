@@ -108,6 +108,19 @@ def test_dropped_clients_leave_no_broken_pipe_traceback(server, log) -> None:
     assert "Traceback" not in text and "BrokenPipe" not in text, text
 
 
+def test_a_body_that_stalls_short_of_its_length_gets_408(server, monkeypatch, log) -> None:
+    monkeypatch.setattr(server.RequestHandlerClass, "read_timeout", 0.5, raising=False)
+    ok = json.dumps({"inputs": ["好"]}).encode()
+    with socket.create_connection(server.server_address[:2], timeout=10) as conn:
+        conn.sendall(post(ok[:5], length=str(len(ok))))  # the rest never comes; no EOF either
+        answer = b""
+        while chunk := conn.recv(65536):  # the server closes after a refusal
+            answer += chunk
+    assert answer.split()[1] == b"408" and b"stopped short" in answer, answer[:200]
+    assert raw(server, post(ok))[0] == 200  # the server goes on serving
+    assert "Traceback" not in log()
+
+
 def test_allowed_hosts() -> None:
     for host in ("127.0.0.1", "127.0.0.1:80", "localhost:8000", "[::1]:9", "LOCALHOST"):
         assert allowed_host(host, "127.0.0.1"), host

@@ -14,6 +14,7 @@ import pickle
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -212,6 +213,40 @@ def load_image_folder(root: str | os.PathLike[str], channels: int = 3, size: int
             "pass --resize N to resize them all to N × N"
         )
     return ImageSet(torch.stack(images), torch.tensor(labels), classes, f"image folder {root}")
+
+
+def check_report(report: dict, path: Path, model: Any) -> None:
+    """Refuse a vision run's data report whose classes, image shape or channel statistics do not
+    fit its model config (``n_classes``, ``in_channels``, ``image_size`` where it has one): a
+    damaged or hand-edited file, in one line naming the entry."""
+    n_classes, in_channels = model.n_classes, model.in_channels
+    size = getattr(model, "image_size", None)
+
+    def numbers(value: object, n: int) -> bool:
+        return (
+            isinstance(value, list)
+            and len(value) == n
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+        )
+
+    shape = report["image_shape"]
+    problem = None
+    if not (numbers(shape, 3) and all(isinstance(v, int) and v >= 1 for v in shape)):
+        problem = f"image_shape {str(shape)[:40]} is not [channels, height, width]"
+    elif shape[0] != in_channels:
+        problem = f"image_shape has {shape[0]} channel(s), the model {in_channels}"
+    elif size is not None and shape[1:] != [size, size]:
+        problem = f"image_shape {shape} does not match the model's image_size {size}"
+    elif len(report["classes"]) != n_classes or not all(
+        isinstance(c, str) for c in report["classes"]
+    ):
+        problem = f"classes {str(report['classes'])[:60]} are not the model's {n_classes} names"
+    elif not numbers(report["mean"], in_channels) or not numbers(report["std"], in_channels):
+        problem = f"mean and std must hold {in_channels} number(s), one per channel"
+    elif not all(s > 0 for s in report["std"]):
+        problem = f"std {report['std']} must be positive"
+    if problem is not None:
+        raise UserError(f"{path}: {problem}; restore the file or retrain the run")
 
 
 # ---------------------------------------------------------------------------- augmentation

@@ -92,6 +92,7 @@ def is_blank(text: str) -> bool:
 # A lone surrogate code point: a JSON escape such as "\\ud800", or a byte the command line
 # could not decode as UTF-8 (Python keeps it as U+DC80..U+DCFF). No UTF-8 encoder accepts one.
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # how JSON writes one
 
 
 def clean_text(text: str) -> str:
@@ -145,6 +146,8 @@ def read_json(
         raise DataError(path, f"the {what} file is empty", fix or f"regenerate the {what} file")
     try:
         value = json.loads(text)
+        if _SURROGATE_ESCAPE.search(text):  # a lone surrogate escaped in a string: U+FFFD
+            value = clean_strings(value)
     except json.JSONDecodeError as err:
         raise DataError(
             path,
@@ -163,7 +166,8 @@ def read_json(
         found = {k: value.get(k) for k in shape} if isinstance(value, dict) else value
         raise DataError(
             path,
-            f"not a {what} file: expected a JSON object with {want}, found {str(found)[:80]}",
+            f"not a {what} file: expected a JSON object{' with ' + want if want else ''}, "
+            f"found {str(found)[:80]}",
             fix or f"regenerate the {what} file instead of editing it by hand",
         )
     return value

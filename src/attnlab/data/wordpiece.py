@@ -16,6 +16,7 @@ from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, process
 from tokenizers.models import WordPiece
 
 from attnlab.data.errors import DataError
+from attnlab.data.io import read_json, read_utf8
 from attnlab.errors import UserError
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
@@ -131,7 +132,7 @@ class WordPieceTokenizer(PieceTokenizer):
             return cls.load(path / "tokenizer.json")
         if (path / "vocab.txt").is_file():
             config = path / "tokenizer_config.json"
-            options = json.loads(config.read_text()) if config.is_file() else {}
+            options = read_json(config, "tokenizer config", keys={}) if config.is_file() else {}
             return cls.from_vocab(
                 path / "vocab.txt",
                 lowercase=bool(options.get("do_lower_case", True)),
@@ -171,7 +172,7 @@ class WordPieceTokenizer(PieceTokenizer):
         own (``tokenize_chinese_chars`` of BERT, on by default: bert-base-chinese relies on it);
         ``strip_accents`` None follows ``lowercase``, as in BERT.
         """
-        pieces = Path(vocab_file).read_text(encoding="utf-8").split("\n")
+        pieces = read_utf8(vocab_file, "vocabulary file").split("\n")
         vocab = {piece: i for i, piece in enumerate(pieces) if piece}
         model = WordPiece(vocab, unk_token=UNK)
         return cls(_bert_pipeline(model, lowercase, chinese_chars, strip_accents))

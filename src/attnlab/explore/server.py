@@ -30,6 +30,7 @@ from attnlab.explore.sources import Source
 
 MAX_BODY = 4 * 1024 * 1024  # bytes of one request (an uploaded image as a data URL)
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+READ_TIMEOUT = 30.0  # seconds a request body may stall before the answer is 408
 
 
 def host_name(header: str) -> str:
@@ -104,6 +105,8 @@ def make_handler(
     explorer: Explorer, first_page: str, bound: str = "127.0.0.1"
 ) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        read_timeout = READ_TIMEOUT  # seconds a client may stall inside a body
+
         def refused(self) -> bool:
             """Answer 403 to a request from anywhere but this machine's own page."""
             host = self.headers.get("Host")
@@ -145,8 +148,16 @@ def make_handler(
             if length > MAX_BODY:
                 self._json(413, {"error": f"request over {MAX_BODY // 1024} KiB; send less"})
                 return
+            self.connection.settimeout(self.read_timeout)
             try:
-                body = json.loads(self.rfile.read(length) or b"{}")
+                data = self.rfile.read(length)
+            except TimeoutError:  # fewer bytes than Content-Length, and the client waits
+                self._json(408, {"error": f"the body stopped short of its {length} bytes"})
+                return
+            finally:
+                self.connection.settimeout(None)
+            try:
+                body = json.loads(data or b"{}")
             except (ValueError, RecursionError) as err:  # JSONDecodeError, undecodable bytes
                 deep = isinstance(err, RecursionError)
                 self._json(400, {"error": "the JSON is nested too deeply" if deep else str(err)})

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from attnlab.data import pad_batch
-from attnlab.data.io import read_utf8
+from attnlab.data.io import read_json, read_utf8
 from attnlab.data.sentencepiece import SentencePieceTokenizer
 from attnlab.data.wordpiece import WordPieceTokenizer
 from attnlab.errors import UserError
@@ -62,7 +62,14 @@ class SentenceEncoder:
         max_len = model.cfg.context
         st_config = path / "sentence_bert_config.json"
         if st_config.is_file():
-            max_len = min(max_len, json.loads(st_config.read_text())["max_seq_length"])
+            keys = {"max_seq_length": int}
+            raw = read_json(st_config, "sentence-transformers config", keys=keys)
+            if raw["max_seq_length"] < 1:
+                raise UserError(
+                    f"{st_config}: max_seq_length must be >= 1, got {raw['max_seq_length']}; "
+                    "restore the file"
+                )
+            max_len = min(max_len, raw["max_seq_length"])
         return cls(model.eval(), tokenizer, max_len)
 
     @torch.no_grad()

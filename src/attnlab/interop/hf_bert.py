@@ -108,6 +108,34 @@ def read_state(path: Path) -> dict[str, Tensor]:
     return state
 
 
+def _check_sizes(path: Path, cfg: BertConfig, state: dict[str, Tensor]) -> None:
+    """Refuse a config.json whose sizes the weights do not have, before a model of those sizes
+    is allocated (a vocab_size of 10**12 would ask for terabytes); a tensor that is absent is
+    left to ``load_bert_weights`` to report."""
+    d = cfg.d_model
+    expected = {  # HF tensor -> (its shape under config.json, the keys that size it)
+        "embeddings.word_embeddings.weight": ((cfg.vocab_size, d), "vocab_size, hidden_size"),
+        "embeddings.position_embeddings.weight": ((cfg.context, d), "max_position_embeddings"),
+        "embeddings.token_type_embeddings.weight": ((cfg.type_vocab_size, d), "type_vocab_size"),
+        "encoder.layer.0.intermediate.dense.weight": ((cfg.d_ff, d), "intermediate_size"),
+    }
+    for name, (shape, keys) in expected.items():
+        if name in state and tuple(state[name].shape) != shape:
+            raise UserError(
+                f"{path}: the checkpoint does not fit its config.json: {keys} give {name} the "
+                f"shape {shape}, the weights {tuple(state[name].shape)}; check that config.json "
+                "belongs to these weights"
+            )
+    indices = [k.split(".")[2] for k in state if k.startswith("encoder.layer.")]
+    held = max((int(i) + 1 for i in indices if i.isdigit()), default=0)
+    if cfg.n_layers > held:
+        raise UserError(
+            f"{path}: the checkpoint does not fit its config.json: num_hidden_layers is "
+            f"{cfg.n_layers}, the weights hold {held} layer(s); check that config.json belongs "
+            "to these weights"
+        )
+
+
 def _gather(
     module: nn.Module, names: dict[str, tuple[str, ...]], state: dict[str, Tensor], report: dict
 ) -> dict[str, Tensor]:
@@ -218,9 +246,11 @@ def load_pretrained(
     """(encoder, MLM head or None, tokenizer, notes) from a checkpoint directory."""
     path = resolve_checkpoint(name)
     cfg = read_config(path)
+    state = read_state(path)
+    _check_sizes(path, cfg, state)
     model = BertModel(cfg)
     mlm = BertMLMHead(cfg) if with_mlm else None
-    notes = load_bert_weights(model, read_state(path), mlm)
+    notes = load_bert_weights(model, state, mlm)
     tokenizer = WordPieceTokenizer.from_dir(path)
     if tokenizer.vocab_size > cfg.vocab_size:
         raise UserError(

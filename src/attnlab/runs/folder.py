@@ -369,9 +369,14 @@ def read_config(folder: str | Path) -> dict[str, Any]:
             f"{json.dumps(raw['task'])[:40]}; restore the file from a backup"
         )
     version = raw.get("format", 1)  # the layout before the task registry had no "format" key
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise UserError(
+            f"{path}: 'format' must be a layout number such as {FORMAT}, got "
+            f"{json.dumps(version)[:40]}; restore the file from a backup"
+        )
     if version == FORMAT:
         return raw
-    if isinstance(version, int) and version > FORMAT:
+    if version > FORMAT:
         raise UserError(
             f"{path} has config format {version}, newer than this attnlab reads ({FORMAT}); "
             "upgrade attnlab"

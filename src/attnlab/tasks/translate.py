@@ -299,6 +299,15 @@ class TranslateTask(Task):
         load_weights(model, run_dir / WEIGHTS)
         model.to(device).eval()
         src_tok, tgt_tok = TextTokenizer.load(src_path), TextTokenizer.load(tgt_path)
+        for path, tok, size in (
+            (src_path, src_tok, cfg.model.src_vocab_size),
+            (tgt_path, tgt_tok, cfg.model.tgt_vocab_size),
+        ):
+            if tok.vocab_size != size:  # ids past the embedding table: an IndexError later
+                raise UserError(
+                    f"{path}: the tokenizer has {tok.vocab_size} tokens but the model was "
+                    f"trained on {size}; it belongs to another run: restore it, or retrain"
+                )
         return TranslatorRun(run_dir, cfg, src_tok, tgt_tok, model, device)
 
 

@@ -31,6 +31,7 @@ from attnlab.data.images import (
     ImageData,
     ImageSet,
     channel_stats,
+    check_report,
     load_fashion_mnist,
     load_idx_pair,
     load_image,
@@ -378,6 +379,7 @@ class VisionTask(Task):
         model.to(device).eval()
         keys = {"classes": list, "image_shape": list, "mean": list, "std": list}
         report = read_json(run_dir / "data_report.json", "data report", keys=keys)
+        check_report(report, run_dir / "data_report.json", cfg.model)
         return VisionRun(run_dir, cfg, model, report)
 
 

@@ -230,6 +230,26 @@ def check_checkpoint(run_dir: str | Path) -> Path | None:
     read_tensors(state / "model.safetensors", "weights")
     read_tensors(state / "optimizer.safetensors", "optimizer state")
     read_tensors(state / "rng.safetensors", "RNG state")
-    for name in ("optimizer.json", "rng.json", "trainer.json"):
-        _read_json(state / name)
+    for name, keys in _JSON_KEYS.items():
+        value = _read_json(state / name)
+        if not (isinstance(value, dict) and all(isinstance(value.get(k), t) for k, t in keys)):
+            _foreign(state / name)
+    ranks = _read_json(state / "trainer.json")["world_size"]
+    rng = _read_json(state / "rng.json")
+    if not (isinstance(rng, list) and len(rng) == ranks and all(isinstance(r, dict) for r in rng)):
+        _foreign(state / "rng.json")  # one object per process of the run
     return state
+
+
+# The entries the JSON files of a checkpoint must hold (rng.json: a list of per-rank objects).
+_JSON_KEYS: dict[str, tuple[tuple[str, type], ...]] = {
+    "optimizer.json": (("scalars", dict), ("param_groups", list)),
+    "trainer.json": (("loop", dict), ("world_size", int), ("config", dict)),
+}
+
+
+def _foreign(path: Path) -> None:
+    raise UserError(
+        f"{path}: not a checkpoint file of attnlab (valid JSON of another shape); restore it, "
+        "or train into a new --out"
+    )

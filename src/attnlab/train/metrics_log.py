@@ -11,13 +11,16 @@ _NOT_SCALARS = {"step", "epoch", "split", "precision"}
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """Parse metrics.jsonl, skipping a torn last line left by a killed process."""
+    """Parse metrics.jsonl, skipping a torn last line left by a killed process (and any line
+    that is not a JSON object)."""
     records = []
-    for line in Path(path).read_text().splitlines():
+    for line in Path(path).read_text(encoding="utf-8", errors="replace").splitlines():
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if isinstance(record, dict):
+            records.append(record)
     return records
 
 
