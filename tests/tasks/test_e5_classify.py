@@ -285,16 +285,13 @@ def test_extra_train_auto_adds_pang_lee_to_the_bundled_reviews_only():
 def test_probe_sample_and_attention_dropout_reach_the_run(tiny, reviews, tmp_path, capsys):
     default, chosen = tmp_path / "default", tmp_path / "chosen"
     assert train(default, reviews, "--max-steps", "1", "--probe-first", "true") == 0
-    args = ["--probe-examples", "6", "--attn-dropout", "0", "--dropout", "0.2"]
+    args = ["--probe-examples", "6", "--attn-dropout", "0.05", "--dropout", "0.2"]
     assert train(chosen, reviews, "--max-steps", "1", "--probe-first", "true", *args) == 0
-    model = {
-        run: json.loads((run / "config.json").read_text())["model"] for run in (default, chosen)
-    }
-    assert model[default]["attn_dropout"] == model[default]["dropout"] == 0.1
-    assert model[chosen]["attn_dropout"] == 0.0 and model[chosen]["dropout"] == 0.2
-    probes = [
-        json.loads((run / "data_report.json").read_text())["probe"] for run in (default, chosen)
-    ]
+    runs = (default, chosen)
+    model = {run: json.loads((run / "config.json").read_text())["model"] for run in runs}
+    assert model[default]["attn_dropout"] == 0.0 and model[default]["dropout"] == 0.1  # preset
+    assert model[chosen]["attn_dropout"] == 0.05 and model[chosen]["dropout"] == 0.2
+    probes = [json.loads((run / "data_report.json").read_text())["probe"] for run in runs]
     assert probes[0]["n"] == 16 and probes[1]["n"] == 6
 
 
