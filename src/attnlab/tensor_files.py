@@ -92,17 +92,6 @@ def tied_groups(state: Mapping[str, Tensor]) -> list[list[str]]:
     return [names for names in groups.values() if len(names) > 1]
 
 
-def _shared_names(model: nn.Module) -> list[list[str]]:
-    """Names under which one parameter or buffer object sits twice or more in ``model``."""
-    names: dict[int, list[str]] = {}
-    for name, t in [
-        *model.named_parameters(remove_duplicate=False),
-        *model.named_buffers(remove_duplicate=False),
-    ]:
-        names.setdefault(id(t), []).append(name)
-    return [group for group in names.values() if len(group) > 1]
-
-
 def model_tensors(model: nn.Module) -> tuple[dict[str, Tensor], dict[str, str]]:
     """`model`'s state_dict with tied copies dropped, and {dropped name: kept name}.
 
@@ -152,24 +141,14 @@ def all_finite(tensor: Tensor) -> bool:
     return bool(torch.isfinite(tensor.sum())) or bool(torch.isfinite(tensor).all())
 
 
-def load_tensors_into(
-    model: nn.Module, tensors: Mapping[str, Tensor], path: str | Path, assign: bool = False
-) -> None:
-    """Copy `tensors` into `model` strictly (tied names may be stored once); one-line errors.
-
-    ``assign``: the file's tensors become the model's (a model built on the meta device, so
-    nothing was initialised only to be overwritten); the model must tie no weights, since an
-    assigned tensor would replace one name of a tie and leave the others behind.
-    """
+def load_tensors_into(model: nn.Module, tensors: Mapping[str, Tensor], path: str | Path) -> None:
+    """Copy `tensors` into `model` strictly (tied names may be stored once); one-line errors."""
     tensors = dict(tensors)
     prepare_for_int8_weights(model, set(tensors))  # an `attnlab quantize` run: int8 layers
     own = model.state_dict()
     unexpected = sorted(set(tensors) - set(own))
     missing = set(own) - set(tensors)
-    ties = _shared_names(model) if assign else tied_groups(own)  # meta tensors have no storage
-    if assign and ties:
-        raise ValueError(f"assign=True cannot keep the ties of {type(model).__name__}: {ties}")
-    for names in ties:
+    for names in tied_groups(own):
         if any(name in tensors for name in names):
             missing -= set(names)
     mismatched = [
@@ -189,7 +168,4 @@ def load_tensors_into(
             f"{path}: weights do not fit this {type(model).__name__} ({'; '.join(problems)}); "
             "load it with the config it was trained with"
         )
-    model.load_state_dict(dict(tensors), strict=False, assign=assign)
-    left = [name for name, t in model.state_dict().items() if t.is_meta]
-    if left:  # a non-persistent buffer of a meta-built model: it is never in a file
-        raise ValueError(f"{type(model).__name__} left on the meta device: {', '.join(left)}")
+    model.load_state_dict(dict(tensors), strict=False)

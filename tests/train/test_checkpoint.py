@@ -193,29 +193,6 @@ def test_all_finite_is_exact_where_the_fast_sum_overflows() -> None:
     assert not all_finite(torch.tensor([float("inf"), float("-inf")]))  # the sum is NaN
 
 
-def test_meta_built_model_takes_the_files_tensors(tmp_path: Path) -> None:
-    class Untied(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.mid = nn.Linear(4, 4)
-            self.norm = nn.LayerNorm(4)
-
-    torch.manual_seed(0)
-    model = Untied()
-    path = save_weights(model, tmp_path / "model.safetensors")
-    with torch.device("meta"):
-        other = Untied()
-    other.norm.requires_grad_(False)
-    load_weights(other, path, assign=True)
-    for name, tensor in model.state_dict().items():
-        assert torch.equal(other.state_dict()[name], tensor), name
-    assert other.mid.weight.requires_grad and not other.norm.weight.requires_grad
-    with torch.device("meta"):
-        tied = TiedLM()
-    with pytest.raises(ValueError, match="ties"):  # an assigned tensor would split the tie
-        load_weights(tied, save_weights(trained()[0], tmp_path / "tied.safetensors"), assign=True)
-
-
 def test_file_without_checksum_from_older_runs_still_loads(tmp_path: Path) -> None:
     model, _ = trained()
     path = tmp_path / "old.safetensors"

@@ -533,9 +533,8 @@ class BertClassifyTask(Task):
     def load(self, run_dir: Path, cfg: RunConfig, device: str) -> BertClassifierRun:
         labels = LabelVocab.load(run_dir / "labels.json")
         report = read_json(run_dir / "data_report.json", "data report", keys={"max_len": int})
-        with torch.device("meta"):  # no initialisation: every tensor comes from the file
-            model = classifier(cfg, len(labels), report.get("encoder"))
-        load_weights(model, run_dir / WEIGHTS, assign=True)
+        model = classifier(cfg, len(labels), report.get("encoder"))
+        load_weights(model, run_dir / WEIGHTS)
         model.to(device).eval()
         max_len = report["max_len"]
         tokenizer = load_tokenizer(run_dir / "tokenizer.json")

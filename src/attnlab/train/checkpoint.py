@@ -89,14 +89,13 @@ def save_weights(model: nn.Module, path: str | Path) -> Path:
     return write_tensors(tensors, path, metadata=tied)
 
 
-def load_weights(model: nn.Module, path: str | Path, assign: bool = False) -> None:
+def load_weights(model: nn.Module, path: str | Path) -> None:
     """Load weights written by `save_weights` into `model` (strict), checking the file first.
 
     A bad file (truncated, checksum mismatch, NaN/inf) or weights that do not fit the model
-    raise a one-line ValueError naming the file and the fix. ``assign``: see
-    `load_tensors_into` (for a model built on the meta device).
+    raise a one-line ValueError naming the file and the fix.
     """
-    load_tensors_into(model, read_tensors(path, "weights"), path, assign)
+    load_tensors_into(model, read_tensors(path, "weights"), path)
 
 
 def _optimizer_to_files(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
