@@ -130,9 +130,7 @@ def _run_train(args: argparse.Namespace) -> int:
     from attnlab.runs.registry import get_task
 
     name = args.task
-    parser = task_parser(name, args.rest)
-    refuse_repeated(parser, args.rest)
-    opts = parser.parse_args(args.rest)
+    opts = task_parser(name, args.rest).parse_args(args.rest)
     check_device(opts.device)
     name = _redirected(name, opts)
     overrides = parse_key_values(opts.overrides)
@@ -794,39 +792,6 @@ def check_device(device: str | None) -> None:
         raise UserError(f"--device {device!r}: attnlab runs on cpu, cuda or mps")
 
 
-def refuse_repeated(parser: argparse.ArgumentParser, argv: list[str]) -> None:
-    """Refuse an option of ``parser`` given twice in ``argv`` with other values: argparse keeps
-    the last and drops the first without a word (--stop, meant to repeat, appends instead)."""
-    stores = {
-        flag: action
-        for action in parser._actions
-        if type(action) is argparse._StoreAction
-        for flag in action.option_strings
-    }
-    seen: dict[str, str] = {}
-    i = 0
-    while i < len(argv) and argv[i] != "--":
-        flag, eq, value = argv[i].partition("=")
-        action = stores.get(flag)
-        i += 1
-        if action is None:
-            continue
-        if not eq and action.nargs is None:  # the value follows (it may be -2)
-            value = argv[i] if i < len(argv) and not argv[i].startswith("--") else ""
-            i += 1 if value else 0
-        elif not eq:  # nargs * or +: the values up to the next option
-            taken = []
-            while i < len(argv) and not argv[i].startswith("-"):
-                taken.append(argv[i])
-                i += 1
-            value = " ".join(taken)
-        given = f"{flag} {value}".strip()
-        if action.dest in seen and (action.nargs is not None or seen[action.dest] != given):
-            what = "give all its values after one" if action.nargs is not None else "keep one"
-            raise UserError(f"{flag} is given twice ({seen[action.dest]} and {given}); {what}")
-        seen[action.dest] = given
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="attnlab",
@@ -850,8 +815,6 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         setattr(args, trailing, list(getattr(args, trailing)) + extra)
     try:
-        verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-        refuse_repeated(verbs.choices[args.command], argv[argv.index(args.command) + 1 :])
         clean_text_args(args)
         check_device(getattr(args, "device", None))
         return COMMANDS[args.command][1](args)

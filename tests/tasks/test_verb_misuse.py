@@ -71,23 +71,6 @@ def test_generate_refuses_an_option_the_others_make_unused(extra, needles, tmp_p
     probe(capsys, ["generate", str(tmp_path), *extra], *needles)
 
 
-def test_an_option_given_twice_with_other_values_is_refused(tmp_path, capsys) -> None:
-    """argparse would keep the last value; the first is refused instead of dropped."""
-    text = tmp_path / "text.txt"
-    text.write_text("anna sees bob.\n" * 200, encoding="utf-8")
-    out = tmp_path / "lm"
-    lm = ["train", "lm", "--data", str(text), "--out", str(out), "--config", "quick",
-          "--d-model", "16", "--n-layers", "1", "--tensorboard", "false"]  # fmt: skip
-    probe(capsys, [*lm, "--max-steps", "1", "--max-steps=2"], "--max-steps is given twice")
-    line = probe(capsys, [*lm, "--num-threads", "-2", "--num-threads", "1"], "given twice")
-    assert "--num-threads -2 and --num-threads 1" in line
-    run = str(tmp_path)
-    probe(capsys, ["generate", run, "--temperature", "0.5", "--temperature", "0.8"], "twice")
-    sweep = ["ablate", "classify", "n_heads=1", "--out", str(tmp_path / "s")]
-    probe(capsys, [*sweep, "--set", "lr=1", "--set", "seed=2"], "--set is given twice")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["text.txt"]
-
-
 def test_a_tiny_context_scores_a_bounded_number_of_validation_windows(tmp_path, monkeypatch):
     """A context of a few tokens makes a split of many windows: the reported loss scores
     FINAL_WINDOWS evenly spaced ones (here 50 of some 750), and says so, not every one."""
