@@ -16,18 +16,13 @@ from pathlib import Path
 
 import pytest
 from _cli import TINY, probe, snapshot, write_corpus
+from test_input_misuse import TINY_MLM, WORDS, damaged_checkpoint_is_refused
 
 from attnlab.cli import main
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "explore"))
 import explore_runs  # noqa: E402  (the explorer tests' tiny run folders)
 
-TINY_MLM = [
-    "--d-model", "16", "--n-layers", "1", "--n-heads", "2", "--d-ff", "32",
-    "--vocab-size", "60", "--min-frequency", "1", "--max-len", "16", "--batch-size", "16",
-    "--tensorboard", "false", "--precision", "fp32", "--num-threads", "1",
-]  # fmt: skip
-WORDS = ["the", "a", "movie", "film", "plot", "actor", "story", "was", "very", "and", "but"]
 # what Python makes of the byte \xff on the command line (surrogateescape)
 NOT_UTF8 = b"\xff".decode("utf-8", "surrogateescape")
 
@@ -85,17 +80,7 @@ DAMAGED_IDS = [*(f"size_{n}" for _, n in DAMAGED[:4]), "utf16", "latin1", "bad_j
 
 @pytest.mark.parametrize(("damage", "needle"), DAMAGED, ids=DAMAGED_IDS)
 def test_a_damaged_bert_checkpoint_is_one_line(damage, needle, mlm_run, tmp_path, capsys) -> None:
-    run, csv = mlm_run
-    before = snapshot(run)
-    ckpt = tmp_path / "ckpt"
-    shutil.copytree(run / "checkpoint", ckpt)
-    damage(ckpt)
-    probe(capsys, ["embed", str(ckpt), "a movie"], str(ckpt), needle)
-    out = tmp_path / "out"
-    argv = ["train", "classify", "--init", str(ckpt), "--data", str(csv), "--out", str(out)]
-    probe(capsys, [*argv, "--max-steps", "1", "--tensorboard", "false"], needle)
-    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
-    assert snapshot(run) == before
+    damaged_checkpoint_is_refused(mlm_run, tmp_path, capsys, damage, needle)
 
 
 @pytest.mark.parametrize(

@@ -68,11 +68,21 @@ BAD_CONFIGS = [
 def test_a_config_json_that_is_not_a_bert_config_is_one_line(
     config, needle, mlm_run, tmp_path, capsys
 ) -> None:
+    def rewrite(ckpt: Path) -> None:
+        (ckpt / "config.json").write_text(json.dumps(config))
+
+    damaged_checkpoint_is_refused(mlm_run, tmp_path, capsys, rewrite, needle)
+
+
+def damaged_checkpoint_is_refused(mlm_run, tmp_path, capsys, damage, needle) -> None:
+    """A copy of the mlm run's checkpoint, damaged by ``damage(folder)``, is refused in one
+    line naming ``needle`` by ``embed`` and by ``train classify --init``, with no folder left
+    and the run unchanged."""
     run, csv = mlm_run
     before = snapshot(run)
     ckpt = tmp_path / "ckpt"
     shutil.copytree(run / "checkpoint", ckpt)
-    (ckpt / "config.json").write_text(json.dumps(config))
+    damage(ckpt)
     probe(capsys, ["embed", str(ckpt), "a movie"], str(ckpt), needle)
     out = tmp_path / "out"
     argv = ["train", "classify", "--init", str(ckpt), "--data", str(csv), "--out", str(out)]

@@ -13,19 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from _cli import TINY, probe, snapshot, train, write_corpus
+from _cli import TINY, probe, snapshot, write_corpus
 from test_run_misuse import BERT_TINY, write_text
 
 from attnlab.cli import main
 
 SRC = Path(__file__).resolve().parents[2] / "src"
-
-
-@pytest.fixture(scope="module")
-def classify_run(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("run")
-    assert train(root / "run", write_corpus(root / "tiny.csv"), "--max-steps", "4") == 0
-    return root / "run"
 
 
 def test_a_quantized_run_is_not_resumed_as_training(classify_run, tmp_path, capsys) -> None:

@@ -43,13 +43,6 @@ def test_ablate_refuses_an_unknown_factor_before_making_the_sweep_folder(
     assert not out.exists()
 
 
-@pytest.fixture(scope="module")
-def classify_run(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("run")
-    assert train(root / "run", write_corpus(root / "tiny.csv"), "--max-steps", "4") == 0
-    return root / "run"
-
-
 def test_a_pruned_run_is_not_resumed_as_training(classify_run, tmp_path, capsys) -> None:
     pruned = tmp_path / "pruned"
     assert main(["prune", str(classify_run), "--heads", "1", "--out", str(pruned)]) == 0
