@@ -13,6 +13,7 @@ from attnlab.bench import DEFAULT_OUT, SECTIONS, suites
 from attnlab.bench.machine import machine_info, matmul_peak_gflops, precision_info
 from attnlab.bench.report import render
 from attnlab.bench.scaling import run_scaling
+from attnlab.data.io import check_file_target
 from attnlab.errors import UserError
 from attnlab.train.config import check_num_threads
 
@@ -46,11 +47,7 @@ def report_path(out: str | Path) -> Path:
     else:
         path = path.with_suffix(".md")
     for target in (path, path.with_suffix(".json")):
-        if target.is_dir():
-            raise UserError(f"--out {out}: {target} is a folder; give another report path")
-    above = next(p for p in path.parents if p.exists())  # the nearest existing folder above
-    if not above.is_dir():
-        raise UserError(f"--out {out}: {above} is a file, not a folder; give another path")
+        check_file_target(target, "--out")
     return path
 
 

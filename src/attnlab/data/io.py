@@ -204,6 +204,16 @@ def write_json(path: str | os.PathLike[str], obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, ensure_ascii=False, indent=1) + "\n")
 
 
+def check_file_target(path: Path, flag: str) -> None:
+    """Refuse, before any work, an output file ``path`` that cannot become a file: a folder in
+    its place, or a file where a folder above it must be."""
+    if path.is_dir():
+        raise UserError(f"{flag} {path} is a folder; give a file path")
+    above = next(p for p in path.parents if p.exists())  # the nearest existing one above
+    if not above.is_dir():
+        raise UserError(f"{flag} {path}: {above} is a file, not a folder; give another path")
+
+
 @contextlib.contextmanager
 def output_errors(flag: str) -> Iterator[None]:
     """Turn the file system's refusal to write an output file (a folder in its place, a

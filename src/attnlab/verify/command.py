@@ -93,11 +93,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_json_target(path: Path) -> None:
     """Refuse a --json path that cannot become a file: a folder, or one in no folder."""
-    if path.is_dir():
-        raise UserError(f"--json {path} is a folder; give a file path, e.g. {path / 'verify.json'}")
-    above = next(p for p in path.parents if p.exists())  # the nearest existing folder above
-    if not above.is_dir():
-        raise UserError(f"--json {path}: {above} is a file, not a folder; give another path")
+    from attnlab.data.io import check_file_target
+
+    check_file_target(path, "--json")
     if not path.parent.is_dir():
         raise UserError(f"--json {path}: there is no folder {path.parent}; create it first")
 
