@@ -25,6 +25,7 @@ from attnlab.configs import (
 )
 from attnlab.errors import UserError
 from attnlab.explore import command as explore_command
+from attnlab.prefetch import start_for
 from attnlab.runs.registry import REGISTRY
 from attnlab.verify import command as verify_command
 
@@ -804,8 +805,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
+    start_for(argv)  # first: the run's tokenizer is read while torch imports
+    parser = build_parser()
     # argparse fills a trailing `nargs="*"` positional before later options are seen, so
     # `predict RUN --json "text"` leaves "text" over: hand such leftovers to the inputs.
     args, extra = parser.parse_known_args(argv)

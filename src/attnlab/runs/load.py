@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from attnlab.errors import UserError
+from attnlab.models.skip_init import skipping_init
 from attnlab.runs import datafiles, folder
 from attnlab.runs.registry import get_task
 from attnlab.runs.task import Run
@@ -33,7 +34,8 @@ def load_run(run_dir: str | Path, device: str = "cpu") -> Run:
             f"{run_dir} has no {weights} yet: training has not finished its first evaluation; "
             f"continue it with `attnlab train {task.name} --out {run_dir} --resume`"
         )
-    run = task.load(run_dir, cfg, device)
+    with skipping_init():  # every task's load fills its model from the run's weights, strictly
+        run = task.load(run_dir, cfg, device)
     run.device = torch.device(device)
     return run
 
