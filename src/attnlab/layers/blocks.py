@@ -446,12 +446,16 @@ class BlockStack(nn.Module):
         need_weights: bool = False,
         caches: list[KVCache] | None = None,
         values: Tensor | None = None,
+        start: int = 0,
     ) -> Tensor | tuple[Tensor, list[Tensor]]:
         """x: (B, T, D) -> (B, T, D); with ``need_weights`` also a list of (B, H, T, T).
 
-        ``values`` (value embeddings, (B, T, Hkv·Dh)) go to every block."""
+        ``values`` (value embeddings, (B, T, Hkv·Dh)) go to every block. ``start`` > 0 runs
+        only the blocks from that one up, ``x`` being the output of the block below it."""
         weights: list[Tensor] = []
         for i, block in enumerate(self.blocks):
+            if i < start:
+                continue
             cache = None if caches is None else caches[i]
             # Not with a cache: the recomputation in the backward pass would append twice.
             if (

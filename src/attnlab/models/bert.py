@@ -24,6 +24,7 @@ from attnlab.layers.blocks import Block, BlockConfig, BlockStack, block_setting
 from attnlab.layers.efficient import AttentionKind
 from attnlab.layers.positions import make_positions
 from attnlab.models.registry import register_model, tokens
+from attnlab.models.skip_init import init_skipped
 
 BertActivation = Literal["gelu", "gelu_tanh", "relu"]  # those a Hugging Face config can name
 # Hugging Face ``hidden_act`` -> attnlab FeedForward activation.
@@ -234,17 +235,30 @@ class BertModel(nn.Module):
                 f"input has {T} tokens but this BERT has {self.cfg.context} positions; "
                 f"truncate to context={self.cfg.context}"
             )
-        # no padding in the batch: no mask, so attention may take SDPA's unmasked kernels (a
-        # traced graph keeps the mask: it must serve every batch)
-        tracing = torch.compiler.is_compiling() or torch.compiler.is_exporting()
-        full = lengths is None or (not tracing and bool((lengths == T).all()))
-        mask = None if full else padding_mask(lengths, T)  # (B, 1, 1, T)
         x = self.embeddings(input_ids, token_type_ids)  # (B, T, D)
-        return self.encoder(x, mask)  # type: ignore[return-value]
+        return self.encoder(x, _key_mask(lengths, T))  # type: ignore[return-value]
+
+    def forward_from(self, hidden: Tensor, lengths: Tensor, start: int) -> Tensor:
+        """Blocks ``start`` and up on ``hidden`` (B, T, D), the output of the blocks below
+        (kept once while they are frozen) right-padded to ``lengths`` (B,) -> (B, T, D)."""
+        if not 0 <= start <= self.cfg.n_layers:
+            raise ValueError(f"start must be in 0..{self.cfg.n_layers}, got {start}")
+        mask = _key_mask(lengths, hidden.shape[1])
+        return self.encoder(hidden, mask, start=start)  # type: ignore[return-value]
 
     def pool(self, hidden: Tensor) -> Tensor:
         """BERT's pooler: tanh(W h_[CLS] + b), (B, T, D) -> (B, D)."""
         return torch.tanh(self.pooler(hidden[:, 0]))
+
+
+def _key_mask(lengths: Tensor | None, T: int) -> Tensor | None:
+    """The padding mask (B, 1, 1, T) of a batch, or None when no row is padded: attention may
+    then take SDPA's unmasked kernels (a traced graph keeps the mask: it must serve every
+    batch)."""
+    tracing = torch.compiler.is_compiling() or torch.compiler.is_exporting()
+    if lengths is None or (not tracing and bool((lengths == T).all())):
+        return None
+    return padding_mask(lengths, T)
 
 
 def mean_pool(hidden: Tensor, lengths: Tensor) -> Tensor:
@@ -255,6 +269,8 @@ def mean_pool(hidden: Tensor, lengths: Tensor) -> Tensor:
 
 def init_bert_weights(module: nn.Module) -> None:
     """BERT's initialisation: N(0, 0.02) weights, zero biases, unit LayerNorm, zero pad row."""
+    if init_skipped():  # weights about to be loaded whole: no draws to overwrite
+        return
     for m in module.modules():
         if isinstance(m, nn.Linear):
             nn.init.normal_(m.weight, std=0.02)
@@ -330,9 +346,20 @@ class BertClassifier(nn.Module):
         self.head = nn.Linear(cfg.d_model, n_classes)
         init_bert_weights(self.head)
 
-    def forward(self, input_ids: Tensor, lengths: Tensor) -> Tensor:
-        """ids (B, T), lengths (B,) -> class logits (B, C)."""
-        hidden = self.bert(input_ids, lengths)  # (B, T, D)
+    def forward(
+        self,
+        input_ids: Tensor | None,
+        lengths: Tensor,
+        *,
+        hidden: Tensor | None = None,
+        start: int = 0,
+    ) -> Tensor:
+        """ids (B, T), lengths (B,) -> class logits (B, C); or, with ``hidden`` (B, T, D), the
+        output of the blocks below ``start`` (cached while they are frozen), no ids."""
+        if hidden is None:
+            hidden = self.bert(input_ids, lengths)  # (B, T, D)
+        else:
+            hidden = self.bert.forward_from(hidden, lengths, start)  # (B, T, D)
         pooled = self.bert.pool(hidden) if self.pooling == "cls" else mean_pool(hidden, lengths)
         return self.head(self.dropout(pooled))  # (B, C)
 

