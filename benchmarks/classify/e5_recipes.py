@@ -237,7 +237,9 @@ def runs(args: argparse.Namespace) -> dict:
                 for k in (
                     "train_examples",
                     "extra_train",
+                    "extra_train_examples",
                     "train_layers",
+                    "clean_labels",
                     "probe_first",
                     "probe_examples",
                     "attn_dropout",

@@ -66,6 +66,23 @@ def reviews(tmp_path) -> Path:
     return path
 
 
+def interrupted_at(step_fn, n: int):
+    """``step_fn`` whose ``n``-th call raises KeyboardInterrupt: a kill between two steps."""
+
+    def make(smoothing):
+        step, calls = step_fn(smoothing), {"n": 0}
+
+        def wrapped(model, batch):
+            calls["n"] += 1
+            if calls["n"] == n:
+                raise KeyboardInterrupt
+            return step(model, batch)
+
+        return wrapped
+
+    return make
+
+
 def train(out: Path, data: Path, *extra: str) -> int:
     args = ["train", "classify", "--data", str(data), "--out", str(out), "--batch-size", "8"]
     return main(args + ["--val-ratio", "0.25", "--test-ratio", "0.25", *TRAIN, *extra])
@@ -115,19 +132,7 @@ def test_freezing_keeps_the_lower_layers_and_resume_is_bitwise(
     extra = ["--train-layers", "1", "--probe-first", "true", "--checkpoint-every", "2"]
     assert train(straight, reviews, "--max-steps", "4", *extra) == 0
     real = bert_classify.step_fn
-
-    def interrupted(smoothing):
-        step, calls = real(smoothing), {"n": 0}
-
-        def wrapped(model, batch):
-            calls["n"] += 1
-            if calls["n"] == 4:
-                raise KeyboardInterrupt  # as a kill between steps 3 and 4
-            return step(model, batch)
-
-        return wrapped
-
-    monkeypatch.setattr(bert_classify, "step_fn", interrupted)
+    monkeypatch.setattr(bert_classify, "step_fn", interrupted_at(real, 4))  # after step 3
     assert train(split, reviews, "--max-steps", "4", *extra) == 130
     monkeypatch.setattr(bert_classify, "step_fn", real)
     assert main(["train", "classify", "--out", str(split), "--resume"]) == 0
@@ -374,19 +379,7 @@ def test_label_cleaning_lists_what_it_dropped_and_a_resume_trains_on_the_same_te
     assert [row["p_label"] for row in dropped] == sorted(row["p_label"] for row in dropped)
     assert report["probe"]["n"] == 16 - len(dropped)  # the head is fitted on the kept texts
     real = bert_classify.step_fn
-
-    def interrupted(smoothing):
-        step, calls = real(smoothing), {"n": 0}
-
-        def wrapped(model, batch):
-            calls["n"] += 1
-            if calls["n"] == 2:
-                raise KeyboardInterrupt  # as a kill after the first step
-            return step(model, batch)
-
-        return wrapped
-
-    monkeypatch.setattr(bert_classify, "step_fn", interrupted)
+    monkeypatch.setattr(bert_classify, "step_fn", interrupted_at(real, 2))  # after step 1
     assert train(split, reviews, "--max-steps", "2", *extra) == 130
     monkeypatch.setattr(bert_classify, "step_fn", real)
     monkeypatch.setattr(
