@@ -213,10 +213,13 @@ def test_the_main_job_runs_on_the_real_weights(reviews, tmp_path, capsys):
     assert vector.shape == (1, 384) and abs(float((vector**2).sum()) - 1) < 1e-5
 
 
-def test_the_e5_classifier_trains_under_bf16_autocast(tiny, reviews, tmp_path):
-    """bf16: what precision=auto picks on CPUs with bf16 units and on GPUs."""
+@pytest.mark.parametrize("kept", [[], ["--train-layers", "1", "--clean-labels", "0.5"]])
+def test_the_e5_classifier_trains_under_bf16_autocast(tiny, reviews, tmp_path, kept):
+    """bf16: what precision=auto picks on CPUs with bf16 units and on GPUs; also on the kept
+    states of frozen blocks, with label cleaning."""
     out = tmp_path / "bf16"
     args = ["train", "classify", "--data", str(reviews), "--out", str(out), "--batch-size", "8"]
+    args += kept
     assert main([*args, "--max-steps", "2", "--precision", "bf16", "--tensorboard", "false"]) == 0
     assert json.loads((out / "config.json").read_text())["train"]["precision"] == "bf16"
     lines = (out / "metrics.jsonl").read_text().splitlines()

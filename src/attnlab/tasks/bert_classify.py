@@ -414,12 +414,6 @@ def _in_order(data: ClassificationData, batch_size: int) -> ClassificationData:
     return ClassificationData(data.sequences, data.labels, sampler, pad_id=data.pad_id)
 
 
-def _subset(data: StateData, keep: list[int], batch_size: int) -> StateData:
-    states = [data.states[i] for i in keep]
-    sampler = LengthBucketSampler([s.shape[0] for s in states], batch_size, shuffle=False)
-    return StateData(states, [data.labels[i] for i in keep], sampler, data.start)
-
-
 @torch.no_grad()
 def pooled_features(
     model: BertClassifier, data: ClassificationData | StateData, device: str
@@ -508,8 +502,9 @@ def training_features(
     at ``keep``: from the kept lower-block states when the run has them."""
     prep: Prepared = setup.prepared
     batch, keep = cfg.data.eval_batch_size, list(keep)
+    data: ClassificationData | StateData
     if isinstance(setup.train_data, StateData):
-        data: ClassificationData | StateData = _subset(setup.train_data, keep, batch)
+        data = _states_subset(setup.train_data, keep, batch, False, 0)
     else:
         data = _dataset(
             [prep.texts["train"][i] for i in keep], [prep.ids["train"][i] for i in keep],
@@ -577,16 +572,22 @@ def clean_labels(
     )
 
 
+def _states_subset(
+    data: StateData, keep: list[int], batch_size: int, shuffle: bool, seed: int
+) -> StateData:
+    """The kept states at ``keep``, batched by ``batch_size`` (shuffled with ``seed``)."""
+    states = [data.states[i] for i in keep]
+    sampler = LengthBucketSampler([s.shape[0] for s in states], batch_size, shuffle, seed)
+    return StateData(states, [data.labels[i] for i in keep], sampler, data.start)
+
+
 def _train_subset(
     cfg: RunConfig, data: ClassificationData | StateData, keep: list[int]
 ) -> ClassificationData | StateData:
     """The training texts at ``keep``, batched and shuffled as the whole set was."""
     tcfg = cfg.train
     if isinstance(data, StateData):
-        states = [data.states[i] for i in keep]
-        lengths = [s.shape[0] for s in states]
-        sampler = LengthBucketSampler(lengths, tcfg.batch_size, True, tcfg.seed)
-        return StateData(states, [data.labels[i] for i in keep], sampler, data.start)
+        return _states_subset(data, keep, tcfg.batch_size, True, tcfg.seed)
     seqs = [data.sequences[i] for i in keep]
     sampler = LengthBucketSampler([len(s) for s in seqs], tcfg.batch_size, True, tcfg.seed)
     return ClassificationData(seqs, [data.labels[i] for i in keep], sampler, pad_id=data.pad_id)
