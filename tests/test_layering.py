@@ -16,7 +16,7 @@ import pytest
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "attnlab"
 LAYERS: list[set[str]] = [
-    {"configs", "metrics", "viz", "errors", "prefetch"},
+    {"configs", "metrics", "viz", "errors"},
     {"layers"},
     {"compress"},
     {"tensor_files", "data"},

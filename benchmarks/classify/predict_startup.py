@@ -7,7 +7,11 @@ and where the time goes (a fresh interpreter per round, median of --rounds).
 The breakdown times the same steps `predict` takes, one after another in one fresh process:
 import torch, import attnlab's CLI, load the run (its tokenizer.json, the classifier, its
 weights), classify the three sentences; then reads tokenizer.json once more on its own, to show
-how much of the load that is.
+how much of the load that is. That process's own wall time, less its steps, is what starting
+an interpreter costs beside them (both processes end without the interpreter's teardown); what
+`attnlab predict` takes beyond the breakdown's wall is the command line's own (parsing,
+printing). Each round also runs the same `predict` ending as scripts normally do, with the
+interpreter's teardown (``sys.exit(main())``), to show what ending without it saves.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ SENTENCES = (
     "电影前半段很无聊，但是结局让我感动",
 )
 BREAKDOWN = """
-import json, sys, time
+import json, os, sys, time
 t = [time.perf_counter()]
 import torch
 t.append(time.perf_counter())
@@ -44,8 +48,11 @@ run.predict(sys.argv[2:])
 t.append(time.perf_counter())
 load_tokenizer(run_dir + "/tokenizer.json")  # again, alone: the part of the load it takes
 t.append(time.perf_counter())
-print(json.dumps([b - a for a, b in zip(t, t[1:])]))
+print(json.dumps([b - a for a, b in zip(t, t[1:])]), flush=True)
+os._exit(0)  # as `attnlab predict` ends: without the interpreter's teardown
 """
+# `attnlab predict` as it was before it skipped the teardown
+WITH_TEARDOWN = "import sys; from attnlab.cli import main; sys.exit(main(sys.argv[1:]))"
 STEPS = ("import torch", "import attnlab", "load the run", "predict")
 PART = "of the load: reading tokenizer.json (timed again, alone)"
 
@@ -63,27 +70,41 @@ def wall(argv: list[str]) -> float:
     return time.perf_counter() - start
 
 
+def _spread(values: list[float]) -> str:
+    """'median (min to max)' of seconds."""
+    return f"{statistics.median(values):.2f} ({min(values):.2f} to {max(values):.2f})"
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     info = machine()
     predict = [sys.executable, "-m", "attnlab", "predict", str(args.run), *SENTENCES]
-    walls, steps = [], []
-    for _ in range(args.rounds):  # interleaved, so load changes touch both alike
+    walls, steps, breakdown_walls, teardown_walls = [], [], [], []
+    for _ in range(args.rounds):  # interleaved, so load changes touch all alike
         walls.append(wall(predict))
+        teardown_walls.append(wall([sys.executable, "-c", WITH_TEARDOWN, *predict[3:]]))
+        start = time.perf_counter()
         out = subprocess.run(
             [sys.executable, "-c", BREAKDOWN, str(args.run), *SENTENCES],
             check=True, capture_output=True, text=True,
         )  # fmt: skip
+        breakdown_walls.append(time.perf_counter() - start)
         steps.append(json.loads(out.stdout.strip().splitlines()[-1]))
     info["load_average_at_end"] = load_average()
     medians = [statistics.median(s[i] for s in steps) for i in range(len(STEPS) + 1)]
     part = medians.pop()
+    # the breakdown's process, less its steps (its second tokenizer read included)
+    interpreter = statistics.median(w - sum(s) for w, s in zip(breakdown_walls, steps))
+    command = statistics.median(walls) - statistics.median(breakdown_walls) + part
     data = {
         "machine": info,
         "run": str(args.run),
         "rounds": args.rounds,
         "predict_wall_s": walls,
+        "predict_with_teardown_wall_s": teardown_walls,
         "breakdown_s": {**dict(zip(STEPS, medians)), PART: part},
+        "interpreter_s": interpreter,
+        "command_line_s": command,
     }
     lines = [
         "# `attnlab predict` of the tutorial's three sentences, start-up included",
@@ -92,14 +113,20 @@ def main(argv: list[str] | None = None) -> None:
         "",
         f"A fresh interpreter per round, {args.rounds} rounds; the run: `{args.run}` "
         f"(a `train classify` folder). `attnlab predict RUN` + the three sentences: median "
-        f"{statistics.median(walls):.2f} s (min {min(walls):.2f}, max {max(walls):.2f}).",
+        f"{statistics.median(walls):.2f} s (min {min(walls):.2f}, max {max(walls):.2f}); "
+        f"the same ending with the interpreter's teardown: median "
+        f"{statistics.median(teardown_walls):.2f} s; in each round the teardown cost "
+        f"{_spread([t - w for t, w in zip(teardown_walls, walls)])} s.",
         "",
         "Where the time goes (the same steps in one fresh process, median per step):",
         "",
         "| step | seconds |",
         "|---|---|",
+        f"| start an interpreter | {interpreter:.2f} |",
         *(f"| {name} | {s:.2f} |" for name, s in zip(STEPS, medians)),
-        f"| total | {sum(medians):.2f} |",
+        f"| the command line's own (parsing, printing: predict's median less the "
+        f"breakdown's, without its second tokenizer read) | {command:.2f} |",
+        f"| total | {interpreter + sum(medians) + command:.2f} |",
         f"| ({PART}) | {part:.2f} |",
     ]
     from benchmarks.common import write_results

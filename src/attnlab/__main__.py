@@ -1,7 +1,5 @@
 """``python -m attnlab`` (and ``torchrun -m attnlab``) run the command line."""
 
-import sys
+from attnlab.cli import console
 
-from attnlab.cli import main
-
-sys.exit(main())
+console()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -25,7 +26,6 @@ from attnlab.configs import (
 )
 from attnlab.errors import UserError
 from attnlab.explore import command as explore_command
-from attnlab.prefetch import start_for
 from attnlab.runs.registry import REGISTRY
 from attnlab.verify import command as verify_command
 
@@ -806,7 +806,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    start_for(argv)  # first: the run's tokenizer is read while torch imports
     parser = build_parser()
     # argparse fills a trailing `nargs="*"` positional before later options are seen, so
     # `predict RUN --json "text"` leaves "text" over: hand such leftovers to the inputs.
@@ -841,3 +840,23 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# Commands that write nothing and start no processes: once their output is out, the process
+# may end without the interpreter's teardown (collecting torch's ~1,000 modules' objects takes
+# 0.4-1.0 s, a fifth of `predict`'s start-up; docs/results/predict_startup.md).
+QUICK_EXIT = ("predict",)
+
+
+def console() -> None:
+    """The ``attnlab`` executable: :func:`main`, then the exit."""
+    code = main()
+    if sys.argv[1:2] and sys.argv[1] in QUICK_EXIT:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                if stream is not None:  # None: stdout's reader went away (main's BrokenPipeError)
+                    stream.flush()
+            except BrokenPipeError:  # the reader went away after the last write
+                pass
+        os._exit(code)
+    sys.exit(code)

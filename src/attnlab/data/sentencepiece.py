@@ -64,15 +64,12 @@ class SentencePieceTokenizer(PieceTokenizer):
 def load_tokenizer(path: str | Path):
     """A run's or checkpoint's ``tokenizer.json``: WordPiece or SentencePiece, as the file says."""
     from attnlab.data.wordpiece import WordPieceTokenizer
-    from attnlab.prefetch import take
 
-    tok = take(path)  # read already, beside torch's import, by the command line
-    if tok is None:
-        try:
-            tok = Tokenizer.from_file(str(path))
-        except Exception as err:  # the library raises a bare Exception for bad files
-            problem = f"not a readable tokenizer.json ({err})"
-            raise DataError(path, problem, "re-export it") from None
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as err:  # the library raises a bare Exception for bad files
+        problem = f"not a readable tokenizer.json ({err})"
+        raise DataError(path, problem, "re-export it") from None
     if type(tok.model).__name__ == "Unigram":
         return SentencePieceTokenizer(tok)
     return WordPieceTokenizer.load(path)
