@@ -240,6 +240,7 @@ def runs(args: argparse.Namespace) -> dict:
                     "extra_train_examples",
                     "train_layers",
                     "clean_labels",
+                    "clean_extra_train",
                     "probe_first",
                     "probe_examples",
                     "attn_dropout",

@@ -269,6 +269,27 @@ def test_extra_train_takes_several_corpora_and_drops_held_out_texts(
     assert report["extra_training"]["n"] == 2 + 8 - len(held_out) and held_out
 
 
+def test_label_cleaning_spares_extra_train_when_told(tiny, reviews, tmp_path):
+    """The extra corpus's texts are dropped like the main corpus's by default; with
+    clean_extra_train false only the main corpus's are, the same ones as before."""
+    flipped = tmp_path / "flipped.csv"  # the reviews, a mark added, under the other label
+    rows = [(f"{t}！", "negative") for t in POSITIVE] + [(f"{t}！", "positive") for t in NEGATIVE]
+    flipped.write_text("text,label\n" + "".join(f"{t},{y}\n" for t, y in rows), "utf-8")
+    dropped = {}
+    for spare in ("true", "false"):
+        out = tmp_path / spare
+        args = ["--train-layers", "1", "--clean-labels", "0.5", "--extra-train", str(flipped)]
+        assert train(out, reviews, "--max-steps", "1", *args, "--clean-extra-train", spare) == 0
+        report = json.loads((out / "data_report.json").read_text())
+        record = json.loads((out / "label_cleaning.json").read_text())
+        n_main = report["split_sizes"]["train"] - report["extra_training"]["n"]
+        dropped[spare] = {row["index"] for row in record["dropped"]}
+        extra = {i for i in dropped[spare] if i >= n_main}
+        assert report["label_cleaning"]["dropped_extra_train"] == len(extra)
+    assert {i for i in dropped["true"] if i >= n_main}  # some flipped ones go by default
+    assert dropped["false"] == {i for i in dropped["true"] if i < n_main}
+
+
 def test_extra_train_with_other_labels_is_refused_before_any_folder(
     tiny, reviews, tmp_path, capsys
 ):

@@ -135,6 +135,11 @@ class BertClassifyConfig(ConfigBase):
         min=0,
         below=1,
     )
+    clean_extra_train: bool = setting(
+        True,
+        "clean_labels: also drop extra_train texts (False: only the main corpus's texts are "
+        "candidates; the extra corpora still inform the probe)",
+    )
     probe_weight_decay: float = setting(
         1e-3, "probe_first: L2 penalty of the head's logistic regression", min=0
     )
@@ -536,7 +541,8 @@ def clean_labels(
             )
     else:
         p = out_of_fold_confidence(x, y, len(prep.labels), dcfg.probe_weight_decay, dcfg.split_seed)
-        dropped = set((p < dcfg.clean_labels).nonzero().flatten().tolist())
+        candidates = n if dcfg.clean_extra_train else _main_count(prep)
+        dropped = set((p[:candidates] < dcfg.clean_labels).nonzero().flatten().tolist())
         record = {
             "threshold": dcfg.clean_labels,
             "folds": CLEAN_FOLDS,
@@ -558,7 +564,7 @@ def clean_labels(
             f"clean_labels {dcfg.clean_labels} drops every training text; give a lower threshold"
         )
     setup.train_data = _train_subset(cfg, setup.train_data, kept)
-    n_main = n - (prep.report["extra_training"] or {}).get("n", 0)
+    n_main = _main_count(prep)
     prep.report["label_cleaning"] = {
         "threshold": dcfg.clean_labels,
         "dropped": len(dropped),
@@ -570,6 +576,11 @@ def clean_labels(
         f"p {dcfg.clean_labels:g} under a probe fitted on the other folds "
         f"({sum(i >= n_main for i in dropped)} of them extra_train); listed in {CLEANING_FILE}"
     )
+
+
+def _main_count(prep: Prepared) -> int:
+    """How many of the training texts are the main corpus's (extra_train's follow them)."""
+    return len(prep.ids["train"]) - (prep.report["extra_training"] or {}).get("n", 0)
 
 
 def _states_subset(
