@@ -838,13 +838,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 # Commands that write nothing and start no processes: once their output is out, the process
-# may end without the interpreter's teardown (collecting torch's ~1,000 modules' objects takes
-# 0.4-1.0 s, a fifth of `predict`'s start-up; docs/results/predict_startup.md).
+# may end without the interpreter's teardown, which collects torch's objects (0.6 s of
+# `predict`'s 6.2, docs/results/predict_startup.md).
 QUICK_EXIT = ("predict",)
 
 
@@ -860,3 +856,7 @@ def console() -> None:
                 pass
         os._exit(code)
     sys.exit(code)
+
+
+if __name__ == "__main__":
+    console()

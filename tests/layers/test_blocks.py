@@ -444,3 +444,26 @@ def test_dyt_alpha0_starts_every_dyt_of_every_model_with_a_norm_choice() -> None
         assert all(m.alpha.item() == 0.5 for m in default.modules() if isinstance(m, DyT))
         with pytest.raises(UserError, match="dyt_alpha0=.* only applies to norm='dyt'"):
             cfg_cls(**kwargs, norm="layer", dyt_alpha0=alpha0)
+
+
+def test_a_stack_run_in_two_parts_is_the_whole_stack() -> None:
+    """Blocks 0..stop-1, then stop.. from their output, equal the whole stack; the final norm
+    comes only at the top (a pre-norm stack's LayerNorm)."""
+    d, H, B, T, n = 16, 4, 2, 6, 3
+    enc = (
+        BlockStack(
+            [Block(BlockConfig(d, H, 32, norm_position="pre")) for _ in range(n)], nn.LayerNorm(d)
+        )
+        .double()
+        .eval()
+    )  # no dropout: the parts and the whole see the same computation
+    x = torch.randn(B, T, d, dtype=F64)
+    mask = from_key_padding_mask(checks_torch.right_padding(B, T))
+    whole = enc(x, mask)
+    for stop in range(n + 1):
+        lower = enc(x, mask, stop=stop)
+        by_hand = x
+        for block in list(enc.blocks)[:stop]:
+            by_hand, _ = block(by_hand, mask)
+        torch.testing.assert_close(lower, enc.norm(by_hand) if stop == n else by_hand, **TIGHT)
+        torch.testing.assert_close(enc(by_hand, mask, start=stop), whole, **TIGHT)

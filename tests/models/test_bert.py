@@ -490,6 +490,7 @@ def test_running_the_upper_blocks_on_the_lower_blocks_output_is_the_whole_forwar
             x = model.bert.embeddings(ids)  # (B, T, D)
             for block in list(model.bert.encoder.blocks)[:start]:
                 x, _ = block(x, padding_mask(lengths, 9))
+            torch.testing.assert_close(model.bert(ids, lengths, stop=start), x, rtol=0, atol=0)
         part = model(None, lengths, hidden=x, start=start)
         part.sum().backward()
         torch.testing.assert_close(part, whole, rtol=1e-12, atol=1e-12)

@@ -447,14 +447,17 @@ class BlockStack(nn.Module):
         caches: list[KVCache] | None = None,
         values: Tensor | None = None,
         start: int = 0,
+        stop: int | None = None,
     ) -> Tensor | tuple[Tensor, list[Tensor]]:
         """x: (B, T, D) -> (B, T, D); with ``need_weights`` also a list of (B, H, T, T).
 
-        ``values`` (value embeddings, (B, T, Hkv·Dh)) go to every block. ``start`` > 0 runs
-        only the blocks from that one up, ``x`` being the output of the block below it."""
+        ``values`` (value embeddings, (B, T, Hkv·Dh)) go to every block. Only blocks ``start``
+        to ``stop`` - 1 run (``x`` being the output of the block below ``start``); the final
+        norm only when the stack runs to its top."""
+        stop = len(self.blocks) if stop is None else stop
         weights: list[Tensor] = []
         for i, block in enumerate(self.blocks):
-            if i < start:
+            if not start <= i < stop:
                 continue
             cache = None if caches is None else caches[i]
             # Not with a cache: the recomputation in the backward pass would append twice.
@@ -487,7 +490,7 @@ class BlockStack(nn.Module):
                 )
             if w is not None:
                 weights.append(w)
-        if self.norm is not None:
+        if self.norm is not None and stop == len(self.blocks):
             x = self.norm(x)
         return (x, weights) if need_weights else x
 

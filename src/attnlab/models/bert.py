@@ -227,8 +227,10 @@ class BertModel(nn.Module):
         input_ids: Tensor,
         lengths: Tensor | None = None,
         token_type_ids: Tensor | None = None,
+        stop: int | None = None,
     ) -> Tensor:
-        """ids (B, T) right-padded to ``lengths`` (B,) (None = no padding) -> hidden (B, T, D)."""
+        """ids (B, T) right-padded to ``lengths`` (B,) (None = no padding) -> hidden (B, T, D):
+        the top block's output, or with ``stop`` that of the embeddings and blocks below it."""
         B, T = input_ids.shape
         if self.cfg.context < T:
             raise ValueError(
@@ -236,7 +238,7 @@ class BertModel(nn.Module):
                 f"truncate to context={self.cfg.context}"
             )
         x = self.embeddings(input_ids, token_type_ids)  # (B, T, D)
-        return self.encoder(x, _key_mask(lengths, T))  # type: ignore[return-value]
+        return self.encoder(x, _key_mask(lengths, T), stop=stop)  # type: ignore[return-value]
 
     def forward_from(self, hidden: Tensor, lengths: Tensor, start: int) -> Tensor:
         """Blocks ``start`` and up on ``hidden`` (B, T, D), the output of the blocks below
@@ -356,12 +358,23 @@ class BertClassifier(nn.Module):
     ) -> Tensor:
         """ids (B, T), lengths (B,) -> class logits (B, C); or, with ``hidden`` (B, T, D), the
         output of the blocks below ``start`` (cached while they are frozen), no ids."""
+        pooled = self.features(input_ids, lengths, hidden=hidden, start=start)  # (B, D)
+        return self.head(self.dropout(pooled))  # (B, C)
+
+    def features(
+        self,
+        input_ids: Tensor | None,
+        lengths: Tensor,
+        *,
+        hidden: Tensor | None = None,
+        start: int = 0,
+    ) -> Tensor:
+        """The pooled vector (B, D) the head reads; arguments as :meth:`forward`'s."""
         if hidden is None:
             hidden = self.bert(input_ids, lengths)  # (B, T, D)
         else:
             hidden = self.bert.forward_from(hidden, lengths, start)  # (B, T, D)
-        pooled = self.bert.pool(hidden) if self.pooling == "cls" else mean_pool(hidden, lengths)
-        return self.head(self.dropout(pooled))  # (B, C)
+        return self.bert.pool(hidden) if self.pooling == "cls" else mean_pool(hidden, lengths)
 
 
 register_model(

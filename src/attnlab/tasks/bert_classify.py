@@ -54,7 +54,6 @@ from attnlab.data.states import STORE_DTYPE, StateData
 from attnlab.data.wordpiece import WordPieceTokenizer
 from attnlab.errors import UserError
 from attnlab.interop.hf_bert import load_pretrained, resolve_checkpoint
-from attnlab.layers.attention import padding_mask
 from attnlab.metrics import classification_report, format_report
 from attnlab.models.bert import BertClassifier, BertConfig, mean_pool
 from attnlab.models.e5 import NAME as E5
@@ -396,16 +395,12 @@ def frozen_states(
     when ``shuffle``: the batches ``data``'s own sampler of that size would draw)."""
     was_training = model.training
     model.eval()
-    bert = model.bert
     states: list[torch.Tensor] = [torch.empty(0)] * len(data)
     batches = data.batches(0)
     for indices in tqdm(batches, desc=desc, unit="batch", file=sys.stderr, leave=False):
         batch = data.collate(indices)
         ids, lengths = batch["input_ids"].to(device), batch["lengths"].to(device)
-        mask = padding_mask(lengths, ids.shape[1])  # (B, 1, 1, T)
-        x = bert.embeddings(ids)  # (B, T, D)
-        for block in list(bert.encoder.blocks)[:start]:
-            x, _ = block(x, mask)  # (B, T, D)
+        x = model.bert(ids, lengths, stop=start)  # (B, T, D)
         for row, i in enumerate(indices):
             states[i] = x[row, : int(lengths[row])].to(STORE_DTYPE).cpu()  # (T_i, D)
     model.train(was_training)
@@ -430,13 +425,13 @@ def pooled_features(
     feats: dict[int, torch.Tensor] = {}
     batches = data.batches(0)
     for indices in tqdm(batches, desc="features", unit="batch", file=sys.stderr, leave=False):
-        batch = data.collate(indices)
-        lengths = batch["lengths"].to(device)
-        if "hidden" in batch:
-            hidden = model.bert.forward_from(batch["hidden"].to(device), lengths, batch["start"])
-        else:
-            hidden = model.bert(batch["input_ids"].to(device), lengths)  # (B, T, D)
-        pooled = model.bert.pool(hidden) if model.pooling == "cls" else mean_pool(hidden, lengths)
+        batch = {
+            k: v.to(device) if torch.is_tensor(v) else v for k, v in data.collate(indices).items()
+        }
+        pooled = model.features(  # (B, D)
+            batch.get("input_ids"), batch["lengths"], hidden=batch.get("hidden"),
+            start=batch.get("start", 0),
+        )  # fmt: skip
         feats.update(zip(indices, pooled.float().cpu()))
     model.train(was_training)
     return torch.stack([feats[i] for i in range(len(data))]), torch.tensor(list(data.labels))
@@ -565,16 +560,17 @@ def clean_labels(
         )
     setup.train_data = _train_subset(cfg, setup.train_data, kept)
     n_main = _main_count(prep)
+    extra = sum(i >= n_main for i in dropped)
     prep.report["label_cleaning"] = {
         "threshold": dcfg.clean_labels,
         "dropped": len(dropped),
-        "dropped_extra_train": sum(i >= n_main for i in dropped),
+        "dropped_extra_train": extra,
     }
     prep.kept = kept
     setup.messages.append(
         f"label cleaning: {len(dropped)} of {n} training texts dropped, their label below "
         f"p {dcfg.clean_labels:g} under a probe fitted on the other folds "
-        f"({sum(i >= n_main for i in dropped)} of them extra_train); listed in {CLEANING_FILE}"
+        f"({extra} of them extra_train); listed in {CLEANING_FILE}"
     )
 
 
