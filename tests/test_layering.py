@@ -22,6 +22,7 @@ LAYERS: list[set[str]] = [
     {"tensor_files", "data"},
     {"models"},
     {"interop"},
+    {"finetune"},
     {"train"},
     {"runs"},
     {"infer"},
