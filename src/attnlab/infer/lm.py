@@ -20,6 +20,7 @@ from attnlab.infer.generation import Generation, check_sampling, sample_next
 from attnlab.infer.speculative import Drafter, speculative_decode
 from attnlab.interop.hf_gpt2 import load_hf_gpt2
 from attnlab.models.gpt import GPT
+from attnlab.runs.load import load_run_of
 from attnlab.runs.task import Run, RunConfig
 
 
@@ -234,14 +235,13 @@ class LMRun(Run):
         run_dir: Path | None = None,
         config: RunConfig | None = None,
     ) -> None:
+        # a Hugging Face directory has no attnlab config: it reads as a run of the lm task
         super().__init__(run_dir or Path("."), config or RunConfig("lm", {}))
         self.model, self.tokenizer, self.source = model, tokenizer, source
 
     @classmethod
     def load(cls, run_dir: str | Path, device: str = "cpu") -> LMRun:
         """An `attnlab train lm` run, or a Hugging Face GPT-2 directory (model_type gpt2)."""
-        from attnlab.runs.load import load_run_of
-
         run_dir = Path(run_dir)
         config_path = run_dir / "config.json"
         if config_path.is_file():
