@@ -31,7 +31,7 @@ def load_images(source: Source, paths: list[str]) -> tuple[Tensor, list[str]]:
     run = source.run
     if paths:
         return run.load_images(paths), list(paths)
-    from attnlab.tasks.vision import load_splits
+    from attnlab.data.image_splits import load_splits
 
     test = load_splits(run.config.data)[0]["test"]
     n = min(DEFAULT_IMAGES, len(test))
