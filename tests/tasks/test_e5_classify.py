@@ -379,7 +379,7 @@ def test_out_of_fold_confidence_finds_flipped_labels(seed):
 def test_label_cleaning_lists_what_it_dropped_and_a_resume_trains_on_the_same_texts(
     tiny, reviews, tmp_path, monkeypatch
 ):
-    import attnlab.tasks.classify as classify
+    import attnlab.tasks.classify_steps as steps
     from attnlab.tensor_files import read_tensors
 
     straight, split = tmp_path / "straight", tmp_path / "split"
@@ -396,7 +396,7 @@ def test_label_cleaning_lists_what_it_dropped_and_a_resume_trains_on_the_same_te
     with interrupted_at(2):  # after step 1
         assert train(split, reviews, "--max-steps", "2", *extra) == 130
     monkeypatch.setattr(
-        classify, "out_of_fold_confidence", lambda *a: pytest.fail("cleaned again")
+        steps, "out_of_fold_confidence", lambda *a: pytest.fail("cleaned again")
     )
     assert main(["train", "classify", "--out", str(split), "--resume"]) == 0
     a = read_tensors(straight / "model.safetensors", "weights")

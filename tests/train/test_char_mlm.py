@@ -12,7 +12,7 @@ from attnlab.cli import main
 from attnlab.data import CharTokenizer
 from attnlab.models.classifier import ClassifierConfig, TextClassifier
 from attnlab.runs import training
-from attnlab.tasks import classify
+from attnlab.tasks import classify_steps
 from attnlab.train.char_mlm import CharMLMHead, pretrain_encoder
 
 
@@ -74,7 +74,8 @@ def test_the_task_pretrains_before_fine_tuning_and_reports_it(tmp_path, monkeypa
     # not read again and the encoder is not pretrained again.
     said.clear()
     monkeypatch.setattr(
-        classify, "load_unlabeled", lambda *a, **k: pytest.fail("pretraining text read on resume")
+        classify_steps, "load_unlabeled",
+        lambda *a, **k: pytest.fail("pretraining text read on resume"),
     )
     training.train("classify", tmp_path / "run", {**settings, "epochs": "2"}, resume=True)
     assert not any("pretraining step" in line for line in said)

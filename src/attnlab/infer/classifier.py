@@ -13,23 +13,36 @@ Both models map ids (B, T) right-padded to lengths (B,) to logits (B, C) and hav
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from attnlab.data import LabelVocab, pad_batch
+from attnlab.data import CharTokenizer, LabelVocab, pad_batch
 from attnlab.data.classification import ClassificationData
-from attnlab.data.io import is_blank
-from attnlab.data.readers import Reader, dataset
-from attnlab.data.sentiment import TWO_CLASSES, load_corpus, load_ood, ood_files
+from attnlab.data.io import is_blank, read_json
+from attnlab.data.readers import CharReader, PieceReader, Reader, dataset
+from attnlab.data.sentencepiece import load_tokenizer
+from attnlab.data.sentiment import (
+    TUTORIAL_EXAMPLES,
+    TWO_CLASSES,
+    load_corpus,
+    load_ood,
+    ood_files,
+)
 from attnlab.data.splits import check_labels, load_split
 from attnlab.data.tabular import load_labeled_file
 from attnlab.errors import UserError
 from attnlab.metrics import classification_report
+from attnlab.models.bert import BertClassifier, BertConfig
+from attnlab.models.classifier import build_classifier
+from attnlab.models.zoo_mlm import encoder_classifier
+from attnlab.runs.folder import WEIGHTS
 from attnlab.runs.task import Run, RunConfig
 from attnlab.tensor_files import tensors_sha256
+from attnlab.train import load_weights
 
 
 def batch_logits(model: torch.nn.Module, batch: dict) -> torch.Tensor:
@@ -286,3 +299,55 @@ class ClassifierRun(Run):
             texts, labels, source = corpus.texts, corpus.labels, str(data)
         report = report_of(self.model, self.dataset(texts, labels), self.labels, self.device)
         return {**report, "source": source}
+
+
+def load_classifier(run_dir: Path, cfg: RunConfig, device: str) -> ClassifierRun:
+    """The classifier of a classify run folder: a pretrained encoder's (the model section is
+    the encoder's ``BertConfig``) or the character model's, with the reader it trained with."""
+    labels = LabelVocab.load(run_dir / "labels.json")
+    report = read_json(run_dir / "data_report.json", "data report", keys={"max_len": int})
+    model: torch.nn.Module
+    if isinstance(cfg.model, BertConfig):
+        encoder = report.get("encoder", {})
+        model = encoder_classifier(cfg.model, len(labels), cfg.data.pooling,
+                                   encoder.get("family", "bert"),
+                                   encoder.get("embedding_size", 0))  # fmt: skip
+        tokenizer = load_tokenizer(run_dir / "tokenizer.json")
+        reader: Reader = PieceReader(tokenizer, report.get("read_len", report["max_len"]))
+    else:
+        if cfg.model.n_classes != len(labels):
+            raise UserError(
+                f"{run_dir / 'labels.json'} names {len(labels)} labels but the model has "
+                f"{cfg.model.n_classes} classes; restore the run's labels.json"
+            )
+        model = build_classifier(cfg.model)
+        reader = CharReader(CharTokenizer.load(run_dir / "tokenizer.json"), report["max_len"],
+                            cfg.model.pooling == "cls", cfg.data.tail_share)  # fmt: skip
+    load_weights(model, run_dir / WEIGHTS)
+    model.to(device).eval()
+    page = "bert" if isinstance(model, BertClassifier) else "classifier"
+    return ClassifierRun(run_dir, cfg, model, reader, labels, page)
+
+
+def result_lines(results: Mapping[str, Any], run: ClassifierRun) -> list[str]:
+    """What a finished classifier run prints: test, out-of-domain and the tutorial's examples
+    (``run`` predicts them; they are only for positive/negative labels)."""
+    lines = []
+    test = results.get("test")
+    if test is not None:
+        lines.append(f"test accuracy {test['accuracy']:.4f}, macro-F1 {test['macro_f1']:.4f} "
+                     f"(n = {test['n']})")  # fmt: skip
+    for name, report in (results.get("ood") or {}).items():
+        lines.append(
+            f"out-of-domain {name} accuracy {report['accuracy']:.4f}, macro-F1 "
+            f"{report['macro_f1']:.4f} (n = {report['n']}; films, series, restaurants, hotels, "
+            "games, apps)"
+        )
+    if set(run.labels.labels) == TWO_CLASSES:
+        lines.append("tutorial examples:")
+        texts = [t for t, _ in TUTORIAL_EXAMPLES]
+        for pred, (_, want) in zip(run.predict(texts), TUTORIAL_EXAMPLES):
+            mark = "ok" if pred["label"] == want else f"WRONG (expected {want})"
+            prob = pred["probs"][pred["label"]]
+            lines.append(f"  {pred['text']} -> {pred['label']} {prob:.3f}  {mark}")
+    return lines
