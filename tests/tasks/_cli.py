@@ -13,6 +13,7 @@ TINY = [
     "--d-model", "16", "--n-heads", "2", "--n-layers", "1", "--d-ff", "32",
     "--ngram-buckets", "64", "--min-freq", "1", "--batch-size", "16",
     "--tensorboard", "false", "--precision", "fp32", "--num-threads", "1",
+    "--keep-state", "true",  # the probes resume and damage finished runs' checkpoints
 ]  # fmt: skip
 
 

@@ -15,7 +15,8 @@ from attnlab.runs import load_run
 
 pytestmark = pytest.mark.slow
 ENV = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-TRAIN = ["--tensorboard", "false", "--precision", "fp32", "--max-steps", "2", "--eval-every", "2"]
+TRAIN = ["--tensorboard", "false", "--precision", "fp32", "--max-steps", "2", "--eval-every", "2",
+         "--keep-state", "true"]  # fmt: skip
 SMALL = ["--d-model", "16", "--n-heads", "2", "--d-ff", "32"]
 
 

@@ -39,6 +39,7 @@ QUICK = {
     "eval_windows": "8",
     "sample_tokens": "20",
     "checkpoint_every": "10",
+    "keep_state": "true",  # the resume test compares the last checkpoints too
 }
 
 

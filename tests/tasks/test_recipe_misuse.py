@@ -102,7 +102,7 @@ def test_the_first_command_again_with_resume_is_accepted(tiny, reviews, tmp_path
 def test_a_named_extra_corpus_given_again_on_resume_is_no_change(tiny, reviews, tmp_path):
     out = tmp_path / "run"
     named = ["--extra-train", "pang_lee", "--extra-train-examples", "8"]
-    assert train(out, reviews, "--max-steps", "2", *named) == 0
+    assert train(out, reviews, "--max-steps", "2", "--keep-state", "true", *named) == 0
     assert train(out, reviews, "--max-steps", "3", *named, "--resume") == 0
 
 
@@ -116,7 +116,7 @@ def test_relative_extra_files_are_recorded_absolute(tiny, reviews, tmp_path, mon
         (work / name).write_text("text,label\n" + rows, encoding="utf-8")
     monkeypatch.chdir(work)
     assert train(Path("run"), reviews, "--max-steps", "2", "--checkpoint-every", "1",
-                 "--extra-train", "a.csv,b.csv") == 0  # fmt: skip
+                 "--keep-state", "true", "--extra-train", "a.csv,b.csv") == 0  # fmt: skip
     monkeypatch.chdir(elsewhere)
     run = work / "run"
     assert main(["train", "classify", "--out", str(run), "--resume", "--max-steps", "3"]) == 0

@@ -140,6 +140,7 @@ BERT_TINY = [
     "--d-model", "16", "--n-layers", "1", "--n-heads", "2", "--d-ff", "32",
     "--vocab-size", "90", "--min-frequency", "1", "--max-len", "16", "--batch-size", "16",
     "--max-steps", "2", "--tensorboard", "false", "--precision", "fp32", "--num-threads", "1",
+    "--keep-state", "true",
 ]  # fmt: skip
 
 

@@ -422,3 +422,24 @@ def test_sigterm_writes_the_checkpoint_like_sigint(tmp_path, corpus) -> None:
     assert "interrupted; checkpoint of step" in err and "Traceback" not in err
     step = json.loads((out / "state" / "trainer.json").read_text())["loop"]["step"]
     assert step > 0
+
+
+def test_a_finished_run_keeps_what_its_verbs_read(tmp_path, corpus, capsys) -> None:
+    """By default the last checkpoint (state/: weights, optimizer moments, RNG) goes once the
+    run ends; the same command again is done already, a higher limit needs --keep-state."""
+    run = tmp_path / "r"
+    argv = ["train", "classify", "--out", str(run), "--data", str(corpus), *TINY]
+    assert main([*argv, "--keep-state", "false", "--max-steps", "2"]) == 0
+    assert not (run / "state").exists() and (run / "model.safetensors").is_file()
+    assert main(["predict", str(run), "好"]) == 0 and main(["eval", str(run)]) == 0
+    before = snapshot(run)
+    assert main(["train", "classify", "--out", str(run), "--resume"]) == 0
+    assert "already finished" in capsys.readouterr().err and snapshot(run) == before
+    resume = ["train", "classify", "--out", str(run), "--resume", "--max-steps", "3"]
+    probe(capsys, resume, "no checkpoint (state/)", "--keep-state true")
+    assert snapshot(run) == before
+    kept = tmp_path / "kept"
+    argv[3] = str(kept)
+    assert main([*argv, "--keep-state", "true", "--max-steps", "2"]) == 0
+    assert (kept / "state").is_dir()
+    assert main(["train", "classify", "--out", str(kept), "--resume", "--max-steps", "3"]) == 0

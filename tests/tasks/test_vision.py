@@ -110,6 +110,7 @@ def test_cli_train_eval_predict_attention_end_to_end(tmp_path: Path, capsys) -> 
         "--dataset", "folder", "--data", str(root), "--channels", "1",
         "--val-ratio", "0.25", "--test-ratio", "0.25", "--max-steps", "40", "--batch-size", "8",
         "--eval-every", "40", "--lr", "1e-2", "--tensorboard", "false", "--max-minutes", "0",
+        "--keep-state", "true",
         "--precision", "fp32",
     ]  # fmt: skip
     vit_args = ["--patch-size", "4", "--d-model", "16", "--n-layers", "1", "--n-heads", "2"]

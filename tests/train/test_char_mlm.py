@@ -64,7 +64,8 @@ def test_the_task_pretrains_before_fine_tuning_and_reports_it(tmp_path, monkeypa
     data = write_corpus(tmp_path / "d.csv", n=120)
     said: list[str] = []
     monkeypatch.setattr(training, "say", lambda msg: said.append(msg))
-    settings = {"data": str(data), **TINY, "epochs": "1", "pretrain": "reviews",
+    settings = {"data": str(data), **TINY, "epochs": "1", "keep_state": "true",
+                "pretrain": "reviews",
                 "pretrain_steps": "10"}  # fmt: skip
     training.train("classify", tmp_path / "run", settings)
     report = (tmp_path / "run" / "data_report.json").read_text(encoding="utf-8")

@@ -35,6 +35,7 @@ RESUMABLE_FIELDS = frozenset(
         "num_threads",
         "tensorboard",
         "target_loss",
+        "keep_state",
     }
 )
 

@@ -18,6 +18,7 @@ import contextlib
 import json
 import math
 import resource
+import shutil
 import sys
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -259,15 +260,16 @@ def train(
         # (a run that failed before its first checkpoint has no summary: it starts over)
         ended = [n for n in ("summary.json", "results.json") if (out / n).is_file()]
         restoring = check_checkpoint(out) is not None
-        if not restoring and (out / folder.WEIGHTS).is_file() and ended:
-            raise UserError(
-                f"--resume: {out} holds a finished run ({folder.WEIGHTS}, {ended[0]}) but no "
-                "checkpoint (state/) to continue from, and training from step 0 would overwrite "
-                "its weights; train a new run into another --out"
-            )
         done = finished(out, cfg)
         if done is not None:
             return done
+        if not restoring and (out / folder.WEIGHTS).is_file() and ended:
+            raise UserError(
+                f"--resume: {out} holds a finished run ({folder.WEIGHTS}, {ended[0]}) but no "
+                "checkpoint (state/) to continue from (a run keeps it with --keep-state true), "
+                "and training from step 0 would overwrite its weights; train a new run into "
+                "another --out"
+            )
     else:
         cfg = build_config(task, preset, overrides)
         record = datafiles.resolve(cfg, task.data_paths, task.list_paths)
@@ -335,6 +337,10 @@ def _train(
     results = {"summary": summary, **task.finish(cfg, setup, model, out, device)}
     results["process"] = process_usage()
     write_json(out / "results.json", results)
+    if not cfg.train.keep_state:  # what the run's verbs read stays; --resume past the end not
+        from attnlab.train.checkpoint import STATE
+
+        shutil.rmtree(out / STATE, ignore_errors=True)
     return results
 
 
@@ -359,9 +365,17 @@ def finished(out: Path, cfg: RunConfig) -> dict[str, Any] | None:
     from attnlab.train.meter import LoopState
 
     saved = read_trainer_state(out)
-    if saved is None:
-        return None
-    state = LoopState.from_dict(saved["loop"])
+    if saved is not None:
+        state = LoopState.from_dict(saved["loop"])
+    else:  # state/ removed at the end: where the loop stopped is in summary.json
+        summary = _summary(out)
+        if summary is None:
+            return None
+        state = LoopState(
+            step=summary["steps"], epoch=summary["epochs"], elapsed_s=summary["wall_time_s"],
+            bad_evals=cfg.train.patience if summary["stop_reason"] == "early_stop" else 0,
+            stop_reason=summary["stop_reason"],
+        )  # fmt: skip
     if state.stop_reason is None or can_continue(state, cfg.train):
         return None
     results_path = out / "results.json"
@@ -372,6 +386,15 @@ def finished(out: Path, cfg: RunConfig) -> dict[str, Any] | None:
         "to do and nothing changed (raise --max-steps, --epochs or --max-minutes to train on)"
     )
     return read_json(results_path, "results")
+
+
+def _summary(out: Path) -> dict[str, Any] | None:
+    """summary.json of a finished run (None when absent or not of that shape)."""
+    path = out / "summary.json"
+    if not path.is_file():
+        return None
+    keys = {"steps": int, "epochs": int, "wall_time_s": float, "stop_reason": str}
+    return read_json(path, "run summary", keys=keys)
 
 
 def _write_failure_message(task: Task, out: Path, why: str, resume: bool) -> str:

@@ -94,6 +94,12 @@ class TrainConfig(ConfigBase):
     )
     log_every: int = setting(10, "optimizer steps between train-loss log events", min=1)
     tensorboard: bool = setting(True, "write TensorBoard scalars under run_dir/tensorboard")
+    keep_state: bool = setting(
+        False,
+        "keep state/ (the last checkpoint: weights, optimizer moments, RNG) once training "
+        "ends, to train the run further with --resume and a higher limit; false: removed, "
+        "the run keeps what its verbs read",
+    )
     num_threads: int = setting(0, "torch.set_num_threads; 0 = leave the default", min=0)
     target_loss: float = setting(
         0.0,
