@@ -27,6 +27,7 @@ LAYERS: list[set[str]] = [
     {"runs"},
     {"infer"},
     {"tasks"},
+    {"api"},
     {"commands", "bench", "explore", "verify", "cli", "__main__", "attnlab"},
 ]  # fmt: skip
 LEVEL = {unit: level for level, units in enumerate(LAYERS) for unit in units}

@@ -275,19 +275,38 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
         "--json",
         action="store_true",
         help="one JSON object per line; text runs add unknown_share (the share of <unk> "
-        "tokens) and out_of_reach (over 0.3), warned about in plain output",
+        "tokens), out_of_reach (over 0.3) and truncated (longer than the run reads), warned "
+        "about in plain output",
     )
+    add_threads(p)
+
+
+def add_threads(p: argparse.ArgumentParser) -> None:
+    """--threads and --batch-size, as attnlab.load takes them."""
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads (default 1: on a machine other processes share, more "
+        "threads than free cores slow each forward pass many times over; 0 = one per core)",
+    )
+    p.add_argument("--batch-size", type=int, default=64, help="texts per forward pass")
+
+
+PREDICT_CHUNK = 1024  # inputs read and answered at a time: output streams, memory stays flat
 
 
 def _run_predict(args: argparse.Namespace) -> int:
-    run = _load(args.run, "predict")
+    from attnlab.api import LoadedRun
     from attnlab.data.io import read_stdin, split_lines
 
+    loaded = LoadedRun.open(args.run, threads=args.threads, batch_size=args.batch_size)
+    loaded.run.require("predict")
     inputs = args.texts or [line for line in split_lines(read_stdin()) if line.strip()]
     if not inputs:
         raise UserError("nothing to predict: pass texts (or image files) or pipe lines on stdin")
-    for start in range(0, len(inputs), 256):
-        for pred in run.predict(inputs[start : start + 256]):
+    for start in range(0, len(inputs), PREDICT_CHUNK):
+        for pred in loaded.predict(inputs[start : start + PREDICT_CHUNK]):
             if args.json:
                 print(json.dumps(pred, ensure_ascii=False))
             else:
@@ -296,6 +315,9 @@ def _run_predict(args: argparse.Namespace) -> int:
                 print(f"{pred['label']}\t{probs}\t{pred.get('text', pred.get('image'))}")
                 if pred.get("warning"):  # mostly <unk>: see data/coverage.py
                     print(f"  warning: {pred['warning']}")
+                if pred.get("truncated"):
+                    print(f"  warning: cut to the first {loaded.run.max_len} tokens, all the "
+                          "run reads; the rest did not count")  # fmt: skip
     return 0
 
 
