@@ -28,7 +28,7 @@ LAYERS: list[set[str]] = [
     {"infer"},
     {"tasks"},
     {"api"},
-    {"commands", "bench", "explore", "verify", "cli", "__main__", "attnlab"},
+    {"commands", "bench", "explore", "verify", "serve", "cli", "__main__", "attnlab"},
 ]  # fmt: skip
 LEVEL = {unit: level for level, units in enumerate(LAYERS) for unit in units}
 

@@ -11,7 +11,8 @@ adds to the run object (:func:`attnlab.runs.load_run`):
   pass that asks for more threads than are free waits at every operation for a descheduled
   thread: three sentences through the e5 classifier took a median 2.1 s on two threads against
   92 ms on one (docs/results/predict_warm.md). ``threads=0`` keeps torch's own setting (one per
-  core), which pays on a machine of idle cores for large batches;
+  core), for a machine whose cores are the run's alone (not measured here: this one's are
+  shared);
 - **one refusal** for a verb the run lacks, naming the verbs it has.
 
 The run object itself stays reachable as ``.run`` (its model, tokenizer, labels).

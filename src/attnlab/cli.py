@@ -321,6 +321,46 @@ def _run_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="a classifier run behind a JSON API (POST /predict, GET /health, GET /info)",
+        description="Serve a classifier run's predictions as JSON over HTTP on this machine: "
+        'POST /predict {"texts": [...]} -> {"predictions": [...]} (what predict --json '
+        "prints), GET /health, GET /info (labels, source, limits). Requests that arrive "
+        "together are classified in one forward pass. Stop it with Ctrl-C.",
+    )
+    p.add_argument("run", help=RUN_HELP)
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 = every "
+        "interface, reachable from other machines)",
+    )
+    p.add_argument("--port", type=int, default=8000, help="0 picks a free one (default 8000)")
+    p.add_argument("--max-texts", type=int, default=256, help="texts in one request at most")
+    p.add_argument("--max-body", type=int, default=1024, help="KiB in one request at most")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    add_threads(p)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from attnlab.api import LoadedRun, check_settings
+    from attnlab.serve.http import check_port
+
+    check_port(args.port)
+    check_settings(args.threads, args.batch_size)
+    for flag, value in (("--max-texts", args.max_texts), ("--max-body", args.max_body)):
+        if value < 1:
+            raise UserError(f"{flag} must be >= 1, got {value}")
+    loaded = LoadedRun.open(args.run, args.device, args.threads, args.batch_size)
+    loaded.run.require("predict")
+    from attnlab.serve.app import serve
+
+    serve(loaded, args.host, args.port, args.max_texts, args.max_body * 1024)
+    return 0
+
+
 def _add_attention(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("attention", help="attention heatmaps (text) or rollout (image) as a PNG")
     p.add_argument("run", help=RUN_HELP)
@@ -746,6 +786,7 @@ COMMANDS: dict[str, Command] = {
     "export": (_add_export, _run_export),
     "eval": (_add_eval, _run_eval),
     "predict": (_add_predict, _run_predict),
+    "serve": (_add_serve, _run_serve),
     "attention": (_add_attention, _run_attention),
     "generate": (_add_generate, _run_generate),
     "translate": (_add_translate, _run_translate),
