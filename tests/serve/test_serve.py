@@ -207,6 +207,27 @@ def test_requests_arriving_together_share_one_forward_pass(server, run) -> None:
             assert all(abs(ours["probs"][k] - v) < 1e-5 for k, v in single["probs"].items())
 
 
+def test_forty_clients_connecting_at_once_are_all_answered(server) -> None:
+    srv, _ = server
+    port = srv.server_address[1]
+    statuses: list[object] = []
+    go = threading.Barrier(40)
+
+    def client() -> None:
+        go.wait()
+        try:
+            statuses.append(request(port, "POST", "/predict", {"texts": ["好看", "难看"]})[0])
+        except OSError as err:  # refused or reset: not answered
+            statuses.append(repr(err))
+
+    threads = [threading.Thread(target=client) for _ in range(40)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert statuses == [200] * 40, statuses
+
+
 def start(run: Path, port: int = 0) -> tuple[subprocess.Popen, int]:
     """``attnlab serve RUN`` in a child process; (process, port) once it listens."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}

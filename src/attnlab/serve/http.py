@@ -182,6 +182,9 @@ class Server(ThreadingHTTPServer):
 
     daemon_threads = True
     max_connections = MAX_CONNECTIONS
+    # connections the kernel holds until accepted: socketserver's 5 drops (resets) the rest
+    # when a few dozen clients connect at once
+    request_queue_size = 128
 
     def __init__(self, address: tuple[str, int], handler: type[JsonHandler]) -> None:
         self.active = 0  # connections being served
