@@ -33,8 +33,10 @@ def _randomize_words(model: BertClassifier, generator: torch.Generator) -> None:
 
 
 def write_run(
-    out: Path, tokenizer, cfg_model: BertConfig, max_len: int, pooling: str, seed: int
-) -> Path:
+    out: Path, tokenizer, cfg_model: BertConfig, max_len: int, pooling: str, seed: int,
+    prune: list[list[int]] | None = None,
+) -> Path:  # fmt: skip
+    """``prune``: heads to cut out of each layer, as ``attnlab prune`` saves a run."""
     out.mkdir(parents=True)
     cfg = build_config("bert_classify", None, {"pooling": pooling})
     cfg.sections["model"] = cfg_model
@@ -48,22 +50,31 @@ def write_run(
         model = BertClassifier(cfg_model, len(LABELS), pooling).eval()
     if cfg_model.packed_words:
         _randomize_words(model, generator)
-    with torch.no_grad():  # a head that separates the classes a little
+    with torch.no_grad():  # positions that matter, a head that separates the classes a little
+        model.bert.embeddings.position.embedding.weight.mul_(20)
         model.head.weight.mul_(20)
+    if prune is not None:
+        from attnlab.compress.heads import prune_heads
+
+        cfg_model.heads_per_layer = tuple(prune_heads(model, prune))
+        (out / folder.PRUNED).write_text(json.dumps({"removed": prune}), encoding="utf-8")
     folder.write_config(out, cfg.to_json())
     save_weights(model, out / folder.WEIGHTS)
     return out
 
 
-def e5_run(out: Path, pooling: str = "mean", max_len: int = 64, seed: int = 0) -> Path:
+def e5_run(
+    out: Path, pooling: str = "mean", max_len: int = 64, seed: int = 0,
+    prune: list[list[int]] | None = None, n_heads: int = 2,
+) -> Path:  # fmt: skip
     from attnlab.data.sentencepiece import SentencePieceTokenizer
     from attnlab.models.e5 import PREFIXES, tokenizer_path
 
     tokenizer = SentencePieceTokenizer.load(tokenizer_path(), prefix=PREFIXES["query"])
-    cfg = BertConfig(vocab_size=250037, d_model=32, n_layers=2, n_heads=2, d_ff=64,
+    cfg = BertConfig(vocab_size=250037, d_model=32, n_layers=2, n_heads=n_heads, d_ff=64,
                      context=512, pad_id=1, position_offset=2, packed_words=True,
                      dropout=0.0, attn_dropout=0.0)  # fmt: skip
-    return write_run(out, tokenizer, cfg, max_len, pooling, seed)
+    return write_run(out, tokenizer, cfg, max_len, pooling, seed, prune)
 
 
 def bert_run(out: Path, pooling: str = "cls", max_len: int = 32, seed: int = 0) -> Path:

@@ -758,13 +758,27 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run", help="a `train classify` run of a pretrained encoder (e5, BERT)")
     p.add_argument("--format", required=True, choices=("hf", "onnx"), help="hf or onnx")
     p.add_argument("--out", required=True, help="a new folder (hf) or FILE.onnx")
+    p.add_argument(
+        "--words",
+        default="auto",
+        choices=("auto", "float16", "float32"),
+        help="hf: the word table's type in the file (auto: float16 for a run that keeps it "
+        "4-bit, half float32's size, values rounded by at most 2^-11 of their size; else "
+        "float32, as the run has it)",
+    )
 
 
 def _run_export(args: argparse.Namespace) -> int:
     from attnlab.commands.export import export_run
 
-    out = export_run(args.run, args.format, args.out)
-    print(f"{out}: {args.format} export of {args.run}")
+    try:
+        done = export_run(args.run, args.format, args.out, args.words)
+    except KeyboardInterrupt:
+        print(f"attnlab: export interrupted; nothing written to {args.out}", file=sys.stderr)
+        return 130
+    print(f"{done.path}: {args.format} export of {args.run}")
+    for note in done.notes:
+        print(f"  note: {note}")
     return 0
 
 
