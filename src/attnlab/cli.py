@@ -300,25 +300,41 @@ def _run_predict(args: argparse.Namespace) -> int:
     from attnlab.api import LoadedRun
     from attnlab.data.io import read_stdin, split_lines
 
+    if sys.stdout is None:  # started with its output closed (`>&-`): the answers would vanish
+        raise UserError("standard output is closed; send predict's output to a file or a pipe")
     loaded = LoadedRun.open(args.run, threads=args.threads, batch_size=args.batch_size)
     loaded.run.require("predict")
     inputs = args.texts or [line for line in split_lines(read_stdin()) if line.strip()]
     if not inputs:
         raise UserError("nothing to predict: pass texts (or image files) or pipe lines on stdin")
-    for start in range(0, len(inputs), PREDICT_CHUNK):
-        for pred in loaded.predict(inputs[start : start + PREDICT_CHUNK]):
-            if args.json:
-                print(json.dumps(pred, ensure_ascii=False))
-            else:
-                top = sorted(pred["probs"].items(), key=lambda kv: -kv[1])[:3]
-                probs = "  ".join(f"{k} {v:.3f}" for k, v in top)
-                print(f"{pred['label']}\t{probs}\t{pred.get('text', pred.get('image'))}")
-                if pred.get("warning"):  # mostly <unk>: see data/coverage.py
-                    print(f"  warning: {pred['warning']}")
-                if pred.get("truncated"):
-                    print(f"  warning: cut to the first {loaded.run.max_len} tokens, all the "
-                          "run reads; the rest did not count")  # fmt: skip
+    try:
+        for start in range(0, len(inputs), PREDICT_CHUNK):
+            for pred in loaded.predict(inputs[start : start + PREDICT_CHUNK]):
+                print_prediction(pred, args.json, loaded.run)
+        sys.stdout.flush()  # a full disk shows here, not after the exit status is decided
+    except BrokenPipeError:
+        raise  # the reader went away: main's ending
+    except OSError as err:
+        sys.stdout = None  # type: ignore[assignment]  # nothing more to flush there
+        raise UserError(
+            f"cannot write the predictions to standard output ({err.strerror}); send them "
+            "somewhere with room (> FILE)"
+        ) from None
     return 0
+
+
+def print_prediction(pred: dict[str, Any], as_json: bool, run: Any) -> None:
+    if as_json:
+        print(json.dumps(pred, ensure_ascii=False))
+        return
+    top = sorted(pred["probs"].items(), key=lambda kv: -kv[1])[:3]
+    probs = "  ".join(f"{k} {v:.3f}" for k, v in top)
+    print(f"{pred['label']}\t{probs}\t{pred.get('text', pred.get('image'))}")
+    if pred.get("warning"):  # mostly <unk>: see data/coverage.py
+        print(f"  warning: {pred['warning']}")
+    if pred.get("truncated"):
+        print(f"  warning: cut to the first {run.max_len} tokens, all the run reads; the rest "
+              "did not count")  # fmt: skip
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
@@ -603,10 +619,12 @@ def _add_embed(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_embed(args: argparse.Namespace) -> int:
-    from attnlab.infer.embeddings import SentenceEncoder, write_vectors
+    from attnlab.infer.embeddings import SentenceEncoder, check_vectors_out, write_vectors
 
     if args.role is not None and args.checkpoint != "e5":
         raise UserError("--role applies to e5 only (other checkpoints read no prefix)")
+    if args.out is not None:
+        check_vectors_out(args.out)  # before the encoder loads
     encoder = SentenceEncoder.load(args.checkpoint, role=args.role or "query")
     vectors = encoder.encode(args.texts)
     text = write_vectors(vectors, args.texts, args.out)
