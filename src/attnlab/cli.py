@@ -290,7 +290,9 @@ def add_threads(p: argparse.ArgumentParser) -> None:
         help="torch intra-op threads (default 1: on a machine other processes share, more "
         "threads than free cores slow each forward pass many times over; 0 = one per core)",
     )
-    p.add_argument("--batch-size", type=int, default=64, help="texts per forward pass")
+    p.add_argument(
+        "--batch-size", type=int, default=64, help="texts per forward pass at most (default 64)"
+    )
 
 
 PREDICT_CHUNK = 1024  # inputs read and answered at a time: output streams, memory stays flat
@@ -354,8 +356,12 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         "interface, reachable from other machines)",
     )
     p.add_argument("--port", type=int, default=8000, help="0 picks a free one (default 8000)")
-    p.add_argument("--max-texts", type=int, default=256, help="texts in one request at most")
-    p.add_argument("--max-body", type=int, default=1024, help="KiB in one request at most")
+    p.add_argument(
+        "--max-texts", type=int, default=256, help="texts in one request at most (default 256)"
+    )
+    p.add_argument(
+        "--max-body", type=int, default=1024, help="KiB in one request at most (default 1024)"
+    )
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     add_threads(p)
 
@@ -370,7 +376,6 @@ def _run_serve(args: argparse.Namespace) -> int:
         if value < 1:
             raise UserError(f"{flag} must be >= 1, got {value}")
     loaded = LoadedRun.open(args.run, args.device, args.threads, args.batch_size)
-    loaded.run.require("predict")
     from attnlab.serve.app import serve
 
     serve(loaded, args.host, args.port, args.max_texts, args.max_body * 1024)

@@ -296,7 +296,7 @@ def test_a_kill_during_requests_then_a_clean_restart(run) -> None:
         proc.wait(60)
 
 
-def test_bad_settings_are_one_line_before_any_loading(run, capsys) -> None:
+def test_bad_settings_and_runs_that_serve_no_texts_are_one_line(run, tmp_path, capsys) -> None:
     from attnlab.cli import main
 
     for argv, needle in (
@@ -309,3 +309,13 @@ def test_bad_settings_are_one_line_before_any_loading(run, capsys) -> None:
         err = capsys.readouterr().err.strip()
         assert needle in err and "\n" not in err, err
     assert main(["serve", str(run.parent / "missing")]) == 2
+    sys.path.insert(0, str(Path(__file__).parents[1] / "explore"))
+    import explore_runs
+
+    capsys.readouterr()
+    for kind, needle in (("vit", "classifies image files"), ("lm", "cannot predict")):
+        other = (explore_runs.vision_run(tmp_path, "vit") if kind == "vit"
+                 else explore_runs.gpt_run(tmp_path))  # fmt: skip
+        assert main(["serve", str(other)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert needle in err and "\n" not in err, err

@@ -58,6 +58,11 @@ class App:
 
     def __init__(self, loaded: LoadedRun, max_texts: int = MAX_TEXTS) -> None:
         loaded.run.require("predict")
+        if not hasattr(loaded.run, "tokenizer"):  # its inputs are file paths on this machine
+            raise UserError(
+                f"{loaded.run.run_dir} classifies image files; serve answers texts (use "
+                "attnlab predict or attnlab.load for images)"
+            )
         self.loaded, self.max_texts = loaded, max_texts
         self.batcher = Batcher(loaded.predict, loaded.batch_size)
         self.info = run_info(loaded)
