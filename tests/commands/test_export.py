@@ -256,6 +256,15 @@ def test_a_quantised_run_exports_its_function_or_is_refused(runs, tmp_path, caps
         assert not out.exists()
 
 
+def test_a_run_of_another_kind_is_one_line_and_leaves_nothing(tmp_path, capsys) -> None:
+    sys.path.insert(0, str(Path(__file__).parents[1] / "explore"))
+    import explore_runs
+
+    char = explore_runs.classifier_run(tmp_path / "runs")
+    refused(capsys, char, "hf", tmp_path / "hf", "fine-tuned from a BERT or XLM-R encoder")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
+
+
 def test_a_pruned_run_exports_to_a_folder_transformers_loads(tmp_path, capsys) -> None:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
