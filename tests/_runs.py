@@ -33,12 +33,12 @@ def _randomize_words(model: BertClassifier, generator: torch.Generator) -> None:
 
 
 def write_run(
-    out: Path, tokenizer, cfg_model: BertConfig, max_len: int, pooling: str, seed: int,
-    prune: list[list[int]] | None = None,
+    out: Path, arch: str, tokenizer, cfg_model: BertConfig, max_len: int, pooling: str,
+    seed: int, prune: list[list[int]] | None = None,
 ) -> Path:  # fmt: skip
     """``prune``: heads to cut out of each layer, as ``attnlab prune`` saves a run."""
     out.mkdir(parents=True)
-    cfg = build_config("bert_classify", None, {"pooling": pooling})
+    cfg = build_config("classify", None, {"arch": arch, "pooling": pooling})
     cfg.sections["model"] = cfg_model
     tokenizer.save(out / "tokenizer.json")
     LabelVocab.build(LABELS).save(out / "labels.json")
@@ -74,14 +74,14 @@ def e5_run(
     cfg = BertConfig(vocab_size=250037, d_model=32, n_layers=2, n_heads=n_heads, d_ff=64,
                      context=512, pad_id=1, position_offset=2, packed_words=True,
                      dropout=0.0, attn_dropout=0.0)  # fmt: skip
-    return write_run(out, tokenizer, cfg, max_len, pooling, seed, prune)
+    return write_run(out, "e5", tokenizer, cfg, max_len, pooling, seed, prune)
 
 
 def bert_run(out: Path, pooling: str = "cls", max_len: int = 32, seed: int = 0) -> Path:
     from attnlab.data.wordpiece import WordPieceTokenizer
-    from attnlab.interop.hf_bert import resolve_checkpoint
+    from attnlab.models.minilm import folder as minilm_folder
 
-    tokenizer = WordPieceTokenizer.from_dir(resolve_checkpoint("minilm"))
+    tokenizer = WordPieceTokenizer.from_dir(minilm_folder())
     cfg = BertConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_layers=2, n_heads=2,
                      d_ff=64, context=512, dropout=0.0, attn_dropout=0.0)  # fmt: skip
-    return write_run(out, tokenizer, cfg, max_len, pooling, seed)
+    return write_run(out, "minilm", tokenizer, cfg, max_len, pooling, seed)

@@ -68,6 +68,18 @@ def test_predict_gives_the_cli_numbers_in_order_however_batched(runs, kind, caps
     assert clf.labels == sorted(clf.labels) and len(clf.labels) == 2
 
 
+def test_predict_says_which_text_was_cut(runs, capsys) -> None:
+    run = runs["e5 mean"]
+    preds = cli_predictions(capsys, run, TEXTS)
+    assert [p["truncated"] for p in preds] == [len(t) > 40 for t in TEXTS]
+    assert all(p["tokens"] > 48 for p in preds if p["truncated"])
+    capsys.readouterr()
+    assert main(["predict", str(run), TEXTS[2], TEXTS[3]]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and lines[2].startswith("  warning: "), lines  # the long one only
+    assert "read the first 48" in lines[2]
+
+
 def test_an_image_run_predicts_through_the_same_door(tmp_path, capsys) -> None:
     run = explore_runs.vision_run(tmp_path, "vit")
     image = str(explore_runs.image_file(tmp_path))

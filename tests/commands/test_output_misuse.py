@@ -81,12 +81,12 @@ def test_embed_out_that_cannot_be_written_is_one_line_before_the_encoder(
     monkeypatch.setattr(embeddings.SentenceEncoder, "load", never)
     for out, needle in cases.items():
         capsys.readouterr()
-        assert main(["embed", "minilm", "好", "--out", out]) == 2
+        assert main(["embed", "好", "--arch", "minilm", "--out", out]) == 2
         one_line(capsys.readouterr().err, needle)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file.txt", "vectors.npy"]
     monkeypatch.setattr(embeddings.SentenceEncoder, "load", real)
     deep = tmp_path / "new" / "folder" / "v.npy"  # a missing folder is made
-    assert main(["embed", "minilm", "好", "--out", str(deep)]) == 0
+    assert main(["embed", "好", "--arch", "minilm", "--out", str(deep)]) == 0
     assert [p.name for p in deep.parent.iterdir()] == ["v.npy"]  # no temporary file left
 
 
