@@ -93,7 +93,7 @@ def cases(run_dir: str) -> tuple[dict[str, Callable[[], object]], dict]:
     about = {
         "run": str(Path(run_dir).resolve()),
         "task": run.task,
-        "init": getattr(run.config.data, "init", "none"),
+        "arch": run.config.arch,
         "max_len": run.max_len,
         "tokens_per_call": int(lengths.sum()),
         "padded_shape": list(ids.shape),
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
         "",
         machine_line(info),
         "",
-        f"Run: `{about['run']}` ({about['task']}, init {about['init']}, max_len "
+        f"Run: `{about['run']}` ({about['task']} --arch {about['arch']}, max_len "
         f"{about['max_len']}); three sentences, "
         f"{about['tokens_per_call']} pieces padded to {about['padded_shape']}; float32; "
         f"{args.rounds} rounds, every case once a round in the order below; the 64-text "

@@ -9,8 +9,8 @@ adds to the run object (:func:`attnlab.runs.load_run`):
 - **threads**: every verb runs on ``threads`` intra-op threads (torch's setting is restored
   after the call). The default is one: on a machine whose cores other processes share, a forward
   pass that asks for more threads than are free waits at every operation for a descheduled
-  thread: three sentences through the e5 classifier took a median 2.1 s on two threads against
-  92 ms on one (docs/results/predict_warm.md). ``threads=0`` keeps torch's own setting (one per
+  thread: three sentences through the e5 classifier took a median 1.3 s on two threads against
+  71 ms on one (docs/results/predict_warm.md). ``threads=0`` keeps torch's own setting (one per
   core), for a machine whose cores are the run's alone (not measured here: this one's are
   shared);
 - **one refusal** for a verb the run lacks, naming the verbs it has.
