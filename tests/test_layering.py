@@ -27,7 +27,8 @@ LAYERS: list[set[str]] = [
     {"runs"},
     {"infer"},
     {"tasks"},
-    {"commands", "bench", "explore", "verify", "cli", "__main__", "attnlab"},
+    {"api"},
+    {"commands", "bench", "explore", "verify", "serve", "cli", "__main__", "attnlab"},
 ]  # fmt: skip
 LEVEL = {unit: level for level, units in enumerate(LAYERS) for unit in units}
 

@@ -1,3 +1,29 @@
-"""attnlab: Transformers written by hand in PyTorch, each piece proven against a reference."""
+"""attnlab: Transformers written by hand in PyTorch, each piece proven against a reference.
+
+``attnlab.load(RUN)`` opens a trained run folder for use from Python (attnlab.api); importing
+attnlab itself loads no torch, so ``import attnlab`` stays quick until a run is loaded.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from attnlab.api import LoadedRun
 
 __version__ = "0.1.0"
+
+
+def load(run: str | Path, device: str = "cpu", threads: int = 1, batch_size: int = 64) -> LoadedRun:
+    """The run in folder ``run`` (written by ``attnlab train``), ready for its verbs.
+
+    ``clf = attnlab.load("runs/classify"); clf.predict(["很好看", "剧情拖沓"])`` returns one
+    dict per text (``label``, ``probs``, ...), the numbers ``attnlab predict --json`` prints.
+    ``threads``: intra-op threads of every call (1; 0 keeps torch's setting, one per core);
+    ``batch_size``: texts per forward pass. Other runs' verbs: ``generate`` (lm),
+    ``translate``, ``embed`` (mlm), ``evaluate``, ``attention``; ``.verbs`` lists a run's."""
+    from attnlab.api import LoadedRun
+
+    return LoadedRun.open(run, device, threads, batch_size)

@@ -243,27 +243,110 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
         "--json",
         action="store_true",
         help="one JSON object per line; text runs add unknown_share (the share of <unk> "
-        "tokens) and out_of_reach (over 0.3), warned about in plain output",
+        "tokens), out_of_reach (over 0.3) and truncated (longer than the run reads), warned "
+        "about in plain output",
+    )
+    add_threads(p)
+
+
+def add_threads(p: argparse.ArgumentParser) -> None:
+    """--threads and --batch-size, as attnlab.load takes them."""
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads (default 1: on a machine other processes share, more "
+        "threads than free cores slow each forward pass many times over; 0 = one per core)",
+    )
+    p.add_argument(
+        "--batch-size", type=int, default=64, help="texts per forward pass at most (default 64)"
     )
 
 
+PREDICT_CHUNK = 1024  # inputs read and answered at a time: output streams, memory stays flat
+
+
 def _run_predict(args: argparse.Namespace) -> int:
-    run = _load(args.run, "predict")
+    from attnlab.api import LoadedRun
     from attnlab.data.io import read_stdin, split_lines
 
+    if sys.stdout is None:  # started with its output closed (`>&-`): the answers would vanish
+        raise UserError("standard output is closed; send predict's output to a file or a pipe")
+    loaded = LoadedRun.open(args.run, threads=args.threads, batch_size=args.batch_size)
+    loaded.run.require("predict")
     inputs = args.texts or [line for line in split_lines(read_stdin()) if line.strip()]
     if not inputs:
         raise UserError("nothing to predict: pass texts (or image files) or pipe lines on stdin")
-    for start in range(0, len(inputs), 256):
-        for pred in run.predict(inputs[start : start + 256]):
-            if args.json:
-                print(json.dumps(pred, ensure_ascii=False))
-            else:
-                top = sorted(pred["probs"].items(), key=lambda kv: -kv[1])[:3]
-                probs = "  ".join(f"{k} {v:.3f}" for k, v in top)
-                print(f"{pred['label']}\t{probs}\t{pred.get('text', pred.get('image'))}")
-                if pred.get("warning"):  # mostly <unk>: see data/coverage.py
-                    print(f"  warning: {pred['warning']}")
+    try:
+        for start in range(0, len(inputs), PREDICT_CHUNK):
+            for pred in loaded.predict(inputs[start : start + PREDICT_CHUNK]):
+                print_prediction(pred, args.json, loaded.run)
+        sys.stdout.flush()  # a full disk shows here, not after the exit status is decided
+    except BrokenPipeError:
+        raise  # the reader went away: main's ending
+    except OSError as err:
+        sys.stdout = None  # type: ignore[assignment]  # nothing more to flush there
+        raise UserError(
+            f"cannot write the predictions to standard output ({err.strerror}); send them "
+            "somewhere with room (> FILE)"
+        ) from None
+    return 0
+
+
+def print_prediction(pred: dict[str, Any], as_json: bool, run: Any) -> None:
+    if as_json:
+        print(json.dumps(pred, ensure_ascii=False))
+        return
+    top = sorted(pred["probs"].items(), key=lambda kv: -kv[1])[:3]
+    probs = "  ".join(f"{k} {v:.3f}" for k, v in top)
+    print(f"{pred['label']}\t{probs}\t{pred.get('text', pred.get('image'))}")
+    if pred.get("warning"):  # mostly <unk>: see data/coverage.py
+        print(f"  warning: {pred['warning']}")
+    if pred.get("truncated"):
+        size = f"{pred['tokens']} tokens" if "tokens" in pred else "longer than the run reads"
+        print(f"  warning: {size}; the model read the first {run.max_len}, the rest did not count")
+
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="a classifier run behind a JSON API (POST /predict, GET /health, GET /info)",
+        description="Serve a classifier run's predictions as JSON over HTTP on this machine: "
+        'POST /predict {"texts": [...]} -> {"predictions": [...]} (what predict --json '
+        "prints), GET /health, GET /info (labels, source, limits). Requests that arrive "
+        "together are classified in one forward pass. Stop it with Ctrl-C.",
+    )
+    p.add_argument("run", help=RUN_HELP)
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 = every "
+        "interface, reachable from other machines)",
+    )
+    p.add_argument("--port", type=int, default=8000, help="0 picks a free one (default 8000)")
+    p.add_argument(
+        "--max-texts", type=int, default=256, help="texts in one request at most (default 256)"
+    )
+    p.add_argument(
+        "--max-body", type=int, default=1024, help="KiB in one request at most (default 1024)"
+    )
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    add_threads(p)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from attnlab.api import LoadedRun, check_settings
+    from attnlab.serve.http import check_port
+
+    check_port(args.port)
+    check_settings(args.threads, args.batch_size)
+    for flag, value in (("--max-texts", args.max_texts), ("--max-body", args.max_body)):
+        if value < 1:
+            raise UserError(f"{flag} must be >= 1, got {value}")
+    loaded = LoadedRun.open(args.run, args.device, args.threads, args.batch_size)
+    from attnlab.serve.app import serve
+
+    serve(loaded, args.host, args.port, args.max_texts, args.max_body * 1024)
     return 0
 
 
@@ -510,8 +593,10 @@ def _add_embed(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_embed(args: argparse.Namespace) -> int:
-    from attnlab.infer.embeddings import SentenceEncoder, write_vectors
+    from attnlab.infer.embeddings import SentenceEncoder, check_vectors_out, write_vectors
 
+    if args.out is not None:
+        check_vectors_out(args.out)  # before the encoder loads
     encoder = SentenceEncoder.load(args.arch, role=args.role)
     vectors = encoder.encode(args.texts)
     text = write_vectors(vectors, args.texts, args.out)
@@ -666,13 +751,27 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run", help="a `train classify` run of a pretrained encoder (e5, BERT)")
     p.add_argument("--format", required=True, choices=("hf", "onnx"), help="hf or onnx")
     p.add_argument("--out", required=True, help="a new folder (hf) or FILE.onnx")
+    p.add_argument(
+        "--words",
+        default="auto",
+        choices=("auto", "float16", "float32"),
+        help="hf: the word table's type in the file (auto: float16 for a run that keeps it "
+        "4-bit, half float32's size, values rounded by at most 2^-11 of their size; else "
+        "float32, as the run has it)",
+    )
 
 
 def _run_export(args: argparse.Namespace) -> int:
     from attnlab.commands.export import export_run
 
-    out = export_run(args.run, args.format, args.out)
-    print(f"{out}: {args.format} export of {args.run}")
+    try:
+        done = export_run(args.run, args.format, args.out, args.words)
+    except KeyboardInterrupt:
+        print(f"attnlab: export interrupted; nothing written to {args.out}", file=sys.stderr)
+        return 130
+    print(f"{done.path}: {args.format} export of {args.run}")
+    for note in done.notes:
+        print(f"  note: {note}")
     return 0
 
 
@@ -694,6 +793,7 @@ COMMANDS: dict[str, Command] = {
     "export": (_add_export, _run_export),
     "eval": (_add_eval, _run_eval),
     "predict": (_add_predict, _run_predict),
+    "serve": (_add_serve, _run_serve),
     "attention": (_add_attention, _run_attention),
     "generate": (_add_generate, _run_generate),
     "translate": (_add_translate, _run_translate),

@@ -14,8 +14,9 @@ import explore_runs
 import pytest
 
 from attnlab.cli import main
-from attnlab.explore.server import allowed_host, make_server
+from attnlab.explore.server import make_server
 from attnlab.explore.sources import load_source
+from attnlab.serve.http import allowed_host
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,9 @@
-"""`attnlab train classify` on multilingual-e5: the run, its verbs, resume, export.
+"""`attnlab train classify` on multilingual-e5: the run, its verbs, resume, the recipe's steps.
 
 Most tests use a *tiny random* encoder of e5's layout (its real 250k-piece SentencePiece
 tokenizer, a 4-bit packed word table, XLM-R's position offset, width 32) put where the real
 one loads, so a run takes seconds; one slow test runs the real weights through the CLI. The
-exported Hugging Face folder and ONNX file are checked against ``transformers`` and
-``onnxruntime`` (dynamic batch and length).
+exports are tests/commands/test_export.py's.
 """
 
 from __future__ import annotations
@@ -132,58 +131,6 @@ def test_freezing_keeps_the_lower_layers_and_resume_is_bitwise(
     assert all(torch.equal(a["bert." + k], start[k]) for k in frozen)
     assert not torch.equal(a["bert.encoder.blocks.1.ff.w_in.weight"],
                            start["encoder.blocks.1.ff.w_in.weight"])  # fmt: skip
-
-
-@pytest.fixture
-def run(tiny, reviews, tmp_path_factory, request) -> Path:
-    out = tmp_path_factory.mktemp("e5") / "run"
-    pooling = getattr(request, "param", "mean")
-    assert train(out, reviews, "--max-steps", "2", "--pooling", pooling) == 0
-    return out
-
-
-def _ours(run_dir: Path, texts: list[str]):
-    from attnlab.infer.classifier import ClassifierRun
-
-    loaded = ClassifierRun.load(run_dir)
-    ids, lengths = loaded.encode(texts)
-    with torch.no_grad():
-        return ids, loaded.model(ids, lengths)
-
-
-@pytest.mark.parametrize("run", ["mean", "cls"], indirect=True)
-def test_the_hf_export_loads_in_transformers_with_equal_logits(run, tmp_path, capsys):
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    out = tmp_path / "hf"
-    assert main(["export", str(run), "--format", "hf", "--out", str(out)]) == 0
-    config = json.loads((out / "config.json").read_text())
-    assert config["model_type"] == "xlm-roberta"
-    remote = config["architectures"] != ["XLMRobertaForSequenceClassification"]
-    assert remote == (json.loads((run / "config.json").read_text())["data"]["pooling"] == "mean")
-    model = AutoModelForSequenceClassification.from_pretrained(out, trust_remote_code=remote)
-    tokenizer = AutoTokenizer.from_pretrained(out)
-    for texts in (TEXTS, TEXTS[:1]):  # two batch sizes and lengths
-        ids, ours = _ours(run, texts)
-        enc = tokenizer(texts, padding=True, truncation=True, return_tensors="pt")
-        assert torch.equal(enc["input_ids"], ids)
-        with torch.no_grad():
-            theirs = model.eval()(**enc).logits
-        assert (ours - theirs).abs().max() < 1e-5
-    assert main(["export", str(run), "--format", "hf", "--out", str(out)]) == 2  # exists
-
-
-def test_the_onnx_export_runs_in_onnxruntime_with_equal_logits(run, tmp_path):
-    ort = pytest.importorskip("onnxruntime")
-    out = tmp_path / "model.onnx"
-    assert main(["export", str(run), "--format", "onnx", "--out", str(out)]) == 0
-    session = ort.InferenceSession(str(out))
-    for texts in (TEXTS, TEXTS[1:]):
-        ids, ours = _ours(run, texts)
-        mask = (ids != 1).long()
-        (got,) = session.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})
-        assert abs(got - ours.numpy()).max() < 1e-4
-    assert not list(tmp_path.glob(".*partial*"))
 
 
 @pytest.mark.slow

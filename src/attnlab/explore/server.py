@@ -7,19 +7,18 @@ once; one request runs at a time; request bodies are bounded.
 
 Only this machine's browser may use it: a request must name a loopback host in ``Host`` (a web
 page cannot reach the server through DNS rebinding) and, when it says where it comes from
-(``Origin``, ``Sec-Fetch-Site``), come from the page itself. A client that goes away
-mid-answer is dropped without a traceback.
+(``Origin``, ``Sec-Fetch-Site``), come from the page itself. The HTTP side (deadlines for a
+request's arrival, bounded bodies and connections, JSON errors) is attnlab.serve.http, which
+``attnlab serve`` shares.
 """
 
 from __future__ import annotations
 
 import base64
-import json
 import sys
 import tempfile
 import threading
 import traceback
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -27,26 +26,9 @@ from attnlab.data.io import clean_text
 from attnlab.errors import UserError
 from attnlab.explore.page import explore_data, render_page
 from attnlab.explore.sources import Source
+from attnlab.serve.http import LOOPBACK, HttpError, JsonHandler, Server, listen
 
 MAX_BODY = 4 * 1024 * 1024  # bytes of one request (an uploaded image as a data URL)
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
-READ_TIMEOUT = 30.0  # seconds a request body may stall before the answer is 408
-
-
-def host_name(header: str) -> str:
-    """The host of a ``Host`` header or an origin's authority, without port or brackets."""
-    header = header.strip().lower()
-    if header.startswith("["):  # [::1]:8000
-        return header[1 : header.find("]")] if "]" in header else header
-    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
-
-
-def allowed_host(header: str | None, bound: str) -> bool:
-    """A loopback Host (or the address the server was told to listen on)."""
-    if not header:
-        return False
-    name = host_name(header)
-    return name in LOOPBACK or (bound not in ("", "0.0.0.0", "::") and name == bound.lower())
 
 
 def live_info(source: Source, max_chars: int) -> dict[str, Any]:
@@ -103,122 +85,55 @@ class Explorer:
 
 def make_handler(
     explorer: Explorer, first_page: str, bound: str = "127.0.0.1"
-) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        read_timeout = READ_TIMEOUT  # seconds a client may stall inside a body
-
-        def refused(self) -> bool:
-            """Answer 403 to a request from anywhere but this machine's own page."""
-            host = self.headers.get("Host")
-            why = None
-            if not allowed_host(host, bound):
-                why = f"host {host!r} is not this machine; open the page at 127.0.0.1"
-            origin = self.headers.get("Origin")
-            if why is None and origin is not None:
-                authority = origin.split("://", 1)[-1]
-                if origin == "null" or host_name(authority) != host_name(host or ""):
-                    why = f"requests from {origin} are not accepted; use the page itself"
-            site = self.headers.get("Sec-Fetch-Site", "same-origin")
-            if why is None and site not in ("same-origin", "none"):
-                why = "cross-site requests are not accepted; use the page itself"
-            if why is not None:
-                self._json(403, {"error": why})
-            return why is not None
+) -> type[JsonHandler]:
+    class Handler(JsonHandler):
+        name = "explore"
+        max_body = MAX_BODY
 
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            if self.refused():
+            if self.refused(page_only=True):
                 return
             if self.path not in ("/", "/index.html"):
-                self._send(404, b"not found", "text/plain")
+                self.send_body(404, b"not found", "text/plain")
                 return
-            self._send(200, first_page.encode("utf-8"), "text/html; charset=utf-8")
+            self.send_body(200, first_page.encode("utf-8"), "text/html; charset=utf-8")
 
         def do_POST(self) -> None:  # noqa: N802
             if self.path != "/api/explore":
-                self._send(404, b"not found", "text/plain")
+                self.send_body(404, b"not found", "text/plain")
                 return
-            if self.refused():
-                return
-            text = (self.headers.get("Content-Length") or "0").strip()
-            # ASCII digits only ("²" is a digit to str.isdigit), and few: int() refuses 4300+
-            if not (text.isascii() and text.isdigit() and len(text) <= 18):
-                self._json(400, {"error": f"Content-Length {text[:20]!r} is not a byte count"})
-                return
-            length = int(text)
-            if length > MAX_BODY:
-                self._json(413, {"error": f"request over {MAX_BODY // 1024} KiB; send less"})
-                return
-            self.connection.settimeout(self.read_timeout)
-            try:
-                data = self.rfile.read(length)
-            except TimeoutError:  # fewer bytes than Content-Length, and the client waits
-                self._json(408, {"error": f"the body stopped short of its {length} bytes"})
-                return
-            finally:
-                self.connection.settimeout(None)
-            try:
-                body = json.loads(data or b"{}")
-            except (ValueError, RecursionError) as err:  # JSONDecodeError, undecodable bytes
-                deep = isinstance(err, RecursionError)
-                self._json(400, {"error": "the JSON is nested too deeply" if deep else str(err)})
+            if self.refused(page_only=True):
                 return
             try:
+                body = self.read_json()
                 if not isinstance(body, dict):
                     raise UserError("send a JSON object")
                 answer = explorer.answer(body)
+            except HttpError as err:
+                self.send_json(err.status, {"error": str(err)})
+                return
             except UserError as err:  # bad input
-                self._json(400, {"error": str(err).splitlines()[0]})
+                self.send_json(400, {"error": str(err).splitlines()[0]})
                 return
             except Exception:  # a bug: its traceback in the log, and the client told so
                 traceback.print_exc()
-                self._json(500, {"error": "internal error (a bug): see the server's log"})
+                self.send_json(500, {"error": "internal error (a bug): see the server's log"})
                 return
-            self._json(200, answer)
+            self.send_json(200, answer)
 
-        def _json(self, status: int, obj: dict[str, Any]) -> None:
-            body = json.dumps(obj, ensure_ascii=False).encode("utf-8")
-            self._send(status, body, "application/json; charset=utf-8")
-
-        def _send(self, status: int, body: bytes, kind: str) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(body)))
-            self.send_header("Cache-Control", "no-store")
-            if status >= 400:
-                self.close_connection = True  # a refused body may still be in flight
-                self.send_header("Connection", "close")
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-            print(f"explore: {format % args}", file=sys.stderr)
-
+    Handler.bound = bound
     return Handler
-
-
-class Server(ThreadingHTTPServer):
-    """The explorer's HTTP server: a client that goes away is not an error worth a traceback."""
-
-    daemon_threads = True
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        if isinstance(sys.exc_info()[1], ConnectionError):  # BrokenPipe, reset, aborted
-            return
-        super().handle_error(request, client_address)
 
 
 def make_server(
     source: Source, inputs: list[str], options: dict[str, Any], host: str, port: int
-) -> ThreadingHTTPServer:
+) -> Server:
     """A server ready to run (``serve_forever``); port 0 picks a free one."""
     explorer = Explorer(source, options)
     if not inputs and source.kind not in ("vit", "cnn"):
         inputs = [_default_input(source)]
     page = render_page(explorer.data(inputs))
-    try:
-        return Server((host, port), make_handler(explorer, page, host))
-    except OSError as err:
-        raise UserError(f"cannot listen on {host}:{port} ({err.strerror}); choose --port") from None
+    return listen(Server, make_handler(explorer, page, host), host, port)
 
 
 def _default_input(source: Source) -> str:
@@ -233,7 +148,7 @@ def _default_input(source: Source) -> str:
 
 def serve(source: Source, inputs: list[str], options: dict[str, Any], host: str, port: int) -> None:
     """Serve until interrupted; prints the address."""
-    if host not in ("127.0.0.1", "localhost", "::1"):
+    if host not in LOOPBACK:
         print(f"explore: listening on {host}: reachable from other machines", file=sys.stderr)
     server = make_server(source, inputs, options, host, port)
     address = server.server_address

@@ -14,7 +14,10 @@ cosine similarity. Inputs are truncated to what the encoder reads (sentence-tran
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +27,7 @@ import torch
 from torch import Tensor
 
 from attnlab.data import pad_batch
-from attnlab.data.io import read_utf8
+from attnlab.data.io import WRITE_REFUSALS, check_file_target, read_utf8
 from attnlab.errors import UserError
 from attnlab.models.bert import mean_pool
 from attnlab.runs.encoders import open_encoder
@@ -102,16 +105,57 @@ def search(
     return [list(zip(idx.tolist(), val.tolist())) for idx, val in zip(top.indices, top.values)]
 
 
+VECTOR_FORMATS = (".npy", ".json")
+
+
+def check_vectors_out(out: str | Path) -> Path:
+    """``out`` as a path write_vectors can write, refused in one line before any work: a
+    suffix it does not know, a folder in its place, a file where a folder above it must be, a
+    folder that takes no new file (read-only, not permitted). A missing folder is made."""
+    out = Path(out)
+    if out.suffix not in VECTOR_FORMATS:
+        raise UserError(f"--out must end in .npy or .json, got {out.name}")
+    check_file_target(out, "--out")
+    with _refusals(out):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _temporary(out).open("xb").close()  # a new file there, then gone
+        _temporary(out).unlink()
+    return out
+
+
+def _temporary(out: Path) -> Path:
+    return out.with_name(f".{out.name}.{os.getpid()}.tmp")
+
+
+@contextlib.contextmanager
+def _refusals(out: Path) -> Iterator[None]:
+    """The file system's refusal to write ``out`` as one line naming it and --out."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno not in WRITE_REFUSALS:
+            raise
+        raise UserError(
+            f"cannot write --out {out} ({err.strerror}); give a file in a folder you can write to"
+        ) from None
+
+
 def write_vectors(vectors: Tensor, texts: list[str], out: str | Path | None) -> str | None:
-    """Save vectors as ``.npy`` (N, D) float32 or ``.json``; with no path return JSON lines."""
+    """Save vectors as ``.npy`` (N, D) float32 or ``.json`` (written whole or not at all);
+    with no path return JSON lines."""
     records = [{"text": t, "vector": v} for t, v in zip(texts, vectors.tolist())]
     if out is None:
         return "\n".join(json.dumps(r, ensure_ascii=False) for r in records)
-    out = Path(out)
-    if out.suffix == ".npy":
-        np.save(out, vectors.numpy().astype(np.float32))
-    elif out.suffix == ".json":
-        out.write_text(json.dumps(records, ensure_ascii=False) + "\n", encoding="utf-8")
-    else:
-        raise UserError(f"--out must end in .npy or .json, got {out.name}")
+    out = check_vectors_out(out)
+    tmp = _temporary(out)
+    with _refusals(out):
+        try:
+            with tmp.open("xb") as handle:
+                if out.suffix == ".npy":
+                    np.save(handle, vectors.numpy().astype(np.float32))
+                else:
+                    handle.write((json.dumps(records, ensure_ascii=False) + "\n").encode())
+            os.replace(tmp, out)
+        finally:
+            tmp.unlink(missing_ok=True)
     return None

@@ -1,0 +1,1 @@
+"""Benchmarks of using a trained run: the Python API warm call, the prediction server."""

@@ -1,0 +1,251 @@
+"""JSON over HTTP on the standard library: what ``attnlab serve`` and the explorer's live mode
+share.
+
+Why the standard library and not an ASGI server (uvicorn + Starlette) or aiohttp: both servers
+here answer a few JSON routes in front of one model thread, where the forward pass (tens of ms)
+dwarfs any HTTP cost, so a framework's routing and validation would save little code; the one
+hard part, a client that stalls while sending its request, is not solved by them either
+(uvicorn has no deadline for a request's arrival: its keep-alive timer restarts at every byte,
+encode/uvicorn#157 and #1685), and the explorer's server was already hardened here against
+malformed lengths, deep JSON and foreign hosts. So one small core, no new dependency.
+
+What it guards:
+
+- **a request must arrive in time**: the request line and headers within ``head_timeout``
+  seconds of the connection, the body within ``read_timeout`` more. The deadline is absolute:
+  each read waits only for what is left of it, so a client that trickles a byte at a time is
+  cut off like one that sends nothing (a read timeout that restarts at every byte would not).
+  A stalled client holds only its own connection's thread, never the model's, and only until
+  its deadline;
+- **bounded connections**: at most ``max_connections`` at once; one more is answered 503 and
+  closed at once, so stalled clients cannot pile up threads;
+- **bounded bodies** (413 before reading), a ``Content-Length`` that is a byte count (400), JSON
+  that parses and is not nested past Python's recursion limit (400);
+- **loopback only**, when bound to a loopback address: the ``Host`` header must name this
+  machine (DNS rebinding), and a request a browser marks as coming from another site is 403;
+- every answer is ``Connection: close`` (one request per connection, HTTP/1.0 style): an idle
+  keep-alive connection never holds a thread;
+- a client that goes away mid-answer is dropped without a traceback.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import socket
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from attnlab.errors import UserError
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+HEAD_TIMEOUT = 10.0  # seconds from the connection to the end of its headers
+READ_TIMEOUT = 30.0  # seconds more for the body
+WRITE_TIMEOUT = 30.0  # seconds an answer may wait on a client that does not read it
+MAX_CONNECTIONS = 64  # connections served at once; one more gets 503
+
+
+class HttpError(Exception):
+    """A request refused with ``status`` and a one-line ``message`` (sent as JSON)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def host_name(header: str) -> str:
+    """The host of a ``Host`` header or an origin's authority, without port or brackets."""
+    header = header.strip().lower()
+    if header.startswith("["):  # [::1]:8000
+        return header[1 : header.find("]")] if "]" in header else header
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+def allowed_host(header: str | None, bound: str) -> bool:
+    """A loopback Host (or the address the server was told to listen on)."""
+    if not header:
+        return False
+    name = host_name(header)
+    return name in LOOPBACK or (bound not in ("", "0.0.0.0", "::") and name == bound.lower())
+
+
+class DeadlineSocket(io.RawIOBase):
+    """A socket's reading side that gives up at an absolute ``deadline`` (time.monotonic):
+    every read waits only for the time left, then TimeoutError."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self.sock, self.deadline = sock, deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request did not arrive in time")
+        self.sock.settimeout(left)
+        return self.sock.recv_into(buffer)
+
+
+class JsonHandler(BaseHTTPRequestHandler):
+    """A request handler that reads JSON bodies within limits and answers JSON.
+
+    Subclasses set ``name`` (the log's prefix), ``bound`` (the address listened on) and
+    ``max_body``, and implement ``do_GET`` / ``do_POST`` with :meth:`read_json` and
+    :meth:`send_json`."""
+
+    name = "serve"
+    bound = "127.0.0.1"
+    max_body = 1024 * 1024
+    head_timeout = HEAD_TIMEOUT
+    read_timeout = READ_TIMEOUT
+
+    def setup(self) -> None:
+        super().setup()
+        self.deadline = DeadlineSocket(self.connection, time.monotonic() + self.head_timeout)
+        self.rfile = io.BufferedReader(self.deadline)
+
+    # -- checks
+
+    def refused(self, page_only: bool = False) -> bool:
+        """Answer 403 to a request from elsewhere than this machine while bound to loopback:
+        a Host that does not name it, an Origin of another host; and always to a request a
+        browser marks as cross-site. ``page_only`` (the explorer: its page is its one client)
+        applies the Host and Origin rules wherever the server listens."""
+        host = self.headers.get("Host")
+        strict = page_only or self.bound in LOOPBACK
+        why = None
+        if strict and not allowed_host(host, self.bound):
+            why = f"host {host!r} is not this machine; use the address 127.0.0.1"
+        origin = self.headers.get("Origin")
+        if why is None and origin is not None and strict:
+            authority = origin.split("://", 1)[-1]
+            if origin == "null" or host_name(authority) != host_name(host or ""):
+                why = f"requests from {origin} are not accepted; use the page itself"
+        site = self.headers.get("Sec-Fetch-Site", "same-origin")
+        if why is None and site not in ("same-origin", "none"):
+            why = "cross-site requests are not accepted; use the page itself"
+        if why is not None:
+            self.send_json(403, {"error": why})
+        return why is not None
+
+    def read_json(self) -> Any:
+        """The request's JSON body, or HttpError (400 malformed, 408 late, 413 too large)."""
+        text = (self.headers.get("Content-Length") or "0").strip()
+        # ASCII digits only ("²" is a digit to str.isdigit), and few: int() refuses 4300+
+        if not (text.isascii() and text.isdigit() and len(text) <= 18):
+            raise HttpError(400, f"Content-Length {text[:20]!r} is not a byte count")
+        length = int(text)
+        if length > self.max_body:
+            raise HttpError(413, f"request over {self.max_body // 1024} KiB; send less")
+        self.deadline.deadline = time.monotonic() + self.read_timeout
+        try:
+            data = self.rfile.read(length)
+        except TimeoutError:  # fewer bytes than Content-Length, and the client waits
+            raise HttpError(408, f"the body stopped short of its {length} bytes") from None
+        if len(data) < length:  # the client closed its side early
+            raise HttpError(400, f"the body stopped short of its {length} bytes")
+        try:
+            return json.loads(data or b"{}")
+        except RecursionError:
+            raise HttpError(400, "the JSON is nested too deeply") from None
+        except ValueError as err:  # JSONDecodeError, undecodable bytes
+            raise HttpError(400, f"not JSON: {err}") from None
+
+    # -- answers
+
+    def send_json(self, status: int, obj: Any) -> None:
+        body = json.dumps(obj, ensure_ascii=False).encode("utf-8")
+        self.send_body(status, body, "application/json; charset=utf-8")
+
+    def send_body(self, status: int, body: bytes, kind: str) -> None:
+        self.connection.settimeout(WRITE_TIMEOUT)
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("Connection", "close")
+        self.close_connection = True  # one request per connection; a refused body may linger
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        print(f"{self.name}: {format % args}", file=sys.stderr)
+
+
+class Server(ThreadingHTTPServer):
+    """A thread per connection, at most ``max_connections`` at once; a client that goes away
+    is not an error worth a traceback."""
+
+    daemon_threads = True
+    max_connections = MAX_CONNECTIONS
+    # connections the kernel holds until accepted: socketserver's 5 drops (resets) the rest
+    # when a few dozen clients connect at once
+    request_queue_size = 128
+
+    def __init__(self, address: tuple[str, int], handler: type[JsonHandler]) -> None:
+        self.active = 0  # connections being served
+        self.changed = threading.Condition()
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self.changed:
+            full = self.active >= self.max_connections
+            self.active += not full
+        if full:
+            busy = b'{"error": "too many connections at once; retry shortly"}'
+            head = "HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            head += f"Content-Length: {len(busy)}\r\nConnection: close\r\n\r\n"
+            try:
+                request.settimeout(1.0)
+                request.sendall(head.encode("ascii") + busy)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._done()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._done()
+
+    def _done(self) -> None:
+        with self.changed:
+            self.active -= 1
+            self.changed.notify_all()
+
+    def drain(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the connections being served to finish (call it
+        once the server accepts no more); whether they did."""
+        with self.changed:
+            return self.changed.wait_for(lambda: self.active == 0, timeout)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError | TimeoutError):  # gone, or too slow
+            return
+        super().handle_error(request, client_address)
+
+
+def check_port(port: int) -> None:
+    """Refuse a port number no socket takes, before anything is loaded."""
+    if not 0 <= port <= 65535:
+        raise UserError(f"--port {port}: give a port from 1 to 65535 (0 picks a free one)")
+
+
+def listen(server: type[Server], handler: type[JsonHandler], host: str, port: int) -> Server:
+    """``server`` bound to ``host:port`` (port 0: a free one), or one line saying why not."""
+    try:
+        return server((host, port), handler)
+    except OSError as err:
+        raise UserError(f"cannot listen on {host}:{port} ({err.strerror}); choose --port") from None
+    except (OverflowError, UnicodeError, ValueError) as err:
+        raise UserError(f"cannot listen on {host}:{port} ({err}); choose --host / --port") from None
