@@ -405,7 +405,9 @@ def render(data: dict) -> list[str]:
         "One split (the character model's: seed 0, 80/10/10; in-domain test n = 1,736), OOD "
         "dev/test n = 210 each, the tutorial's three sentences (accuracy, then p(positive) of "
         "each: the first and third are positive, the second negative). OOD 转折: the 38 dev and "
-        "38 test sentences whose sentiment turns (虽然…但是, 不过, 可惜 …).",
+        "38 test sentences whose sentiment turns (虽然…但是, 不过, 可惜 …). The single-seed pilots "
+        "that chose which levers to measure, with their commands, are in "
+        "[classify_e5_pilots.md](classify_e5_pilots.md).",
         "",
         "| recipe | train | val | test | OOD dev | OOD test | OOD 转折 dev / test | tutorial "
         "| p(positive) | wall s | CPU s | peak GiB |",
