@@ -13,7 +13,7 @@ from attnlab.data import CharTokenizer
 from attnlab.models.classifier import ClassifierConfig, TextClassifier
 from attnlab.runs import training
 from attnlab.tasks import classify
-from attnlab.tasks.classify_pretrain import CharMLMHead, pretrain_encoder
+from attnlab.train.char_mlm import CharMLMHead, pretrain_encoder
 
 
 def tiny_model(vocab: int) -> TextClassifier:
@@ -87,4 +87,4 @@ def test_pretraining_needs_a_source_and_steps(capsys):
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "pretrain" in err
     with pytest.raises(ValueError, match="pretraining needs both"):
-        classify.build_config(None, {"pretrain_steps": "3"})
+        training.build_config("classify", None, {"arch": "char", "pretrain_steps": "3"})
