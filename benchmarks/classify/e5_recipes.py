@@ -302,10 +302,10 @@ def runs(args: argparse.Namespace) -> dict:
 def errors(args: argparse.Namespace) -> dict:
     """The OOD film and series sentences (dev and test) that any of the runs misreads, with
     each run's p(positive)."""
-    from attnlab.data.ood import load_ood, ood_files
-    from attnlab.runs.load import load_run
+    from attnlab.data.sentiment import load_ood, ood_files
+    from attnlab.infer.classifier import ClassifierRun
 
-    loaded = [load_run(run_dir) for run_dir in args.dirs]
+    loaded = [ClassifierRun.load(run_dir) for run_dir in args.dirs]
     rows = []
     for split in ood_files():
         corpus, tags = load_ood(split)
