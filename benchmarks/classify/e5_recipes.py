@@ -414,8 +414,8 @@ def render(data: dict) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     ablations = recipe_table(data.get("runs", {}))
-    if ablations:  # the recipes first, every run below
-        lines[4:4] = ablations
+    if ablations:  # under the page's introduction: the recipes first, every run below
+        lines[6:6] = ablations
     rows = {**data.get("floors", {}), **data.get("runs", {})}
     for name, r in rows.items():
         n = r.get("n_train", "")
