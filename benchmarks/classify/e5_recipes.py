@@ -12,12 +12,19 @@ Two modes, one page (docs/results/classify_e5.md):
            summary.json, config.json; each run's own command is its config): their scores, the
            tutorial sentences through the run's predict, wall and CPU time, and peak memory
            (the run's own record in results.json; runs from before it was recorded leave it
-           blank).
+           blank). ``--recipe NAME`` (one per folder) groups runs of one recipe that differ
+           only in the training seed: the ablation table gives each recipe's mean and range
+           over its seeds, and the tutorial's third sentence in every seed.
+``errors`` the out-of-domain film and series sentences that the given runs misread: each
+           sentence with how many of the runs got it wrong and their p(positive), for the
+           error analysis on the page.
 
-The page is rendered from docs/results/classify_e5.json, which both modes update.
+The page is rendered from docs/results/classify_e5.json, which every mode updates.
 
     python -m benchmarks.classify.e5_recipes probe --train-examples 6000
-    python -m benchmarks.classify.e5_recipes runs runs/e5_a runs/e5_b ...
+    python -m benchmarks.classify.e5_recipes runs runs/a0 runs/a1 runs/a2 --recipe A --recipe A \
+        --recipe A --name 'A, seed 0' --name 'A, seed 1' --name 'A, seed 2'
+    python -m benchmarks.classify.e5_recipes errors runs/a0 runs/a1 runs/a2 --label A
 """
 
 from __future__ import annotations
@@ -58,6 +65,15 @@ def parser() -> argparse.ArgumentParser:
     runs = sub.add_parser("runs", help="collect fine-tuned run folders into the table")
     runs.add_argument("dirs", nargs="+", type=Path)
     runs.add_argument("--name", action="append", default=[], help="a label per run, in order")
+    runs.add_argument(
+        "--recipe",
+        action="append",
+        default=[],
+        help="the recipe a run belongs to, in order (runs of one recipe differ only in seed)",
+    )
+    errors = sub.add_parser("errors", help="OOD film and series sentences the runs misread")
+    errors.add_argument("dirs", nargs="+", type=Path)
+    errors.add_argument("--label", required=True, help="what these runs are (a recipe's name)")
     return p
 
 
@@ -222,7 +238,8 @@ def runs(args: argparse.Namespace) -> dict:
 
     out = {}
     names = args.name + [d.name for d in args.dirs[len(args.name) :]]
-    for name, run_dir in zip(names, args.dirs):
+    recipes = args.recipe + names[len(args.recipe) :]
+    for name, recipe, run_dir in zip(names, recipes, args.dirs):
         results = json.loads((run_dir / "results.json").read_text())
         summary = json.loads((run_dir / "summary.json").read_text())
         config = json.loads((run_dir / "config.json").read_text())
@@ -230,7 +247,18 @@ def runs(args: argparse.Namespace) -> dict:
         preds = run.predict([t for t, _ in TUTORIAL_EXAMPLES])
         size = sum(p.stat().st_size for p in run_dir.rglob("*") if p.is_file())
         report = json.loads((run_dir / "data_report.json").read_text())
+        by_domain = {
+            split: results["ood"][split]["accuracy_by"]["domain"] for split in ("dev", "test")
+        }
         out[name] = {
+            "recipe": recipe,
+            "config": {"data": config["data"], "train": config["train"]},
+            "ood_domain": {
+                f"{domain}_{split}": by_domain[split][domain]["accuracy"]
+                for split in ("dev", "test")
+                for domain in ("film", "series")
+                if domain in by_domain[split]
+            },
             "n_train": report["split_sizes"]["train"],  # the sample plus any extra_train
             "data": {
                 k: config["data"].get(k)
@@ -271,6 +299,103 @@ def runs(args: argparse.Namespace) -> dict:
     return {"runs": out}
 
 
+def errors(args: argparse.Namespace) -> dict:
+    """The OOD film and series sentences (dev and test) that any of the runs misreads, with
+    each run's p(positive)."""
+    from attnlab.data.sentiment import load_ood, ood_files
+    from attnlab.infer.classifier import ClassifierRun
+
+    loaded = [ClassifierRun.load(run_dir) for run_dir in args.dirs]
+    rows = []
+    for split in ood_files():
+        corpus, tags = load_ood(split)
+        keep = [i for i, tag in enumerate(tags) if tag["domain"] in ("film", "series")]
+        texts = [corpus.texts[i] for i in keep]
+        probs = [[p["probs"]["positive"] for p in run.predict(texts)] for run in loaded]
+        for j, i in enumerate(keep):
+            gold = corpus.labels[i]
+            ps = [run_probs[j] for run_probs in probs]
+            wrong = sum((p >= 0.5) != (gold == "positive") for p in ps)
+            if wrong:
+                rows.append({
+                    "split": split, "text": corpus.texts[i], "label": gold,
+                    "domain": tags[i]["domain"], "phenomenon": tags[i]["phenomenon"],
+                    "wrong": wrong, "p_positive": [round(p, 3) for p in ps],
+                })  # fmt: skip
+    rows.sort(key=lambda r: (-r["wrong"], r["split"], r["text"]))
+    return {"errors": {args.label: {"runs": [str(d) for d in args.dirs], "rows": rows}}}
+
+
+def _mean_range(values: list[float]) -> str:
+    """mean (min–max) to the digits a 210-sentence set resolves; the mean alone for one run."""
+    mean = sum(values) / len(values)
+    if len(values) == 1:
+        return f"{mean:.3f}"
+    return f"{mean:.3f} ({min(values):.3f}–{max(values):.3f})"
+
+
+def recipe_table(runs: dict) -> list[str]:
+    """One row per recipe: the mean and range over its seeds of every score, and the third
+    tutorial sentence's p(positive) in each seed."""
+    groups: dict[str, list[dict]] = {}
+    for r in runs.values():
+        if "recipe" in r:
+            groups.setdefault(r["recipe"], []).append(r)
+    if not groups:
+        return []
+    lines = [
+        "## Ablations: each recipe over its training seeds",
+        "",
+        "Mean (min–max) over the seeds. OOD 转折: the 38 dev and 38 test sentences whose "
+        "sentiment turns. Third sentence: p(positive) of 电影前半段很无聊，但是结局让我感动 in "
+        "each seed (≥ 0.8 is the target). Wall time and peak memory: the largest of the seeds.",
+        "",
+        "| recipe | seeds | val | test | OOD dev | OOD test | 转折 dev | 转折 test "
+        "| film dev / test | third sentence | wall min | peak GiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for recipe, rs in groups.items():
+        keys = ("val", "test", "ood_dev", "ood_test", "contrast_dev", "contrast_test")
+        cells = [_mean_range([r[k] for r in rs]) for k in keys]
+        film = " / ".join(
+            f"{sum(r['ood_domain'][k] for r in rs) / len(rs):.3f}"
+            for k in ("film_dev", "film_test")
+            if all(k in r.get("ood_domain", {}) for r in rs)
+        )
+        third = ", ".join(f"{r['tutorial_p_positive'][2]:.2f}" for r in rs)
+        wall = max(r["wall_s"] for r in rs) / 60
+        peaks = [r["peak_gib"] for r in rs if r.get("peak_gib")]
+        peak = f"{max(peaks):.2f}" if peaks else ""
+        lines.append(
+            f"| {recipe} | {len(rs)} | " + " | ".join(cells)
+            + f" | {film} | {third} | {wall:.1f} | {peak} |"
+        )  # fmt: skip
+    return lines + [""]
+
+
+def error_lines(data: dict) -> list[str]:
+    """The misread OOD film and series sentences of each labelled group of runs."""
+    lines = []
+    for label, e in data.get("errors", {}).items():
+        n = len(e["runs"])
+        lines += [
+            f"## OOD film and series sentences misread: {label}",
+            "",
+            f"{len(e['rows'])} sentences wrong in at least one of {n} runs; p(positive) per run.",
+            "",
+            "| split | text | label | phenomenon | wrong in | p(positive) |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in e["rows"]:
+            ps = ", ".join(f"{p:.2f}" for p in r["p_positive"])
+            lines.append(
+                f"| {r['split']} | {r['text']} | {r['label']} | {r['phenomenon']} "
+                f"| {r['wrong']} of {n} | {ps} |"
+            )
+        lines.append("")
+    return lines
+
+
 def render(data: dict) -> list[str]:
     lines = [
         "# The main job with multilingual-e5-small: recipes beside the floors",
@@ -280,12 +405,17 @@ def render(data: dict) -> list[str]:
         "One split (the character model's: seed 0, 80/10/10; in-domain test n = 1,736), OOD "
         "dev/test n = 210 each, the tutorial's three sentences (accuracy, then p(positive) of "
         "each: the first and third are positive, the second negative). OOD 转折: the 38 dev and "
-        "38 test sentences whose sentiment turns (虽然…但是, 不过, 可惜 …).",
+        "38 test sentences whose sentiment turns (虽然…但是, 不过, 可惜 …). The single-seed pilots "
+        "that chose which levers to measure, with their commands, are in "
+        "[classify_e5_pilots.md](classify_e5_pilots.md).",
         "",
         "| recipe | train | val | test | OOD dev | OOD test | OOD 转折 dev / test | tutorial "
         "| p(positive) | wall s | CPU s | peak GiB |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    ablations = recipe_table(data.get("runs", {}))
+    if ablations:  # under the page's introduction: the recipes first, every run below
+        lines[6:6] = ablations
     rows = {**data.get("floors", {}), **data.get("runs", {})}
     for name, r in rows.items():
         n = r.get("n_train", "")
@@ -309,14 +439,14 @@ def render(data: dict) -> list[str]:
         lines.append(
             f"\n{name}: data {r['data']}, train {r['train']}, run folder {r['run_folder_mb']} MB"
         )
-    return lines
+    return lines + [""] + error_lines(data)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parser().parse_args(argv)
     info = machine(threads=set_threads(getattr(args, "threads", 1)))
     data = _load()
-    result = probe(args) if args.mode == "probe" else runs(args)
+    result = {"probe": probe, "runs": runs, "errors": errors}[args.mode](args)
     for key, value in result.items():
         data.setdefault(key, {}).update(value) if isinstance(value, dict) else None
     info["load_average_at_end"] = load_average()

@@ -1,0 +1,218 @@
+"""Turned sentences (转折) composed from real clauses: training-data augmentation.
+
+The tutorial's test of a sentiment classifier is a sentence whose sentiment turns: "电影前半段很
+无聊，但是结局让我感动" — a negative clause, a turn word, a positive clause, read as positive.
+The bundled reviews teach the opposite: they are fragments labelled with their whole review's
+polarity, so a fine-tuned encoder learns that a complaint anywhere makes a text negative. This
+module composes training examples under the tutorial's reading of 转折, from clauses that occur
+in the *training split's own texts* (no sentence we wrote):
+
+    negative clause + "，但是" + positive clause  ->  positive
+    positive clause + "，但是" + negative clause  ->  negative   (the mirror)
+
+with the turn drawn from 但是 / 不过 / 可是 / 然而 and 虽然…但是 (``ZH_TURNS``); for English
+corpora (Pang & Lee) the same rule with ", but" / "; however," / ", yet" (``EN_TURNS``).
+
+Which clauses qualify. A clause's own polarity is not labelled: the corpus labels whole
+fragments. :func:`clause_pool` takes every clause of the given texts (split at clause
+punctuation, enumerators such as "1、" stripped) that is of a plausible length, carries no turn
+or hedge word of its own (但/却/不过/可惜/虽然 …: a clause that turns by itself would make the
+rule's label wrong) and gives each its text's label. :func:`select` then keeps the clauses whose
+own polarity a scorer confirms (``scores``: p(the clause's label) from, e.g., a probe on the
+frozen encoder's features) at or above a threshold; with no scorer, only clauses that are a whole
+single-clause text are kept (their label is then their own, up to the corpus's noise).
+
+Composition (:func:`compose_turns`) is deterministic in its seed: each example draws one clause
+of each polarity, a turn and an order (which polarity comes last decides the label), half the
+examples of each label. A composed text equal to a held-out text is never produced (the caller
+passes the held-out set). Callers must build the pool from training texts only; nothing here
+reads validation, test or evaluation data.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from attnlab.data.corpus import LabeledCorpus
+from attnlab.errors import UserError
+
+NEGATIVE, POSITIVE = "negative", "positive"
+
+# (opener before the first clause, turn before the second): a turn whose second clause decides
+ZH_TURNS: tuple[tuple[str, str], ...] = (
+    ("", "，但是"),
+    ("", "，不过"),
+    ("", "，可是"),
+    ("", "，然而"),
+    ("虽然", "，但是"),
+)
+# Pang & Lee's sentences are lower-cased and tokenised ("it's a count for our times ."):
+# composed ones are written the same way
+EN_TURNS: tuple[tuple[str, str], ...] = (
+    ("", " , but "),
+    ("", " ; however , "),
+    ("", " , yet "),
+    ("although ", " , "),
+)
+# a clause holding one of these turns or hedges on its own: the rule's label would be wrong
+ZH_TURN_WORDS = (
+    "但", "却", "不过", "可是", "然而", "虽然", "虽", "尽管", "可惜", "只是", "就是", "除了",
+    "要不是", "否则", "不然", "如果", "假如", "要是", "吗", "？", "?",
+)  # fmt: skip
+EN_TURN_WORDS = (
+    "but", "however", "yet", "although", "though", "despite", "while", "whereas", "if",
+    "unless", "except", "still", "nevertheless", "even",
+)  # fmt: skip
+
+_ZH_SPLIT = re.compile(r"[，,。！!？?；;：:…~～\s]+|\.{2,}|(?<![0-9A-Za-z])\.(?![0-9])")
+# leading enumerators and bullets: 1、 2. 3．（1） ① 一、 -
+_ZH_ENUM = re.compile(r"^\s*(?:[0-9０-９]+[、.．)）]|[（(][0-9０-９一二三四五六七八九十]+[)）]|"
+                      r"[①-⑳]|[一二三四五六七八九十]+、|[-*•·])\s*")  # fmt: skip
+MAX_DRAWS = 1000  # draws for one new example before the pool counts as exhausted
+_CJK = re.compile(r"[\u4e00-\u9fff]")
+_EN_WORD = re.compile(r"[a-z']+")
+
+
+@dataclass(frozen=True)
+class Clause:
+    """One clause, the label of the text it came from, and that text's position."""
+
+    text: str
+    label: str
+    source: int
+    whole: bool  # the clause is its text's only clause
+
+
+def zh_clauses(text: str) -> list[str]:
+    """The clauses of a Chinese text: split at clause punctuation, enumerators stripped."""
+    parts = (_ZH_ENUM.sub("", part).strip() for part in _ZH_SPLIT.split(text))
+    return [part for part in parts if part]
+
+
+def en_clauses(text: str) -> list[str]:
+    """An English sentence as one clause (Pang & Lee's texts are single sentences): whitespace
+    collapsed, the final stop dropped."""
+    clause = " ".join(text.split()).rstrip(" .!")
+    return [clause] if clause else []
+
+
+def qualifies_zh(clause: str, min_chars: int = 4, max_chars: int = 20) -> bool:
+    """A clause that can stand as one side of a turn: ``min_chars``..``max_chars`` characters,
+    mostly Chinese, and no turn or hedge word of its own."""
+    if not min_chars <= len(clause) <= max_chars:
+        return False
+    if len(_CJK.findall(clause)) < max(min_chars, len(clause) // 2):
+        return False
+    return not any(word in clause for word in ZH_TURN_WORDS)
+
+
+def qualifies_en(clause: str, min_words: int = 4, max_words: int = 14) -> bool:
+    """An English clause of ``min_words``..``max_words`` words, one sentence (no inner stop or
+    semicolon), with no turn word of its own."""
+    if any(mark in clause for mark in ".!?;:"):
+        return False
+    words = _EN_WORD.findall(clause.lower())
+    if not min_words <= len(words) <= max_words:
+        return False
+    return not any(word in EN_TURN_WORDS for word in words)
+
+
+def clause_pool(texts: Sequence[str], labels: Sequence[str], language: str = "zh") -> list[Clause]:
+    """Every qualifying clause of ``texts`` (training texts only) with its text's label;
+    only texts labelled positive or negative contribute. A clause seen twice is kept once, and
+    a clause found under both labels is dropped."""
+    if language not in ("zh", "en"):
+        raise UserError(f"language {language!r}: choose zh or en")
+    split, fits = (zh_clauses, qualifies_zh) if language == "zh" else (en_clauses, qualifies_en)
+    first: dict[str, Clause] = {}
+    seen_labels: dict[str, set[str]] = {}
+    for i, (text, label) in enumerate(zip(texts, labels)):
+        if label not in (NEGATIVE, POSITIVE):
+            continue
+        parts = split(text)
+        for part in parts:
+            if fits(part):
+                first.setdefault(part, Clause(part, label, i, len(parts) == 1))
+                seen_labels.setdefault(part, set()).add(label)
+    return [c for text, c in first.items() if len(seen_labels[text]) == 1]
+
+
+def select(
+    pool: Sequence[Clause], scores: Sequence[float] | None = None, threshold: float = 0.8
+) -> list[Clause]:
+    """The clauses whose own polarity is trusted: p(own label) ``scores[i]`` at or above
+    ``threshold`` when a scorer's values are given (one per clause), else the clauses that are
+    a whole text."""
+    if scores is None:
+        return [c for c in pool if c.whole]
+    if len(scores) != len(pool):
+        raise UserError(f"{len(scores)} scores for {len(pool)} clauses; give one per clause")
+    return [c for c, p in zip(pool, scores) if p >= threshold]
+
+
+def compose_turns(
+    pool: Sequence[Clause],
+    n: int,
+    seed: int,
+    language: str = "zh",
+    held_out: Collection[str] = (),
+) -> LabeledCorpus:
+    """``n`` turned examples (half ending positive, half negative; an odd one ends positive):
+    a clause of one polarity, a turn, a clause of the other; labelled by the last clause.
+    Deterministic in ``seed``; no text repeats and none is in ``held_out``."""
+    turns = ZH_TURNS if language == "zh" else EN_TURNS
+    by_label = {label: [c.text for c in pool if c.label == label] for label in (NEGATIVE, POSITIVE)}
+    if n and not all(by_label.values()):
+        raise UserError(
+            f"composing turns needs clauses of both polarities; the pool has "
+            f"{len(by_label[NEGATIVE])} negative and {len(by_label[POSITIVE])} positive"
+        )
+    rng = random.Random(seed)
+    ends = (" .",) if language == "en" else ("", "。")
+    # distinct texts that end on one polarity: clause pairs x turns x endings
+    per_label = len(by_label[NEGATIVE]) * len(by_label[POSITIVE]) * len(turns) * len(ends)
+    if (n + 1) // 2 > per_label:
+        raise UserError(
+            f"{n} turned examples from {len(by_label[NEGATIVE])} negative and "
+            f"{len(by_label[POSITIVE])} positive clauses would repeat; ask for at most "
+            f"{2 * per_label}"
+        )
+    texts: list[str] = []
+    labels: list[str] = []
+    seen = set(held_out)
+    for k in range(n):
+        last = POSITIVE if k % 2 == 0 else NEGATIVE
+        first = NEGATIVE if last == POSITIVE else POSITIVE
+        for _ in range(MAX_DRAWS):
+            a, b = rng.choice(by_label[first]), rng.choice(by_label[last])
+            opener, turn = rng.choice(turns)
+            text = f"{opener}{a}{turn}{b}{rng.choice(ends)}"
+            if text not in seen:
+                break
+        else:
+            raise UserError(
+                f"no new turned example after {MAX_DRAWS} draws ({k} of {n} made): the "
+                "clauses are too few for this many; ask for fewer"
+            )
+        seen.add(text)
+        texts.append(text)
+        labels.append(last)
+    stats = {
+        "n": n,
+        "clauses": {label: len(v) for label, v in by_label.items()},
+        "seed": seed,
+        "turns": ["…".join(t).strip() for t in turns],
+    }
+    return LabeledCorpus(texts, labels, source=f"turned sentences composed from {language} clauses "
+                         "of the training split (augmentation)", stats=stats)  # fmt: skip
+
+
+def count_for_share(share: float, n_train: int) -> int:
+    """How many composed examples make ``share`` of a training set that has ``n_train`` others:
+    n / (n_train + n) = share."""
+    if not 0 <= share < 1:
+        raise UserError(f"turn share {share}: give a share in [0, 1)")
+    return round(share * n_train / (1 - share))

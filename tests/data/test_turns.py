@@ -1,0 +1,173 @@
+"""Turned sentences composed from real clauses (attnlab.data.turns): which clauses qualify, the
+rule's labels, determinism, counts, and that only the given (training) texts are used."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from attnlab.data.turns import (
+    EN_TURNS,
+    ZH_TURNS,
+    Clause,
+    clause_pool,
+    compose_turns,
+    count_for_share,
+    qualifies_en,
+    qualifies_zh,
+    select,
+    zh_clauses,
+)
+from attnlab.errors import UserError
+
+POS = ["房间干净整洁", "服务态度非常好", "屏幕显示效果很棒", "这本书写得很感人", "早餐种类丰富"]
+NEG = ["隔音效果太差", "电池用不了多久", "前台服务员态度冷淡", "印刷质量很糟糕", "空调一直有噪音"]
+
+
+def _corpus(rng: random.Random) -> tuple[list[str], list[str]]:
+    """Training texts of one to three clauses each, drawn from the clause lists above, every
+    clause joined with its own label's clauses only."""
+    texts, labels = [], []
+    for _ in range(40):
+        label = rng.choice(["positive", "negative"])
+        parts = rng.sample(POS if label == "positive" else NEG, rng.randint(1, 3))
+        texts.append(rng.choice(["，", "。", "！"]).join(parts) + rng.choice(["", "。", "!"]))
+        labels.append(label)
+    return texts, labels
+
+
+def _split_turn(text: str, turns) -> tuple[str, str]:
+    """(first clause, last clause) of a composed text, by the turn that joins them."""
+    for opener, turn in sorted(turns, key=lambda t: -len(t[0])):  # 虽然… before the bare turn
+        if text.startswith(opener) and turn in text:
+            first, last = text[len(opener) :].split(turn, 1)
+            return first, last.rstrip("。 .")
+    raise AssertionError(f"no turn in {text!r}")
+
+
+def test_zh_clauses_split_and_strip_enumerators():
+    assert zh_clauses("1、房间很干净 服务好！2.早餐一般……价格3.5元") == [
+        "房间很干净", "服务好", "早餐一般", "价格3.5元",
+    ]  # fmt: skip
+    assert zh_clauses("（2）位置不错；③交通方便") == ["位置不错", "交通方便"]
+
+
+@pytest.mark.parametrize(
+    "clause, ok",
+    [
+        ("房间干净整洁", True),
+        ("房间不大但是干净", False),  # turns on its own
+        ("可惜早餐一般", False),
+        ("位置却很偏", False),
+        ("好", False),  # too short
+        ("这家酒店的房间真的是非常非常非常非常干净整洁", False),  # too long
+        ("ThinkPad T400", False),  # not Chinese
+    ],
+)
+def test_qualifies_zh(clause, ok):
+    assert qualifies_zh(clause) is ok
+
+
+def test_qualifies_en():
+    assert qualifies_en("the acting is superb throughout")
+    assert not qualifies_en("the acting is superb but the plot drags")
+    assert not qualifies_en("bad . very bad")
+    assert not qualifies_en("too short")
+
+
+def test_pool_holds_only_clauses_of_the_given_texts_with_their_labels():
+    rng = random.Random(1)
+    texts, labels = _corpus(rng)
+    held = ["隔音效果太差但是位置很好", "位置很好"]  # never passed: must never appear
+    pool = clause_pool(texts, labels)
+    assert pool
+    for clause in pool:
+        assert clause.text in texts[clause.source]
+        assert clause.label == labels[clause.source]
+        assert clause.text in (POS if clause.label == "positive" else NEG)
+        assert clause.whole == (texts[clause.source].rstrip("。!") == clause.text)
+    assert not {c.text for c in pool} & set(held)
+
+
+def test_pool_drops_clauses_seen_under_both_labels_and_other_labels():
+    pool = clause_pool(
+        ["房间干净整洁，早餐种类丰富", "房间干净整洁，隔音效果太差", "服务态度非常好"],
+        ["positive", "negative", "neutral"],
+    )
+    assert sorted(c.text for c in pool) == ["早餐种类丰富", "隔音效果太差"]
+
+
+def test_select_by_scores_and_by_whole_texts():
+    pool = [Clause("aaaa", "positive", 0, True), Clause("bbbb", "negative", 1, False),
+            Clause("cccc", "negative", 2, True)]  # fmt: skip
+    assert select(pool) == [pool[0], pool[2]]
+    assert select(pool, [0.9, 0.8, 0.79], threshold=0.8) == pool[:2]
+    with pytest.raises(UserError):
+        select(pool, [0.9])
+
+
+@pytest.mark.parametrize("language", ["zh", "en"])
+def test_labels_follow_the_rule_and_counts(language):
+    rng = random.Random(7)
+    if language == "zh":
+        texts, labels = _corpus(rng)
+        turns = ZH_TURNS
+    else:
+        pos = ["a moving and beautifully acted film", "the script is sharp and funny throughout"]
+        neg = ["the plot is a tedious mess", "every joke falls completely flat here"]
+        texts, labels = pos + neg, ["positive"] * 2 + ["negative"] * 2
+        turns = EN_TURNS
+    pool = clause_pool(texts, labels, language)
+    polarity = {c.text: c.label for c in pool}
+    n = 2 * rng.randint(3, 8) + 1
+    out = compose_turns(pool, n, seed=rng.randint(0, 10**6), language=language)
+    assert len(out.texts) == len(set(out.texts)) == n
+    assert out.labels.count("positive") == n // 2 + 1
+    assert out.labels.count("negative") == n // 2
+    for text, label in zip(out.texts, out.labels):
+        first, last = _split_turn(text, turns)
+        assert polarity[last] == label  # the clause after the turn decides
+        assert polarity[first] != label  # and the other side is the opposite polarity
+
+
+def test_seeded():
+    texts, labels = _corpus(random.Random(3))
+    pool = clause_pool(texts, labels)
+    a = compose_turns(pool, 12, seed=5)
+    assert a.texts == compose_turns(pool, 12, seed=5).texts
+    assert a.texts != compose_turns(pool, 12, seed=6).texts
+
+
+def test_held_out_texts_are_never_composed():
+    pool = [
+        Clause("房间干净整洁", "positive", 0, True),
+        Clause("隔音效果太差", "negative", 1, True),
+    ]
+    # every text a single (positive-ending) example can be: all but one are held out
+    every = sorted(
+        f"{o}隔音效果太差{t}房间干净整洁{end}" for o, t in ZH_TURNS for end in ("", "。")
+    )
+    keep = random.choice(every)
+    held = set(every) - {keep}
+    assert compose_turns(pool, 1, seed=random.randint(0, 10**6), held_out=held).texts == [keep]
+
+
+def test_too_many_or_one_polarity_refused():
+    pool = [
+        Clause("房间干净整洁", "positive", 0, True),
+        Clause("隔音效果太差", "negative", 1, True),
+    ]
+    with pytest.raises(UserError, match="at most"):
+        compose_turns(pool, 100, seed=0)
+    with pytest.raises(UserError, match="both polarities"):
+        compose_turns(pool[:1], 2, seed=0)
+
+
+def test_count_for_share():
+    n_train = random.randint(100, 10_000)
+    share = random.uniform(0.05, 0.5)
+    n = count_for_share(share, n_train)
+    assert abs(n / (n_train + n) - share) <= 1 / n_train
+    with pytest.raises(UserError):
+        count_for_share(1.0, n_train)
