@@ -349,3 +349,56 @@ def test_label_cleaning_lists_what_it_dropped_and_a_resume_trains_on_the_same_te
     a = read_tensors(straight / "model.safetensors", "weights")
     b = read_tensors(split / "model.safetensors", "weights")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_turned_sentences_join_the_training_data_and_a_resume_reads_them_back(
+    tiny, reviews, tmp_path, monkeypatch
+):
+    """--turns composes sentences from the training texts' own clauses (never a held-out
+    text), each labelled by its last clause, lists them in turns.json, and a run resumed from
+    a checkpoint trains on the same ones without composing again (bitwise equal weights)."""
+    import attnlab.tasks.classify_steps as steps
+    from attnlab.data.turns import ZH_TURNS, zh_clauses
+    from attnlab.tensor_files import read_tensors
+
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    extra = ["--train-layers", "1", "--turns", "12", "--turn-threshold", "0.5"]
+    extra += ["--checkpoint-every", "1", "--keep-state", "true"]
+    assert train(straight, reviews, "--max-steps", "2", *extra) == 0
+    record = json.loads((straight / "turns.json").read_text())
+    texts, labels = record["texts"], record["labels"]
+    assert len(texts) == len(set(texts)) == 12 and labels.count("positive") == 6
+    clauses = {label: {c for t in texts for c in zh_clauses(t)}
+               for label, texts in (("positive", POSITIVE), ("negative", NEGATIVE))}  # fmt: skip
+    for text, label in zip(texts, labels):  # the last clause is one of its label's texts
+        body = text.rstrip("。")
+        for opener, turn in ZH_TURNS:
+            if turn in body and body.startswith(opener):
+                first, last = body[len(opener):].split(turn, 1)
+                if first in clauses["negative" if label == "positive" else "positive"]:
+                    break
+        else:
+            raise AssertionError(f"{text!r} is not a turn of two clauses")
+        assert last in clauses[label], (text, label)
+    report = json.loads((straight / "data_report.json").read_text())
+    assert report["turns"]["n"] == 12 and 0 < report["turns"]["share_of_training"] < 1
+    with interrupted_at(2):  # after step 1
+        assert train(split, reviews, "--max-steps", "2", *extra) == 130
+    monkeypatch.setattr(steps, "scored_turns", lambda *a: pytest.fail("composed again"))
+    assert main(["train", "classify", "--out", str(split), "--resume"]) == 0
+    a = read_tensors(straight / "model.safetensors", "weights")
+    b = read_tensors(split / "model.safetensors", "weights")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_turns_need_a_pretrained_encoder_and_two_sentiment_classes(tiny, tmp_path, capsys):
+    from tests.tasks._cli import probe
+
+    stars = tmp_path / "stars.csv"
+    stars.write_text("text,label\n" + "".join(f"第{i}条评论很好,{i % 2}\n" for i in range(40)))
+    out = tmp_path / "run"
+    argv = ["train", "classify", "--data", str(stars), "--out", str(out), "--turns", "4"]
+    probe(capsys, [*argv, "--extra-train", "", "--max-steps", "1", *TRAIN],
+          "--turns composes positive and negative", "--turns 0")  # fmt: skip
+    probe(capsys, [*argv, "--pretrained", "false"], "--turns", "--pretrained false")
+    assert not out.exists()

@@ -80,3 +80,26 @@ def subset(
     seqs = [data.sequences[i] for i in keep]
     sampler = LengthBucketSampler([len(s) for s in seqs], batch_size, shuffle, seed)
     return ClassificationData(seqs, labels, sampler, pad_id=data.pad_id)
+
+
+def concat(
+    a: ClassificationData | StateData,
+    b: ClassificationData | StateData,
+    batch_size: int,
+    shuffle: bool,
+    seed: int,
+) -> ClassificationData | StateData:
+    """The examples of ``a`` then those of ``b`` (both ids or both kept states of one start),
+    batched by ``batch_size``."""
+    labels = [*a.labels, *b.labels]
+    if isinstance(a, StateData) and isinstance(b, StateData):
+        if a.start != b.start:
+            raise ValueError(f"states of blocks below {a.start} and {b.start} do not mix")
+        states = [*a.states, *b.states]
+        sampler = LengthBucketSampler([s.shape[0] for s in states], batch_size, shuffle, seed)
+        return StateData(states, labels, sampler, a.start)
+    if isinstance(a, StateData) or isinstance(b, StateData):
+        raise ValueError("token ids and kept states do not mix")
+    seqs = [*a.sequences, *b.sequences]
+    sampler = LengthBucketSampler([len(s) for s in seqs], batch_size, shuffle, seed)
+    return ClassificationData(seqs, labels, sampler, pad_id=a.pad_id)

@@ -192,9 +192,31 @@ class EncoderData(TextData):
     clean_extra_train: bool = setting(
         True, "clean_labels: extra_train texts are candidates too (false: only the corpus's)"
     )
+    turns: int = setting(
+        0,
+        "turned sentences (转折) composed from the training texts' own clauses and added to "
+        "the training split: a clause of one polarity, 但是/不过/可是/然而, one of the other, "
+        "labelled by the last (augmentation, listed in turns.json); 0 = none",
+        min=0,
+    )
+    turn_threshold: float = setting(
+        0.8,
+        "turns: a clause is a side of a turn when a probe on the frozen encoder's features of "
+        "the training texts gives its text's label at least this probability",
+        min=0,
+        below=1,
+    )
+    turn_clauses: int = setting(
+        0, "turns: score a random sample of at most this many clauses; 0 = every clause", min=0
+    )
 
     def check(self) -> None:
         super().check()
+        if self.turns and not self.pretrained:
+            raise UserError(
+                "turns are composed from clauses a probe on the pretrained encoder confirms; "
+                "with --pretrained false there is none: drop --turns or --pretrained false"
+            )
         if self.clean_labels and not self.pretrained:
             raise UserError(
                 "clean_labels reads the labels through the pretrained encoder's features; with "
@@ -256,6 +278,11 @@ class ClassifyTask(Task):
     def check(self, cfg: RunConfig) -> None:
         if cfg.distill.teacher and getattr(cfg.sections.get("model"), "members", 1) > 1:
             raise UserError("distillation trains one student; set --members 1")
+        if cfg.distill.teacher and getattr(cfg.data, "turns", 0):
+            raise UserError(
+                "--teacher scores the training texts before the turned sentences are composed: "
+                "give --turns 0 with --teacher"
+            )
 
     # ---------------------------------------------------------------- data
 
@@ -311,6 +338,8 @@ class ClassifyTask(Task):
         features = None
         if d.clean_labels:
             features = steps.clean_labels(cfg, setup, model)
+        if d.turns:
+            steps.add_turns(cfg, setup, model, features)
         if d.probe_first and not prep.resume:  # a resumed run's head is in its checkpoint
             steps.probe(cfg, setup, model, features)
         if d.pooling == "mean" and hasattr(model.bert, "pooler"):  # unused: no gradient

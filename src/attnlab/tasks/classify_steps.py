@@ -7,7 +7,9 @@ the frozen features (LP-FT) — and a teacher's soft labels. Each step calls the
 
 from __future__ import annotations
 
+import random
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,15 +24,17 @@ from attnlab.data.labels import check_label_counts
 from attnlab.data.lengths import choose_max_len, truncation_report
 from attnlab.data.prepare import TextSplits
 from attnlab.data.readers import CharReader, PieceReader, Reader, dataset
+from attnlab.data.sentiment import TWO_CLASSES, held_out_texts
 from attnlab.data.splits import stratified_sample
 from attnlab.data.states import StateData
+from attnlab.data.turns import clause_pool, compose_turns, select
 from attnlab.data.unlabeled import load_unlabeled
 from attnlab.errors import UserError
 from attnlab.finetune.cleaning import FOLDS, contradicted, out_of_fold_confidence
 from attnlab.finetune.distill import SoftLabels, teacher_logits
 from attnlab.finetune.features import pooled_features
-from attnlab.finetune.frozen import frozen_states, in_order, subset
-from attnlab.finetune.probe import fit_probe
+from attnlab.finetune.frozen import concat, frozen_states, in_order, subset
+from attnlab.finetune.probe import fit_probe, logistic_regression
 from attnlab.infer.classifier import ClassifierRun, SplitScorer
 from attnlab.models.bert import BertConfig
 from attnlab.models.classifier import ClassifierConfig, build_classifier
@@ -41,6 +45,7 @@ from attnlab.runs.task import RunConfig, Setup
 from attnlab.train.char_mlm import pretrain_encoder
 
 CLEANING_FILE = "label_cleaning.json"
+TURNS_FILE = "turns.json"
 
 
 @dataclass
@@ -265,6 +270,90 @@ def clean_labels(
         f"extra_train); listed in {CLEANING_FILE}"
     )
     return features
+
+
+def add_turns(
+    cfg: RunConfig,
+    setup: Setup,
+    model: nn.Module,
+    features: tuple[torch.Tensor, torch.Tensor] | None,
+) -> None:
+    """Add the turned sentences (data/turns.py) to the training data: clauses of the corpus's
+    own training texts, kept where a probe on the frozen encoder's features of those texts
+    confirms their text's label, composed a negative and a positive side around a turn word.
+    The run folder lists them (turns.json); a run resumed from a checkpoint reads them back."""
+    d = cfg.data
+    prep: Prepared = setup.prepared
+    names = prep.texts.labels.labels
+    if set(names) != TWO_CLASSES:
+        raise UserError(f"--turns composes positive and negative sentences; this data's labels "
+                        f"are {names}: give --turns 0")  # fmt: skip
+    path = prep.run_dir / TURNS_FILE
+    if prep.resume:
+        record = read_json(path, "turned sentences record", keys={"texts": list, "labels": list})
+        texts, labels = record["texts"], record["labels"]
+        if len(texts) != d.turns or not set(labels) <= set(names) or len(labels) != len(texts):
+            raise UserError(f"{path} does not hold this run's {d.turns} turned sentences; "
+                            "restore it, or train again in a new folder")  # fmt: skip
+    else:
+        record = scored_turns(cfg, setup, model, features)
+        texts, labels = record["texts"], record["labels"]
+        setup.files[TURNS_FILE] = lambda out: write_json(out, record)
+    data = dataset(prep.train_reader, texts, prep.texts.labels.encode(labels), d.eval_batch_size)
+    if isinstance(setup.train_data, StateData):
+        start = setup.train_data.start
+        data = frozen_states(model, data, start, d.eval_batch_size, False, 0, prep.device,
+                             "frozen blocks, turned sentences")  # fmt: skip
+    tcfg = cfg.train
+    before = len(setup.train_data.labels)
+    setup.train_data = concat(setup.train_data, data, tcfg.batch_size, True, tcfg.seed)
+    share = len(texts) / (before + len(texts))
+    prep.report["turns"] = {k: v for k, v in record.items() if k not in ("texts", "labels")}
+    prep.report["turns"]["share_of_training"] = round(share, 4)
+    setup.messages.append(
+        f"turns: {len(texts)} sentences composed from the training texts' clauses join the "
+        f"training data ({share:.1%} of it); listed in {TURNS_FILE}"
+    )
+
+
+def scored_turns(
+    cfg: RunConfig,
+    setup: Setup,
+    model: nn.Module,
+    features: tuple[torch.Tensor, torch.Tensor] | None,
+) -> dict[str, Any]:
+    """The record of ``--turns`` composed sentences: the corpus's training clauses scored by a
+    probe on the frozen features of its training texts, those at ``turn_threshold`` kept."""
+    d = cfg.data
+    prep: Prepared = setup.prepared
+    texts, ids = prep.texts.split_data("train")
+    n_main, names = prep.texts.n_main, prep.texts.labels.labels
+    pool = clause_pool(texts[:n_main], [names[i] for i in ids[:n_main]], "zh")
+    if d.turn_clauses and len(pool) > d.turn_clauses:
+        rng = random.Random(d.split_seed)
+        pool = [pool[i] for i in sorted(rng.sample(range(len(pool)), d.turn_clauses))]
+    if features is not None:  # label cleaning's: every training text, in order
+        x, y = features[0][:n_main], features[1][:n_main]
+    else:  # the training data is still in its order
+        x, y = frozen_features(cfg, setup, model, list(range(n_main)))
+    scorer = logistic_regression(x, y, len(names), d.probe_weight_decay)
+    clause_ids = prep.texts.labels.encode([c.label for c in pool])
+    data = dataset(prep.train_reader, [c.text for c in pool], clause_ids, d.eval_batch_size)
+    cx, cy = pooled_features(model, data, prep.device)
+    with torch.no_grad():
+        p = torch.softmax(scorer(cx.double()), -1)[torch.arange(len(cy)), cy]  # (N,)
+    kept = select(pool, p.tolist(), d.turn_threshold)
+    held = held_out_texts(prep.texts.corpus, prep.texts.split) | set(texts)
+    turns = compose_turns(kept, d.turns, d.split_seed, "zh", held_out=held)
+    return {
+        "n": d.turns,
+        "threshold": d.turn_threshold,
+        "clauses_scored": len(pool),
+        "clauses_kept": dict(Counter(c.label for c in kept)),
+        "source": turns.source,
+        "texts": turns.texts,
+        "labels": turns.labels,
+    }
 
 
 def probe(
