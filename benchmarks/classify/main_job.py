@@ -153,9 +153,14 @@ def render(data: dict) -> list[str]:
             f"{r['turned_dev']:.2f} / {r['turned_test']:.2f} | {r['tutorial_right']} of 3 | "
             f"{r['tutorial_p_positive'][2]:.2f} |"
         )
-    lines += ["", "Per recipe: mean (min–max) over its runs.", "",
-              "| recipe | runs | test | OOD dev | OOD test | 转折 dev | 转折 test | third, each run "
-              "| wall min, largest | peak GiB, largest |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines += [
+        "",
+        "Per recipe: mean (min–max) over its runs.",
+        "",
+        "| recipe | runs | test | OOD dev | OOD test | 转折 dev | 转折 test | third, each run "
+        "| wall min, largest | peak GiB, largest |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for name in dict.fromkeys(r["name"] for r in rows):
         rs = [r for r in rows if r["name"] == name]
         cells = [_mean_range([r[k] for r in rs]) for k in
