@@ -1,7 +1,6 @@
-"""Bad input the first round of probes (test_input_misuse.py) left open: a BERT checkpoint whose
-side files are damaged or whose config.json asks for sizes its weights do not have, paths the
-shell passed that are not UTF-8, and run files of valid JSON but the wrong shape (a vision data
-report, a config's format, a checkpoint's state files).
+"""Damaged files: a BERT checkpoint whose side files are damaged or whose config.json asks for
+sizes its weights do not have, paths the shell passed that are not UTF-8, and run files of valid
+JSON but the wrong shape (a vision data report, a config's format, a checkpoint's state files).
 
 Each probe expects one line on stderr and exit 2 (no traceback), no folder left behind, and an
 earlier run unchanged (see `_cli.probe`).

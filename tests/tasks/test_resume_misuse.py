@@ -1,7 +1,7 @@
-"""Run folders under misuse, second round: a resume that would train over weights it cannot
-continue from, a copy into the run it copies and a saved setting this attnlab refuses are each
-refused in one line with nothing changed; one seed gives one run in any process; the default
-classify run (e5) teaches distill."""
+"""Resumes and copies under misuse: a resume that would train over weights it cannot continue
+from, a copy into the run it copies and a saved setting this attnlab refuses are each refused in
+one line with nothing changed; one seed gives one run in any process; the default classify run
+(e5) teaches a student by distillation."""
 
 from __future__ import annotations
 
