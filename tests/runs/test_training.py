@@ -443,3 +443,24 @@ def test_a_finished_run_keeps_what_its_verbs_read(tmp_path, corpus, capsys) -> N
     assert main([*argv, "--keep-state", "true", "--max-steps", "2"]) == 0
     assert (kept / "state").is_dir()
     assert main(["train", "classify", "--out", str(kept), "--resume", "--max-steps", "3"]) == 0
+
+
+def test_num_threads_holds_for_the_whole_run(tmp_path, corpus, monkeypatch) -> None:
+    """--num-threads applies from the data's preparation on (the recipe's frozen passes run in
+    build_model, before the training loop), and torch's setting comes back afterwards."""
+    import torch
+
+    from attnlab.tasks.classify import ClassifyTask
+
+    seen = []
+    real = ClassifyTask.build_model
+
+    def build_model(self, cfg, setup):
+        seen.append(torch.get_num_threads())
+        return real(self, cfg, setup)
+
+    monkeypatch.setattr(ClassifyTask, "build_model", build_model)
+    torch.set_num_threads(2)
+    argv = ["train", "classify", "--out", str(tmp_path / "r"), "--data", str(corpus), *TINY]
+    assert main([*argv, "--max-steps", "1"]) == 0  # TINY: --num-threads 1
+    assert seen == [1] and torch.get_num_threads() == 2

@@ -275,7 +275,7 @@ def train(
         record = datafiles.resolve(cfg, task.data_paths, task.list_paths)
         restoring = False
     try:
-        with _take_folder(out, resume) as (work, staging):
+        with _take_folder(out, resume) as (work, staging), _threads(cfg.train.num_threads):
             return _train(task, cfg, out, work, staging, record, resume, restoring, device)
     except FloatingPointError as err:  # the loss or gradients diverged
         if main:
@@ -291,6 +291,21 @@ def train(
         if why is None:
             raise
         raise UserError(_write_failure_message(task, out, why, resume)) from None
+
+
+@contextlib.contextmanager
+def _threads(n: int) -> Iterator[None]:
+    """The whole run on ``n`` torch threads (0: torch's setting), the data's preparation and
+    the recipe's frozen passes included, not the training loop alone; restored after."""
+    import torch
+
+    before = torch.get_num_threads()
+    if n > 0:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _train(
