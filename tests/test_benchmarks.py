@@ -3,6 +3,7 @@
 Scripts are found by walking benchmarks/, so a new one is covered without editing this file.
 A module whose name starts with ``_`` is a helper that scripts import, not a script. A page
 whose script was retired says so on its command line, and docs/results/LOG.md tells that run.
+docs/results/README.md is the index: it measures nothing itself and lists every page.
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ def test_help_prints_and_exits_zero(name, monkeypatch):
 COMMAND_LINE = re.compile(r"^Command: `(?P<cmd>[^`]+)`(?P<rest>.*)$", re.MULTILINE)
 RETIRED = "(retired, see LOG.md)"  # the script is gone; LOG.md tells its finding and commit
 LOG = RESULTS / "LOG.md"
+INDEX = RESULTS / "README.md"
 
 
 def cli_commands() -> set[str]:
@@ -115,7 +117,7 @@ def test_pages_found():
 def test_page_names_its_command(page):
     text = page.read_text(encoding="utf-8")
     found = COMMAND_LINE.findall(text)
-    assert found or page == LOG, f"{page.name}: no line 'Command: `...`'"
+    assert found or page in (LOG, INDEX), f"{page.name}: no line 'Command: `...`'"
     known = cli_commands()
     for line, rest in found:
         if RETIRED in rest:
@@ -124,3 +126,11 @@ def test_page_names_its_command(page):
             continue
         for cmd in re.split(r"\s*(?:;|&&)\s*", line):
             check_command(cmd, known)
+
+
+def test_index_lists_every_page_once():
+    """The index's last section links each result page exactly once, and nothing else."""
+    section = INDEX.read_text(encoding="utf-8").split("## Every page")[-1]
+    listed = re.findall(r"\]\(([^)#]+\.md)\)", section)  # [name](page.md)
+    on_disk = [str(p.relative_to(RESULTS)) for p in pages() if p != INDEX]
+    assert sorted(listed) == sorted(on_disk)
