@@ -28,9 +28,9 @@ import torch
 
 from attnlab.data.text_lm import open_tokens
 from attnlab.infer.generation import Generation, sample_next
+from attnlab.infer.lm import LMRun
 from attnlab.infer.speculative import ModelDrafter, NgramDrafter, speculative_decode
 from attnlab.runs import training
-from attnlab.tasks.lm import LMRun
 from benchmarks import common
 
 TARGET = {"n_layers": "6", "n_heads": "6", "d_model": "384", "context": "128",

@@ -36,9 +36,9 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.data.text_lm import open_tokens
+from attnlab.infer.lm import LMRun
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.runs.training import train
-from attnlab.tasks.lm import LMRun
 from benchmarks import common
 
 RESULTS = Path("docs/results")

@@ -312,7 +312,7 @@ def sample_best(race_result: dict[str, Any]) -> dict[str, Any]:
     """500 characters (temperature 0.8, seed 0) from the race run with the lowest val loss."""
     import torch
 
-    from attnlab.tasks.lm import LMRun, generate_text
+    from attnlab.infer.lm import LMRun, generate_text
 
     if not race_result["runs"]:
         return {}

@@ -22,8 +22,9 @@ from pathlib import Path
 import torch
 
 from attnlab.data.text_lm import eval_starts, open_tokens
+from attnlab.infer.lm import LMRun, generate_text
 from attnlab.runs import training
-from attnlab.tasks.lm import LMRun, generate_text, mean_loss
+from attnlab.tasks.lm import mean_loss
 from attnlab.train.precision import autocast
 from benchmarks import common
 

@@ -39,8 +39,8 @@ import sys
 import time
 from pathlib import Path
 
+from attnlab.infer.lm import LMRun
 from attnlab.models.gpt import GPT
-from attnlab.tasks.lm import LMRun
 from attnlab.train.curves import plot_curves
 from attnlab.train.metrics_log import read_metrics
 from benchmarks import common

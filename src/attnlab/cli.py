@@ -357,7 +357,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
 
 def _run_generate(args: argparse.Namespace) -> int:
     """Stream one sample as it is produced; several are printed one after another."""
-    from attnlab.tasks.lm import LMRun, check_request, default_prompt
+    from attnlab.infer.lm import LMRun, check_request, default_prompt
 
     check_request(args.max_new_tokens, args.num_samples, args.temperature, args.top_k, args.top_p)
     refuse_unused_decoding(args)
@@ -438,13 +438,13 @@ def refuse_unused_decoding(args: argparse.Namespace) -> None:
 
 def _drafter(args: argparse.Namespace, run: Any) -> Any:
     """The speculative drafter --draft / --prompt-lookup ask for, or None."""
+    from attnlab.infer.lm import LMRun
     from attnlab.infer.speculative import (
         ModelDrafter,
         NgramDrafter,
         check_draft,
         check_lookahead,
     )
-    from attnlab.tasks.lm import LMRun
 
     if args.draft is None and not args.prompt_lookup:
         return None

@@ -89,7 +89,7 @@ def test_classifier_page_flags_a_text_of_unseen_characters(runs, tmp_path):
 
 
 def test_gpt_page_equals_the_stack_and_generate(runs, tmp_path):
-    from attnlab.tasks.lm import generate_text
+    from attnlab.infer.lm import generate_text
 
     data = _page(runs["gpt"], tmp_path / "p.html", "To be", extra=("--max-new-tokens", "6"))
     source = load_source(runs["gpt"])

@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from attnlab.cli import main
+from attnlab.infer.lm import LMRun, generate_text
 from attnlab.interop.hf_gpt2 import save_hf_gpt2
 from attnlab.runs import training
 from attnlab.tasks import lm
-from attnlab.tasks.lm import LMRun, build_config, generate_text
+from attnlab.tasks.lm import build_config
 from attnlab.train import load_weights
 
 

@@ -82,6 +82,9 @@ def test_deit_distils_from_a_cnn_run(tmp_path: Path, capsys) -> None:
     deit = ["train", "vision", "--arch", "deit", "--out", str(run), "--data", str(root)]
     assert main([*deit, *COMMON, *vit]) == 2
     assert "--arch deit needs --teacher RUN" in capsys.readouterr().err
+    assert main([*deit, *COMMON, *vit, "--teacher", str(teacher), "--distill", "false"]) == 2
+    assert "--arch deit trains a ViT with distill = true" in capsys.readouterr().err
+    assert not run.exists()
     results = _train("vision --arch deit", run, root, *vit, "--teacher", str(teacher))
     assert results["test"]["accuracy"] == 1.0
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -100,6 +103,15 @@ def test_deit_distils_from_a_cnn_run(tmp_path: Path, capsys) -> None:
     assert main([*args, "--teacher", str(teacher)]) == 2
     assert not bad.exists()
     torch.manual_seed(0)
+
+
+def test_a_vit_with_the_distillation_token_is_refused(tmp_path: Path, capsys) -> None:
+    root = _image_folder(tmp_path / "imgs")
+    out = tmp_path / "vit"
+    args = ["train", "vision", "--out", str(out), "--data", str(root), *COMMON, "--patch-size", "4"]
+    assert main([*args, "--distill", "true"]) == 2
+    why = "distill = true adds DeiT's distillation token: train --arch deit"
+    assert why in capsys.readouterr().err and not out.exists()
 
 
 def test_mae_pretrains_draws_reconstructions_and_initialises_a_vit(tmp_path: Path, capsys) -> None:

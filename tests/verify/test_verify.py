@@ -1,10 +1,12 @@
 """``attnlab verify``: it passes on the installed oracles, and it catches a broken component.
 
-* the whole command on this machine's oracles: every row passes, exit status 0, the JSON table;
+* the whole command on this machine's oracles (--skip-missing: those installed): every row that
+  runs passes, exit status 0, the JSON table;
 * a component broken on purpose (monkeypatched to be off by 1%; bfloat16 would round 0.1% away)
   fails its row and makes the exit status 1: a core piece (SDPA), an HF-checked piece (the MoE
   experts), Mamba, Muon;
-* a check whose oracle is not installed is listed with its install command and does not fail;
+* a check whose oracle is not installed is no pass: the command refuses, naming the install,
+  unless ``--skip-missing`` asks for the checks that can run (the others listed as skipped);
 * a crashing check becomes an ERROR row; ``--only`` that matches nothing is a ValueError.
 """
 
@@ -15,6 +17,7 @@ import json
 
 import pytest
 
+from attnlab.errors import UserError
 from attnlab.verify import checks_torch, command, registry
 from attnlab.verify.check import ERROR, FAIL, MISSING, PASS, Check, Oracle, run_check
 
@@ -34,7 +37,7 @@ def by_component(path) -> dict:
 @pytest.mark.slow
 def test_every_check_passes_on_the_installed_oracles(tmp_path, seed, capsys):
     out = tmp_path / "verify.json"
-    assert verify("--seed", str(seed), "--json", str(out)) == 0
+    assert verify("--seed", str(seed), "--json", str(out), "--skip-missing") == 0
     text = capsys.readouterr().out
     assert f"seed {seed}" in text and "max abs error" in text
     rows = by_component(out)
@@ -99,11 +102,40 @@ def test_a_broken_muon_fails_both_optimizer_rows(monkeypatch, seed):
         assert run_check(checks[name], seed).status == FAIL, name
 
 
+def test_a_check_whose_oracle_is_missing_is_not_a_pass(monkeypatch, capsys, tmp_path):
+    """transformers made to look uninstalled: the DeiT row cannot run, so the command refuses in
+    one line naming the install (exit 2, no table written) instead of exiting 0; asked for the
+    checks that can run (--skip-missing), it runs them and lists DeiT as skipped, not passed;
+    with nothing left to run it still refuses."""
+    from attnlab.cli import main
+
+    available = Oracle.available
+    monkeypatch.setattr(Oracle, "available", lambda o: o.module != "transformers" and available(o))
+    out = tmp_path / "v.json"
+    only = ["--seed", "1", "--only", "scaled_dot,deit", "--json", str(out)]
+    capsys.readouterr()
+    assert main(["verify", *only]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "1 of the 3 checks cannot run" in err
+    assert "transformers" in err and "pip install 'attnlab[verify]'" in err
+    assert "--skip-missing to run the other 2" in err and not out.exists()
+    assert verify(*only, "--skip-missing") == 0
+    rows = by_component(out)
+    assert rows["DeiT (distillation token)"]["status"] == MISSING
+    assert not rows["DeiT (distillation token)"]["passed"]
+    assert rows["scaled_dot_product_attention"]["status"] == PASS
+    assert "1 skipped, oracle not installed" in capsys.readouterr().out
+    with pytest.raises(UserError, match="none of the 2 checks can run.*pip install"):
+        verify("--only", "deit,swin attention", "--skip-missing")
+
+
 def test_missing_oracle_is_listed_with_its_install_command(monkeypatch, capsys):
     absent = Oracle("attnlab_no_such_oracle", "pip install attnlab-no-such-oracle")
     fake = Check("fake", "nothing", 1e-9, lambda m: None, (absent,))
     monkeypatch.setattr(registry, "CHECKS", [fake, *registry.CHECKS[:1]])
-    assert verify("--seed", "3") == 0
+    assert verify("--list") == 0
+    assert "(not installed: attnlab_no_such_oracle)" in capsys.readouterr().out.splitlines()[0]
+    assert verify("--seed", "3", "--skip-missing") == 0
     text = capsys.readouterr().out
     assert "missing" in text and "pip install attnlab-no-such-oracle" in text
 

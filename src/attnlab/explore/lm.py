@@ -16,8 +16,8 @@ from attnlab.errors import UserError
 from attnlab.explore.pack import build_group, calls_named
 from attnlab.explore.sources import Source
 from attnlab.infer.generation import Generation, check_sampling, sample_next
+from attnlab.infer.lm import encode_prompt
 from attnlab.layers.attention_record import record_attention
-from attnlab.tasks.lm import encode_prompt
 
 TOP_K = 10
 # Logits kept per step for the page's temperature slider: the whole vocabulary when it is this

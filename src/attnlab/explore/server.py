@@ -223,7 +223,7 @@ def make_server(
 
 def _default_input(source: Source) -> str:
     if source.kind == "gpt":
-        from attnlab.tasks.lm import default_prompt
+        from attnlab.infer.lm import default_prompt
 
         return default_prompt(source.run.tokenizer)
     if source.kind == "classifier":

@@ -44,7 +44,7 @@ def load_source(run: str | Path) -> Source:
         )
     raw = json.loads(config.read_text(encoding="utf-8"))
     if raw.get("model_type") == "gpt2":
-        from attnlab.tasks.lm import LMRun
+        from attnlab.infer.lm import LMRun
 
         return Source("gpt", LMRun.load(path), path.name)
     if raw.get("model_type") == "bert" or (path / "checkpoint" / "config.json").is_file():

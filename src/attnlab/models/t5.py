@@ -16,7 +16,6 @@ What T5 changes relative to attnlab's core encoder-decoder (:mod:`attnlab.models
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -226,11 +225,6 @@ def init_t5_weights(model: T5) -> None:
             nn.init.normal_(p, std=D**-0.5)
         elif name.endswith("ff.w_out.weight"):
             nn.init.normal_(p, std=F_**-0.5)
-
-
-def fold_query_scale(head_dim: int) -> float:
-    """The factor T5's query weights gain in attnlab (attention divides by √d_k; T5 does not)."""
-    return math.sqrt(head_dim)
 
 
 register_model(

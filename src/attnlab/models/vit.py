@@ -5,11 +5,12 @@ y = LN(z_L^0)  (eq. 4), then a linear head. The patch projection E is a convolut
 kernel and stride are the patch size, which is the same as flattening each patch and
 multiplying by E.
 
-``distill = true`` makes it DeiT (Touvron et al. 2021, §4): a second learned token, the
-distillation token, follows the class token (both get positions); its final state feeds a
-second head trained on a teacher's predictions. :meth:`ViT.heads` returns both heads' logits;
+:class:`DeiT` (Touvron et al. 2021, §4) is the ViT plus a second learned token, the
+distillation token, after the class token (both get positions); its final state feeds a second
+head trained on a teacher's predictions. :meth:`DeiT.heads` returns both heads' logits;
 ``forward`` (inference) returns their mean, as DeiT and Hugging Face's
-``DeiTForImageClassificationWithTeacher`` do.
+``DeiTForImageClassificationWithTeacher`` do. Its config is the ViT's with ``distill = true``
+(what a run folder records); each class refuses the other's setting.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class ViTConfig(ConfigBase):
     norm: NormKind = block_setting("norm", "layer")
     dyt_alpha0: float = block_setting("dyt_alpha0")
     pooling: Literal["cls", "mean"] = setting("cls")
-    distill: bool = setting(False, "DeiT: a distillation token with its own head (pooling cls)")
+    distill: bool = setting(False, "the distillation token and head: true with --arch deit only")
     pos: Literal["learned", "sincos2d"] = setting("learned")
     stem: Literal["patch", "conv"] = setting("patch")
     attention: AttentionKind = block_setting("attention", "full")
@@ -143,6 +144,7 @@ class ViT(nn.Module):
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
         cfg.validate(complete=True)
+        self.check_distill(cfg)
         self.cfg = cfg
         if cfg.stem == "conv":
             self.patch_embed: nn.Module = ConvStem(
@@ -152,7 +154,7 @@ class ViT(nn.Module):
             self.patch_embed = PatchEmbedding(cfg.in_channels, cfg.patch_size, cfg.d_model)
         cls = cfg.pooling == "cls"
         self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.d_model)) if cls else None
-        self.dist_token = nn.Parameter(torch.zeros(1, 1, cfg.d_model)) if cfg.distill else None
+        self.add_tokens(cfg)
         self.pos_embed = make_positions(
             cfg.pos, cfg.d_model, cfg.n_heads, cfg.n_tokens, grid=cfg.grid, n_prefix=cfg.n_prefix
         ).absolute  # the class token's position is learned too, or zero with sincos2d
@@ -161,11 +163,25 @@ class ViT(nn.Module):
         self.encoder = BlockStack([Block(block) for _ in range(cfg.n_layers)], block.make_norm())
         self.encoder.gradient_checkpointing = cfg.gradient_checkpointing
         self.head = nn.Linear(cfg.d_model, cfg.n_classes)
-        self.head_dist = nn.Linear(cfg.d_model, cfg.n_classes) if cfg.distill else None
+        self.add_heads(cfg)
         self.apply(init_vit_weights)
-        for token in (self.cls_token, self.dist_token):
-            if token is not None:
-                nn.init.normal_(token, std=0.02)
+        for token in self.prefix():
+            nn.init.normal_(token, std=0.02)
+
+    def check_distill(self, cfg: ViTConfig) -> None:
+        """A ViT has no distillation token: ``distill = true`` is :class:`DeiT`."""
+        if cfg.distill:
+            raise UserError("distill = true adds DeiT's distillation token: train --arch deit")
+
+    def add_tokens(self, cfg: ViTConfig) -> None:
+        """Learned tokens after the class token: none (DeiT: the distillation token)."""
+
+    def add_heads(self, cfg: ViTConfig) -> None:
+        """Heads after the class head: none (DeiT: the distillation head)."""
+
+    def prefix(self) -> list[Tensor]:
+        """The learned tokens before the patches, each (1, 1, D): the class token (pooling cls)."""
+        return [] if self.cls_token is None else [self.cls_token]
 
     def embed(self, images: Tensor) -> Tensor:
         """(B, C, H, W) -> z_0 (B, T, D): patch tokens, class token, positions  (eq. 1)."""
@@ -176,9 +192,7 @@ class ViT(nn.Module):
                 "resize them to the model's image_size"
             )
         x = self.patch_embed(images)  # (B, N, D)
-        prefix = [
-            t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.dist_token) if t is not None
-        ]
+        prefix = [t.expand(x.shape[0], -1, -1) for t in self.prefix()]
         x = torch.cat([*prefix, x], dim=1)  # (B, n_prefix + N, D)
         return self.dropout(self.pos_embed(x))  # (B, T, D)
 
@@ -186,20 +200,13 @@ class ViT(nn.Module):
         """(B, T, D) final-normed states -> (B, D): the class token or the mean of patches."""
         return h[:, 0] if self.cfg.pooling == "cls" else h.mean(dim=1)
 
-    def heads(self, h: Tensor) -> tuple[Tensor, Tensor | None]:
-        """Final-normed states (B, T, D) -> class-head logits and distillation-head logits
-        (the latter None without ``distill``), each (B, n_classes)."""
-        dist = None if self.head_dist is None else self.head_dist(h[:, 1])
-        return self.head(self.pool(h)), dist
-
-    def logits(self, cls_logits: Tensor, dist_logits: Tensor | None) -> Tensor:
-        """The prediction: the class head, or with DeiT the mean of both heads."""
-        return cls_logits if dist_logits is None else (cls_logits + dist_logits) / 2
+    def classify(self, h: Tensor) -> Tensor:
+        """Final-normed states (B, T, D) -> logits (B, n_classes)  (eq. 4 and the head)."""
+        return self.head(self.pool(h))
 
     def forward(self, images: Tensor) -> Tensor:
         """(B, C, H, W) -> logits (B, n_classes)."""
-        h = self.encoder(self.embed(images))  # (B, T, D)
-        return self.logits(*self.heads(h))
+        return self.classify(self.encoder(self.embed(images)))  # (B, n_classes)
 
     @torch.no_grad()
     def inspect(self, images: Tensor) -> dict[str, Tensor | list[Tensor]]:
@@ -216,8 +223,43 @@ class ViT(nn.Module):
             "hidden_states": hidden,
             "last_hidden_state": out,
             "attention": torch.stack(weights),
-            "logits": self.logits(*self.heads(out)),
+            "logits": self.classify(out),
         }
+
+
+class DeiT(ViT):
+    """DeiT (Touvron et al. 2021, §4): the ViT with a distillation token after the class token
+    and a second head on its final state, trained on a teacher's predictions (the vision task's
+    step); at inference the prediction is the mean of both heads."""
+
+    def check_distill(self, cfg: ViTConfig) -> None:
+        """DeiT's config says ``distill = true`` (what a run folder records)."""
+        if not cfg.distill:
+            raise UserError("--arch deit trains a ViT with distill = true; do not turn it off")
+
+    def add_tokens(self, cfg: ViTConfig) -> None:
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, cfg.d_model))
+
+    def add_heads(self, cfg: ViTConfig) -> None:
+        self.head_dist = nn.Linear(cfg.d_model, cfg.n_classes)
+
+    def prefix(self) -> list[Tensor]:
+        """The class token, then the distillation token, each (1, 1, D)."""
+        return [*super().prefix(), self.dist_token]
+
+    def heads(self, h: Tensor) -> tuple[Tensor, Tensor]:
+        """Final-normed states (B, T, D) -> class-head and distillation-head logits, each
+        (B, n_classes): the class token's and the distillation token's states through their
+        heads."""
+        return self.head(self.pool(h)), self.head_dist(h[:, 1])
+
+    @staticmethod
+    def logits(cls_logits: Tensor, dist_logits: Tensor) -> Tensor:
+        """The prediction: the mean of both heads' logits (B, n_classes)."""
+        return (cls_logits + dist_logits) / 2
+
+    def classify(self, h: Tensor) -> Tensor:
+        return self.logits(*self.heads(h))
 
 
 def init_vit_weights(module: nn.Module) -> None:
@@ -260,6 +302,7 @@ def n_params(model: nn.Module) -> int:
 
 
 __all__ = [
+    "DeiT",
     "PatchEmbedding",
     "ViT",
     "ViTConfig",
@@ -282,4 +325,4 @@ register_model(
     example=images,
     defaults={"distill": True},
     tiny=_TINY_VIT,
-)(ViT)
+)(DeiT)

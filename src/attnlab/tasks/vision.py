@@ -1,10 +1,10 @@
 """Image classification end to end with a ViT, a Swin, a DeiT student or a ResNet-style CNN
 (+ SE/ECA/CBAM/CA).
 
-``deit`` is the ViT with a distillation token (``distill = true``) trained with DeiT's
-hard-label objective (Touvron et al. 2021, eq. 3): ½ CE(class head, label) + ½ CE(distillation
-head, argmax of the teacher), the teacher being a finished vision run (``--teacher RUN``, e.g.
-a CNN+SE run) run in eval mode on the same augmented batch.
+``deit`` is :class:`~attnlab.models.vit.DeiT`, the ViT with a distillation token, trained with
+DeiT's hard-label objective (Touvron et al. 2021, eq. 3): ½ CE(class head, label) +
+½ CE(distillation head, argmax of the teacher), the teacher being a finished vision run
+(``--teacher RUN``, e.g. a CNN+SE run) run in eval mode on the same augmented batch.
 
 `attnlab train vision --arch vit|swin|cnn|deit` (model registry names; vit by default) chooses
 the network. A run directory holds config.json ({"task": "vision", data, model (its "arch"
@@ -45,7 +45,7 @@ from attnlab.errors import UserError
 from attnlab.metrics import classification_report, format_report
 from attnlab.models.registry import model_entry
 from attnlab.models.swin import Swin, SwinConfig
-from attnlab.models.vit import ViT, ViTConfig
+from attnlab.models.vit import DeiT, ViT, ViTConfig
 from attnlab.runs import training
 from attnlab.runs.folder import WEIGHTS
 from attnlab.runs.task import Run, RunConfig, Setup, Task
@@ -181,10 +181,15 @@ def predict_dataset(
 
 
 def build_model(cfg: RunConfig) -> nn.Module:
-    """The ViT (DeiT: a ViT with a distillation token), Swin or CNN of a run config."""
-    if cfg.arch == "deit" and not cfg.model.distill:
-        raise UserError("--arch deit trains a ViT with distill = true; do not turn it off")
+    """The ViT, DeiT, Swin or CNN of a run config."""
     return model_entry(cfg.arch).build(cfg.model)
+
+
+def distils(cfg: RunConfig) -> bool:
+    """Whether ``--arch`` names a DeiT student, trained on a teacher's labels: its registry entry
+    turns the distillation token on (the DeiT class refuses a config without it, the ViT one a
+    config with it, so a changed ``distill`` ends in the model's own one-line refusal)."""
+    return bool(model_entry(cfg.arch).defaults.get("distill", False))
 
 
 def deit_step_fn(label_smoothing: float, teacher: VisionRun, mean: list[float], std: list[float]):
@@ -195,7 +200,7 @@ def deit_step_fn(label_smoothing: float, teacher: VisionRun, mean: list[float], 
     s_mean = torch.tensor(mean)[None, :, None, None]
     s_std = torch.tensor(std)[None, :, None, None]
 
-    def step(model: nn.Module, batch: dict[str, Tensor]) -> StepOutput:
+    def step(model: DeiT, batch: dict[str, Tensor]) -> StepOutput:
         images, labels = batch["images"], batch["labels"]
         with torch.no_grad():  # the teacher sees the pixels in its own normalisation
             raw = images * s_std.to(images) + s_mean.to(images)
@@ -303,9 +308,10 @@ class VisionTask(Task):
         return sections(arch)
 
     def setup(self, cfg: RunConfig, run_dir: Path, resume: bool, device: str) -> Setup:
-        if cfg.data.teacher and cfg.arch != "deit":
+        if cfg.data.teacher and not distils(cfg):
             raise UserError(f"--teacher applies to --arch deit, not {cfg.arch}")
-        if cfg.data.init and cfg.arch != "vit":
+        # an MAE encoder's weights fit the plain ViT alone (DeiT has a second token and head)
+        if cfg.data.init and (not isinstance(cfg.model, ViTConfig) or distils(cfg)):
             raise UserError(f"--init (an MAE run) applies to --arch vit, not {cfg.arch}")
         init_message = adopt_mae_shape(cfg) if cfg.data.init else None
         splits, source = load_splits(cfg.data)
@@ -332,7 +338,7 @@ class VisionTask(Task):
         setup = Setup((splits, report), train_data, evaluate, files, [message])
         if init_message:
             setup.messages.append(init_message)
-        if cfg.arch == "deit":
+        if distils(cfg):
             self.teacher = load_teacher(cfg, train_set.classes, [c, h, w])
             setup.messages.append(f"teacher: {cfg.data.teacher} ({self.teacher.config.arch})")
         return setup
@@ -346,7 +352,7 @@ class VisionTask(Task):
         return model
 
     def step(self, cfg: RunConfig):
-        if cfg.arch == "deit":
+        if distils(cfg):
             mean, std = self.report_stats
             return deit_step_fn(cfg.data.label_smoothing, self.teacher, mean, std)
         return step_fn(cfg.data.label_smoothing)
@@ -426,8 +432,8 @@ class VisionRun(Run):
 
     @property
     def explore_page(self) -> str:  # type: ignore[override]
-        """The explorer's page of the architecture: "cnn", or "vit" (ViT, DeiT and Swin)."""
-        return "cnn" if self.config.arch == "cnn" else "vit"
+        """The explorer's page of the model: "vit" (ViT, DeiT and Swin), or "cnn"."""
+        return "vit" if isinstance(self.model, ViT | Swin) else "cnn"
 
     @classmethod
     def load(cls, run_dir: str | Path, device: str = "cpu") -> VisionRun:

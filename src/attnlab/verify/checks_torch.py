@@ -77,12 +77,6 @@ def compare_grads(m: Measure, pairs: list[tuple[Tensor, Tensor]]) -> None:
             m.diff(ours.grad, theirs.grad, "input gradient")
 
 
-def zero_grads(*modules: nn.Module) -> None:
-    for module in modules:
-        for p in module.parameters():
-            p.grad = None
-
-
 # --------------------------------------------------------------------------- SDPA
 
 

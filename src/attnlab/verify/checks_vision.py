@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from attnlab.models.mae import MAE, MAEConfig
 from attnlab.models.swin import Swin, SwinConfig
-from attnlab.models.vit import ViT, ViTConfig
+from attnlab.models.vit import DeiT, ViTConfig
 from attnlab.verify.check import Measure
 from attnlab.verify.checks_hf import _transformers
 from attnlab.verify.checks_torch import choice, randint
@@ -170,8 +170,8 @@ def check_swin_f32(m: Measure) -> None:
 # --------------------------------------------------------------------------- DeiT
 
 
-def deit_state_dict(model: ViT, hf: nn.Module) -> dict[str, Tensor]:
-    """attnlab ViT (distill = true) weights from HF ``DeiTForImageClassificationWithTeacher``."""
+def deit_state_dict(model: DeiT, hf: nn.Module) -> dict[str, Tensor]:
+    """attnlab DeiT weights from HF ``DeiTForImageClassificationWithTeacher``."""
     src = {k.removeprefix("deit."): v for k, v in hf.state_dict().items()}
     sd = {
         "cls_token": src["embeddings.cls_token"],
@@ -210,8 +210,8 @@ def _vit_layers(src: dict[str, Tensor], n: int, ours: str, theirs: str) -> dict[
 
 
 def check_deit(m: Measure, cases: int = 3) -> None:
-    """DeiTForImageClassificationWithTeacher == attnlab's ViT with ``distill``: every hidden
-    state, the class and distillation logits and their mean, float64 (HF's sdpa path)."""
+    """DeiTForImageClassificationWithTeacher == attnlab's DeiT: every hidden state, the class
+    and distillation logits and their mean, float64 (HF's sdpa path)."""
     tf = _transformers()
     for _ in range(cases):
         H, patch = randint(1, 3), choice([2, 4])
@@ -244,7 +244,7 @@ def check_deit(m: Measure, cases: int = 3) -> None:
             attn_implementation="sdpa",
         )
         hf = randomise(tf.DeiTForImageClassificationWithTeacher(hf_cfg)).eval().to(F64)
-        model = ViT(cfg).eval()
+        model = DeiT(cfg).eval()
         model.load_state_dict(deit_state_dict(model, hf), strict=True)
         model = model.to(F64)
         images = torch.randn(randint(1, 3), cfg.in_channels, cfg.image_size, cfg.image_size)

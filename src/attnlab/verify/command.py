@@ -1,8 +1,11 @@
-"""``attnlab verify``: rerun every parity check against the installed oracles, print the table.
+"""``attnlab verify``: rerun every parity check against its oracle, print the table.
 
 Wired into the CLI as ``"verify": (command.add_parser, command.run)``. Exit status 0 when every
-check that could run passed, 1 when any failed or crashed; checks whose oracle is not installed
-are listed with the command that installs it and do not fail the run.
+chosen check ran and passed, 1 when any failed or crashed. A check whose oracle is not installed
+proves nothing, so it is no pass: the command refuses before running anything, in one line
+naming what to install (exit 2), unless ``--skip-missing`` asks for only the checks that can
+run (the others are listed as skipped, with their install command); with none left to run it
+refuses all the same.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Runs each of attnlab's parity checks (attention, layers, stacks, LLaMA, T5, "
         "GPT-2, ViT, BERT, MiniLM, Mamba, RWKV, Mixtral MoE) on fresh random configurations from "
         "one seed and prints: component, oracle, cases, max abs error, tolerance, pass. Exits 1 if "
-        "any check fails.",
+        "any check fails, and 2 (naming what to install) if a chosen check's oracle is not "
+        "installed: a check that cannot run is no pass. --skip-missing runs the others.",
     )
     p.add_argument("--seed", type=int, default=None, help="seed (default: a fresh one, printed)")
     p.add_argument("--json", default=None, metavar="FILE", help="also write the table as JSON")
@@ -40,6 +44,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--num-threads", type=int, default=1, help="torch threads; 0 = default")
     p.add_argument("--list", action="store_true", help="list the checks and their oracles")
+    p.add_argument(
+        "--skip-missing",
+        action="store_true",
+        help="run only the checks whose oracles are installed; the others are listed as "
+        "skipped (without it, a missing oracle stops the command before any check runs)",
+    )
 
 
 def select(only: str) -> list:
@@ -61,15 +71,18 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from attnlab.train.config import check_num_threads
-    from attnlab.verify.check import failed, format_table, run_checks, write_json
+    from attnlab.verify.check import failed, format_table, missing_oracles, run_checks, write_json
 
     checks = select(args.only)
     if args.json:
         _check_json_target(Path(args.json))  # before minutes of checks, not after
     if args.list:
         for c in checks:
-            print(f"{c.component:36s} {c.oracle:32s} tolerance {c.tolerance:.0e}")
+            lacking = ", ".join(o.name for o in missing_oracles(c))
+            line = f"{c.component:36s} {c.oracle:32s} tolerance {c.tolerance:.0e}"
+            print(line + (f"  (not installed: {lacking})" if lacking else ""))
         return 0
+    check_runnable(checks, args.skip_missing)
     check_num_threads(args.num_threads)
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
@@ -89,6 +102,33 @@ def run(args: argparse.Namespace) -> int:
             write_json(rows, args.json, meta(seed, wall))
         print(f"table written to {args.json}")
     return 1 if failed(rows) else 0
+
+
+def check_runnable(checks: list, skip_missing: bool) -> None:
+    """Refuse checks that cannot run, naming what to install: a parity that was never measured
+    is not a pass. ``skip_missing`` accepts them (listed as skipped) while any other can run."""
+    from attnlab.verify.check import missing_oracles
+
+    lacking = [o for c in checks for o in missing_oracles(c)]
+    if not lacking:
+        return
+    blocked = sum(bool(missing_oracles(c)) for c in checks)
+    ready = len(checks) - blocked
+    if skip_missing and ready:
+        return
+    names = ", ".join(sorted({o.name for o in lacking}))
+    install = "; ".join(sorted({o.install for o in lacking}))
+    if ready:
+        what = f"{blocked} of the {len(checks)} checks cannot run"
+        rest = f", or pass --skip-missing to run the other {ready}"
+    else:
+        what = (
+            "the check cannot run"
+            if len(checks) == 1
+            else f"none of the {len(checks)} checks can run"
+        )
+        rest = ""
+    raise UserError(f"{what}: {names} not installed; {install}{rest}")
 
 
 def _check_json_target(path: Path) -> None:
