@@ -11,6 +11,7 @@ import torch
 
 from attnlab.errors import UserError
 from attnlab.train import precision as prec
+from attnlab.train import precision_record
 from attnlab.train.precision import choose_precision, cpu_bf16_flags
 
 AVX2_ONLY = "processor\t: 0\nflags\t\t: fpu sse sse2 avx avx2 fma\n"
@@ -354,7 +355,8 @@ def test_a_new_setting_or_an_unreadable_record_is_timed_again(
     assert asked == [("fp32", "bf16")] and other["precision"] == "fp32"  # its own measurement
     keys = list(json.loads(precision_record_file.read_text()))
     assert len(keys) == 2 and {"1 threads" in k for k in keys} == {True, False}
-    assert all(prec.device_description("cpu") in k and torch.__version__ in k for k in keys)
+    device = precision_record.device_description("cpu")
+    assert all(device in k and torch.__version__ in k for k in keys)
     precision_record_file.write_text("{not json")
     again, asked = _fit_auto(tmp_path / "c", {"fp32": 1.0, "bf16": 0.5}, monkeypatch)
     assert asked == [("fp32", "bf16")] and "is unreadable" in again["precision_reason"]
@@ -364,8 +366,6 @@ def test_a_new_setting_or_an_unreadable_record_is_timed_again(
 def test_a_record_that_cannot_be_written_is_said_and_the_run_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from attnlab.train import precision_record
-
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     monkeypatch.setattr(precision_record, "data_dir", lambda: blocker / "cache")

@@ -66,7 +66,6 @@ from attnlab.train.precision import (
     choose_by_step_time,
     choose_precision,
     configure_tf32,
-    device_description,
     make_grad_scaler,
     precision_name,
     restore_tf32,
@@ -75,7 +74,13 @@ from attnlab.train.precision import (
     tf32_flags,
     time_step_precisions,
 )
-from attnlab.train.precision_record import read_record, record_path, setting_key, write_record
+from attnlab.train.precision_record import (
+    device_description,
+    read_record,
+    record_path,
+    setting_key,
+    write_record,
+)
 from attnlab.train.rng import capture_rng, restore_rng, seed_everything
 from attnlab.train.schedules import lr_factor, resolve_warmup
 

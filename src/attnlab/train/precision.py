@@ -76,7 +76,8 @@ def cuda_bf16_native(device: str | torch.device) -> bool:
     return cuda_capability(device) >= (8, 0)
 
 
-def _cuda_name(device: str | torch.device) -> str:
+def cuda_name(device: str | torch.device) -> str:
+    """The GPU's name and compute capability."""
     major, minor = cuda_capability(device)
     name = torch.cuda.get_device_name(torch.device(device))
     return f"{name} (compute capability {major}.{minor})"
@@ -101,9 +102,9 @@ def auto_candidate(device: str | torch.device) -> Candidate:
     kind = torch.device(device).type
     if kind == "cuda":
         if cuda_bf16_native(device):
-            return Candidate(torch.bfloat16, f"{_cuda_name(device)} has native bf16")
+            return Candidate(torch.bfloat16, f"{cuda_name(device)} has native bf16")
         return Candidate(
-            torch.float16, f"{_cuda_name(device)} lacks native bf16, so fp16 with a GradScaler"
+            torch.float16, f"{cuda_name(device)} lacks native bf16, so fp16 with a GradScaler"
         )
     if kind == "cpu":
         flags = cpu_bf16_flags()
@@ -150,7 +151,7 @@ def choose_precision(
         return cand.dtype, f"auto -> {low}: {cand.reason}"
     if torch.device(device).type == "cuda" and requested == "bf16" and not cuda_bf16_native(device):
         warnings.warn(
-            f"bf16 requested on {_cuda_name(device)}, which has no native bf16; it will be "
+            f"bf16 requested on {cuda_name(device)}, which has no native bf16; it will be "
             "slow (precision='auto' picks fp16 with loss scaling there)",
             stacklevel=2,
         )
@@ -161,16 +162,6 @@ def choose_precision(
             stacklevel=2,
         )
     return PRECISION_DTYPES[requested], f"{requested} requested"
-
-
-def device_description(device: str | torch.device) -> str:
-    """The device as a precision measurement depends on it: the GPU and its compute
-    capability, or the CPU's model and its bf16 flags."""
-    if torch.device(device).type == "cuda":
-        return f"cuda: {_cuda_name(device)}"
-    from attnlab.train.precision_record import cpu_model
-
-    return f"cpu: {cpu_model()} ({' '.join(cpu_bf16_flag_names()) or 'no bf16 flags'})"
 
 
 def precision_name(dtype: torch.dtype | None) -> str:

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from attnlab.data.english_sentiment import data_dir
+from attnlab.train.precision import cpu_bf16_flag_names, cuda_name
 
 RECORD_FILE = "precision.json"
 
@@ -43,6 +44,14 @@ def cpu_model(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+def device_description(device: str | torch.device) -> str:
+    """The device as a step measurement depends on it: the GPU and its compute capability, or
+    the CPU's model and the bf16 flags it advertises."""
+    if torch.device(device).type == "cuda":
+        return f"cuda: {cuda_name(device)}"
+    return f"cpu: {cpu_model()} ({' '.join(cpu_bf16_flag_names()) or 'no bf16 flags'})"
 
 
 def setting_key(device: str, model: nn.Module) -> str:
