@@ -357,6 +357,10 @@ def test_a_new_setting_or_an_unreadable_record_is_timed_again(
     assert len(keys) == 2 and {"1 threads" in k for k in keys} == {True, False}
     device = precision_record.device_description("cpu")
     assert all(device in k and torch.__version__ in k for k in keys)
+    records = json.loads(precision_record_file.read_text())
+    precision_record_file.write_text(json.dumps({k: {"precision": "bf16"} for k in records}))
+    _, asked = _fit_auto(tmp_path / "c0", {"fp32": 1.0, "bf16": 0.5}, monkeypatch, threads=2)
+    assert asked == [("fp32", "bf16")]  # an entry without its evidence is no record
     precision_record_file.write_text("{not json")
     again, asked = _fit_auto(tmp_path / "c", {"fp32": 1.0, "bf16": 0.5}, monkeypatch)
     assert asked == [("fp32", "bf16")] and "is unreadable" in again["precision_reason"]

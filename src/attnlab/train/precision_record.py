@@ -67,7 +67,8 @@ def setting_key(device: str, model: nn.Module) -> str:
 
 
 def read_record(key: str, path: Path | None = None) -> tuple[dict[str, Any] | None, str]:
-    """(the entry recorded for ``key``, or None; a note when the file could not be read)."""
+    """(the entry recorded for ``key`` (precision, timing, date), or None where there is none
+    or it is malformed; a note when the file could not be read)."""
     path = record_path() if path is None else path
     try:
         records = json.loads(path.read_text(encoding="utf-8"))
@@ -76,9 +77,12 @@ def read_record(key: str, path: Path | None = None) -> tuple[dict[str, Any] | No
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         return None, f"{path} is unreadable ({type(err).__name__}), so the step was timed again"
     entry = records.get(key) if isinstance(records, dict) else None
-    if not (isinstance(entry, dict) and entry.get("precision") in ("fp32", "bf16", "fp16")):
-        return None, ""
-    return entry, ""
+    usable = (
+        isinstance(entry, dict)
+        and entry.get("precision") in ("fp32", "bf16", "fp16")
+        and all(isinstance(entry.get(k), str) for k in ("timing", "date"))
+    )
+    return (entry, "") if usable else (None, "")
 
 
 def write_record(key: str, entry: dict[str, Any], path: Path | None = None) -> str:
