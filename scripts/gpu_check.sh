@@ -181,7 +181,7 @@ for section in $BENCH_SECTIONS; do
 done
 
 if [ "$DRY" = 1 ]; then
-  CLASSIFY=(--init none --max-steps 3 --eval-every 3 --d-model 16 --n-heads 2 --n-layers 1 --d-ff 32
+  CLASSIFY=(--arch char --max-steps 3 --eval-every 3 --d-model 16 --n-heads 2 --n-layers 1 --d-ff 32
     --ngram-buckets 64 --num-threads 1 --tensorboard false)
   LM=(--config quick --max-steps 4 --eval-every 4 --checkpoint-every 4)
 else

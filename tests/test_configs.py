@@ -221,12 +221,12 @@ def test_every_section_of_every_task_is_a_config_base_declared_with_setting() ->
     checked = 0
     for name in task_names():
         task = get_task(name)
-        parts = [*task.sections().items(), *task.derived_sections().items()]
-        parts += [("model", task.arch_sections(arch)["model"]) for arch in task.archs]
-        for section, cls in parts:
-            assert issubclass(cls, ConfigBase), f"{name}.{section}: {cls.__name__}"
-            for f in dataclasses.fields(cls):
-                declared = f.metadata.get(SETTING) or not f.metadata
-                assert declared, f"{cls.__name__}.{f.name}: declare it with configs.setting()"
-                checked += 1
+        for arch in task.archs or ("",):
+            parts = [*task.arch_sections(arch).items(), *task.derived_sections(arch).items()]
+            for section, cls in parts:
+                assert issubclass(cls, ConfigBase), f"{name}.{section}: {cls.__name__}"
+                for f in dataclasses.fields(cls):
+                    declared = f.metadata.get(SETTING) or not f.metadata
+                    assert declared, f"{cls.__name__}.{f.name}: declare it with setting()"
+                    checked += 1
     assert checked > 150

@@ -219,3 +219,21 @@ def test_the_checks_catch_what_they_are_for(tmp_path: Path) -> None:
 def test_every_layer_unit_exists(unit: str) -> None:
     exists = (SRC / f"{unit}.py").exists() or (SRC / unit).is_dir() or unit == "attnlab"
     assert exists, f"{unit} is in LAYERS but not in src/attnlab"
+
+
+def test_no_task_imports_another_task() -> None:
+    """A task's modules (the one that defines ``TASK`` and the modules only it uses) never
+    import another task's module: what two tasks share lives in a lower layer."""
+    graph = module_graph()
+    tasks = {
+        m for m in graph
+        if m.startswith("attnlab.tasks.")
+        and "\nTASK = " in (SRC.parent / (m.replace(".", "/") + ".py")).read_text(encoding="utf-8")
+    }  # fmt: skip
+    assert len(tasks) >= 6
+    found = [
+        f"{m} imports {t}"
+        for m in sorted(graph) if m.startswith("attnlab.tasks.")
+        for t in sorted(graph[m] & tasks) if t != m
+    ]  # fmt: skip
+    assert found == []

@@ -13,33 +13,41 @@ from attnlab.runs import sections
 from attnlab.runs.registry import REGISTRY, get_task
 
 PRESETS = sorted(p.stem for p in sections.PRESETS.glob("*.toml"))
-# keys restated on purpose: lm_baby pins every flag of nanoGPT's baby GPT command line, and
-# bert_classify writes out the fine-tuning recipe's optimizer settings
+# keys restated on purpose: lm_baby pins every flag of nanoGPT's baby GPT command line; the
+# main job's preset writes out its corpus and the fine-tuning recipe's optimizer settings, and
+# the character model's its corpus
 RESTATED = {
     "lm_baby": {"pos", "norm", "tie_weights", "dropout", "lr", "clip_norm"},
-    "bert_classify": {"weight_decay", "clip_norm", "log_every"},
+    "classify": {"data", "weight_decay", "clip_norm", "log_every"},
+    "classify_char": {"data"},
 }
 
 
 def _readers(stem: str) -> list[tuple[dict, list]]:
     """The sections of each task (and architecture) that reads presets/{stem}.toml, with the
-    presets it is layered on: the task's base preset (per architecture: vision_vit, ...), or a
-    `--config` preset on top of it."""
+    presets it is layered on: the ones before it in the architecture's chain of bundled
+    presets (``Task.presets``: classify, then classify_minilm), or, for a `--config` preset,
+    the whole chain of each architecture whose settings it names."""
     out = []
+    keys = set(_keys(stem))
     for name in REGISTRY:
         task = get_task(name)
-        bases = {arch: task.preset.format(arch=arch) if task.preset else None
-                 for arch in task.archs or ("",)}  # fmt: skip
-        for arch, base in bases.items():
+        chains = {arch: task.presets(arch) for arch in task.archs or ("",)}
+        if name == "classify":  # its --arch also takes a checkpoint folder
+            chains["FOLDER"] = task.presets(str(sections.PRESETS))
+        every = {p for chain in chains.values() for p in chain}
+        for arch, chain in chains.items():
             parts = task.arch_sections(arch)
-            if base == stem:
-                out.append((parts, []))
+            paths = [sections.PRESETS / f"{p}.toml" for p in chain]
+            if stem in chain:
+                out.append((parts, paths[: chain.index(stem)]))
             elif (
                 task.preset_prefix
                 and stem.startswith(f"{task.preset_prefix}_")
-                and stem not in bases.values()
+                and stem not in every
+                and keys <= set(sections.field_owner(parts))
             ):
-                out.append((parts, [sections.PRESETS / f"{base}.toml"]))
+                out.append((parts, paths))
     return out
 
 

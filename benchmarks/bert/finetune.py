@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
     info = common.machine(threads=1)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     shared = {
-        "init": args.init,
+        "arch": args.init,
         "data": args.data,
         "max_examples": args.max_examples,
         "max_truncate_len": args.max_len,
@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> None:
     for arm in ARMS:
         out = Path(args.out) / f"{args.name}-{arm}"
         start = time.perf_counter()
-        r = training.train("bert_classify", out, {**shared, "from_scratch": arm == "scratch"})
+        r = training.train("classify", out, {**shared, "pretrained": arm != "scratch",
+                                             "extra_train": ""})  # fmt: skip
         report = json.loads((out / "data_report.json").read_text())
         results["arms"][arm] = {
             "test_accuracy": r["test"]["accuracy"],
@@ -71,13 +72,13 @@ def main(argv: list[str] | None = None) -> None:
             "total_wall_s": time.perf_counter() - start,
             "n_test": r["test"]["n"],
         }
-        results["setup"]["arms"][arm] = report["init"]
+        results["setup"]["arms"][arm] = "pretrained" if arm != "scratch" else "random"
         results["setup"] |= {
             "source": report["source"],
             "split_sizes": report["split_sizes"],
             "max_len": report["max_len"],
             "truncation": report["truncation"],
-            "checkpoint": report["checkpoint"],
+            "checkpoint": report["encoder"]["name"],
         }
     results["machine"] = {**info, "load_average_at_end": common.load_average()}
     write(args.name, results)

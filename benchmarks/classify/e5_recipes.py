@@ -70,14 +70,14 @@ def _splits(train_examples: int, extra_train: str = ""):
     """Texts and labels of train (sampled as the task samples), val, test, OOD, tutorial and
     ``extra_train``'s corpus (read as the task reads it)."""
     from attnlab.data import load_chinese_reviews, stratified_split
-    from attnlab.data.ood import load_ood, ood_files
-    from attnlab.tasks.bert_classify import sample_train
-    from attnlab.tasks.classify import TUTORIAL_EXAMPLES
+    from attnlab.data.sentiment import TUTORIAL_EXAMPLES, load_ood, ood_files
+    from attnlab.data.splits import stratified_sample
 
     corpus = load_chinese_reviews()
     split = stratified_split(corpus.labels, (0.8, 0.1, 0.1), 0)
     full_train = list(split["train"])
-    sample_train(split, corpus.labels, train_examples, 0)
+    keep = stratified_sample([corpus.labels[i] for i in full_train], train_examples, 0)
+    split["train"] = [full_train[j] for j in keep]
     out = {
         name: ([corpus.texts[i] for i in idx], [corpus.labels[i] for i in idx])
         for name, idx in split.items()
@@ -95,7 +95,7 @@ def _splits(train_examples: int, extra_train: str = ""):
         )
     out["tutorial"] = ([t for t, _ in TUTORIAL_EXAMPLES], [label for _, label in TUTORIAL_EXAMPLES])
     if extra_train:
-        from attnlab.tasks.bert_classify import read_corpus
+        from attnlab.data.sentiment import read_corpus
 
         extra = read_corpus(extra_train, "text", "label")
         out["extra"] = (extra.texts, extra.labels)
@@ -217,8 +217,8 @@ def _tfidf(data: dict, train_name: str) -> dict:
 
 
 def runs(args: argparse.Namespace) -> dict:
-    from attnlab.tasks.bert_classify import BertClassifierRun
-    from attnlab.tasks.classify import TUTORIAL_EXAMPLES
+    from attnlab.data.sentiment import TUTORIAL_EXAMPLES
+    from attnlab.infer.classifier import ClassifierRun
 
     out = {}
     names = args.name + [d.name for d in args.dirs[len(args.name) :]]
@@ -226,7 +226,7 @@ def runs(args: argparse.Namespace) -> dict:
         results = json.loads((run_dir / "results.json").read_text())
         summary = json.loads((run_dir / "summary.json").read_text())
         config = json.loads((run_dir / "config.json").read_text())
-        run = BertClassifierRun.load(run_dir)
+        run = ClassifierRun.load(run_dir)
         preds = run.predict([t for t, _ in TUTORIAL_EXAMPLES])
         size = sum(p.stat().st_size for p in run_dir.rglob("*") if p.is_file())
         report = json.loads((run_dir / "data_report.json").read_text())
@@ -303,7 +303,7 @@ def render(data: dict) -> list[str]:
         )
     lines.append(
         "\nEach fine-tuned row is a run of `attnlab train classify --out DIR` with the settings "
-        "below (the rest from presets/bert_classify.toml); the table reads its folder."
+        "below (the rest from presets/classify.toml); the table reads its folder."
     )
     for name, r in data.get("runs", {}).items():
         lines.append(

@@ -1,5 +1,5 @@
 """What one fine-tuning step of the e5 classifier costs in memory and time, by attention
-dropout and micro-batch: the measurements behind presets/bert_classify.toml's choices.
+dropout and micro-batch: the measurements behind presets/classify.toml's choices.
 
 Each case runs in a fresh interpreter (so one case's peak cannot hide another's): the e5
 encoder and its tokenizer are loaded, then one forward and backward pass of the classifier in

@@ -34,10 +34,10 @@ from typing import Any
 
 import torch
 
-from attnlab.data.ood import OOD_DIR, load_ood, ood_files
+from attnlab.data.prepare import prepare_texts
+from attnlab.data.sentiment import OOD_DIR, TUTORIAL_EXAMPLES, load_ood, ood_files
+from attnlab.infer.classifier import ClassifierRun
 from attnlab.runs import training
-from attnlab.tasks import classify
-from attnlab.tasks.classify import TUTORIAL_EXAMPLES, ClassifierRun
 from benchmarks import common
 
 ROOT = common.ROOT
@@ -47,7 +47,8 @@ RUNS = ROOT / "runs" / "knowledge"
 # The preset before this work (no extra sources): every variant states its fields in full, so
 # the table means the same thing whatever the preset says today.
 OLD_DEFAULT: dict[str, Any] = {
-    "lexicons": "",
+    "arch": "char",
+    "extra_train": "",
     "lexicon_negation": 0.0,
     "lexicon_intensity": 0.0,
     "label_smoothing": 0.1,
@@ -58,29 +59,29 @@ OLD_DEFAULT: dict[str, Any] = {
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "default_3ep": {"epochs": 3},
-    "hownet": {"lexicons": "hownet"},
-    "hownet_3ep": {"lexicons": "hownet", "epochs": 3},
+    "hownet": {"extra_train": "hownet"},
+    "hownet_3ep": {"extra_train": "hownet", "epochs": 3},
     "hownet+phrases_3ep": {
-        "lexicons": "hownet",
+        "extra_train": "hownet",
         "lexicon_negation": 0.25,
         "lexicon_intensity": 0.25,
         "epochs": 3,
     },
-    "dutir_3ep": {"lexicons": "dutir", "epochs": 3},
-    "hownet_no_attn_dropout": {"lexicons": "hownet", "attn_dropout": 0.0},
+    "dutir_3ep": {"extra_train": "dutir", "epochs": 3},
+    "hownet_no_attn_dropout": {"extra_train": "hownet", "attn_dropout": 0.0},
     "hownet_no_attn_dropout_no_smoothing": {
-        "lexicons": "hownet",
+        "extra_train": "hownet",
         "attn_dropout": 0.0,
         "label_smoothing": 0.0,
     },
     "hownet_no_attn_dropout+pretrain": {
-        "lexicons": "hownet",
+        "extra_train": "hownet",
         "attn_dropout": 0.0,
         "pretrain": "peoples_daily,reviews",
         "pretrain_steps": 2000,
     },
     "hownet+dutir+phrases_3ep": {
-        "lexicons": "hownet,dutir",
+        "extra_train": "hownet,dutir",
         "lexicon_negation": 0.25,
         "lexicon_intensity": 0.25,
         "epochs": 3,
@@ -412,10 +413,10 @@ def ensembles_and_calibration(records: dict[str, list[dict]]) -> dict[str, Any]:
     """Per variant with several seeds: the seeds' averaged probabilities as one ensemble; per
     variant: temperature scaling of seed 0's (or the first) run."""
     out: dict[str, Any] = {}
-    cfg = classify.build_config(None, {"lexicons": ""})  # only val/test are read
-    prep = classify.prepare(cfg, RUNS / "_prep", resume=False)
-    val_texts, val_labels = prep.texts_of("val")
-    test_texts, test_labels = prep.texts_of("test")
+    cfg = training.build_config("classify", None, {"arch": "char", "extra_train": ""})
+    prep = prepare_texts(cfg.data, RUNS / "_prep", resume=False)  # only val/test are read
+    val_texts, val_labels = prep.texts("val")
+    test_texts, test_labels = prep.texts("test")
     dev, _ = load_ood("dev")
     test_ood, _ = load_ood("test") if "test" in ood_files() else (None, None)
     tut = [t for t, _ in TUTORIAL_EXAMPLES]
@@ -445,16 +446,17 @@ def tfidf_rows(variants: list[str], ood_splits: tuple[str, ...] = ("dev", "test"
     out = {}
     seen: dict[str, str] = {}
     for variant in variants:
-        over = {k: v for k, v in overrides_of(variant, 0).items() if k.startswith("lexicon")}
+        over = {k: v for k, v in overrides_of(variant, 0).items()
+                if k.startswith("lexicon") or k in ("arch", "extra_train")}  # fmt: skip
         key = json.dumps(over, sort_keys=True)
         if key in seen:
             continue
         seen[key] = variant
-        cfg = classify.build_config(None, over)
-        prep = classify.prepare(cfg, RUNS / "_prep", resume=False)
-        train_texts, train_labels = prep.texts_of("train")
-        val = prep.texts_of("val")
-        evals = {"test": prep.texts_of("test")}
+        cfg = training.build_config("classify", None, over)
+        prep = prepare_texts(cfg.data, RUNS / "_prep", resume=False)
+        train_texts, train_labels = prep.texts("train")
+        val = prep.texts("val")
+        evals = {"test": prep.texts("test")}
         for name in [n for n in ood_files() if n in ood_splits]:
             corpus, _ = load_ood(name)
             evals[f"ood_{name}"] = (corpus.texts, corpus.labels)

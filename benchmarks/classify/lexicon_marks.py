@@ -4,7 +4,8 @@
     python -m benchmarks.classify.lexicon_marks train --variant marks --seed 0
     python -m benchmarks.classify.lexicon_marks report
 
-Adding the HowNet word lists as short training examples (the default, lexicons = "auto") teaches
+Adding the HowNet word lists as short training examples (the character model's default,
+extra_train = "hownet") teaches
 the model the words; this experiment tries the other classic way of using a lexicon, as a
 feature of the input (the word-level sentiment polarity of SentiLARE, Ke et al. 2020, in its
 simplest form): before every HowNet word of two or more characters found in a text (greedy
@@ -44,9 +45,9 @@ from typing import Any
 import numpy as np
 
 from attnlab.data.lexicons import load_lexicon
-from attnlab.data.ood import load_ood
+from attnlab.data.sentiment import TUTORIAL_EXAMPLES, load_ood
+from attnlab.infer.classifier import ClassifierRun
 from attnlab.tasks import classify
-from attnlab.tasks.classify import TUTORIAL_EXAMPLES, ClassifierRun
 from benchmarks import common
 
 ROOT = Path("runs/lexicon_marks")
@@ -124,7 +125,7 @@ def train(variant: str, seed: int) -> None:
         print(f"{out} is finished")
         return
     cmd = [
-        sys.executable, "-m", "attnlab", "train", "classify", "--init", "none",
+        sys.executable, "-m", "attnlab", "train", "classify", "--arch", "char", "--extra-train", "",
         "--data", str(DATA / f"{VARIANTS[variant]}.tsv"),
         "--val-data", str(DATA / "val.tsv"), "--test-data", str(DATA / "test.tsv"),
         "--out", str(out), "--seed", str(seed), "--num-threads", "1",

@@ -19,8 +19,9 @@ import time
 from pathlib import Path
 
 from attnlab.configs import parse_key_values
+from attnlab.data.sentiment import TUTORIAL_EXAMPLES
+from attnlab.infer.classifier import ClassifierRun
 from attnlab.runs import training
-from attnlab.tasks.classify import TUTORIAL_EXAMPLES, ClassifierRun
 from benchmarks import common
 
 ROOT = common.ROOT
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
             md_path, render(record, baselines), common.recorded_command(record, md_path)
         )
         return 0
-    overrides = parse_key_values(args.overrides)
+    overrides = {"arch": "char", **parse_key_values(args.overrides)}  # the character model
     started = time.perf_counter()
     results = training.train("classify", Path(args.out), overrides, resume=args.resume)
     wall = time.perf_counter() - started

@@ -35,20 +35,8 @@ from benchmarks import common
 
 def test_batches(run) -> list[dict[str, torch.Tensor]]:
     """The run's test split, batched as for evaluation."""
-    from attnlab.data.splits import load_split
-
-    if run.task == "bert_classify":
-        from attnlab.tasks.bert_classify import _dataset, load_corpus
-
-        corpus = load_corpus(run.config.data)
-        split = load_split(run.run_dir / "split.json", corpus.texts)
-        texts = [corpus.texts[i] for i in split["test"]]
-        labels = run.labels.encode([corpus.labels[i] for i in split["test"]])
-        return batches(_dataset(texts, labels, run.tokenizer, run.max_len, 128, False, 0))
-    from attnlab.tasks.classify import make_dataset, prepare
-
-    prep = prepare(run.config, run.run_dir, resume=True)
-    return batches(make_dataset(prep, "test", run.add_cls, 128, False, 0))
+    texts, labels, _ = run.split_texts("test")
+    return batches(run.dataset(texts, labels))
 
 
 def timing_batch(test: list[dict[str, torch.Tensor]], size: int = 256) -> dict[str, torch.Tensor]:

@@ -25,8 +25,8 @@ from attnlab.commands.prune import accuracy, count_parameters, loss_fn
 from attnlab.compress.heads import head_importance, heads_to_remove, prune_heads
 from attnlab.data.buckets import pad_batch
 from attnlab.data.english_sentiment import balanced_subsample, load_pang_lee
-from attnlab.interop.hf_bert import load_pretrained
 from attnlab.models.bert import BertClassifier
+from attnlab.models.bert_folder import read_folder
 from benchmarks import common
 from benchmarks.compress.prune_heads import latency_ms, timing_batch
 
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0)).tolist()
     parts = {"train": order[: args.n // 2], "val": order[args.n // 2 : 3 * args.n // 4],
              "test": order[3 * args.n // 4 :]}  # fmt: skip
-    encoder, _, tokenizer, _ = load_pretrained("minilm")
+    encoder, _, tokenizer, _ = read_folder("minilm")
     model = BertClassifier(encoder.cfg, len(names), "mean").eval()
     model.bert.load_state_dict(encoder.state_dict())
     data = {

@@ -74,11 +74,11 @@ def minilm_rows(rounds: int) -> dict:
     from prune_minilm import batches
 
     from attnlab.data.english_sentiment import balanced_subsample, load_pang_lee
-    from attnlab.interop.hf_bert import load_pretrained
     from attnlab.models.bert import BertClassifier
+    from attnlab.models.bert_folder import read_folder
 
     saved = json.loads(Path("docs/results/prune_heads_minilm.json").read_text())
-    encoder, _, tokenizer, _ = load_pretrained("minilm")
+    encoder, _, tokenizer, _ = read_folder("minilm")
     model = BertClassifier(encoder.cfg, 2, "mean").eval()
     model.bert.load_state_dict(encoder.state_dict())
     corpus = balanced_subsample(load_pang_lee(), 100, 1)

@@ -25,9 +25,10 @@ import torch
 from attnlab.data import CharTokenizer, LabelVocab
 from attnlab.explore.page import explore_data, render_page
 from attnlab.explore.sources import load_source
+from attnlab.finetune.distill import DistillConfig
 from attnlab.models.classifier import ClassifierConfig, build_classifier
 from attnlab.runs.task import RunConfig
-from attnlab.tasks.classify import ClassifyConfig
+from attnlab.tasks.classify import CharData
 from attnlab.train import TrainConfig, save_weights
 from benchmarks import common
 
@@ -43,8 +44,9 @@ def classifier_run(root: Path, max_len: int) -> Path:
     tok.save(run / "tokenizer.json")
     LabelVocab.build(["positive", "negative"]).save(run / "labels.json")
     cfg = ClassifierConfig(vocab_size=tok.vocab_size, context=max_len + 1)
-    sections = {"data": ClassifyConfig(truncate_len=max_len), "model": cfg, "train": TrainConfig()}
-    config = RunConfig("classify", sections)
+    sections = {"data": CharData(truncate_len=max_len), "model": cfg, "train": TrainConfig(),
+                "distill": DistillConfig()}  # fmt: skip
+    config = RunConfig("classify", sections, "char")
     (run / "config.json").write_text(json.dumps(config.to_json()))
     (run / "data_report.json").write_text(json.dumps({"max_len": max_len + 1}))
     torch.manual_seed(0)

@@ -9,7 +9,6 @@ Every command that takes a run directory loads it with ``load_run`` and calls th
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -30,11 +29,10 @@ from attnlab.runs.registry import REGISTRY
 from attnlab.verify import command as verify_command
 
 RUN_HELP = "run directory (written by `attnlab train`)"
-CHECKPOINT_HELP = (
-    "e5 (multilingual-e5-small), minilm (all-MiniLM-L6-v2), a BERT checkpoint directory or "
-    "an `attnlab train mlm` run"
+ENCODER_HELP = (
+    "the pretrained encoder: e5 (multilingual-e5-small, ~100 languages; the default), minilm "
+    "(all-MiniLM-L6-v2, English), a BERT / XLM-R checkpoint folder or an `attnlab train mlm` run"
 )
-GENERAL = ("overrides", "out", "config", "resume", "device")
 
 
 # ---------------------------------------------------------------------------- train
@@ -83,23 +81,16 @@ def task_parser(name: str, argv: list[str]) -> argparse.ArgumentParser:
         p.add_argument(
             "--arch",
             default=None,
-            help=f"the architecture, a model of `attnlab models`: {' | '.join(task.archs)} "
+            help=f"the architecture, a model of `attnlab models`: {task.arch_help()} "
             f"(default {task.archs[0]}; the options below are {arch}'s)",
         )
     try:
         values = training.build_config(task, preset, {"arch": arch or None}).sections
     except ValueError:
         values = {}  # a bad --config is reported when the command runs
-    taken: set[str] = set()
     for section, cls in task.arch_sections(arch).items():
         group = p.add_argument_group(f"[{section}]")
         add_dataclass_arguments(group, cls, defaults=values.get(section))
-        taken.update(f.name for f in dataclasses.fields(cls))
-    if task.redirect is not None:  # e.g. `train classify --init CHECKPOINT` fine-tunes BERT
-        option, other, what = task.redirect
-        group = p.add_argument_group(f"{what} (with --{option.replace('_', '-')})")
-        for cls in get_task(other).sections().values():
-            add_dataclass_arguments(group, cls, skip=taken)
     return p
 
 
@@ -131,9 +122,10 @@ def _run_train(args: argparse.Namespace) -> int:
     from attnlab.runs.registry import get_task
 
     name = args.task
-    opts = task_parser(name, args.rest).parse_args(args.rest)
+    parser = task_parser(name, args.rest)
+    refuse_other_archs(get_task(name), parser, args.rest)
+    opts = parser.parse_args(args.rest)
     check_device(opts.device)
-    name = _redirected(name, opts)
     overrides = parse_key_values(opts.overrides)
     if "arch" in overrides:  # it picks the options the parser offers: read before parsing
         raise UserError(f"arch={overrides['arch']}: choose the architecture with --arch NAME")
@@ -159,6 +151,30 @@ def _run_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def refuse_other_archs(task: Any, parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """An option that only another ``--arch`` of the task has is refused in one line naming
+    that architecture (argparse would only say it is unrecognized)."""
+    import dataclasses
+
+    if not task.archs:
+        return
+    _, unknown = parser.parse_known_args(argv)
+    arch = chosen_arch(task, argv)
+    for item in unknown:
+        if not item.startswith("--"):
+            continue
+        flag = item.split("=", 1)[0]
+        field = flag[2:].replace("-", "_")
+        for other in task.archs:
+            fields = {f.name for cls in task.arch_sections(other).values()
+                      for f in dataclasses.fields(cls)}  # fmt: skip
+            if other != arch and field in fields:
+                raise UserError(
+                    f"{flag} is a setting of --arch {other}, not of --arch {arch}; add --arch "
+                    f"{other}, or drop it (`attnlab train {task.name} --help` lists {arch}'s)"
+                )
+
+
 # Attention settings a language model without attention layers never reads: given on the
 # command line with such a mixer they would be ignored, so they are refused (a preset's own
 # values are not: they were not asked for here).
@@ -177,54 +193,6 @@ def refuse_ignored(overrides: dict[str, str]) -> None:
             f"{'them' if len(typed) > 1 else 'it'}, or use --mixer hybrid (attention every "
             "--attn-every layers)"
         )
-
-
-def _redirected(name: str, opts: argparse.Namespace) -> str:
-    """The task to run: ``name``, or the one its ``redirect`` option leads to (refusing the
-    options that only ``name`` has).
-
-    ``train classify`` fine-tunes a pretrained encoder (``--init``, e5 by default); ``--init
-    none`` trains the tutorial's character model from scratch. A resumed run continues as the
-    task its folder records.
-    """
-    from attnlab.runs.registry import get_task
-
-    task = get_task(name)
-    if task.redirect is None:
-        return name
-    option, other, what = task.redirect
-    recorded = _recorded_task(opts) if opts.resume else None
-    if recorded in (name, other):
-        if recorded == name:
-            vars(opts).pop(option, None)
-        return recorded
-    if vars(opts).get(option) == "none":
-        del vars(opts)[option]
-        return name
-    theirs = {f.name for cls in get_task(other).sections().values() for f in
-              dataclasses.fields(cls)}  # fmt: skip
-    unused = sorted(set(vars(opts)) - theirs - set(GENERAL))
-    if unused:
-        flags = ", ".join("--" + name.replace("_", "-") for name in unused)
-        flag = "--" + option.replace("_", "-")
-        given = f"with {flag}: that is" if option in vars(opts) else "to the default,"
-        raise UserError(
-            f"{flags} do not apply {given} {what} (`attnlab train {other}`; its options in "
-            f"--help); {flag} none trains the character model from scratch"
-        )
-    return other
-
-
-def _recorded_task(opts: argparse.Namespace) -> str | None:
-    """The task a run folder's config.json names (None: no readable one)."""
-    if opts.out is None:
-        return None
-    try:
-        raw = json.loads((Path(opts.out) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    task = raw.get("task") if isinstance(raw, dict) else None
-    return task if isinstance(task, str) else None
 
 
 # ---------------------------------------------------------------------------- run verbs
@@ -503,7 +471,7 @@ def _run_translate(args: argparse.Namespace) -> int:
     return 0
 
 
-# ---------------------------------------------------------------------------- BERT checkpoints
+# ---------------------------------------------------------------------------- pretrained encoders
 
 
 def _add_prune(sub: argparse._SubParsersAction) -> None:
@@ -527,25 +495,24 @@ def _run_prune(args: argparse.Namespace) -> int:
 
 
 def _add_embed(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("embed", help="sentence vectors from a BERT checkpoint (JSON or .npy)")
-    p.add_argument("checkpoint", help=CHECKPOINT_HELP)
+    p = sub.add_parser("embed", help="sentence vectors from a pretrained encoder (JSON or .npy)")
     p.add_argument("texts", nargs="+", help="sentences to embed")
+    p.add_argument("--arch", default="e5", help=ENCODER_HELP)
     p.add_argument("--out", default=None, help="write vectors to FILE.npy or FILE.json")
     p.add_argument(
         "--role",
         choices=("query", "passage"),
         default=None,
-        help='e5 only: "query: " before each text (default: classification, similarity, '
-        'queries) or "passage: " (documents to be found)',
+        help='for an encoder trained with input prefixes (e5): "query: " before each text '
+        '(the default: classification, similarity, queries) or "passage: " (documents to be '
+        "found)",
     )
 
 
 def _run_embed(args: argparse.Namespace) -> int:
     from attnlab.infer.embeddings import SentenceEncoder, write_vectors
 
-    if args.role is not None and args.checkpoint != "e5":
-        raise UserError("--role applies to e5 only (other checkpoints read no prefix)")
-    encoder = SentenceEncoder.load(args.checkpoint, role=args.role or "query")
+    encoder = SentenceEncoder.load(args.arch, role=args.role)
     vectors = encoder.encode(args.texts)
     text = write_vectors(vectors, args.texts, args.out)
     if text is not None:
@@ -559,13 +526,13 @@ def _add_similarity(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("similarity", help="cosine similarity of two sentences' vectors")
     p.add_argument("a", help="first sentence")
     p.add_argument("b", help="second sentence")
-    p.add_argument("--checkpoint", default="minilm", help=CHECKPOINT_HELP)
+    p.add_argument("--arch", default="e5", help=ENCODER_HELP)
 
 
 def _run_similarity(args: argparse.Namespace) -> int:
     from attnlab.infer.embeddings import SentenceEncoder, similarity
 
-    print(f"{similarity(SentenceEncoder.load(args.checkpoint), args.a, args.b):.4f}")
+    print(f"{similarity(SentenceEncoder.load(args.arch), args.a, args.b):.4f}")
     return 0
 
 
@@ -574,7 +541,7 @@ def _add_search(sub: argparse._SubParsersAction) -> None:
     p.add_argument("file", help="UTF-8 text file, one document per line")
     p.add_argument("queries", nargs="+", help="what to look for")
     p.add_argument("-k", "--k", type=int, default=5, help="results per query (default 5)")
-    p.add_argument("--checkpoint", default="minilm", help=CHECKPOINT_HELP)
+    p.add_argument("--arch", default="e5", help=ENCODER_HELP)
     p.add_argument("--json", action="store_true", help="one JSON object per result")
 
 
@@ -582,7 +549,7 @@ def _run_search(args: argparse.Namespace) -> int:
     from attnlab.infer.embeddings import SentenceEncoder, read_lines, search
 
     docs = read_lines(args.file)
-    hits = search(SentenceEncoder.load(args.checkpoint), docs, args.queries, args.k)
+    hits = search(SentenceEncoder.load(args.arch), docs, args.queries, args.k)
     for query, ranked in zip(args.queries, hits):
         if not args.json:
             print(f"query: {query}")
@@ -605,7 +572,10 @@ def _add_ablate(sub: argparse._SubParsersAction) -> None:
         "factors",
         nargs="+",
         metavar="FIELD=V1,V2,...",
-        help="values to try per config field, e.g. n_heads=1,2,4,8 pooling=mean,cls",
+        help="values to try per config field, e.g. lr=1e-5,3e-5 train_layers=4,12",
+    )
+    p.add_argument(
+        "--arch", default="e5", help="whose recipe: e5 (the main job's, default), char, minilm"
     )
     p.add_argument(
         "--grid", action="store_true", help="full product of the factors (default: one at a time)"

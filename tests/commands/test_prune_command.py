@@ -13,6 +13,7 @@ from attnlab.cli import main
 from attnlab.runs import load_run, training
 
 TINY = {
+    "arch": "char", "extra_train": "",
     "d_model": "32", "n_heads": "4", "n_layers": "2", "d_ff": "64", "epochs": "6",
     "batch_size": "16", "lr": "3e-3", "tensorboard": "false", "precision": "fp32",
     "min_freq": "1", "checkpoint_every": "10", "dropout": "0.0", "attn_dropout": "0.0",

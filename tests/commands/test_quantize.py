@@ -19,7 +19,8 @@ from attnlab.compress.int8 import Int8Linear  # noqa: E402
 from attnlab.runs import training  # noqa: E402
 from attnlab.runs.load import load_run  # noqa: E402
 
-CLASSIFY = {"d_model": "32", "n_heads": "2", "n_layers": "1", "d_ff": "64", "epochs": "6",
+CLASSIFY = {"arch": "char", "extra_train": "",
+            "d_model": "32", "n_heads": "2", "n_layers": "1", "d_ff": "64", "epochs": "6",
             "batch_size": "16", "lr": "3e-3", "tensorboard": "false", "precision": "fp32",
             "min_freq": "1", "checkpoint_every": "10", "dropout": "0.0"}  # fmt: skip
 

@@ -45,7 +45,7 @@ def classifier_run(root: Path, max_len: int = 64, **model: object) -> Path:
     tok = CharTokenizer.build(TEXTS, min_freq=1)
     fields = dict(d_model=16, n_heads=2, n_layers=2, d_ff=32, context=max_len, pooling="cls")
     fields |= dict(bigram_buckets=0, ngram_buckets=0, vocab_size=tok.vocab_size, min_freq=1)
-    run, cfg = _folder(root, "classify", "classify", {**fields, **model})
+    run, cfg = _folder(root, "classify", "classify", {"arch": "char", **fields, **model})
     tok.save(run / "tokenizer.json")
     LabelVocab.build(["positive", "negative"]).save(run / "labels.json")
     _write(run / "data_report.json", {"max_len": max_len})
@@ -101,11 +101,11 @@ def bert_classifier_run(root: Path) -> Path:
     """A fine-tuned-BERT run folder: MiniLM's WordPiece vocabulary, a tiny random encoder."""
     from attnlab.data import LabelVocab
     from attnlab.data.wordpiece import WordPieceTokenizer
-    from attnlab.interop.hf_bert import resolve_checkpoint
     from attnlab.models.bert import BertClassifier, BertConfig
+    from attnlab.models.minilm import folder as minilm_folder
 
-    tok = WordPieceTokenizer.from_dir(resolve_checkpoint("minilm"))
-    run, cfg = _folder(root, "bert_classify", "bert_classify", {"pooling": "cls"})
+    tok = WordPieceTokenizer.from_dir(minilm_folder())
+    run, cfg = _folder(root, "bert_classify", "classify", {"arch": "minilm", "pooling": "cls"})
     # the model section is derived from the checkpoint in training: here a tiny one
     cfg.sections["model"] = BertConfig(
         vocab_size=tok.vocab_size, d_model=16, n_layers=2, n_heads=2, d_ff=32

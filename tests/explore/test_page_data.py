@@ -201,7 +201,7 @@ def test_cnn_page_gates_equal_the_modules(runs, tmp_path, kind):
 
 def test_minilm_page_equals_our_bert_and_hugging_face(tmp_path):
     transformers = pytest.importorskip("transformers")
-    from attnlab.interop.hf_bert import resolve_checkpoint
+    from attnlab.models.minilm import folder as minilm_folder
 
     texts = ["The cat sat on the mat.", "A dog barked loudly at the passing mail van."]
     source = load_source("minilm")
@@ -212,7 +212,7 @@ def test_minilm_page_equals_our_bert_and_hugging_face(tmp_path):
     with torch.no_grad():
         x = bert.embeddings(ids)
         _, ours = bert.encoder(x, padding_mask(lengths), need_weights=True)
-    path = resolve_checkpoint("minilm")
+    path = minilm_folder()
     hf = transformers.BertModel.from_pretrained(str(path), attn_implementation="eager").eval()
     with torch.no_grad():
         theirs = hf(input_ids=ids, attention_mask=(ids != 0).long(), output_attentions=True)

@@ -41,12 +41,7 @@ from attnlab.data.english_sentiment import (
 from attnlab.data.mlm import mask_tokens
 from attnlab.data.wordpiece import SPECIALS, WordPieceTokenizer
 from attnlab.errors import UserError
-from attnlab.interop.hf_bert import (
-    hf_state,
-    load_pretrained,
-    resolve_checkpoint,
-    save_pretrained,
-)
+from attnlab.interop.hf_bert import hf_state, save_pretrained
 from attnlab.models.bert import (
     MLM_NAMES,
     POOLER_NAMES,
@@ -56,6 +51,8 @@ from attnlab.models.bert import (
     encoder_names,
     mean_pool,
 )
+from attnlab.models.bert_folder import read_folder
+from attnlab.models.minilm import folder as minilm_folder
 from attnlab.verify.checks_minilm import SENTENCES
 
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -64,9 +61,9 @@ transformers = pytest.importorskip("transformers")
 
 @pytest.fixture(scope="module")
 def minilm() -> tuple[BertModel, WordPieceTokenizer, Path]:
-    model, _, tokenizer, notes = load_pretrained("minilm")
+    model, _, tokenizer, notes = read_folder(minilm_folder())
     assert notes == []  # every tensor, the pooler included, came from the checkpoint
-    return model.eval(), tokenizer, resolve_checkpoint("minilm")
+    return model.eval(), tokenizer, minilm_folder()
 
 
 # --------------------------------------------------------------------------- MiniLM parity
@@ -204,7 +201,7 @@ def test_masked_lm_logits_and_gradients_match_hugging_face(tmp_path, seed, old_n
     hf = random_hf_mlm()
     write_hf_dir(tmp_path / "ckpt", hf, bin_file=False, old_names=old_names)
     hf = hf.float().double()  # the same float32-rounded values that were saved
-    encoder, mlm, tokenizer, notes = load_pretrained(tmp_path / "ckpt", with_mlm=True)
+    encoder, mlm, tokenizer, notes = read_folder(tmp_path / "ckpt", with_mlm=True)
     assert "pooler" in notes[0]  # BertForMaskedLM has no pooler: ours starts fresh
     assert tokenizer.vocab_size == 99
     ours = BertForMaskedLM(encoder.cfg)
@@ -252,7 +249,7 @@ def test_export_loads_in_transformers_and_back(tmp_path, seed):
     with torch.no_grad():
         diff = ours(ids, lengths) - hf(input_ids=ids, attention_mask=real.long()).logits
     assert diff[real].abs().max() <= 1e-5
-    encoder, mlm, _, notes = load_pretrained(path, with_mlm=True)
+    encoder, mlm, _, notes = read_folder(path, with_mlm=True)
     assert notes == []
     for name, value in ours.bert.state_dict().items():
         assert torch.equal(value, encoder.state_dict()[name]), name
@@ -277,7 +274,7 @@ def test_a_checkpoint_that_does_not_fit_lists_every_problem(tmp_path):
     state["bert.encoder.layer.0.output.dense.weight"] = torch.zeros(32, 47)
     save_file(state, str(tmp_path / "ckpt" / "model.safetensors"))
     with pytest.raises(ValueError) as err:
-        load_pretrained(tmp_path / "ckpt")
+        read_folder(tmp_path / "ckpt")
     message = str(err.value)
     assert "missing (1): encoder.layer.1.attention.self.key.bias" in message
     assert "unexpected (1): encoder.layer.0.extra.weight" in message
@@ -286,13 +283,13 @@ def test_a_checkpoint_that_does_not_fit_lists_every_problem(tmp_path):
 
 def test_bad_checkpoint_directories_say_what_to_give(tmp_path):
     with pytest.raises(ValueError, match="no config.json"):
-        resolve_checkpoint(tmp_path)
+        read_folder(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "vocab_size": 5}))
-    with pytest.raises(ValueError, match="only BERT"):
-        load_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="only BERT and XLM-R"):
+        read_folder(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert", **TINY_HF}))
     with pytest.raises(ValueError, match="has no model.safetensors"):
-        load_pretrained(tmp_path)
+        read_folder(tmp_path)
 
 
 def test_a_pickle_checkpoint_is_refused_unread_with_the_way_to_convert_it(tmp_path, monkeypatch):
@@ -307,7 +304,7 @@ def test_a_pickle_checkpoint_is_refused_unread_with_the_way_to_convert_it(tmp_pa
     monkeypatch.setattr(pickle, "load", refuse)
     monkeypatch.setattr(pickle, "Unpickler", refuse)
     with pytest.raises(UserError) as err:
-        load_pretrained(tmp_path / "ckpt")
+        read_folder(tmp_path / "ckpt")
     message = str(err.value)
     assert "pytorch_model.bin is a pickle file, which attnlab never loads" in message
     assert "save_pretrained" in message and "safe_serialization=True" in message
@@ -319,11 +316,11 @@ def test_a_truncated_or_broken_checkpoint_is_a_one_line_error(tmp_path):
     weights, config = tmp_path / "ckpt" / "model.safetensors", tmp_path / "ckpt" / "config.json"
     weights.write_bytes(weights.read_bytes()[:-10])
     with pytest.raises(ValueError, match="truncated or not a safetensors file") as err:
-        load_pretrained(tmp_path / "ckpt")
+        read_folder(tmp_path / "ckpt")
     assert str(weights) in str(err.value) and "\n" not in str(err.value)
     config.write_text("{")
     with pytest.raises(ValueError, match="config.json: not a valid JSON file"):
-        load_pretrained(tmp_path / "ckpt")
+        read_folder(tmp_path / "ckpt")
 
 
 def test_input_longer_than_the_position_table_is_refused():

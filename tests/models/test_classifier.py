@@ -179,15 +179,17 @@ def test_ensemble_predicts_the_mean_of_its_members_probabilities(seed: int) -> N
 
 def test_ensemble_members_learn_from_their_own_loss_only(seed: int) -> None:
     """The training step's gradient for each member is that member's own loss / M."""
-    from attnlab.tasks.classify import step_fn
+    from attnlab.runs.training import build_config
+    from attnlab.tasks.classify import TASK
 
+    step = TASK.step(build_config(TASK, None, {"arch": "char", "label_smoothing": "0.1"}))
     torch.manual_seed(seed)
     cfg = ClassifierConfig(vocab_size=50, n_classes=3, d_model=32, n_heads=4, d_ff=64, members=2)
     cfg.dropout = cfg.attn_dropout = cfg.emb_dropout = 0.0
     ensemble = build_classifier(cfg).double()
     ids, lengths = batch(seed)
     labels = torch.tensor([0, 2, 1])
-    out = step_fn(0.1)(ensemble, {"input_ids": ids, "lengths": lengths, "labels": labels})
+    out = step(ensemble, {"input_ids": ids, "lengths": lengths, "labels": labels})
     out.loss.backward()
     for member in ensemble.members:
         alone = torch.nn.functional.cross_entropy(member(ids, lengths), labels, label_smoothing=0.1)

@@ -57,9 +57,9 @@ def _backward(model: nn.Module, out: Any) -> None:
 
 def test_the_registry_has_every_family() -> None:
     families = {model_entry(n).family for n in NAMES}
-    want = {"gpt", "classifier", "cnn", "seq2seq", "t5", "bert", "albert", "deberta"}
+    want = {"gpt", "char", "cnn", "seq2seq", "t5", "bert", "albert", "deberta"}
     assert want | {"electra", "vit", "swin", "mae"} <= families
-    assert {"gpt", "gpt-mamba", "gpt-rwkv", "gpt-hybrid", "deit", "e5"} <= set(NAMES)
+    assert {"gpt", "gpt-mamba", "gpt-rwkv", "gpt-hybrid", "deit", "e5", "minilm"} <= set(NAMES)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -9,7 +9,7 @@ from pathlib import Path
 from attnlab.cli import main
 
 TINY = [
-    "--init", "none",  # the character model (the default fine-tunes e5)
+    "--arch", "char", "--extra-train", "",  # the character model (the default fine-tunes e5)
     "--d-model", "16", "--n-heads", "2", "--n-layers", "1", "--d-ff", "32",
     "--ngram-buckets", "64", "--min-freq", "1", "--batch-size", "16",
     "--tensorboard", "false", "--precision", "fp32", "--num-threads", "1",

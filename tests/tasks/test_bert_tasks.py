@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from attnlab.cli import main
-from attnlab.interop.hf_bert import load_pretrained
+from attnlab.models.bert_folder import read_folder
 from attnlab.runs import training
 
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -68,7 +68,7 @@ def test_mlm_loss_falls_and_the_run_is_a_checkpoint(mlm_run):
     assert val[-1] < val[0] - 0.3, val  # and still falling
     report = json.loads((run / "data_report.json").read_text())
     assert report["texts"] == {"train": 192, "val": 24} and report["test_texts_excluded"] == 24
-    encoder, mlm, tokenizer, notes = load_pretrained(run, with_mlm=True)
+    encoder, mlm, tokenizer, notes = read_folder(run / "checkpoint", with_mlm=True)
     assert notes == [] and mlm is not None
     assert encoder.cfg.d_model == 32 and tokenizer.vocab_size == vocab
 
@@ -76,24 +76,24 @@ def test_mlm_loss_falls_and_the_run_is_a_checkpoint(mlm_run):
 def test_mlm_continues_from_a_checkpoint_with_its_tokenizer(mlm_run, tmp_path):
     run, csv_file = mlm_run
     out = tmp_path / "more"
-    args = ["train", "mlm", "--init", str(run), "--data", str(csv_file), "--out", str(out)]
+    args = ["train", "mlm", "--arch", str(run), "--data", str(csv_file), "--out", str(out)]
     assert main(args + ["--max-steps", "2", "--max-len", "24"] + TRAIN) == 0
     before = (run / "tokenizer.json").read_text()
     assert (out / "checkpoint" / "tokenizer.json").read_text() == before
     config = json.loads((out / "config.json").read_text())
     report = json.loads((out / "data_report.json").read_text())
-    assert report["init_from"] == str(run / "checkpoint") and config["bert"]["d_model"] == 32
+    assert report["init_from"] == str(run.resolve()) and config["bert"]["d_model"] == 32
 
 
 def test_finetune_from_the_mlm_run_then_predict_and_eval(mlm_run, tmp_path, capsys):
     run, csv_file = mlm_run
     out = tmp_path / "ft"
-    args = ["train", "classify", "--init", str(run), "--data", str(csv_file), "--out", str(out)]
+    args = ["train", "classify", "--arch", str(run), "--data", str(csv_file), "--out", str(out)]
     assert main(args + ["--epochs", "8", "--lr", "2e-3", "--batch-size", "16"] + TRAIN) == 0
     results = json.loads((out / "results.json").read_text())
     assert results["test"]["accuracy"] >= 0.85, results["test"]
     config = json.loads((out / "config.json").read_text())
-    assert config["task"] == "bert_classify" and config["model"]["d_model"] == 32
+    assert config["task"] == "classify" and config["model"]["d_model"] == 32
     capsys.readouterr()
 
     assert main(["predict", str(out), "--json", "a wonderful film", "the plot was dreadful"]) == 0
@@ -110,49 +110,64 @@ def test_finetune_from_the_mlm_run_then_predict_and_eval(mlm_run, tmp_path, caps
     assert report["n"] == 240 and report["source"] == str(csv_file)
 
 
-def test_from_scratch_keeps_the_architecture_but_not_the_weights(mlm_run, tmp_path):
-    from attnlab.tasks import bert_classify
+def test_pretrained_false_keeps_the_architecture_but_not_the_weights(mlm_run, tmp_path):
+    from attnlab.infer.classifier import ClassifierRun
 
     run, csv_file = mlm_run
-    overrides = {"init": str(run), "data": str(csv_file), "from_scratch": "true", "max_steps": "1"}
+    overrides = {"arch": str(run), "data": str(csv_file), "pretrained": "false", "max_steps": "1"}
     overrides |= {"lr": "1e-9", "tensorboard": "false", "precision": "fp32", "warmup_ratio": "0"}
-    training.train("bert_classify", tmp_path / "scratch", overrides)
-    model = bert_classify.BertClassifierRun.load(tmp_path / "scratch").model
-    pretrained, _, _, _ = load_pretrained(run)
+    training.train("classify", tmp_path / "scratch", overrides)
+    model = ClassifierRun.load(tmp_path / "scratch").model
+    pretrained, _, _, _ = read_folder(run / "checkpoint")
     word = model.bert.embeddings.word.weight
     assert word.shape == pretrained.embeddings.word.weight.shape
     assert not torch.allclose(word, pretrained.embeddings.word.weight, atol=1e-3)
 
 
-def test_init_rejects_options_of_the_char_level_classifier(mlm_run, tmp_path, capsys):
+def test_an_encoder_refuses_options_of_the_character_model(mlm_run, tmp_path, capsys):
     run, csv_file = mlm_run
-    args = ["train", "classify", "--init", str(run), "--data", str(csv_file), "--d-model", "64"]
+    args = ["train", "classify", "--arch", str(run), "--data", str(csv_file), "--d-model", "64"]
     assert main(args + ["--out", str(tmp_path / "x")]) == 2
-    assert "--d-model do not apply with --init" in capsys.readouterr().err
+    assert "--d-model is a setting of --arch char" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
 
 
 # --------------------------------------------------------------------------- MiniLM commands
 
 
 def test_embed_writes_unit_vectors_as_json_or_npy(tmp_path, capsys):
-    assert main(["embed", "minilm", "a cat", "a dog"]) == 0
+    assert main(["embed", "--arch", "minilm", "a cat", "a dog"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["text"] for r in rows] == ["a cat", "a dog"]
     vectors = np.array([r["vector"] for r in rows])
     assert vectors.shape == (2, 384)
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
-    assert main(["embed", "minilm", "a cat", "a dog", "--out", str(tmp_path / "v.npy")]) == 0
+    out = ["--out", str(tmp_path / "v.npy")]
+    assert main(["embed", "--arch", "minilm", "a cat", "a dog", *out]) == 0
     assert np.allclose(np.load(tmp_path / "v.npy"), vectors, atol=1e-6)
-    assert main(["embed", "minilm", "a cat", "--out", str(tmp_path / "v.csv")]) == 2
+    assert main(["embed", "--arch", "minilm", "a cat", "--out", str(tmp_path / "v.csv")]) == 2
     assert ".npy or .json" in capsys.readouterr().err
 
 
 def test_similarity_ranks_a_paraphrase_above_an_unrelated_sentence(capsys):
-    assert main(["similarity", "A man is playing a guitar.", "Someone plays an instrument."]) == 0
+    minilm = ["--arch", "minilm"]
+    assert main(["similarity", "A man is playing a guitar.", "Someone plays an instrument.",
+                 *minilm]) == 0  # fmt: skip
     close = float(capsys.readouterr().out)
-    assert main(["similarity", "A man is playing a guitar.", "Interest rates rose again."]) == 0
+    assert main(["similarity", "A man is playing a guitar.", "Interest rates rose again.",
+                 *minilm]) == 0  # fmt: skip
     far = float(capsys.readouterr().out)
     assert -1 <= far < close <= 1 and close - far > 0.3
+
+
+def test_similarity_reads_chinese_with_the_multilingual_default(capsys):
+    """The default encoder is e5: a Chinese paraphrase is closer than an unrelated sentence
+    (MiniLM, English only, reads Chinese characters as unknown pieces)."""
+    assert main(["similarity", "这部电影非常好看", "这部片子很精彩"]) == 0
+    close = float(capsys.readouterr().out)
+    assert main(["similarity", "这部电影非常好看", "明天早上股票市场下跌"]) == 0
+    far = float(capsys.readouterr().out)
+    assert -1 <= far < close <= 1
 
 
 def test_search_returns_the_closest_lines_first(tmp_path, capsys):
@@ -161,12 +176,13 @@ def test_search_returns_the_closest_lines_first(tmp_path, capsys):
         "The cat sleeps on the sofa.\n\nStocks fell sharply on Monday.\n"
         "A guitarist played to a full stadium.\nHow to bake bread at home\n"
     )
-    assert main(["search", str(docs), "live music concert", "kitchen recipe", "-k", "2"]) == 0
+    args = ["search", str(docs), "live music concert", "kitchen recipe", "-k", "2"]
+    assert main([*args, "--arch", "minilm"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "query: live music concert"
     assert lines[1].endswith("A guitarist played to a full stadium.")
     assert lines[4].endswith("How to bake bread at home")
     assert len(lines) == 6
-    assert main(["search", str(docs), "stock market crash", "--json", "-k", "1"]) == 0
+    assert main(["search", str(docs), "stock market crash", "--json", "-k", "1"]) == 0  # e5
     hit = json.loads(capsys.readouterr().out)
     assert hit["text"] == "Stocks fell sharply on Monday." and hit["rank"] == 1

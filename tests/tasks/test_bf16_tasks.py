@@ -24,7 +24,7 @@ COMMANDS = {
     "t5 translate": ["train", "translate", "--config", "copy", "--arch", "t5", "--max-steps", "2"],
     "albert mlm": ["train", "mlm", "--arch", "albert", "--max-steps", "2", *ZOO_TINY],
     "deberta mlm": ["train", "mlm", "--arch", "deberta", "--max-steps", "2", *ZOO_TINY],
-    "electra": ["train", "electra", "--max-steps", "2", *ELECTRA_TINY],
+    "electra": ["train", "mlm", "--objective", "electra", "--max-steps", "2", *ELECTRA_TINY],
     "lm flash t5-bias": ["train", "lm", "--backend", "flash", "--pos", "t5", "--max-steps", "2"],
     "lm dyt nope": ["train", "lm", "--norm", "dyt", "--pos", "none", "--max-steps", "2"],
 }

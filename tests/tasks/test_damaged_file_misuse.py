@@ -94,9 +94,9 @@ def test_a_damaged_sentence_transformers_config_is_one_line(
     ckpt = tmp_path / "ckpt"
     shutil.copytree(mlm_run[0] / "checkpoint", ckpt)
     (ckpt / "sentence_bert_config.json").write_text(text)
-    probe(capsys, ["embed", str(ckpt), "a movie"], "sentence_bert_config.json", needle)
+    probe(capsys, ["embed", "--arch", str(ckpt), "a movie"], "sentence_bert_config.json", needle)
     (ckpt / "sentence_bert_config.json").write_text('{"max_seq_length": 8}')
-    assert main(["embed", str(ckpt), "a movie"]) == 0  # a sound one is read
+    assert main(["embed", "--arch", str(ckpt), "a movie"]) == 0  # a sound one is read
 
 
 # ---------------------------------------------------------------------------- paths not UTF-8

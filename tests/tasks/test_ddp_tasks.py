@@ -52,7 +52,8 @@ def files(tmp_path_factory) -> dict[str, Path]:
 
 
 CASES = {
-    "classify": lambda f: ["--init", "none", "--data", str(f["csv"]), *SMALL, "--n-layers", "1",
+    "classify": lambda f: ["--arch", "char", "--extra-train", "", "--data", str(f["csv"]),
+                           *SMALL, "--n-layers", "1",
                            "--ngram-buckets", "64", "--min-freq", "1", "--batch-size", "8"],
     "lm": lambda f: ["--data", str(f["txt"]), *SMALL, "--n-layers", "1", "--context", "16",
                      "--eval-windows", "4", "--sample-tokens", "4", "--batch-size", "4"],

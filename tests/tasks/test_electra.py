@@ -1,5 +1,6 @@
-"""ELECTRA pretraining: replaced-token labels are right, the losses fall, and the
-discriminator's checkpoint fine-tunes through the classify path."""
+"""ELECTRA pretraining (`attnlab train mlm --objective electra`): replaced-token labels are
+right, the losses fall, and the discriminator's checkpoint fine-tunes through the classify
+path."""
 
 from __future__ import annotations
 
@@ -10,8 +11,7 @@ from pathlib import Path
 import torch
 
 from attnlab.cli import main
-from attnlab.models.electra import ElectraConfig
-from attnlab.tasks.electra import ElectraPretrainer, electra_losses
+from attnlab.models.electra import ElectraConfig, ElectraPretrainer, electra_losses
 
 TRAIN = ["--tensorboard", "false", "--precision", "fp32", "--num-threads", "1"]
 TINY = ["--d-model", "32", "--n-layers", "2", "--n-heads", "4", "--d-ff", "64",
@@ -72,18 +72,19 @@ def write_corpus(root: Path, n: int = 240) -> tuple[Path, Path]:
 def test_pretrain_then_finetune_through_classify(tmp_path, capsys):
     csv_file, txt_file = write_corpus(tmp_path)
     run = tmp_path / "electra"
-    args = ["train", "electra", "--data", str(txt_file), "--out", str(run), "--epochs", "6"]
+    args = ["train", "mlm", "--objective", "electra", "--data", str(txt_file), "--out", str(run)]
+    args += ["--epochs", "6"]
     assert main(args + TINY + ["--generator-fraction", "0.5"]) == 0
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     evals = [r["val_disc_loss"] for r in rows if "val_disc_loss" in r]
     assert evals[-1] < evals[0], evals
     assert (run / "checkpoint" / "config.json").is_file()
     out = tmp_path / "ft"
-    args = ["train", "classify", "--init", str(run), "--data", str(csv_file), "--out", str(out)]
+    args = ["train", "classify", "--arch", str(run), "--data", str(csv_file), "--out", str(out)]
     assert main(args + ["--epochs", "8", "--lr", "2e-3", "--batch-size", "16"] + TRAIN) == 0
     results = json.loads((out / "results.json").read_text())
     assert results["test"]["accuracy"] >= 0.8, results["test"]
-    assert main(["embed", str(run), "a film"]) == 0
+    assert main(["embed", "--arch", str(run), "a film"]) == 0
     page = tmp_path / "page.html"
     assert main(["explore", str(run), "a great film", "--out", str(page)]) == 0  # a BERT page
     assert page.stat().st_size > 1000

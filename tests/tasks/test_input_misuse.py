@@ -83,9 +83,9 @@ def damaged_checkpoint_is_refused(mlm_run, tmp_path, capsys, damage, needle) -> 
     ckpt = tmp_path / "ckpt"
     shutil.copytree(run / "checkpoint", ckpt)
     damage(ckpt)
-    probe(capsys, ["embed", str(ckpt), "a movie"], str(ckpt), needle)
+    probe(capsys, ["embed", "--arch", str(ckpt), "a movie"], str(ckpt), needle)
     out = tmp_path / "out"
-    argv = ["train", "classify", "--init", str(ckpt), "--data", str(csv), "--out", str(out)]
+    argv = ["train", "classify", "--arch", str(ckpt), "--data", str(csv), "--out", str(out)]
     probe(capsys, [*argv, "--max-steps", "1", "--tensorboard", "false"], needle)
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
     assert snapshot(run) == before
@@ -118,9 +118,9 @@ def test_a_damaged_mlm_checkpoint_is_one_line(
     bad = tmp_path / "bad"
     shutil.copytree(run, bad)
     damage(bad / "checkpoint" / name)
-    probe(capsys, ["embed", str(bad), "a movie"], needle)
+    probe(capsys, ["embed", "--arch", str(bad), "a movie"], needle)
     out = tmp_path / "out"
-    argv = ["train", "classify", "--init", str(bad), "--data", str(csv), "--out", str(out)]
+    argv = ["train", "classify", "--arch", str(bad), "--data", str(csv), "--out", str(out)]
     probe(capsys, [*argv, "--max-steps", "1", "--tensorboard", "false"], needle)
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["bad"]
     assert snapshot(run) == before
@@ -148,13 +148,15 @@ def test_a_lone_surrogate_in_a_data_file_is_read_as_a_replacement_character(
     texts = load_labeled_file(data).texts
     assert "\ufffd the film" in texts and not any("\ud800" in t for t in texts)
     tiny = TINY_MLM if task != "classify" else [
-        "--init", "none", "--d-model", "16", "--n-heads", "2", "--n-layers", "1", "--d-ff", "32",
-        "--min-freq", "1", "--batch-size", "16", "--tensorboard", "false",
+        "--arch", "char", "--extra-train", "", "--d-model", "16", "--n-heads", "2",
+        "--n-layers", "1", "--d-ff", "32", "--min-freq", "1", "--batch-size", "16",
+        "--tensorboard", "false",
     ]  # fmt: skip
     if task == "electra":
-        tiny = [*tiny, "--generator-fraction", "0.5"]
+        tiny = [*tiny, "--objective", "electra", "--generator-fraction", "0.5"]
     out = tmp_path / task
-    assert main(["train", task, "--data", str(data), "--out", str(out), "--max-steps", "1",
+    command = "classify" if task == "classify" else "mlm"
+    assert main(["train", command, "--data", str(data), "--out", str(out), "--max-steps", "1",
                  *tiny]) == 0  # fmt: skip
 
 
@@ -170,7 +172,7 @@ def test_a_device_torch_lacks_is_refused_before_any_folder(mlm_run, tmp_path, mo
     base = ["train", "classify", "--data", str(csv), "--out", str(out), "--max-steps", "1"]
     probe(capsys, [*base, "--device", "cuda"], "--device cuda", "no CUDA device", "--device cpu")
     probe(capsys, [*base, "--device", "gpu"], "'gpu'", "cpu or cuda")
-    probe(capsys, ["train", "classify", "--init", "minilm", "--data", str(csv), "--out",
+    probe(capsys, ["train", "classify", "--arch", "minilm", "--data", str(csv), "--out",
                    str(out), "--device", "cuda"], "no CUDA device")  # fmt: skip
     probe(capsys, ["generate", str(tmp_path), "--device", "cuda"], "no CUDA device")
     assert list(tmp_path.iterdir()) == []

@@ -62,13 +62,13 @@ def test_zoo_mlm_run_trains_explores_and_embeds(
     assert main(["explore", str(run), "the film", "--out", str(tmp_path / "p.html")]) == 0
 
     capsys.readouterr()
-    assert main(["embed", str(run), "the film", "a plot"]) == 0
+    assert main(["embed", "--arch", str(run), "the film", "a plot"]) == 0
     vectors = [json.loads(line)["vector"] for line in capsys.readouterr().out.splitlines()]
     assert len(vectors) == 2 and len(vectors[0]) == 32
     assert abs(torch.tensor(vectors[0]).norm().item() - 1) < 1e-5
 
     tuned = tmp_path / f"{arch}-classify"
-    args = ["train", "classify", "--init", str(run), "--data", str(tmp_path / "texts.csv")]
+    args = ["train", "classify", "--arch", str(run), "--data", str(tmp_path / "texts.csv")]
     args += ["--out", str(tuned), "--max-steps", "4", "--batch-size", "16", *TINY[-6:]]
     assert main(args) == 0
     capsys.readouterr()
@@ -81,24 +81,27 @@ def test_zoo_mlm_run_trains_explores_and_embeds(
     assert main(["explore", str(tuned), "the film", "--out", str(tmp_path / "q.html")]) == 0
 
 
-def test_arch_refuses_init_and_electra(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_electra_and_embedding_size_refuse_the_other_architectures(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     data = str(write_texts(tmp_path, 20))
     out = ["--out", str(tmp_path / "x")]
-    assert main(["train", "mlm", "--arch", "albert", "--init", "minilm", "--data", data, *out]) == 2
-    assert "init takes BERT checkpoints" in capsys.readouterr().err
-    assert main(["train", "electra", "--arch", "deberta", "--data", data, *out]) == 2
-    assert "electra trains one architecture" in capsys.readouterr().err
+    argv = ["train", "mlm", "--objective", "electra", "--arch", "deberta", "--data", data, *out]
+    assert main(argv) == 2
+    assert "--objective electra trains a BERT discriminator" in capsys.readouterr().err
     assert main(["train", "mlm", "--embedding-size", "8", "--data", data, *out]) == 2
+    assert "embedding_size is for --arch albert or deberta" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
 
 
 def test_what_a_folder_holds_is_read_from_its_config(tmp_path: Path, monkeypatch) -> None:
-    """`classify --init DIR` and `embed DIR` take DIR for an ALBERT/DeBERTa run by the task and
-    architecture its config.json records, however the JSON is spaced; a BERT run, a Hugging
-    Face checkpoint (a config.json that names no task) and a name go the BERT way."""
+    """`classify --arch DIR` and `embed --arch DIR` take DIR for an attnlab run by the task and
+    architecture its config.json records, however the JSON is spaced; a Hugging Face
+    checkpoint (a config.json that names no task) goes to the checkpoint reader."""
+    from attnlab.runs import encoders
     from attnlab.runs import load as run_load
     from attnlab.runs.training import build_config
-    from attnlab.tasks.bert_classify import zoo_run
+    from attnlab.tasks.bert_mlm import MLMTask
 
     def folder(name: str, raw: dict, **dump: object) -> str:
         (tmp_path / name).mkdir()
@@ -114,6 +117,9 @@ def test_what_a_folder_holds_is_read_from_its_config(tmp_path: Path, monkeypatch
     assert run_load.recorded(compact) == run_load.recorded(spaced) == ("mlm", "albert")
     assert run_load.recorded(bert) == ("mlm", "bert")
     assert run_load.recorded(hf) is None and run_load.recorded(tmp_path / "none") is None
-    monkeypatch.setattr(run_load, "load_run", lambda path: f"loaded {Path(path).name}")
-    assert zoo_run(compact) == "loaded compact" and zoo_run(spaced) == "loaded spaced"
-    assert zoo_run(bert) is None and zoo_run(hf) is None and zoo_run("minilm") is None
+    monkeypatch.setattr(MLMTask, "pretrained", lambda self, path: f"run {Path(path).name}")
+    monkeypatch.setattr(encoders, "open_folder", lambda path, name: f"folder {Path(path).name}")
+    monkeypatch.setattr(encoders, "_with_role", lambda encoder, role: encoder)
+    assert encoders.open_encoder(compact) == "run compact"
+    assert encoders.open_encoder(spaced) == "run spaced"
+    assert encoders.open_encoder(hf) == "folder hf"

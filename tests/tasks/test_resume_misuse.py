@@ -46,11 +46,16 @@ def test_a_finished_run_without_a_checkpoint_is_not_trained_over(
 
 def _train_in_a_process(task: str, data: Path, out: Path, hash_seed: str) -> None:
     env = {**os.environ, "PYTHONHASHSEED": hash_seed, "PYTHONPATH": str(SRC)}
-    argv = ["train", task, "--data", str(data), "--out", str(out), "--seed", "3", *BERT_TINY]
+    argv = ["train", *OBJECTIVES[task], "--data", str(data), "--out", str(out), "--seed", "3",
+            *BERT_TINY]  # fmt: skip
     done = subprocess.run(
         [sys.executable, "-m", "attnlab", *argv], env=env, capture_output=True, text=True
     )
     assert done.returncode == 0, (hash_seed, done.stderr[-2000:])
+
+
+# the pretraining objectives of `attnlab train mlm`, as command lines
+OBJECTIVES = {"mlm": ["mlm"], "electra": ["mlm", "--objective", "electra"]}
 
 
 @pytest.mark.parametrize("task", ["mlm", "electra"])
@@ -72,19 +77,20 @@ def test_distill_takes_the_default_e5_classify_run_as_teacher(tmp_path, monkeypa
     predictions (SentencePiece pieces, e5's "query: " prefix). A tiny random encoder of e5's
     layout stands in for the real one, as in test_e5_classify."""
     pytest.importorskip("semantra_multilingual")
-    from test_e5_classify import TEXTS, tiny_e5
+    from _e5 import tiny_e5
+    from test_e5_classify import TEXTS
     from test_e5_classify import train as train_e5
 
-    import attnlab.tasks.bert_classify as bert_classify
+    import attnlab.models.e5 as e5
+    from attnlab.finetune.distill import teacher_logits
     from attnlab.runs.load import load_run
-    from attnlab.tasks.distill import teacher_logits
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(bert_classify, "load_e5", lambda dropout=0.1: tiny_e5(dropout))
+    monkeypatch.setattr(e5, "load_e5", tiny_e5)
     data = write_corpus(tmp_path / "tiny.csv", n=32)
     assert train_e5(tmp_path / "teacher", data, "--max-steps", "2") == 0
-    argv = ["train", "distill", "--teacher", str(tmp_path / "teacher"), "--data", str(data)]
-    argv += ["--out", str(tmp_path / "student"), "--max-steps", "2", *TINY[2:]]
+    argv = ["train", "classify", "--teacher", str(tmp_path / "teacher"), "--data", str(data)]
+    argv += ["--out", str(tmp_path / "student"), "--max-steps", "2", *TINY]
     assert main(argv) == 0
     teacher = load_run(tmp_path / "teacher")
     probs = teacher_logits(teacher, TEXTS, 2).softmax(-1)  # (3, C)
@@ -114,13 +120,14 @@ def test_a_resume_names_a_saved_setting_this_attnlab_refuses(task, tmp_path, cap
 
     run = tmp_path / "run"
     run.mkdir()
-    raw = build_config(get_task(task), None, {}).to_json()
-    for name, section in get_task(task).derived_sections().items():  # written by setup
+    mlm = get_task("mlm")
+    raw = build_config(mlm, None, {"objective": task}).to_json()
+    for name, section in mlm.derived_sections("bert").items():  # written by setup
         raw[name] = to_dict(section())
     raw["data"]["mask_prob"] = 0.0
     write_config(run, raw)
     before = snapshot(run)
     for extra in ([], ["--mask-prob", "0.15"]):
-        argv = ["train", task, "--out", str(run), "--resume", *extra]
+        argv = ["train", "mlm", "--out", str(run), "--resume", *extra]
         probe(capsys, argv, str(run / "config.json"), "mask_prob", "another --out")
     assert snapshot(run) == before

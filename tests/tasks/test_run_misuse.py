@@ -17,9 +17,9 @@ from attnlab.train.checkpoint import save_weights
 
 
 def _as_set(flags: list[str]) -> list[str]:
-    """["--d-model", "16", ...] -> ["d_model=16", ...] (the form of ablate --set); ablate
-    sweeps the character model, so the --init that picks it on the command line is dropped."""
-    pairs = [(k, v) for k, v in zip(flags[::2], flags[1::2]) if k != "--init"]
+    """["--d-model", "16", ...] -> ["d_model=16", ...] (the form of ablate --set); the --arch
+    that picks the character model is ablate's own option."""
+    pairs = [(k, v) for k, v in zip(flags[::2], flags[1::2]) if k != "--arch"]
     return [f"{k[2:].replace('-', '_')}={v}" for k, v in pairs]
 
 
@@ -27,6 +27,7 @@ def test_ablate_runs_the_readme_command_end_to_end(tmp_path: Path, capsys) -> No
     data = write_corpus(tmp_path / "tiny.csv")
     out = tmp_path / "sweep"
     argv = ["ablate", "classify", "n_heads=1,2", "--steps", "2", "--out", str(out)]
+    argv += ["--arch", "char"]
     code = main([*argv, "--set", f"data={data}", *_as_set(TINY)])
     assert code == 0, capsys.readouterr().err
     assert json.loads((out / "sweep.json").read_text())["variants"] == ["preset", "n_heads=1"]
@@ -76,9 +77,9 @@ def test_a_users_partial_file_beside_out_is_left_alone(classify_run, tmp_path, v
 
 
 def _distill(student: str, teacher: str, data: Path, *extra: str) -> list[str]:
-    assert TINY[:2] == ["--init", "none"]  # distill's student is always a character model
-    return ["train", "distill", "--out", student, "--teacher", teacher, "--data", str(data),
-            *TINY[2:], *extra]  # fmt: skip
+    assert TINY[:2] == ["--arch", "char"]  # a character-model student
+    return ["train", "classify", "--out", student, "--teacher", teacher, "--data", str(data),
+            *TINY, *extra]  # fmt: skip
 
 
 def test_a_distill_resume_finds_a_relative_teacher_and_refuses_a_retrained_one(
@@ -93,7 +94,7 @@ def test_a_distill_resume_finds_a_relative_teacher_and_refuses_a_retrained_one(
     assert main(argv) == 0, capsys.readouterr().err
     monkeypatch.chdir(elsewhere)  # the relative --teacher, resumed from another folder
     student = str(work / "student")
-    resume = ["train", "distill", "--out", student, "--resume", "--max-steps", "3"]
+    resume = ["train", "classify", "--out", student, "--resume", "--max-steps", "3"]
     assert main(resume) == 0, capsys.readouterr().err
     assert json.loads((work / "student" / "results.json").read_text())["summary"]["steps"] == 3
     before = snapshot(work / "student")
@@ -113,20 +114,21 @@ def test_a_distill_resume_finds_a_relative_teacher_and_refuses_a_retrained_one(
 
 
 def test_distill_takes_a_fine_tuned_bert_teacher(tmp_path: Path, capsys, monkeypatch) -> None:
-    """`--help` promises a bert_classify teacher (classify --init CHECKPOINT): its soft labels
-    are its own predictions, read with its WordPiece tokenizer."""
-    from attnlab.tasks.distill import teacher_logits
+    """A fine-tuned BERT teacher (classify --arch CHECKPOINT): its soft labels are its own
+    predictions, read with its WordPiece tokenizer."""
+    from attnlab.finetune.distill import teacher_logits
     from attnlab.verify.checks_bert_dir import write_tiny_chinese_bert
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     data = write_corpus(tmp_path / "tiny.csv")
     bert = tmp_path / "bert"
     checkpoint = str(write_tiny_chinese_bert(tmp_path / "hf"))
-    fine_tune = ["train", "classify", "--init", checkpoint, "--out", str(bert), "--data", str(data)]
-    assert main([*fine_tune, "--max-steps", "2", *TINY[-6:]]) == 0, capsys.readouterr().err
+    fine_tune = ["train", "classify", "--arch", checkpoint, "--out", str(bert), "--data", str(data)]
+    extra = ["--extra-train", ""]
+    assert main([*fine_tune, "--max-steps", "2", *extra, *TINY[-6:]]) == 0, capsys.readouterr().err
     student = str(tmp_path / "student")
     assert main(_distill(student, str(bert), data, "--max-steps", "2")) == 0
-    assert load_run(student).task == "distill"
+    assert load_run(student).config.distill.teacher == str(bert)
     teacher, texts = load_run(bert), ["的一是喜在不了有3", "和人这怒中大为上8"]
     probs = teacher_logits(teacher, texts, 1).softmax(-1)  # (2, C)
     for row, pred in zip(probs, teacher.predict(texts)):
@@ -152,12 +154,16 @@ def write_text(path: Path, n: int = 80) -> Path:
     return path
 
 
+# the pretraining objectives of `attnlab train mlm`, as command lines
+OBJECTIVES = {"mlm": ["mlm"], "electra": ["mlm", "--objective", "electra"]}
+
+
 @pytest.mark.parametrize("task", ["mlm", "electra"])
 def test_one_seed_gives_one_tokenizer_and_one_set_of_weights(task, tmp_path, capsys) -> None:
     data = write_text(tmp_path / "text.txt")
     outs = [tmp_path / "a", tmp_path / "b"]
     for out in outs:
-        argv = ["train", task, "--data", str(data), "--out", str(out), "--seed", "3"]
+        argv = ["train", *OBJECTIVES[task], "--data", str(data), "--out", str(out), "--seed", "3"]
         assert main([*argv, *BERT_TINY]) == 0, capsys.readouterr().err
     for name in ("tokenizer.json", "model.safetensors"):
         assert (outs[0] / name).read_bytes() == (outs[1] / name).read_bytes(), name
@@ -167,7 +173,8 @@ def test_one_seed_gives_one_tokenizer_and_one_set_of_weights(task, tmp_path, cap
 @pytest.mark.parametrize("prob", ["0", "1", "1.5"])
 def test_a_mask_prob_outside_0_1_is_refused_before_the_folder(task, prob, tmp_path, capsys):
     out = tmp_path / "run"
-    probe(capsys, ["train", task, "--out", str(out), "--mask-prob", prob], "mask_prob")
+    probe(capsys, ["train", *OBJECTIVES[task], "--out", str(out), "--mask-prob", prob],
+          "mask_prob")  # fmt: skip
     assert list(tmp_path.iterdir()) == []
 
 

@@ -57,10 +57,12 @@ def test_every_architecture_a_task_offers_is_a_registered_model() -> None:
     assert offered["vision"] == ("vit", "swin", "cnn", "deit")
     assert offered["mlm"] == ("bert", "albert", "deberta")
     assert offered["translate"] == ("seq2seq", "t5")
+    assert offered["classify"] == ("e5", "char", "minilm")
     for name, archs in offered.items():
         assert set(archs) <= set(list_models()), (name, archs)
+        task = get_task(name)
         for arch in archs:
-            assert "model" in get_task(name).arch_sections(arch)
+            assert "model" in {**task.arch_sections(arch), **task.derived_sections(arch)}
     for arch in offered["vision"]:
         assert get_task("vision").arch_sections(arch)["model"] is model_entry(arch).config
 
@@ -69,10 +71,10 @@ def test_every_architecture_a_task_offers_is_a_registered_model() -> None:
     ("task", "arch", "needle"),
     [
         ("vision", "vitt", "unknown --arch 'vitt' for vision; one of vit, swin, cnn, deit"),
-        ("mlm", "roberta", "unknown --arch 'roberta' for mlm; one of bert, albert, deberta"),
+        ("mlm", "roberta", "unknown --arch 'roberta': a new bert, albert, deberta"),
         ("translate", "transformer", "unknown --arch 'transformer' for translate; one of"),
         ("lm", "mamba", "--arch mamba: lm trains one architecture; drop --arch"),
-        ("electra", "bert", "--arch bert: electra trains one architecture"),
+        ("classify", "gpt", "unknown --arch 'gpt': give e5, char, minilm, a BERT / XLM-R"),
     ],
 )
 def test_an_unknown_arch_is_one_line_and_no_folder(task, arch, needle, tmp_path, capsys) -> None:
@@ -128,14 +130,14 @@ def test_a_config_json_of_another_format_is_refused_with_the_fix(
 def test_resume_uses_the_saved_config_and_refuses_contradictions(
     tmp_path, corpus, capsys, monkeypatch
 ):
-    from attnlab.tasks import classify
+    from attnlab.tasks.classify import ClassifyTask
 
     run = tmp_path / "r"
     base = ["train", "classify", "--out", str(run), "--data", str(corpus), *TINY]
-    real = classify.step_fn
+    real = ClassifyTask.step
 
-    def interrupted(smoothing):
-        step, calls = real(smoothing), {"n": 0}
+    def interrupted(self, cfg):
+        step, calls = real(self, cfg), {"n": 0}
 
         def wrapped(model, batch):
             calls["n"] += 1
@@ -145,9 +147,9 @@ def test_resume_uses_the_saved_config_and_refuses_contradictions(
 
         return wrapped
 
-    monkeypatch.setattr(classify, "step_fn", interrupted)
+    monkeypatch.setattr(ClassifyTask, "step", interrupted)
     assert main([*base, "--max-steps", "5", "--eval-every", "2", "--checkpoint-every", "2"]) == 130
-    monkeypatch.setattr(classify, "step_fn", real)
+    monkeypatch.setattr(ClassifyTask, "step", real)
     # --resume alone rebuilds the saved model (d_model 16, not the preset's) and may go longer
     assert main(["train", "classify", "--out", str(run), "--resume", "--max-steps", "6"]) == 0
     config = json.loads((run / "config.json").read_text())
@@ -258,18 +260,36 @@ def test_missing_run_files_give_one_line(tmp_path, finished, capsys) -> None:
     probe(capsys, ["predict", str(tmp_path / "nowhere"), "好"], "does not exist")
 
 
-def test_help_shows_the_values_the_command_will_use(capsys) -> None:
+def _cases() -> list[tuple[str, str | None]]:
+    return [(name, arch) for name in REGISTRY for arch in (get_task(name).archs or (None,))]
+
+
+@pytest.mark.parametrize(("name", "arch"), _cases())
+def test_help_shows_the_values_the_run_resolves(name: str, arch: str | None) -> None:
+    """For every task and --arch, each option's default on the help page is the value a run
+    given no other option trains with (the bundled presets, not the dataclasses)."""
+    from attnlab.cli import task_parser
+    from attnlab.runs.training import build_config
+
+    argv = [] if arch is None else ["--arch", arch]
+    parser = task_parser(name, argv)
+    cfg = build_config(get_task(name), None, {} if arch is None else {"arch": arch})
+    values = {k: v for part in cfg.sections.values() for k, v in vars(part).items()}
+    shown = {
+        a.dest: re.search(r"\(default: (.*)\)$", a.help.replace("%%", "%"), re.S).group(1)
+        for a in parser._actions
+        if a.dest in values
+    }
+    assert shown and shown == {k: str(values[k]) for k in shown}, (name, arch)
+
+
+def test_help_shows_the_main_jobs_values(capsys) -> None:
     with pytest.raises(SystemExit):
         main(["train", "classify", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    preset = get_task("classify")
-    from attnlab.runs.training import build_config
-
-    cfg = build_config(preset, None, {})
-    shown = dict(re.findall(r"--(\w+) \S+ .*?\(default: ([^)]*)\)", text))
-    assert shown["checkpoint_every"] == str(cfg.train.checkpoint_every) != "200"
-    assert shown["ngram_buckets"] == str(cfg.model.ngram_buckets)
-    assert "[model]" in text and "[train]" in text and "fine-tuning a pretrained encoder" in text
+    shown = dict(re.findall(r"--([\w-]+) \S+ .*?\(default: ([^)]*)\)", text))
+    assert shown["lr"] == "3e-05" and shown["epochs"] == "1" and shown["probe-first"] == "True"
+    assert shown["extra-train"] == "pang_lee" and "[data]" in text and "--arch ARCH" in text
     with pytest.raises(SystemExit):
         main(["train", "lm", "--config", "baby", "--help"])
     text = " ".join(capsys.readouterr().out.split())

@@ -13,8 +13,8 @@ import torch
 from attnlab.cli import main
 from attnlab.infer.beam import DecodeSettings, beam_search, greedy_decode
 from attnlab.models.seq2seq import Seq2SeqConfig
-from attnlab.models.t5 import T5Translator, t5_from_seq2seq
-from attnlab.tasks.translate import build_config, build_translator
+from attnlab.models.t5 import T5Translator, t5_from_seq2seq, translator
+from attnlab.tasks.translate import build_config
 
 
 def tiny_t5(seed: int, activation: str = "relu") -> T5Translator:
@@ -73,9 +73,9 @@ def test_greedy_and_beam_with_cache_equal_without(seed: int) -> None:
 def test_arch_defaults_to_the_transformer_and_t5_needs_one_vocabulary() -> None:
     cfg = build_config("copy", {"src_vocab_size": 9, "tgt_vocab_size": 9})
     assert cfg.arch == "seq2seq"
-    assert type(build_translator(cfg)).__name__ == "Seq2SeqTransformer"
+    assert type(translator(cfg.arch, cfg.model)).__name__ == "Seq2SeqTransformer"
     cfg = build_config("copy", {"arch": "t5", "src_vocab_size": 9, "tgt_vocab_size": 9})
-    assert type(build_translator(cfg)).__name__ == "T5Translator"
+    assert type(translator(cfg.arch, cfg.model)).__name__ == "T5Translator"
     with pytest.raises(ValueError, match="unknown --arch 'transformer' for translate; one of"):
         build_config("copy", {"arch": "transformer"})
     with pytest.raises(ValueError, match="shared_embeddings"):

@@ -1,5 +1,9 @@
 """``attnlab ablate classify``: train variants of a preset on one split and budget, compare them.
 
+It varies the main job's own recipe by default (``--arch e5``, presets/classify.toml: the
+learning rate, the blocks that train, the probe, the extra data, ...); ``--arch char`` varies
+the character model's.
+
 By default each factor is varied on its own around the preset (one factor at a time); with
 ``--grid`` the full product is trained. Every variant gets the same data split, the same seeds
 and the same training budget. A sweep directory holds one run directory per (variant, seed),
@@ -32,6 +36,8 @@ COLUMNS = (
     "val_acc",
     "test_acc",
     "test_macro_f1",
+    "ood_dev_acc",
+    "ood_test_acc",
     "n_params",
     "steps",
     "wall_time_s",
@@ -39,13 +45,20 @@ COLUMNS = (
 )
 
 
-def parse_factors(items: list[str]) -> dict[str, list[str]]:
-    """["n_heads=1,2,4", "pooling=mean,cls"] -> {"n_heads": ["1", "2", "4"], ...}."""
+def parse_factors(items: list[str], arch: str) -> dict[str, list[str]]:
+    """["lr=1e-5,3e-5", "pooling=mean,cls"] -> {"lr": ["1e-5", "3e-5"], ...}."""
     factors: dict[str, list[str]] = {}
-    owner = sections.field_owner(get_task("classify").sections())
+    task = get_task("classify")
+    owner = sections.field_owner(task.arch_sections(training.check_arch(task, arch)))
     for key, value in parse_key_values(items).items():
+        if key == "arch":
+            raise UserError("cannot vary arch: each architecture has its own recipe; sweep one "
+                            "--arch at a time")  # fmt: skip
         if key not in owner:
-            raise UserError(f"cannot vary {key!r}: not a config field of the classify task")
+            raise UserError(
+                f"cannot vary {key!r}: not a setting of classify --arch {arch} "
+                "(`attnlab train classify --arch ARCH --help` lists them)"
+            )
         values = [v.strip() for v in value.split(",") if v.strip()]
         if not values:
             raise UserError(f"factor {key!r} has no values; write e.g. {key}=1,2")
@@ -74,8 +87,8 @@ def variants(
     return out
 
 
-def _flat_preset(config: str | None, fixed: dict[str, str]) -> dict[str, Any]:
-    cfg = training.build_config("classify", config, fixed)
+def _flat_preset(config: str | None, fixed: dict[str, str], arch: str) -> dict[str, Any]:
+    cfg = training.build_config("classify", config, {**fixed, "arch": arch})
     flat: dict[str, Any] = {}
     for part in cfg.sections.values():
         flat.update(vars(part))
@@ -145,10 +158,12 @@ def run_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
     runs are kept, new variants or seeds are trained."""
     out = Path(args.out)
     fixed = fixed_settings(args)
-    factors = parse_factors(args.factors)
-    plan = variants(factors, _flat_preset(args.config, fixed), args.grid)
+    factors = parse_factors(args.factors, args.arch)
+    plan = variants(factors, _flat_preset(args.config, fixed, args.arch), args.grid)
     seeds = list(range(args.seeds))
-    check_sweep_folder(out, {"fixed": fixed, "config": args.config, "grid": args.grid})
+    check_sweep_folder(
+        out, {"fixed": fixed, "config": args.config, "grid": args.grid, "arch": args.arch}
+    )
     out.mkdir(parents=True, exist_ok=True)  # after the checks: a refused sweep leaves nothing
     (out / "sweep.json").write_text(
         json.dumps(
@@ -158,6 +173,7 @@ def run_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
                 "seeds": seeds,
                 "fixed": fixed,
                 "config": args.config,
+                "arch": args.arch,
                 "variants": [p[0] for p in plan],
             },
             indent=2,
@@ -179,7 +195,8 @@ def run_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
                 f"({(time.perf_counter() - started) / 60:.1f} min into the sweep)",
                 file=sys.stderr,
             )
-            settings = {**fixed, **overrides, "seed": str(seed), "tensorboard": "false"}
+            settings = {**fixed, **overrides, "seed": str(seed), "tensorboard": "false",
+                        "arch": args.arch}  # fmt: skip
             training.train(
                 "classify",
                 run_dir,
@@ -195,7 +212,7 @@ def run_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def _row(run_dir: Path, name: str, factor: str, value: str, seed: int) -> dict[str, Any]:
     results = json.loads((run_dir / "results.json").read_text())
-    test, summary = results["test"], results["summary"]
+    test, summary, ood = results.get("test"), results["summary"], results.get("ood") or {}
     return {
         "variant": name,
         "factor": factor,
@@ -204,6 +221,8 @@ def _row(run_dir: Path, name: str, factor: str, value: str, seed: int) -> dict[s
         "val_acc": results["val"]["accuracy"],
         "test_acc": test["accuracy"] if test else float("nan"),
         "test_macro_f1": test["macro_f1"] if test else float("nan"),
+        "ood_dev_acc": ood["dev"]["accuracy"] if "dev" in ood else float("nan"),
+        "ood_test_acc": ood["test"]["accuracy"] if "test" in ood else float("nan"),
         "n_params": results["n_params"],
         "steps": summary["steps"],
         "wall_time_s": round(summary["wall_time_s"], 1),
@@ -229,7 +248,8 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "seeds": len(group),
             "n_params": group[0]["n_params"],
         }
-        for key in ("val_acc", "test_acc", "test_macro_f1", "wall_time_s"):
+        for key in ("val_acc", "test_acc", "test_macro_f1", "ood_dev_acc", "ood_test_acc",
+                    "wall_time_s"):  # fmt: skip
             entry[key] = _mean_std([float(r[key]) for r in group])
         summary.append(entry)
     return summary
@@ -242,16 +262,16 @@ def write_tables(out: Path, rows: list[dict[str, Any]]) -> None:
         writer.writeheader()
         writer.writerows(rows)
     summary = summarise(rows)
+    metrics = ("val_acc", "test_acc", "test_macro_f1", "ood_dev_acc", "ood_test_acc")
     lines = [
-        "| variant | seeds | params | val acc | test acc | test macro-F1 | train time (s) |",
-        "|---|---|---|---|---|---|---|",
+        "| variant | seeds | params | val acc | test acc | test macro-F1 | OOD dev | OOD test "
+        "| train time (s) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for e in summary:
         lines.append(
             f"| {e['variant']} | {e['seeds']} | {e['n_params'] / 1e3:.0f}k | "
-            + " | ".join(
-                f"{e[k][0]:.4f} ± {e[k][1]:.4f}" for k in ("val_acc", "test_acc", "test_macro_f1")
-            )
+            + " | ".join(f"{e[k][0]:.4f} ± {e[k][1]:.4f}" for k in metrics)
             + f" | {e['wall_time_s'][0]:.0f} |"
         )
     (out / "results.md").write_text("\n".join(lines) + "\n", encoding="utf-8")

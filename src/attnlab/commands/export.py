@@ -37,15 +37,18 @@ REMOTE_CLASS = "MeanPoolForSequenceClassification"
 
 def export_run(run_dir: str | Path, fmt: str, out: str | Path) -> Path:
     """Write the run's classifier to ``out`` in ``fmt``; returns the path written."""
-    from attnlab.tasks.bert_classify import BertClassifierRun
+    from attnlab.infer.classifier import ClassifierRun
+    from attnlab.runs.load import load_run
 
     if fmt not in FORMATS:
         raise UserError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     out = Path(out)
     if out.exists() and (fmt == "onnx" or not out.is_dir() or any(out.iterdir())):
         raise UserError(f"--out {out} exists; give a new path")
-    run = BertClassifierRun.load(run_dir)
-    if type(run.model.bert) is not BertModel:
+    run = load_run(run_dir)
+    if not isinstance(run, ClassifierRun):
+        raise UserError(f"{run_dir} holds a {run.task!r} run; export takes classifier runs")
+    if type(getattr(run.model, "bert", None)) is not BertModel:
         raise UserError(
             f"{run_dir}: only BERT / XLM-R classifiers export (this one's encoder is "
             f"{type(run.model.bert).__name__})"

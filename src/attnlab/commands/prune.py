@@ -5,8 +5,8 @@ validation split with the training loss (cross-entropy); the N least important h
 out of the weights (smaller projections), and OUT is a complete run folder: the source run's
 files, its config with ``model.heads_per_layer`` set, the smaller weights, and ``prune.json``
 (importance, removed heads, validation accuracy and loss before and after, parameter counts).
-Every verb that takes the source run takes OUT. Works for ``classify`` runs (one model, not an
-ensemble; no per-head position bias) and ``bert_classify`` runs (e.g. fine-tuned MiniLM).
+Every verb that takes the source run takes OUT. Works for every ``classify`` run (one model, not
+an ensemble; no per-head position bias).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from attnlab.compress.heads import head_importance, heads_to_remove, prune_heads
 from attnlab.errors import UserError
+from attnlab.infer.classifier import ClassifierRun
 from attnlab.runs import folder
 from attnlab.runs.folder import WEIGHTS
 from attnlab.runs.load import load_run
@@ -31,21 +32,10 @@ _SKIP = {WEIGHTS, "state", folder.LOCK, "results.json", "test_report.txt"}
 
 
 def validation_data(run: Any) -> Any:
-    """The run's validation split as a ClassificationData (batches of ids, lengths, labels)."""
-    if run.task == "classify":
-        from attnlab.tasks.classify import make_dataset, prepare
-
-        prep = prepare(run.config, run.run_dir, resume=True)
-        return make_dataset(prep, "val", run.add_cls, run.config.data.eval_batch_size, False, 0)
-    from attnlab.data.splits import load_split
-    from attnlab.tasks.bert_classify import _dataset, load_corpus
-
-    corpus = load_corpus(run.config.data)
-    split = load_split(run.run_dir / "split.json", corpus.texts)
-    texts = [corpus.texts[i] for i in split["val"]]
-    labels = run.labels.encode([corpus.labels[i] for i in split["val"]])
-    bs = run.config.data.eval_batch_size
-    return _dataset(texts, labels, run.tokenizer, run.max_len, bs, False, 0)
+    """The run's validation split as a ClassificationData (batches of ids, lengths, labels),
+    read as the run reads a text."""
+    texts, labels, _ = run.split_texts("val")
+    return run.dataset(texts, labels)
 
 
 def batches(data: Any) -> list[dict[str, torch.Tensor]]:
@@ -73,16 +63,14 @@ def accuracy(model: torch.nn.Module, data: list[dict[str, torch.Tensor]]) -> dic
 
 def prunable_model(run: Any) -> torch.nn.Module:
     """The run's model, refused (UserError) where heads cannot be pruned one by one."""
-    if run.task not in ("classify", "bert_classify"):
+    if not isinstance(run, ClassifierRun):
         raise UserError(f"{run.run_dir} holds a {run.task!r} run; prune takes classifier runs")
-    model = run.model
-    if run.task == "classify":
-        m = run.config.model
-        if m.members > 1:
-            raise UserError("prune takes a single classifier, not an ensemble (members > 1)")
-        if m.pos in ("t5", "alibi"):
-            raise UserError(f"pos={m.pos!r} biases each head's scores; prune needs other positions")
-    return model
+    if run.members > 1:
+        raise UserError("prune takes a single classifier, not an ensemble (members > 1)")
+    pos = getattr(run.config.model, "pos", None)
+    if pos in ("t5", "alibi"):
+        raise UserError(f"pos={pos!r} biases each head's scores; prune needs other positions")
+    return run.model
 
 
 def count_parameters(model: torch.nn.Module) -> dict[str, int]:

@@ -6,7 +6,8 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Sequence
+import random
+from collections.abc import Hashable, Sequence
 
 import numpy as np
 
@@ -49,6 +50,22 @@ def stratified_split(
         split["test"].extend(members[n_val : n_val + n_test].tolist())
         split["train"].extend(members[n_val + n_test :].tolist())
     return {name: sorted(indices) for name, indices in split.items()}
+
+
+def stratified_sample(labels: Sequence[Hashable], n: int, seed: int) -> list[int]:
+    """Sorted positions of a random ``n`` of ``labels``, each class in its share (at least
+    one); every position when ``n`` is 0 or at least their number."""
+    if not n or n >= len(labels):
+        return list(range(len(labels)))
+    rng = random.Random(seed)
+    by_label: dict[Hashable, list[int]] = {}
+    for i, label in enumerate(labels):
+        by_label.setdefault(label, []).append(i)
+    keep = []
+    for label in sorted(by_label):  # type: ignore[type-var]
+        members = by_label[label]
+        keep += rng.sample(members, max(1, round(n * len(members) / len(labels))))
+    return sorted(keep)
 
 
 def corpus_fingerprint(texts: Sequence[str]) -> str:

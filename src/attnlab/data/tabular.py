@@ -78,7 +78,7 @@ def _resolve_format(path: Path, fmt: str | None) -> str:
         raise DataError(
             path,
             f"cannot tell the format from the extension {suffix!r}",
-            f"rename the file or pass fmt= one of {', '.join(FORMATS)}",
+            "give a file ending in .csv, .tsv (.tab) or .jsonl (.ndjson), renamed if need be",
         )
     return _EXTENSIONS[suffix]
 

@@ -16,11 +16,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "explore",
         help="attention explorer: one offline HTML page for any run (or a live page)",
         description="Writes one self-contained HTML page (no network, opens from disk) showing "
-        "the attention of a classifier, BERT (also `minilm`), GPT, translation, ViT or CNN run "
+        "the attention of a classifier, BERT (also `e5`, `minilm`), GPT, translation, ViT or "
+        "CNN run "
         "for the given inputs: texts, prompts, source sentences or image files (vision runs "
         "without inputs show test images). --serve serves the page with a box to try new inputs.",
     )
-    p.add_argument("run", help="run directory, GPT-2/BERT checkpoint directory, or minilm")
+    p.add_argument("run", help="run directory, GPT-2/BERT checkpoint directory, e5 or minilm")
     p.add_argument("inputs", nargs="*", metavar="INPUT", help="texts, prompts or image files")
     p.add_argument("--out", default=None, help="page path (default: RUN/explore.html)")
     p.add_argument("--png", default=None, help="also save a screenshot of one view (chromium)")
@@ -70,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     source = load_source(args.run)
     data = explore_data(source, args.inputs, **opts)
     out = Path(args.out) if args.out else Path(args.run) / "explore.html"
-    if not args.out and not Path(args.run).is_dir():  # minilm: no run folder to write into
+    if not args.out and not Path(args.run).is_dir():  # e5, minilm: no run folder to write into
         out = Path(f"explore-{source.name}.html")
     with output_errors("--out"):
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -28,26 +28,26 @@ class Source:
 
 
 def load_source(run: str | Path) -> Source:
-    """A run directory (classify, BERT fine-tune, lm, translate, vision), a Hugging Face GPT-2
-    directory, a BERT checkpoint directory, or ``"minilm"`` (the shipped all-MiniLM-L6-v2)."""
+    """A run directory (classify, mlm, lm, translate, vision), a Hugging Face GPT-2 directory, a
+    BERT / XLM-R checkpoint directory, or a registered pretrained encoder (e5, minilm)."""
     from attnlab.infer.embeddings import SentenceEncoder
+    from attnlab.runs.encoders import is_encoder_name
 
-    name = str(run)
-    if name == "minilm":
-        return Source("bert", SentenceEncoder.load("minilm"), "all-MiniLM-L6-v2")
+    if is_encoder_name(run):
+        return Source("bert", SentenceEncoder.load(run), str(run))
     path = Path(run)
     config = path / "config.json"
     if not config.is_file():
         raise UserError(
             f"{path} is not a run directory (no config.json); give a run of `attnlab train ...`, "
-            "a BERT or GPT-2 checkpoint directory, or minilm"
+            "a BERT or GPT-2 checkpoint directory, e5 or minilm"
         )
     raw = json.loads(config.read_text(encoding="utf-8"))
     if raw.get("model_type") == "gpt2":
         from attnlab.infer.lm import LMRun
 
         return Source("gpt", LMRun.load(path), path.name)
-    if raw.get("model_type") == "bert" or (path / "checkpoint" / "config.json").is_file():
+    if "task" not in raw or (path / "checkpoint" / "config.json").is_file():  # an encoder
         return Source("bert", SentenceEncoder.load(path), path.name)
     from attnlab.runs.load import load_run
 

@@ -52,7 +52,7 @@ def classifier_examples(source: Source, texts: list[str], member: int = 0) -> di
     preds = run.predict(texts)
     examples = []
     for b, text in enumerate(texts):
-        tokens = run.tokenizer.tokens(text, run.max_len, run.add_cls, run.config.data.tail_share)
+        tokens = run.reader.tokens(text)
         group = build_group("self-attention", calls, b, tokens, tokens)
         n = int(lengths[b])
         examples.append(

@@ -20,7 +20,7 @@ from attnlab.explore.pack import build_group, calls_named, f32, u8
 from attnlab.explore.sources import Source
 from attnlab.layers.attention_record import record_attention
 from attnlab.layers.channel import CBAM, ECA, CoordinateAttention, SqueezeExcite
-from attnlab.models.registry import family_of
+from attnlab.models.swin import Swin
 from attnlab.models.vit import attention_rollout
 
 DEFAULT_IMAGES = 4
@@ -31,7 +31,7 @@ def load_images(source: Source, paths: list[str]) -> tuple[Tensor, list[str]]:
     run = source.run
     if paths:
         return run.load_images(paths), list(paths)
-    from attnlab.tasks.vision import load_splits
+    from attnlab.data.image_splits import load_splits
 
     test = load_splits(run.config.data)[0]["test"]
     n = min(DEFAULT_IMAGES, len(test))
@@ -58,7 +58,7 @@ def vit_examples(source: Source, paths: list[str]) -> dict[str, Any]:
     """One example per image: attention of every layer and head, rollout, prediction."""
     run = source.run
     model = run.model
-    if family_of(model.cfg) == "swin":  # windows instead of one sequence
+    if isinstance(model, Swin):  # windows instead of one sequence
         return swin_examples(source, paths)
     images, names = load_images(source, paths)
     x = normalize(images, run.report["mean"], run.report["std"])

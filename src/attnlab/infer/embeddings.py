@@ -1,12 +1,15 @@
-"""Sentence embeddings from a BERT checkpoint: embed, similarity and semantic search.
+"""Sentence embeddings from a pretrained encoder: embed, similarity and semantic search.
 
-multilingual-e5-small (``"e5"``) reads ``"query: "`` before a query or a text to compare and
-``"passage: "`` before a document to be found; search encodes the documents as passages.
+The encoder comes through the one door (:func:`attnlab.runs.encoders.open_encoder`): ``e5``
+(multilingual-e5-small, the default: it reads Chinese and ~100 other languages), ``minilm``
+(English), a checkpoint folder or an `attnlab train mlm` run. An encoder trained with input
+prefixes reads ``"query: "`` before a query or a text to compare and ``"passage: "`` before a
+document to be found; search encodes the documents as passages.
 
 A sentence vector is the mean of its real tokens' final hidden states, L2-normalised (as
 sentence-transformers computes for all-MiniLM-L6-v2), so the dot product of two vectors is their
-cosine similarity. Inputs are truncated to the checkpoint's ``max_seq_length``
-(``sentence_bert_config.json``; 256 for MiniLM) or else to its number of positions.
+cosine similarity. Inputs are truncated to what the encoder reads (sentence-transformers'
+``max_seq_length``, 256 for MiniLM, or else its number of positions).
 """
 
 from __future__ import annotations
@@ -14,63 +17,43 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from attnlab.data import pad_batch
-from attnlab.data.io import read_json, read_utf8
-from attnlab.data.sentencepiece import SentencePieceTokenizer
-from attnlab.data.wordpiece import WordPieceTokenizer
+from attnlab.data.io import read_utf8
 from attnlab.errors import UserError
-from attnlab.interop.hf_bert import load_pretrained, resolve_checkpoint
-from attnlab.models.bert import BertModel, mean_pool
-from attnlab.models.e5 import NAME as E5
-from attnlab.models.e5 import PREFIXES, load_e5, tokenizer_path
-from attnlab.runs.load import load_run, recorded
+from attnlab.models.bert import mean_pool
+from attnlab.runs.encoders import open_encoder
+
+DEFAULT_ENCODER = "e5"  # multilingual: the main job's texts are Chinese
 
 
 @dataclass
 class SentenceEncoder:
-    """A BERT encoder and its tokenizer, turning texts into unit-length vectors (N, D)."""
+    """An encoder and its tokenizer, turning texts into unit-length vectors (N, D)."""
 
-    model: BertModel
-    tokenizer: WordPieceTokenizer | SentencePieceTokenizer
+    model: Any  # BERT-shaped: ids (B, T), lengths (B,) -> hidden (B, T, D)
+    tokenizer: Any
     max_len: int
-    passages: SentencePieceTokenizer | None = None  # e5: the "passage: " tokenizer, for search
+    passages: Any = None  # the tokenizer of documents to be found, when it differs
 
     @classmethod
-    def load(cls, checkpoint: str | Path = "minilm", role: str = "query") -> SentenceEncoder:
-        """From a checkpoint directory, ``"minilm"`` or ``"e5"``, in eval mode on the CPU.
-
-        e5 puts ``"query: "`` (``role="query"``: classification, similarity, search queries)
-        or ``"passage: "`` (``role="passage"``: texts to be found) before each text, as its
-        model card says; other checkpoints take no prefix.
-        """
-        if str(checkpoint) == E5:
-            if role not in PREFIXES:
-                raise UserError(f"role must be one of {sorted(PREFIXES)}, got {role!r}")
-            model, tokenizer = load_e5(prefix=PREFIXES[role])
-            passages = SentencePieceTokenizer.load(tokenizer_path(), prefix=PREFIXES["passage"])
-            return cls(model.eval(), tokenizer, model.cfg.context, passages)
-        kind = recorded(checkpoint)
-        if kind is not None and kind[0] == "mlm" and kind[1] != "bert":
-            return load_run(checkpoint).encoder  # type: ignore[attr-defined]  # ALBERT/DeBERTa
-        path = resolve_checkpoint(checkpoint)
-        model, _, tokenizer, _ = load_pretrained(path)
-        max_len = model.cfg.context
-        st_config = path / "sentence_bert_config.json"
-        if st_config.is_file():
-            keys = {"max_seq_length": int}
-            raw = read_json(st_config, "sentence-transformers config", keys=keys)
-            if raw["max_seq_length"] < 1:
-                raise UserError(
-                    f"{st_config}: max_seq_length must be >= 1, got {raw['max_seq_length']}; "
-                    "restore the file"
-                )
-            max_len = min(max_len, raw["max_seq_length"])
-        return cls(model.eval(), tokenizer, max_len)
+    def load(cls, spec: str | Path = DEFAULT_ENCODER, role: str | None = None) -> SentenceEncoder:
+        """The encoder ``spec`` names (see :func:`~attnlab.runs.encoders.open_encoder`), in eval
+        mode on the CPU, its texts read as ``role`` ("query" by default; "passage" for texts to
+        be found) where the encoder was trained with prefixes."""
+        encoder = open_encoder(spec, role or "query")
+        if role is not None and not encoder.prefixes:
+            raise UserError(
+                f"--role applies to encoders trained with input prefixes (e5); {spec} reads "
+                "every text as it is: drop --role"
+            )
+        passages = encoder.tokenizer_for("passage") if encoder.prefixes else None
+        return cls(encoder.model.eval(), encoder.tokenizer, encoder.max_len, passages)
 
     @torch.no_grad()
     def encode(self, texts: list[str], batch_size: int = 32, tokenizer=None) -> Tensor:

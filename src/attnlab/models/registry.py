@@ -49,7 +49,8 @@ class ModelEntry:
     defaults: Mapping[str, Any] = field(default_factory=dict)  # over the config's own
     tiny: Mapping[str, Any] = field(default_factory=dict)  # over defaults: a seconds-fast model
     also: tuple[str, ...] = ()  # further verify rows the model needs (a hybrid: both mixers)
-    load: Callable[..., nn.Module] | None = None  # the pretrained weights, where there are any
+    # the published weights and what reads text for them (a models.pretrained.Pretrained)
+    load: Callable[..., Any] | None = None
     count: Callable[[nn.Module], int] | None = None  # weights of a model, when not parameters
     note: str = ""  # one line for `attnlab models`: what the oracle does not cover
 
@@ -134,12 +135,26 @@ def model_entry(name: str) -> ModelEntry:
 def create_model(name: str, *, pretrained: bool = False, **overrides: Any) -> nn.Module:
     """The model ``name`` with its default config and ``overrides`` (random weights), or with
     ``pretrained`` its published weights (``overrides`` go to the entry's loader)."""
-    entry = model_entry(name)
     if pretrained:
-        if entry.load is None:
-            raise UserError(f"model {name!r} has no pretrained weights")
-        return entry.load(**overrides)
+        return load_pretrained(name, **overrides).model
+    entry = model_entry(name)
     return entry.build(entry.make_config(**overrides))
+
+
+def load_pretrained(name: str, **options: Any) -> Any:
+    """The published weights of ``name`` with what reads text for them: a
+    :class:`~attnlab.models.pretrained.Pretrained` (``options`` go to the entry's loader, e.g.
+    ``role="passage"`` for e5)."""
+    entry = model_entry(name)
+    if entry.load is None:
+        have = ", ".join(pretrained_names()) or "none"
+        raise UserError(f"model {name!r} has no pretrained weights; those that do: {have}")
+    return entry.load(**options)
+
+
+def pretrained_names() -> list[str]:
+    """The registered models that come with published weights, sorted."""
+    return [name for name in list_models() if _ENTRIES[name].pretrained]
 
 
 def family_of(config: Any) -> str:
@@ -226,9 +241,11 @@ __all__ = [
     "family_of",
     "images",
     "list_models",
+    "load_pretrained",
     "model_entry",
     "models_table",
     "n_weights",
+    "pretrained_names",
     "register_model",
     "token_pair",
     "tokens",

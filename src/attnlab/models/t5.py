@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.configs import ConfigBase, setting
+from attnlab.errors import UserError
 from attnlab.layers.attention import KVCache, padding_mask, padding_mask_from_ids
 from attnlab.layers.blocks import (
     Block,
@@ -35,7 +36,7 @@ from attnlab.layers.blocks import (
     block_setting,
 )
 from attnlab.layers.positions import T5RelativePositionBias, make_positions
-from attnlab.models.registry import register_model, token_pair
+from attnlab.models.registry import model_entry, register_model, token_pair
 
 
 @dataclass
@@ -225,6 +226,33 @@ def init_t5_weights(model: T5) -> None:
             nn.init.normal_(p, std=D**-0.5)
         elif name.endswith("ff.w_out.weight"):
             nn.init.normal_(p, std=F_**-0.5)
+
+
+def _check_t5(m: Any) -> None:
+    """What T5 fixes that the model section could set otherwise."""
+    if not m.shared_embeddings:
+        raise UserError("--arch t5 has one embedding for both sides: shared_embeddings")
+    if m.activation not in ("relu", "geglu_tanh"):
+        raise UserError("--arch t5 takes activation relu (v1.0) or geglu_tanh (v1.1)")
+    if m.attention != "full":
+        raise UserError("--arch t5 takes attention=full")
+
+
+def check_translator(arch: str, cfg: Any) -> None:
+    """Refuse what a translation run's model section (a ``Seq2SeqConfig``) sets that the
+    architecture ``arch`` (seq2seq or t5) fixes otherwise."""
+    if model_entry(arch).family == "t5":
+        _check_t5(cfg)
+
+
+def translator(arch: str, cfg: Any) -> nn.Module:
+    """The translation model of ``arch`` from a run's ``Seq2SeqConfig``: attnlab's Transformer
+    (seq2seq), or T5 behind its interface (t5)."""
+    from attnlab.models.seq2seq import Seq2SeqTransformer
+
+    if model_entry(arch).family == "t5":
+        return T5Translator(t5_from_seq2seq(cfg))
+    return Seq2SeqTransformer(cfg)
 
 
 register_model(

@@ -1,4 +1,5 @@
-"""ALBERT and DeBERTa with a masked-language-model head, for `attnlab train mlm --arch ...`.
+"""ALBERT and DeBERTa with a masked-language-model head, for `attnlab train mlm --arch ...`, and
+the classifier around an encoder of any BERT-shaped family.
 
 The head is BERT's (dense -> activation -> LayerNorm -> tied word embeddings + bias); with
 token embeddings narrower than the encoder (E < D, ALBERT's factorised embedding) its dense
@@ -12,8 +13,15 @@ from typing import Literal
 
 from torch import Tensor, nn
 
+from attnlab.errors import UserError
 from attnlab.models.albert import AlbertConfig, AlbertModel
-from attnlab.models.bert import BertConfig, BertMLMHead, init_bert_weights
+from attnlab.models.bert import (
+    BertClassifier,
+    BertConfig,
+    BertForMaskedLM,
+    BertMLMHead,
+    init_bert_weights,
+)
 from attnlab.models.deberta import DebertaConfig, DebertaModel
 
 ZooArch = Literal["albert", "deberta"]
@@ -54,3 +62,32 @@ class ZooForMaskedLM(nn.Module):
         if where is not None:
             hidden = hidden[where]  # (N, D)
         return self.mlm(hidden, self.bert.embeddings.word.weight)  # (..., V)
+
+
+def encoder_classifier(
+    shape: BertConfig, n_classes: int, pooling: str, family: str = "bert", embedding_size: int = 0
+) -> BertClassifier:
+    """A BertClassifier (pooled vector -> dropout -> linear) around an encoder of ``family``:
+    BERT / XLM-R itself, or the ALBERT / DeBERTa encoder of a ``shape`` in BERT's terms."""
+    model = BertClassifier(shape, n_classes, pooling)
+    if family == "bert":
+        return model
+    if pooling == "cls" and family == "deberta":
+        raise UserError("DeBERTa has no [CLS] pooler: use --pooling mean")
+    model.bert = ZooForMaskedLM(family, shape, embedding_size).bert  # type: ignore[arg-type, assignment]
+    return model
+
+
+def masked_lm(arch: str, shape: BertConfig, embedding_size: int = 0) -> nn.Module:
+    """A new masked LM of the registered architecture ``arch`` (bert, albert, deberta) whose
+    encoder has ``shape`` in BERT's terms."""
+    from attnlab.models.registry import model_entry
+
+    family = model_entry(arch).family
+    if family == "bert":
+        if embedding_size:
+            raise UserError("embedding_size is for --arch albert or deberta")
+        return BertForMaskedLM(shape)
+    if family not in ("albert", "deberta"):
+        raise UserError(f"--arch {arch} has no masked-LM pretraining; use bert, albert or deberta")
+    return ZooForMaskedLM(family, shape, embedding_size)  # type: ignore[arg-type]

@@ -33,30 +33,17 @@ REGISTRY: dict[str, TaskEntry] = {
         TaskEntry(
             "classify",
             "text classifier of the bundled Chinese reviews (or your file): fine-tunes the "
-            "pretrained multilingual-e5-small by default (--init e5, another BERT checkpoint or "
-            "run); --init none trains the tutorial's character-level Transformer from scratch",
+            "pretrained multilingual-e5-small (--arch e5, the default; or minilm, a checkpoint "
+            "folder, an `attnlab train mlm` run); --arch char trains the tutorial's "
+            "character-level Transformer from scratch",
             "attnlab.tasks.classify",
         ),
         TaskEntry(
-            "distill",
-            "a classifier trained on a teacher run's soft labels (knowledge distillation)",
-            "attnlab.tasks.distill",
-        ),
-        TaskEntry(
-            "bert_classify",
-            "fine-tune a pretrained BERT (multilingual-e5-small by default) as a text classifier",
-            "attnlab.tasks.bert_classify",
-        ),
-        TaskEntry(
             "mlm",
-            "masked-LM pretraining, --arch bert (default) | albert | deberta, on any text "
-            "(bundled Chinese reviews by default)",
+            "pretraining of an encoder on any text (bundled Chinese reviews by default): masked "
+            "LM of a new --arch bert (default) | albert | deberta, or continuing a pretrained "
+            "one (--arch minilm | FOLDER); --objective electra for replaced-token detection",
             "attnlab.tasks.bert_mlm",
-        ),
-        TaskEntry(
-            "electra",
-            "ELECTRA pretraining (replaced-token detection) of a BERT encoder on any text",
-            "attnlab.tasks.electra",
         ),
         TaskEntry(
             "lm",
@@ -87,8 +74,21 @@ def task_names() -> list[str]:
     return list(REGISTRY)
 
 
+# Tasks of earlier attnlab versions, and what trains such a run now.
+RETIRED = {
+    "bert_classify": "`attnlab train classify --arch e5` (or --arch FOLDER)",
+    "distill": "`attnlab train classify --arch char --teacher RUN`",
+    "electra": "`attnlab train mlm --objective electra`",
+}
+
+
 def get_task(name: str) -> Task:
-    """The task called ``name``; a ValueError lists the known ones."""
+    """The task called ``name``; a UserError lists the known ones."""
+    if name in RETIRED:
+        raise UserError(
+            f"the task {name!r} belongs to an earlier attnlab; such runs are now trained with "
+            f"{RETIRED[name]}: train it again"
+        )
     if name not in REGISTRY:
         raise UserError(f"unknown task {name!r}; known tasks: {', '.join(REGISTRY)}")
     return importlib.import_module(REGISTRY[name].module).TASK

@@ -85,10 +85,7 @@ class Task:
     resumable: ClassVar[frozenset[str]] = frozenset()  # more fields a resume may change
     data_paths: ClassVar[tuple[str, ...]] = ()  # fields naming data files (saved resolved)
     train_only_paths: ClassVar[tuple[str, ...]] = ()  # of those, what only training reads
-    # An option that turns this task into another registered one, with why: `attnlab train
-    # classify --init CKPT` is BERT fine-tuning. The command line offers the other task's
-    # options too and runs that task when the option is given.
-    redirect: ClassVar[tuple[str, str, str] | None] = None  # (option, task, what it does)
+    list_paths: ClassVar[tuple[str, ...]] = ()  # of those, comma-separated lists of paths
     # The architectures `--arch NAME` chooses between (model registry names, the first the
     # default); empty: the task trains one. With several, ``preset`` may hold ``{arch}``.
     archs: ClassVar[tuple[str, ...]] = ()
@@ -97,12 +94,28 @@ class Task:
         """Config sections that the command line and presets set, by name."""
         raise NotImplementedError
 
+    def known_arch(self, arch: str) -> str:
+        """``arch`` as a run records it, when the task trains it (one of ``archs``, or what a
+        task that also takes folders accepts); a UserError naming the choices otherwise."""
+        if arch not in self.archs:
+            choices = ", ".join(self.archs)
+            raise UserError(f"unknown --arch {arch!r} for {self.name}; one of {choices}")
+        return arch
+
+    def arch_help(self) -> str:
+        """What ``--arch`` accepts, for the help page."""
+        return " | ".join(self.archs)
+
+    def presets(self, arch: str) -> list[str]:
+        """The bundled presets a new run of ``arch`` starts from, later ones winning."""
+        return [self.preset.format(arch=arch)] if self.preset else []
+
     def arch_sections(self, arch: str) -> dict[str, type[ConfigBase]]:
         """The sections of a run of ``arch`` (one of ``archs``); the same for every one unless
         the task overrides this (vision: each architecture's model config)."""
         return self.sections()
 
-    def derived_sections(self) -> dict[str, type[ConfigBase]]:
+    def derived_sections(self, arch: str) -> dict[str, type[ConfigBase]]:
         """Sections the task fills in itself (e.g. a checkpoint's architecture); saved too."""
         return {}
 
@@ -110,7 +123,11 @@ class Task:
         """Cross-section validation that needs no data; raise ValueError naming the fix."""
 
     def setup(self, cfg: RunConfig, run_dir: Path, resume: bool, device: str) -> Setup:
-        """Load and prepare the data; fill in data-derived config fields (vocab sizes)."""
+        """Load and prepare the data; fill in data-derived config fields (vocab sizes).
+
+        ``resume``: the run continues from its checkpoint, whose weights already hold every
+        step taken before training (a head fitted, a vocabulary built): those read the run's
+        record instead. A resume before the first checkpoint is a fresh start."""
         raise NotImplementedError
 
     def build_model(self, cfg: RunConfig, setup: Setup) -> Any:
@@ -134,6 +151,14 @@ class Task:
     def load(self, run_dir: Path, cfg: RunConfig, device: str) -> Run:
         """A finished run of this task, loaded for use."""
         raise NotImplementedError
+
+    def pretrained(self, run_dir: Path) -> Any:
+        """The encoder a run of this task lends to fine-tuning and embeddings (a
+        :class:`~attnlab.models.pretrained.Pretrained`); a pretraining task overrides this."""
+        raise UserError(
+            f"{run_dir} holds a {self.name!r} run, which lends no pretrained encoder; give an "
+            "`attnlab train mlm` run, a checkpoint folder, or a registered name (attnlab models)"
+        )
 
 
 class Run:

@@ -39,14 +39,14 @@ DIVERGED_FIELDS = frozenset({"lr", "muon_lr", "clip_norm", "warmup_steps", "warm
 def build_config(
     task: Task | str, preset: str | Path | None, overrides: Mapping[str, Any]
 ) -> RunConfig:
-    """A new run's config: defaults <- presets/{task.preset}.toml <- ``preset`` <- fields.
+    """A new run's config: defaults <- the task's bundled presets <- ``preset`` <- fields.
 
     ``overrides["arch"]`` (``--arch``) chooses the architecture of a task that has several
-    (``task.archs``; the first by default): its model section and its base preset."""
+    (``task.archs``; the first by default): its sections and its bundled presets."""
     task = get_task(task) if isinstance(task, str) else task
     overrides = dict(overrides)
     arch = check_arch(task, overrides.pop("arch", None))
-    sources = [sections.PRESETS / f"{task.preset.format(arch=arch)}.toml"] if task.preset else []
+    sources = [sections.PRESETS / f"{name}.toml" for name in task.presets(arch)]
     if preset:
         sources.append(sections.preset_file(preset, task.preset_prefix))
     parts = sections.build_sections(task.arch_sections(arch), sources, overrides)
@@ -57,20 +57,15 @@ def build_config(
 
 
 def check_arch(task: Task, arch: str | None) -> str:
-    """The architecture a new run of ``task`` trains: ``arch`` (a model registry name that the
-    task offers), the task's default when None, or "" for a task of one architecture."""
+    """The architecture a new run of ``task`` trains: ``arch`` as the task records it, the
+    task's default when None, or "" for a task of one architecture."""
     if not task.archs:
         if arch:
             raise UserError(f"--arch {arch}: {task.name} trains one architecture; drop --arch")
         return ""
     if arch is None:
         return task.archs[0]
-    if arch not in task.archs:
-        raise UserError(f"unknown --arch {arch!r} for {task.name}; one of {', '.join(task.archs)}")
-    from attnlab.models.registry import model_entry
-
-    model_entry(arch)  # every architecture a task offers is a registered model
-    return arch
+    return task.known_arch(arch)
 
 
 def check_finite(cfg: RunConfig) -> None:
@@ -87,18 +82,20 @@ def saved_arch(task: Task, raw: Mapping[str, Any]) -> str:
         return ""
     model = raw.get("model")
     arch = model.get("arch") if isinstance(model, dict) else None
-    if arch not in task.archs:
+    try:
+        return task.known_arch(arch) if isinstance(arch, str) else task.known_arch("")
+    except UserError:
         raise UserError(
             f"the run's config.json names no architecture of {task.name} (model arch "
-            f"{arch!r}, not one of {', '.join(task.archs)}); restore the file or retrain"
-        )
-    return arch
+            f"{arch!r}, not one of {', '.join(task.archs)} or a folder that exists); restore "
+            "the file or retrain"
+        ) from None
 
 
 def saved_config(task: Task, raw: Mapping[str, Any]) -> RunConfig:
     """The config a run directory was trained with (``raw`` = its config.json)."""
     arch = saved_arch(task, raw)
-    parts = {**task.arch_sections(arch), **task.derived_sections()}
+    parts = {**task.arch_sections(arch), **task.derived_sections(arch)}
     missing = [name for name in parts if name not in raw]
     if missing:
         raise UserError(f"the run's config.json lacks the section(s) {', '.join(missing)}")
@@ -174,7 +171,7 @@ def resumed_config(
     task.check(cfg)
     if out is not None:
         datafiles.relocate(cfg, out)
-        record = datafiles.accept_moved(cfg, out, moved)
+        record = datafiles.accept_moved(cfg, out, moved, task.list_paths)
         datafiles.require(
             cfg,
             out,
@@ -261,7 +258,8 @@ def train(
         # checkpoint (state/ deleted, a copy without it) would be trained over from step 0
         # (a run that failed before its first checkpoint has no summary: it starts over)
         ended = [n for n in ("summary.json", "results.json") if (out / n).is_file()]
-        if check_checkpoint(out) is None and (out / folder.WEIGHTS).is_file() and ended:
+        restoring = check_checkpoint(out) is not None
+        if not restoring and (out / folder.WEIGHTS).is_file() and ended:
             raise UserError(
                 f"--resume: {out} holds a finished run ({folder.WEIGHTS}, {ended[0]}) but no "
                 "checkpoint (state/) to continue from, and training from step 0 would overwrite "
@@ -272,10 +270,11 @@ def train(
             return done
     else:
         cfg = build_config(task, preset, overrides)
-        record = datafiles.resolve(cfg, task.data_paths)
+        record = datafiles.resolve(cfg, task.data_paths, task.list_paths)
+        restoring = False
     try:
         with _take_folder(out, resume) as (work, staging):
-            return _train(task, cfg, out, work, staging, record, resume, device)
+            return _train(task, cfg, out, work, staging, record, resume, restoring, device)
     except FloatingPointError as err:  # the loss or gradients diverged
         if main:
             with contextlib.suppress(OSError):
@@ -300,20 +299,23 @@ def _train(
     staging: folder.Staging | None,
     record: Mapping[str, Any],
     resume: bool,
+    restoring: bool,
     device: str,
 ) -> dict[str, Any]:
     """Prepare in ``work`` (the run folder, or a scratch one off rank 0), write the run's files,
-    train and report (``train`` once the folder is taken)."""
+    train and report (``train`` once the folder is taken). ``restoring``: a resume that has a
+    checkpoint to continue from; a resume without one starts afresh, every step of the recipe
+    included, and rewrites the run's files."""
     from attnlab.train import Trainer, load_weights, seed_everything
 
     main = folder.is_main_process()
-    setup = task.setup(cfg, work, resume, device)
+    setup = task.setup(cfg, work, restoring, device)
     seed_everything(cfg.train.seed)
     model = task.build_model(cfg, setup)
     if main:
         folder.write_config(work, cfg.to_json())
         datafiles.write_record(work, record)
-        if not resume:
+        if not restoring:
             for name, write in setup.files.items():
                 write(work / name)
         say(f"run directory: {out}")

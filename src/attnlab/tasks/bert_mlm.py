@@ -1,14 +1,18 @@
-"""Masked-language-model pretraining of BERT (`attnlab train mlm`) on any text.
+"""Pretraining an encoder on any text (`attnlab train mlm`): masked LM, or ELECTRA.
 
 Texts come from a ``.txt`` file (one text per line), a labelled CSV/TSV/JSONL file, or a named
 corpus (chinese_reviews, pang_lee, imdb). They are split with the same stratified split as
 fine-tuning (same seed and ratios), and only the **train** part is pretrained on; the val part
-gives the validation MLM loss and the test part is never read, so a classifier fine-tuned from
-this run on the same split is not tested on text the encoder has seen. Without ``init`` a new
-BERT and a WordPiece vocabulary trained on the train split are built; with ``init`` an existing
-checkpoint (and its tokenizer) continues pretraining. The run directory holds the engine's files
-plus ``checkpoint/``, a Hugging Face BERT directory (BertForMaskedLM tensors) that
-`attnlab train classify --init RUN`, `attnlab embed RUN` and ``transformers`` all load.
+gives the validation loss and the test part is never read, so a classifier fine-tuned from this
+run on the same split is not tested on text the encoder has seen.
+
+``--arch`` names the encoder: a new one of a registered architecture (bert, albert, deberta:
+a WordPiece vocabulary is trained on the train split), or a pretrained encoder whose
+pretraining continues (minilm, a BERT checkpoint folder, another mlm run; through
+``runs.encoders.open_encoder``). ``--objective electra`` trains ELECTRA's generator and
+discriminator instead (Clark et al. 2020, :mod:`attnlab.models.electra`); the discriminator is
+what the run keeps. A BERT run's folder holds ``checkpoint/``, a Hugging Face BERT directory
+that `attnlab train classify --arch RUN`, `attnlab embed --arch RUN` and ``transformers`` load.
 """
 
 from __future__ import annotations
@@ -17,35 +21,45 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from attnlab.configs import ConfigBase, setting, to_dict
 from attnlab.data import LabeledCorpus, LengthBucketSampler, stratified_split
 from attnlab.data.io import read_utf8, write_json
 from attnlab.data.mlm import MLMData
+from attnlab.data.sentiment import load_corpus
 from attnlab.data.wordpiece import WordPieceTokenizer
 from attnlab.errors import UserError
-from attnlab.interop.hf_bert import load_pretrained, resolve_checkpoint, save_pretrained
-from attnlab.models.bert import BertConfig, BertForMaskedLM
-from attnlab.models.zoo_mlm import ZooForMaskedLM
+from attnlab.interop.hf_bert import save_pretrained
+from attnlab.models.bert import BertConfig, BertForMaskedLM, BertModel
+from attnlab.models.bert_folder import open_folder
+from attnlab.models.electra import ElectraConfig, ElectraPretrainer, electra_losses
+from attnlab.models.pretrained import Pretrained
+from attnlab.models.registry import list_models, model_entry
+from attnlab.models.zoo_mlm import ZooForMaskedLM, masked_lm
+from attnlab.runs.encoders import open_encoder
 from attnlab.runs.folder import WEIGHTS
 from attnlab.runs.task import Run, RunConfig, Setup, Task
-from attnlab.tasks.bert_classify import BertClassifyConfig, load_corpus
 from attnlab.train import StepOutput, TrainConfig, load_weights, seed_everything
 
 
 @dataclass
 class MLMDataConfig(ConfigBase):
-    """Where the text comes from, how it is tokenised and masked."""
+    """Where the text comes from, how it is tokenised and masked, and the objective."""
 
     data: str = setting("chinese_reviews", "a .txt file (a text per line), CSV/TSV/JSONL or corpus")
     text_col: str = setting("text")
     label_col: str = setting("label")
-    init: str = setting("", "checkpoint to continue from; empty = new BERT + new WordPiece")
-    vocab_size: int = setting(8000, "WordPiece vocabulary size (new tokenizer only)", min=1)
+    objective: Literal["mlm", "electra"] = setting(
+        "mlm",
+        "mlm: predict the masked tokens; electra: a small generator fills them and the encoder "
+        "tells every token whether it was replaced (bert only)",
+    )
+    vocab_size: int = setting(8000, "WordPiece vocabulary size (a new encoder only)", min=1)
     min_frequency: int = setting(2)
     lowercase: bool = setting(True)
     max_len: int = setting(128, "tokens per text ([CLS] and [SEP] included); the rest is cut")
@@ -61,7 +75,7 @@ class MLMDataConfig(ConfigBase):
 
 @dataclass
 class MLMModelConfig(ConfigBase):
-    """The size of a new BERT (ignored with ``init``, which brings its own architecture)."""
+    """The size of a new encoder (a pretrained --arch brings its own architecture)."""
 
     d_model: int = setting(256, min=1)
     n_layers: int = setting(4, min=1)
@@ -74,11 +88,27 @@ class MLMModelConfig(ConfigBase):
     )
 
 
+@dataclass
+class ElectraSettings(ConfigBase):
+    """--objective electra: the generator's size and the weight of the discriminator's loss."""
+
+    generator_fraction: float = setting(
+        0.25, "generator heads and FFN width as a share of the discriminator's", min=0.01, max=1.0
+    )
+    disc_weight: float = setting(50.0, "λ: weight of the replaced-token-detection loss", min=0.0)
+
+
 SECTIONS: dict[str, type[ConfigBase]] = {
     "data": MLMDataConfig,
     "model": MLMModelConfig,
     "train": TrainConfig,
+    "electra": ElectraSettings,
 }
+
+
+def is_pretrained(arch: str) -> bool:
+    """Whether ``--arch`` names a pretrained encoder (registered with weights, or a folder)."""
+    return arch not in list_models() or model_entry(arch).pretrained
 
 
 def load_texts(dcfg: MLMDataConfig) -> LabeledCorpus:
@@ -88,8 +118,9 @@ def load_texts(dcfg: MLMDataConfig) -> LabeledCorpus:
         if len(texts) < 2:
             raise UserError(f"{dcfg.data} needs at least 2 non-empty lines to pretrain on")
         return LabeledCorpus(texts, ["text"] * len(texts), source=dcfg.data)
-    fields = ("data", "text_col", "label_col", "max_examples", "split_seed")
-    return load_corpus(BertClassifyConfig(**{f: getattr(dcfg, f) for f in fields}))
+    corpus, _ = load_corpus(dcfg.data, dcfg.text_col, dcfg.label_col,
+                            max_examples=dcfg.max_examples, seed=dcfg.split_seed)  # fmt: skip
+    return corpus
 
 
 def step(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> StepOutput:
@@ -118,6 +149,47 @@ def evaluator(data: MLMData, device: str):
     return evaluate
 
 
+def electra_evaluator(data: MLMData, weight: float, device: str):
+    """Validation losses with masks and generator samples fixed across evaluations."""
+
+    @torch.no_grad()
+    def evaluate(model: nn.Module) -> dict[str, float]:
+        sums: dict[str, float] = {}
+        n = 0
+        state = torch.random.get_rng_state()
+        torch.manual_seed(0)
+        for number, indices in enumerate(data.batches(0)):
+            batch = data.collate(indices, torch.Generator().manual_seed(number))
+            parts = electra_losses(model, {k: v.to(device) for k, v in batch.items()})
+            for k, v in parts.items():
+                sums[k] = sums.get(k, 0.0) + float(v)
+            n += 1
+        torch.random.set_rng_state(state)
+        mean = {k: v / max(n, 1) for k, v in sums.items()}
+        return {
+            "val_loss": mean["mlm"] + weight * mean["disc"],
+            "val_mlm_loss": mean["mlm"],
+            "val_disc_loss": mean["disc"],
+            "val_disc_acc": mean["disc_acc"],
+        }
+
+    return evaluate
+
+
+def electra_step(weight: float):
+    """The ELECTRA loss of one micro-batch: L_MLM + λ L_Disc (Clark et al. 2020, eq. 1-2)."""
+
+    def step(model: nn.Module, batch: dict[str, torch.Tensor]) -> StepOutput:
+        parts = electra_losses(model, batch)
+        metrics = {k: float(parts[k].detach()) for k in ("mlm", "disc", "disc_acc", "gen_acc")}
+        return StepOutput(
+            loss=parts["mlm"] + weight * parts["disc"], weight=len(batch["lengths"]),
+            metrics=metrics,
+        )  # fmt: skip
+
+    return step
+
+
 def _data(
     seqs: list[list[int]], tok: WordPieceTokenizer, dcfg: MLMDataConfig, batch: int, seed: int
 ) -> MLMData:
@@ -136,21 +208,27 @@ def _data(
 
 def build_model(
     cfg: RunConfig, train_texts: list[str], saved: Path | None
-) -> tuple[BertForMaskedLM, WordPieceTokenizer, list[str], str]:
-    """(model, tokenizer, notes, source): the ``init`` checkpoint, or a new BERT (ALBERT,
-    DeBERTa: ``cfg.arch``) + WordPiece.
-
-    A new WordPiece vocabulary is trained on ``train_texts`` unless a resumed run ``saved`` one.
-    """
+) -> tuple[nn.Module, WordPieceTokenizer, list[str], str]:
+    """(masked LM, tokenizer, notes, source): the pretrained encoder ``--arch`` names (its MLM
+    head, when it has one), or a new encoder of that architecture with a WordPiece vocabulary
+    trained on ``train_texts`` (the one a resumed run ``saved``)."""
     dcfg: MLMDataConfig = cfg.data
     mcfg: MLMModelConfig = cfg.model
-    arch = encoder_arch(cfg)
-    if dcfg.init:
-        encoder, head, tokenizer, notes = load_pretrained(dcfg.init, with_mlm=True)
-        model = BertForMaskedLM(encoder.cfg)
-        model.bert.load_state_dict(encoder.state_dict())
-        model.mlm.load_state_dict(head.state_dict())  # type: ignore[union-attr]
-        return model, tokenizer, notes, str(resolve_checkpoint(dcfg.init))
+    if is_pretrained(cfg.arch):
+        encoder = open_encoder(cfg.arch)
+        if not isinstance(encoder.model, BertModel) or encoder.model.cfg.packed_words:
+            raise UserError(
+                f"--arch {cfg.arch}: pretraining continues BERT encoders with a trainable word "
+                "table (minilm, a BERT checkpoint folder, a BERT mlm run)"
+            )
+        model = BertForMaskedLM(encoder.model.cfg)
+        model.bert.load_state_dict(encoder.model.state_dict())
+        notes = list(encoder.notes)
+        if encoder.mlm is not None:
+            model.mlm.load_state_dict(encoder.mlm.state_dict())
+        else:
+            notes.append("the checkpoint has no MLM head; it starts from BERT's random init")
+        return model, encoder.tokenizer, notes, encoder.name
     if saved is not None and saved.exists():
         tokenizer = WordPieceTokenizer.load(saved)
     else:
@@ -163,48 +241,56 @@ def build_model(
         pad_id=tokenizer.pad_id,
         **{k: v for k, v in to_dict(mcfg).items() if k != "embedding_size"},
     )
-    if arch != "bert":
-        model = ZooForMaskedLM(arch, shape, mcfg.embedding_size)  # type: ignore[arg-type]
-        return model, tokenizer, [], f"new {arch}"  # type: ignore[return-value]
-    return BertForMaskedLM(shape), tokenizer, [], "new"
+    return masked_lm(cfg.arch, shape, mcfg.embedding_size), tokenizer, [], f"new {cfg.arch}"
 
 
-def encoder_arch(cfg: RunConfig) -> str:
-    """The encoder a run pretrains: its ``--arch``; a BERT for ELECTRA (one architecture)."""
-    return cfg.arch or "bert"
+def encoder_of(model: nn.Module) -> nn.Module:
+    """The encoder a pretraining model trains (ELECTRA's: the discriminator)."""
+    if isinstance(model, ElectraPretrainer):
+        return model.discriminator.electra
+    return model.bert
 
 
 @dataclass
 class Prepared:
     """The tokenizer, the split texts and where the model comes from."""
 
-    model: BertForMaskedLM
+    model: nn.Module
     tokenizer: WordPieceTokenizer
     report: dict[str, Any]
-    val_data: MLMData | None = None  # the validation texts, masked (ELECTRA's evaluator reads it)
 
 
 class MLMTask(Task):
-    """Masked-language-model pretraining of BERT."""
+    """Pretraining an encoder: masked LM, or ELECTRA's replaced-token detection."""
 
     name = "mlm"
     archs = ("bert", "albert", "deberta")  # ALBERT: a shared layer; DeBERTa: disentangled
     preset = "bert_mlm"
     preset_prefix = "bert_mlm"
     resumable = frozenset({"eval_batch_size"})
-    data_paths = ("data", "init")
+    data_paths = ("data",)
+
+    def known_arch(self, arch: str) -> str:
+        if arch in self.archs or (Path(arch).is_absolute() and arch == str(Path(arch).resolve())):
+            return arch
+        if arch in list_models() and model_entry(arch).pretrained:
+            return arch
+        path = Path(arch).expanduser()
+        if not path.is_dir():
+            raise UserError(
+                f"unknown --arch {arch!r}: a new {', '.join(self.archs)}, or a pretrained "
+                "encoder to continue (minilm, a BERT checkpoint folder, an mlm run)"
+            )
+        return str(path.resolve())
+
+    def arch_help(self) -> str:
+        return f"{' | '.join(self.archs)} (new) | minilm | FOLDER (continue pretraining it)"
 
     def sections(self) -> dict[str, type[ConfigBase]]:
         return SECTIONS
 
-    def check(self, cfg: RunConfig) -> None:
-        if cfg.arch != "bert" and cfg.data.init:
-            raise UserError(f"--arch {cfg.arch} trains a new model: init takes BERT checkpoints")
-        if cfg.arch == "bert" and cfg.model.embedding_size:
-            raise UserError("embedding_size is for --arch albert or deberta")
-
-    def derived_sections(self) -> dict[str, type[ConfigBase]]:
-        return {"bert": BertConfig}  # the architecture trained (the init checkpoint's, or new)
+    def derived_sections(self, arch: str) -> dict[str, type[ConfigBase]]:
+        return {"bert": BertConfig}  # the architecture trained (the pretrained one's, or new)
 
     def setup(self, cfg: RunConfig, run_dir: Path, resume: bool, device: str) -> Setup:
         dcfg: MLMDataConfig = cfg.data
@@ -221,6 +307,8 @@ class MLMTask(Task):
         if dcfg.max_len > bert.context:
             raise UserError(f"max_len={dcfg.max_len} exceeds the model's {bert.context} positions")
         cfg.sections["bert"] = bert
+        if dcfg.objective == "electra":
+            model = _electra(cfg, model)
         seqs = {
             name: [s for s in tokenizer.encode_batch(t, dcfg.max_len) if len(s) > 2]
             for name, t in texts.items()
@@ -228,6 +316,7 @@ class MLMTask(Task):
         report = {
             "source": corpus.source,
             "init_from": source,
+            "objective": dcfg.objective,
             "texts": {name: len(s) for name, s in seqs.items()},
             "tokens": {name: sum(map(len, s)) for name, s in seqs.items()},
             "test_texts_excluded": len(split["test"]),
@@ -245,36 +334,45 @@ class MLMTask(Task):
             f"data: {corpus.source}; {report['texts']} texts, {report['tokens']} tokens "
             f"(test split of {len(split['test'])} excluded)"
         )
-        prep = Prepared(model, tokenizer, report, val_data)
-        return Setup(prep, train_data, evaluator(val_data, device), files, [message])
+        if dcfg.objective == "electra":
+            evaluate = electra_evaluator(val_data, cfg.electra.disc_weight, device)
+        else:
+            evaluate = evaluator(val_data, device)
+        prep = Prepared(model, tokenizer, report)
+        return Setup(prep, train_data, evaluate, files, [message])
 
-    def build_model(self, cfg: RunConfig, setup: Setup) -> BertForMaskedLM:
+    def build_model(self, cfg: RunConfig, setup: Setup) -> nn.Module:
         # built in setup: a new BERT's vocabulary comes from the tokenizer trained there
         prep: Prepared = setup.prepared
         model, bert = prep.model, cfg.bert
-        # the [CLS] pooler is not part of the MLM loss: frozen, so that DDP expects no gradient
+        # the [CLS] pooler is not part of the loss: frozen, so that DDP expects no gradient
         # for it (it would stop on a parameter that never receives one)
-        if hasattr(model.bert, "pooler"):  # DeBERTa has none
-            model.bert.pooler.requires_grad_(False)
+        if hasattr(encoder_of(model), "pooler"):  # DeBERTa has none
+            encoder_of(model).pooler.requires_grad_(False)
         n_params = sum(p.numel() for p in model.parameters())
+        what = "ELECTRA discriminator" if cfg.data.objective == "electra" else cfg.arch
         setup.messages.append(
-            f"model: {encoder_arch(cfg).upper()} {bert.n_layers} layers, d_model {bert.d_model}, "
-            f"vocab {bert.vocab_size}, {n_params / 1e6:.1f}M parameters"
+            f"model: {what}, {bert.n_layers} layers, d_model {bert.d_model}, vocab "
+            f"{bert.vocab_size}, {n_params / 1e6:.1f}M parameters (with the heads)"
         )
         return model
 
     def step(self, cfg: RunConfig):
+        if cfg.data.objective == "electra":
+            return electra_step(cfg.electra.disc_weight)
         return step
 
     def finish(
-        self, cfg: RunConfig, setup: Setup, model: BertForMaskedLM, run_dir: Path, device: str
+        self, cfg: RunConfig, setup: Setup, model: nn.Module, run_dir: Path, device: str
     ) -> dict[str, Any]:
         prep: Prepared = setup.prepared
-        n_params = sum(p.numel() for p in model.parameters())
-        if encoder_arch(cfg) != "bert":  # no Hugging Face BERT folder: the run is model.safetensors
-            return {"n_params": n_params, "checkpoint": None}
-        checkpoint = save_pretrained(run_dir / "checkpoint", model.bert, prep.tokenizer, model.mlm)
-        n_params = sum(p.numel() for p in model.parameters())
+        if isinstance(model, ZooForMaskedLM):  # no Hugging Face BERT folder: model.safetensors
+            return {"n_params": sum(p.numel() for p in model.parameters()), "checkpoint": None}
+        mlm = model.mlm if isinstance(model, BertForMaskedLM) else None
+        bert = BertModel(cfg.bert)
+        bert.load_state_dict(encoder_of(model).state_dict(), strict=False)
+        checkpoint = save_pretrained(run_dir / "checkpoint", bert, prep.tokenizer, mlm)
+        n_params = sum(p.numel() for p in encoder_of(model).parameters())
         return {"n_params": n_params, "checkpoint": str(checkpoint)}
 
     def describe(self, results: Mapping[str, Any], run_dir: Path) -> list[str]:
@@ -283,13 +381,48 @@ class MLMTask(Task):
         return [f"Hugging Face checkpoint: {results['checkpoint']}"]
 
     def load(self, run_dir: Path, cfg: RunConfig, device: str) -> MLMRun:
-        arch = encoder_arch(cfg)
-        if arch == "bert":
+        model = _zoo(cfg)
+        if model is None:
             return MLMRun(run_dir, cfg)
-        model = ZooForMaskedLM(arch, cfg.bert, cfg.model.embedding_size)  # type: ignore[arg-type]
         load_weights(model, run_dir / WEIGHTS)
         tokenizer = WordPieceTokenizer.load(run_dir / "tokenizer.json")
         return ZooMLMRun(run_dir, cfg, model.to(device).eval(), tokenizer)
+
+    def pretrained(self, run_dir: Path) -> Pretrained:
+        """The run's encoder: its checkpoint/ folder, or an ALBERT / DeBERTa run's weights."""
+        from attnlab.runs.load import load_run
+
+        source = {"weights": f"{run_dir.resolve()} (an attnlab mlm run)"}
+        run = load_run(run_dir)
+        if isinstance(run, ZooMLMRun):
+            cfg = run.config
+            return Pretrained(str(run_dir.resolve()), run.model, run.tokenizer, run.max_len,
+                              source, family=model_entry(cfg.arch).family,
+                              embedding_size=cfg.model.embedding_size, shape=cfg.bert)  # fmt: skip
+        checkpoint = run_dir / "checkpoint"
+        if not (checkpoint / "config.json").is_file():
+            raise UserError(f"{run_dir} has no checkpoint/ folder yet: the run has not finished")
+        return open_folder(checkpoint, str(run_dir.resolve()), source)
+
+
+def _zoo(cfg: RunConfig) -> ZooForMaskedLM | None:
+    """A new ALBERT / DeBERTa masked LM of the run's shape; None for a BERT run."""
+    if is_pretrained(cfg.arch) or cfg.data.objective == "electra":
+        return None
+    model = masked_lm(cfg.arch, cfg.bert, cfg.model.embedding_size)
+    return model if isinstance(model, ZooForMaskedLM) else None
+
+
+def _electra(cfg: RunConfig, model: nn.Module) -> ElectraPretrainer:
+    """ELECTRA's generator and discriminator, the discriminator starting from ``model``'s BERT
+    (a new one, or the pretrained encoder)."""
+    if not isinstance(model, BertForMaskedLM):
+        raise UserError("--objective electra trains a BERT discriminator; use --arch bert")
+    electra = ElectraPretrainer(ElectraConfig(**to_dict(model.bert.cfg)),
+                                cfg.electra.generator_fraction)  # fmt: skip
+    state = {k: v for k, v in model.bert.state_dict().items() if not k.startswith("pooler.")}
+    electra.discriminator.electra.load_state_dict(state)
+    return electra
 
 
 class MLMRun(Run):
@@ -298,7 +431,7 @@ class MLMRun(Run):
     verbs = ("embed",)
 
     def embed(self, texts: list[str]) -> Any:
-        """Sentence vectors from the run's checkpoint (mean pooling, unit length)."""
+        """Sentence vectors from the run's encoder (mean pooling, unit length)."""
         from attnlab.infer.embeddings import SentenceEncoder
 
         return SentenceEncoder.load(self.run_dir).encode(texts)
@@ -317,7 +450,7 @@ class ZooMLMRun(MLMRun):
 
         super().__init__(run_dir, cfg)
         self.model, self.tokenizer, self.max_len = model.bert, tokenizer, cfg.data.max_len
-        self.encoder = SentenceEncoder(self.model, tokenizer, self.max_len)  # type: ignore[arg-type]
+        self.encoder = SentenceEncoder(self.model, tokenizer, self.max_len)
 
     def encode(self, texts: list[str]) -> Any:
         return self.encoder.encode(texts)

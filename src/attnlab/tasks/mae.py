@@ -18,13 +18,13 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.configs import to_dict
+from attnlab.data.image_splits import VisionConfig, image_data, load_splits
 from attnlab.data.images import ImageData
 from attnlab.data.io import read_json, write_json
 from attnlab.errors import UserError
 from attnlab.models.mae import MAE, MAEConfig
 from attnlab.runs.folder import WEIGHTS
 from attnlab.runs.task import Run, RunConfig, Setup, Task
-from attnlab.tasks.vision import VisionConfig, image_data, load_splits
 from attnlab.tensor_files import load_tensors_into, read_tensors
 from attnlab.train import StepOutput, TrainConfig
 

@@ -33,7 +33,7 @@ from attnlab.data.parallel import (
 from attnlab.errors import UserError
 from attnlab.infer.beam import DecodeSettings, beam_search, greedy_decode
 from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
-from attnlab.models.t5 import T5Translator, t5_from_seq2seq
+from attnlab.models.t5 import T5Translator, check_translator, translator
 from attnlab.runs import training
 from attnlab.runs.folder import WEIGHTS
 from attnlab.runs.task import Run, RunConfig, Setup, Task
@@ -215,23 +215,6 @@ def mean_nll(model: Seq2SeqTransformer, data: ParallelData, device: str) -> floa
     return total / count
 
 
-def build_translator(cfg: RunConfig) -> Seq2SeqTransformer:
-    """The run's architecture: attnlab's Transformer (``seq2seq``), or T5 (``--arch t5``)."""
-    if cfg.arch == "t5":
-        return T5Translator(t5_from_seq2seq(cfg.model))  # type: ignore[return-value]
-    return Seq2SeqTransformer(cfg.model)
-
-
-def check_t5(m: Seq2SeqConfig) -> None:
-    """What T5 fixes that the model section could set otherwise."""
-    if not m.shared_embeddings:
-        raise UserError("--arch t5 has one embedding for both sides: shared_embeddings")
-    if m.activation not in ("relu", "geglu_tanh"):
-        raise UserError("--arch t5 takes activation relu (v1.0) or geglu_tanh (v1.1)")
-    if m.attention != "full":
-        raise UserError("--arch t5 takes attention=full")
-
-
 class TranslateTask(Task):
     """Sequence-to-sequence translation with an encoder-decoder Transformer."""
 
@@ -248,8 +231,7 @@ class TranslateTask(Task):
         return SECTIONS
 
     def check(self, cfg: RunConfig) -> None:
-        if cfg.arch == "t5":
-            check_t5(cfg.model)
+        check_translator(cfg.arch, cfg.model)
 
     def setup(self, cfg: RunConfig, run_dir: Path, resume: bool, device: str) -> Setup:
         prep = prepare(cfg, run_dir, resume)
@@ -271,9 +253,9 @@ class TranslateTask(Task):
         return Setup(prep, train_data, evaluate, files, [message])
 
     def build_model(self, cfg: RunConfig, setup: Setup) -> Seq2SeqTransformer:
-        model, m = build_translator(cfg), cfg.model
+        model, m = translator(cfg.arch, cfg.model), cfg.model
         setup.messages.append(
-            f"model: {'T5, ' if cfg.arch == 't5' else ''}"
+            f"model: {'T5, ' if isinstance(model, T5Translator) else ''}"
             f"{model.num_params() / 1e6:.2f}M parameters; {m.n_encoder_layers}+"
             f"{m.n_decoder_layers} layers, {m.n_heads} heads, d_model {m.d_model}, d_ff {m.d_ff}"
         )
@@ -295,7 +277,7 @@ class TranslateTask(Task):
 
     def load(self, run_dir: Path, cfg: RunConfig, device: str) -> TranslatorRun:
         src_path, tgt_path = tokenizer_paths(run_dir, cfg.model.shared_embeddings)
-        model = build_translator(cfg)
+        model = translator(cfg.arch, cfg.model)
         load_weights(model, run_dir / WEIGHTS)
         model.to(device).eval()
         src_tok, tgt_tok = TextTokenizer.load(src_path), TextTokenizer.load(tgt_path)

@@ -93,13 +93,13 @@ def check_chinese_bert_dir(m: Measure) -> None:
     import transformers
 
     from attnlab.data import pad_batch
-    from attnlab.interop.hf_bert import load_pretrained
+    from attnlab.models.bert_folder import read_folder
 
     lowercase = bool(randint(0, 1))
     texts = [choice(TEXTS) for _ in range(randint(2, 6))]
     with tempfile.TemporaryDirectory() as tmp:
         path = write_tiny_chinese_bert(Path(tmp) / "ckpt", lowercase, seed=randint(0, 10_000))
-        encoder, _, tokenizer, _ = load_pretrained(path)
+        encoder, _, tokenizer, _ = read_folder(path)
         ours_ids = tokenizer.encode_batch(texts, 64)
         for cls in (transformers.BertTokenizer, transformers.BertTokenizerFast):
             hf_tok = cls.from_pretrained(str(path))

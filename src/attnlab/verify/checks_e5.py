@@ -102,7 +102,7 @@ def check_e5_tokenizer(m: Measure) -> None:
     from transformers import XLMRobertaTokenizerFast
 
     from attnlab.data import load_chinese_reviews
-    from attnlab.data.ood import load_ood, ood_files
+    from attnlab.data.sentiment import load_ood, ood_files
     from attnlab.models.e5 import PREFIXES, tokenizer_path
 
     _, tokenizer, f = _loaded()

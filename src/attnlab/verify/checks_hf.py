@@ -16,13 +16,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab.interop.hf_bert import load_bert_weights
 from attnlab.interop.hf_gpt2 import load_hf_gpt2
 from attnlab.layers.attention import MultiHeadAttention
 from attnlab.layers.blocks import Block, BlockConfig, BlockStack, RMSNorm
 from attnlab.layers.moe import MoEFeedForward, load_balancing_loss
 from attnlab.layers.positions import RotaryEmbedding, T5RelativePositionBias
 from attnlab.models.bert import BertConfig, BertModel
+from attnlab.models.bert_folder import load_bert_weights
 from attnlab.models.vit import ViT, ViTConfig
 from attnlab.verify.check import Measure
 from attnlab.verify.checks_torch import choice, randint

@@ -34,11 +34,11 @@ def check_minilm(m: Measure) -> None:
     import sentence_transformers
 
     from attnlab.infer.embeddings import SentenceEncoder
-    from attnlab.interop.hf_bert import resolve_checkpoint
+    from attnlab.models.minilm import folder as minilm_folder
 
     order = torch.randperm(len(SENTENCES))[: randint(4, len(SENTENCES))].tolist()
     texts = [SENTENCES[i] for i in order]
-    path = resolve_checkpoint("minilm")
+    path = minilm_folder()
     ours = SentenceEncoder.load(path).encode(texts, batch_size=randint(1, 8))
     st = sentence_transformers.SentenceTransformer(str(path), device="cpu")
     theirs = st.encode(texts, convert_to_tensor=True).cpu()

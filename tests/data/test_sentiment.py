@@ -1,8 +1,8 @@
-"""Tests for the out-of-domain sentiment set loader."""
+"""The sentiment data rules: the out-of-domain sets, named corpora, extra training examples."""
 
 from __future__ import annotations
 
-from attnlab.data.ood import load_ood, ood_files, ood_texts
+from attnlab.data.sentiment import load_ood, ood_files, ood_texts
 
 
 def test_ood_files_load_with_their_domain_and_phenomenon_columns(tmp_path):

@@ -1,4 +1,4 @@
-"""`attnlab train classify --init DIR` with a Hugging Face BERT directory the user downloaded
+"""`attnlab train classify --arch DIR` with a Hugging Face BERT directory the user downloaded
 (bert-base-chinese's layout), here a tiny random one written by ``transformers`` with a Chinese
 vocab.txt: nothing is downloaded. Parity of its tokens and hidden states is the verify check
 ``Chinese BERT dir``; this file runs it, then fine-tunes, predicts and refuses pickles."""
@@ -34,14 +34,15 @@ def test_tokens_and_hidden_states_equal_hugging_face(seed):
 
 def test_fine_tune_the_directory_on_the_bundled_reviews_then_predict(checkpoint, tmp_path, capsys):
     out = tmp_path / "ft"
-    args = ["train", "classify", "--init", str(checkpoint), "--out", str(out)]
+    args = ["train", "classify", "--arch", str(checkpoint), "--out", str(out)]
     assert main(args + ["--max-examples", "200", "--max-steps", "3"] + TRAIN) == 0
     config = json.loads((out / "config.json").read_text())
-    assert config["task"] == "bert_classify"
-    assert config["data"]["data"] == "chinese_reviews"  # auto: the vocabulary is Chinese
-    assert config["model"]["d_model"] == 32
+    assert config["task"] == "classify" and config["model"]["arch"] == str(checkpoint.resolve())
+    assert config["data"]["data"] == "chinese_reviews"  # the preset's corpus
+    assert config["data"]["extra_train"] == ""  # a folder's preset: no English sentences
+    assert config["model"]["d_model"] == 32 and config["data"]["pretrained"]
     report = json.loads((out / "data_report.json").read_text())
-    assert report["checkpoint"] == str(checkpoint) and report["init"] == "pretrained"
+    assert report["encoder"]["name"] == str(checkpoint.resolve())
     capsys.readouterr()
 
     texts = ["这部电影看得我热血沸腾，情节紧凑。", "鼋鼍蛟龙麟凤"]
@@ -55,14 +56,14 @@ def test_fine_tune_the_directory_on_the_bundled_reviews_then_predict(checkpoint,
 
 
 def test_the_run_starts_from_the_checkpoints_encoder_and_tokenizer(checkpoint, tmp_path):
-    from attnlab.interop.hf_bert import load_pretrained
-    from attnlab.tasks.bert_classify import BertClassifierRun
+    from attnlab.infer.classifier import ClassifierRun
+    from attnlab.models.bert_folder import read_folder
 
     out = tmp_path / "ft0"
-    args = ["train", "classify", "--init", str(checkpoint), "--out", str(out), "--lr", "1e-12"]
+    args = ["train", "classify", "--arch", str(checkpoint), "--out", str(out), "--lr", "1e-12"]
     assert main(args + ["--max-examples", "40", "--max-steps", "1"] + TRAIN) == 0
-    run = BertClassifierRun.load(out)
-    encoder, _, tokenizer, _ = load_pretrained(checkpoint)
+    run = ClassifierRun.load(out)
+    encoder, _, tokenizer, _ = read_folder(checkpoint)
     for name, value in encoder.state_dict().items():
         assert torch.allclose(run.model.bert.state_dict()[name], value, atol=1e-9), name
     text = "Good movies 很好看！"
@@ -75,7 +76,7 @@ def test_a_pickle_checkpoint_is_refused_in_one_line(checkpoint, tmp_path, capsys
     for name in ("config.json", "vocab.txt"):
         (pickled / name).write_bytes((checkpoint / name).read_bytes())
     (pickled / "pytorch_model.bin").write_bytes(b"not read")
-    args = ["train", "classify", "--init", str(pickled), "--out", str(tmp_path / "x")]
+    args = ["train", "classify", "--arch", str(pickled), "--out", str(tmp_path / "x")]
     assert main(args + TRAIN) == 2
     err = capsys.readouterr().err.strip()
     assert "pytorch_model.bin is a pickle file, which attnlab never loads" in err

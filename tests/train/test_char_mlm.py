@@ -12,8 +12,8 @@ from attnlab.cli import main
 from attnlab.data import CharTokenizer
 from attnlab.models.classifier import ClassifierConfig, TextClassifier
 from attnlab.runs import training
-from attnlab.tasks import classify
-from attnlab.tasks.classify_pretrain import CharMLMHead, pretrain_encoder
+from attnlab.tasks import classify_steps
+from attnlab.train.char_mlm import CharMLMHead, pretrain_encoder
 
 
 def tiny_model(vocab: int) -> TextClassifier:
@@ -74,7 +74,8 @@ def test_the_task_pretrains_before_fine_tuning_and_reports_it(tmp_path, monkeypa
     # not read again and the encoder is not pretrained again.
     said.clear()
     monkeypatch.setattr(
-        classify, "load_unlabeled", lambda *a, **k: pytest.fail("pretraining text read on resume")
+        classify_steps, "load_unlabeled",
+        lambda *a, **k: pytest.fail("pretraining text read on resume"),
     )
     training.train("classify", tmp_path / "run", {**settings, "epochs": "2"}, resume=True)
     assert not any("pretraining step" in line for line in said)
@@ -87,4 +88,4 @@ def test_pretraining_needs_a_source_and_steps(capsys):
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "pretrain" in err
     with pytest.raises(ValueError, match="pretraining needs both"):
-        classify.build_config(None, {"pretrain_steps": "3"})
+        training.build_config("classify", None, {"arch": "char", "pretrain_steps": "3"})

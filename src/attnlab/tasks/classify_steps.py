@@ -1,0 +1,313 @@
+"""The steps of `attnlab train classify` (tasks/classify.py runs them in order): how a run reads
+its texts (a pretrained encoder's pieces or the character model's characters), then the recipe
+of a pretrained encoder — the frozen lower blocks run once, label cleaning, the head's fit on
+the frozen features (LP-FT) — and a teacher's soft labels. Each step calls the technique in
+:mod:`attnlab.finetune` and writes what the run folder records and prints about it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnlab.configs import to_dict
+from attnlab.data.char_tokenizer import CharTokenizer
+from attnlab.data.io import read_json, write_json
+from attnlab.data.labels import check_label_counts
+from attnlab.data.lengths import choose_max_len, truncation_report
+from attnlab.data.prepare import TextSplits
+from attnlab.data.readers import CharReader, PieceReader, Reader, dataset
+from attnlab.data.splits import stratified_sample
+from attnlab.data.states import StateData
+from attnlab.data.unlabeled import load_unlabeled
+from attnlab.errors import UserError
+from attnlab.finetune.cleaning import FOLDS, contradicted, out_of_fold_confidence
+from attnlab.finetune.distill import SoftLabels, teacher_logits
+from attnlab.finetune.features import pooled_features
+from attnlab.finetune.frozen import frozen_states, in_order, subset
+from attnlab.finetune.probe import fit_probe
+from attnlab.infer.classifier import ClassifierRun, SplitScorer
+from attnlab.models.bert import BertConfig
+from attnlab.models.classifier import ClassifierConfig, build_classifier
+from attnlab.models.pretrained import Pretrained
+from attnlab.runs import training
+from attnlab.runs.encoders import open_encoder
+from attnlab.runs.task import RunConfig, Setup
+from attnlab.train.char_mlm import pretrain_encoder
+
+CLEANING_FILE = "label_cleaning.json"
+
+
+@dataclass
+class Prepared:
+    """A run's texts, how it reads them, and (before training) the pretrained encoder."""
+
+    texts: TextSplits
+    reader: Reader  # what predict reads: a pretrained encoder's whole window
+    train_reader: Reader  # what training reads (``truncate_len``)
+    report: dict[str, Any]
+    resume: bool  # a checkpoint will be restored: no step that its weights already hold
+    run_dir: Path
+    device: str
+    encoder: Pretrained | None = None
+    unlabeled: list[str] | None = None  # the character model's pretraining texts
+    kept: list[int] | None = None  # the training texts label cleaning kept (None: all)
+
+
+# ---------------------------------------------------------------------------- data
+
+
+def encoder_prepared(
+    cfg: RunConfig, texts: TextSplits, run_dir: Path, resume: bool, device: str
+) -> Prepared:
+    """A pretrained encoder's reader; the run's model section becomes its architecture."""
+    d = cfg.data
+    encoder = open_encoder(cfg.arch)
+    shape: BertConfig = encoder.bert_shape
+    window = min(encoder.max_len, shape.context)
+    lengths = encoder.tokenizer.lengths(texts.texts("train")[0])
+    max_len = min(d.truncate_len, window) or choose_max_len(
+        lengths, d.len_percentile, min(d.max_truncate_len, window)
+    )
+    attn_dropout = d.dropout if d.attn_dropout is None else d.attn_dropout
+    cfg.sections["model"] = BertConfig(
+        **{**to_dict(shape), "dropout": d.dropout, "attn_dropout": attn_dropout}
+    )
+    report = {
+        **texts.report,
+        "encoder": {"name": encoder.name, "family": encoder.family,
+                    "embedding_size": encoder.embedding_size, **encoder.source},  # fmt: skip
+        "notes": encoder.notes,
+        "vocab_size": encoder.tokenizer.vocab_size,
+        "max_len": max_len,
+        "read_len": window,
+        "truncation": str(truncation_report(lengths, max_len)),
+    }
+    return Prepared(
+        texts, PieceReader(encoder.tokenizer, window), PieceReader(encoder.tokenizer, max_len),
+        report, resume, run_dir, device, encoder,
+    )  # fmt: skip
+
+
+def char_prepared(
+    cfg: RunConfig, texts: TextSplits, run_dir: Path, resume: bool, device: str
+) -> Prepared:
+    """The character vocabulary (built from the training texts, or the run's own on resume)
+    and the truncation length; the model section gets the vocabulary and classes."""
+    d = cfg.data
+    add_cls = cfg.model.pooling == "cls"
+    train_texts = texts.texts("train")[0]
+    unlabeled, unlabeled_report = None, {}
+    if resume and (run_dir / "tokenizer.json").exists():
+        tokenizer = CharTokenizer.load(run_dir / "tokenizer.json")
+        max_len = read_json(run_dir / "data_report.json", "data report",
+                            keys={"max_len": int})["max_len"]  # fmt: skip
+    else:
+        if d.pretrain_names:  # read for the vocabulary and the pretraining
+            main = train_texts[: texts.n_main]
+            held = {t for name in ("val", "test") for t in texts.texts(name)[0]}
+            unlabeled, unlabeled_report = load_unlabeled(d.pretrain_names, main, held,
+                                                         d.pretrain_len)  # fmt: skip
+        tokenizer = CharTokenizer.build(train_texts + (unlabeled or []), min_freq=d.min_freq)
+        lengths = [len(t) + int(add_cls) for t in train_texts[: texts.n_main]]
+        max_len = d.truncate_len or choose_max_len(lengths, d.len_percentile, d.max_truncate_len)
+    m: ClassifierConfig = cfg.model
+    m.vocab_size, m.n_classes = tokenizer.vocab_size, len(texts.labels)
+    if m.pos == "learned" and m.context < max_len:
+        raise UserError(
+            f"--context {m.context} is shorter than the texts' truncation length {max_len} "
+            f"(max_len), and learned positions stop at the context: give --context {max_len} or "
+            f"more, or --truncate-len {m.context} to cut the texts to it"
+        )
+    m.context = max(m.context, max_len)  # other position kinds read any length
+    lengths = [len(t) + int(add_cls) for t in train_texts[: texts.n_main]]
+    report = {
+        **texts.report,
+        "vocab_size": tokenizer.vocab_size,
+        "max_len": max_len,
+        "truncation": str(truncation_report(lengths, max_len)),
+        **({"pretraining": unlabeled_report} if unlabeled_report else {}),
+    }
+    reader = CharReader(tokenizer, max_len, add_cls, d.tail_share)
+    return Prepared(texts, reader, reader, report, resume, run_dir, device, None, unlabeled)
+
+
+def report_lines(prep: Prepared) -> list[str]:
+    """The data report as printed before training."""
+    r = prep.report
+    sizes = ", ".join(f"{k} {v}" for k, v in r["split_sizes"].items())
+    lines = [f"data: {r['source']}; {sizes}"]
+    extra = r.get("extra_training")
+    if extra:
+        names = ", ".join(f"{name} ({src['n']})" for name, src in extra["sources"].items())
+        lines.append(f"extra training examples: {extra['added']} from {names} (--extra-train)")
+    if r.get("rare_labels"):
+        lines.append(f"rare classes allowed: {r['rare_labels']}")
+    unit = prep.reader.unit
+    read = f"; predict reads up to {r['read_len']}" if "read_len" in r else ""
+    lines.append(f"vocab {r['vocab_size']} {unit}; training reads {r['max_len']} {unit} a text "
+                 f"({r['truncation']}){read}")  # fmt: skip
+    return lines
+
+
+# ---------------------------------------------------------------------------- recipe steps
+
+
+def char_model(cfg: RunConfig, setup: Setup) -> nn.Module:
+    """The character model, its encoder first pretrained on masked characters when asked."""
+    model = build_classifier(cfg.model)
+    prep: Prepared = setup.prepared
+    d = cfg.data
+    if prep.unlabeled and not prep.resume:
+        if cfg.model.members > 1:
+            raise UserError("pretraining works on one model: give --members 1 with --pretrain")
+        model.to(prep.device)
+        prep.report["pretraining"]["run"] = pretrain_encoder(
+            model, prep.unlabeled, prep.reader.tokenizer, steps=d.pretrain_steps,
+            batch_size=cfg.train.batch_size, lr=d.pretrain_lr, max_len=d.pretrain_len,
+            mask_prob=d.pretrain_mask, seed=cfg.train.seed, device=prep.device, log=training.say,
+        )  # fmt: skip
+    m = cfg.model
+    n_params = sum(p.numel() for p in model.parameters())
+    setup.messages.append(
+        f"model: {n_params / 1e6:.2f}M parameters, {m.n_layers} layers, d_model {m.d_model}, "
+        f"{m.n_heads} heads, pos {m.pos}, pooling {m.pooling}, {m.norm_position}-norm"
+        + (f"; {m.members} such models, an ensemble" if m.members > 1 else "")
+    )
+    return model
+
+
+def keep_states(cfg: RunConfig, setup: Setup, model: nn.Module, start: int) -> None:
+    """Train on (and validate with) the frozen lower blocks' output, computed here once."""
+    prep: Prepared = setup.prepared
+    batch, tcfg = cfg.data.eval_batch_size, cfg.train
+    began = time.perf_counter()
+    train = frozen_states(model, in_order(setup.train_data, batch), start, tcfg.batch_size, True,
+                          tcfg.seed, prep.device, "frozen blocks, training texts")  # fmt: skip
+    val = frozen_states(model, setup.evaluate.data, start, batch, False, 0, prep.device,
+                        "frozen blocks, validation")  # fmt: skip
+    setup.train_data = train
+    setup.evaluate = SplitScorer(val, prep.texts.labels, prep.device)
+    seconds, nbytes = time.perf_counter() - began, train.nbytes() + val.nbytes()
+    prep.report["frozen_states"] = {"blocks": start, "bytes": nbytes, "seconds": round(seconds, 1)}
+    setup.messages.append(
+        f"frozen: the embeddings and blocks 1-{start} ran once over {len(train)} training and "
+        f"{len(val)} validation texts ({seconds:.0f} s); their output is kept "
+        f"({nbytes / 2**20:.0f} MiB) and each step runs blocks {start + 1}-{cfg.model.n_layers}"
+    )
+
+
+def frozen_features(
+    cfg: RunConfig, setup: Setup, model: nn.Module, keep: list[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pretrained encoder's pooled features (N, D) and labels (N,) of the training texts
+    at ``keep`` (from the kept lower-block states when the run has them)."""
+    prep: Prepared = setup.prepared
+    batch = cfg.data.eval_batch_size
+    if isinstance(setup.train_data, StateData):
+        data = subset(setup.train_data, keep, batch, False, 0)
+    else:
+        texts, ids = prep.texts.split_data("train")
+        data = dataset(prep.train_reader, [texts[i] for i in keep], [ids[i] for i in keep], batch)
+    return pooled_features(model, data, prep.device)
+
+
+def clean_labels(
+    cfg: RunConfig, setup: Setup, model: nn.Module
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Drop the training texts whose label the rest of the data contradicts; the run folder
+    lists them (label_cleaning.json), and a run resumed from a checkpoint reads that list back.
+    Returns the features it computed (None when read back)."""
+    d = cfg.data
+    prep: Prepared = setup.prepared
+    texts, ids = prep.texts.split_data("train")
+    n, path = len(ids), prep.run_dir / CLEANING_FILE
+    features = None
+    if prep.resume:
+        record = read_json(path, "label cleaning record", keys={"dropped": list, "n": int})
+        dropped = {row.get("index") for row in record["dropped"] if isinstance(row, dict)}
+        if record["n"] != n or not all(isinstance(i, int) and 0 <= i < n for i in dropped):
+            raise UserError(f"{path} does not describe this run's {n} training texts; restore "
+                            "it, or train again in a new folder")  # fmt: skip
+    else:
+        features = frozen_features(cfg, setup, model, list(range(n)))
+        p = out_of_fold_confidence(*features, len(prep.texts.labels), d.probe_weight_decay,
+                                   d.split_seed)  # fmt: skip
+        order = contradicted(p, d.clean_labels, n if d.clean_extra_train else prep.texts.n_main)
+        dropped = set(order)
+        names = prep.texts.labels.labels
+        record = {"threshold": d.clean_labels, "folds": FOLDS, "n": n, "dropped": [
+            {"index": i, "text": texts[i], "label": names[ids[i]], "p_label": round(float(p[i]), 4)}
+            for i in order
+        ]}  # fmt: skip
+        setup.files[CLEANING_FILE] = lambda out: write_json(out, record)
+    kept = [i for i in range(n) if i not in dropped]
+    try:
+        check_label_counts([prep.texts.labels.labels[ids[i]] for i in kept], d.allow_rare_labels)
+    except UserError as err:
+        raise UserError(
+            f"label cleaning at p {d.clean_labels:g} dropped {len(dropped)} of {n} training "
+            f"texts: {err}; or give a lower --clean-labels"
+        ) from None
+    setup.train_data = subset(setup.train_data, kept, cfg.train.batch_size, True, cfg.train.seed)
+    extra = sum(i >= prep.texts.n_main for i in dropped)
+    prep.report["label_cleaning"] = {"threshold": d.clean_labels, "dropped": len(dropped),
+                                     "dropped_extra_train": extra}  # fmt: skip
+    prep.kept = kept
+    setup.messages.append(
+        f"label cleaning: {len(dropped)} of {n} training texts dropped, their label below "
+        f"p {d.clean_labels:g} under a probe fitted on the other folds ({extra} of them "
+        f"extra_train); listed in {CLEANING_FILE}"
+    )
+    return features
+
+
+def probe(
+    cfg: RunConfig,
+    setup: Setup,
+    model: nn.Module,
+    features: tuple[torch.Tensor, torch.Tensor] | None,
+) -> None:
+    """LP-FT: the head starts as the logistic regression on the frozen encoder's features of a
+    stratified sample of the (kept) training texts."""
+    d = cfg.data
+    prep: Prepared = setup.prepared
+    ids = prep.texts.split_data("train")[1]
+    kept = prep.kept if prep.kept is not None else list(range(len(ids)))
+    labels = [ids[i] for i in kept]
+    sample = [kept[j] for j in stratified_sample(labels, d.probe_examples, d.split_seed)]
+    if features is None:
+        x, y = frozen_features(cfg, setup, model, sample)
+    else:
+        x, y = features[0][sample], features[1][sample]
+    report = fit_probe(model.head, x, y, d.probe_weight_decay)
+    prep.report["probe"] = report
+    setup.messages.append(
+        f"probe: head fitted on the frozen encoder's features of {report['n']} training "
+        f"examples (train accuracy {report['train_accuracy']:.4f})"
+    )
+
+
+def attach_teacher(cfg: RunConfig, setup: Setup) -> None:
+    """Distillation: the teacher run's logits for every training text ride in each batch."""
+    from attnlab.runs.load import load_run
+
+    prep: Prepared = setup.prepared
+    d = cfg.distill
+    teacher = load_run(d.teacher)
+    if not isinstance(teacher, ClassifierRun):
+        raise UserError(f"{d.teacher} holds a {teacher.task!r} run, not a classifier")
+    if list(teacher.labels.labels) != list(prep.texts.labels.labels):
+        raise UserError(
+            f"the teacher's classes {teacher.labels.labels} differ from the data's "
+            f"{prep.texts.labels.labels}; distil on the data the teacher was trained for"
+        )
+    texts, _ = prep.texts.split_data("train")
+    logits = teacher_logits(teacher, texts, d.teacher_batch_size)
+    setup.train_data = SoftLabels(setup.train_data, logits)
+    setup.messages.append(f"distillation: teacher {d.teacher}, T = {d.temperature}, α = {d.alpha}")
