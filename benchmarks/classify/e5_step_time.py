@@ -67,15 +67,23 @@ NOT_FIXES = (  # what the recipe could change, measured for the record (not fixe
 )
 HF = ("transformers/fp32", "transformers/bf16")
 PEAK_N = 2048
-# operator -> group of the profiler breakdown (self CPU time); anything else is "other"
+# operator -> group of the profiler breakdown (self time); anything else is "other". Casts and
+# in-place adds are split by shape: a weight's shape makes "weight casts" (autocast's per
+# micro-batch copy of a weight, and its gradient cast back) and "gradient accumulation".
 GROUPS = {
     "matmuls": ("aten::mm", "aten::addmm", "aten::bmm"),
     "attention kernel": ("aten::_scaled_dot_product_flash_attention_for_cpu",
                          "aten::_scaled_dot_product_flash_attention_for_cpu_backward"),
     "dropout masks": ("aten::bernoulli_", "aten::random_", "aten::ge"),
-    "dtype casts": ("aten::copy_", "aten::_to_copy"),
+    "weight casts": (),
+    "activation casts": ("aten::copy_", "aten::_to_copy"),
+    "gradient accumulation": (),
     "GELU": ("aten::gelu", "aten::gelu_backward"),
     "LayerNorm": ("aten::native_layer_norm", "aten::native_layer_norm_backward"),
+    "Q4 word table": ("aten::bitwise_and", "aten::__rshift__", "aten::index", "aten::cat",
+                      "aten::sub"),
+    "loss": ("aten::_log_softmax", "aten::_log_softmax_backward_data", "aten::nll_loss_forward",
+             "aten::nll_loss_backward"),
     "optimizer and clipping": ("aten::_fused_adamw_", "aten::_foreach_norm",
                                "aten::_foreach_mul_", "aten::linalg_vector_norm"),
     "other element-wise": ("aten::mul", "aten::add", "aten::div_", "aten::add_", "aten::mul_",
@@ -199,15 +207,22 @@ def _step(model, opt, batch, dtype, micro: int = MICRO) -> None:
 
 
 def _profile(model, opt, batch, dtype) -> dict[str, float]:
-    """Self CPU seconds of one step per operator group (torch.profiler)."""
+    """Self seconds of one step per operator group (torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    weights = [list(p.shape) for p in model.parameters() if p.requires_grad]
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         _step(model, opt, batch, dtype)
     out = dict.fromkeys([*GROUPS, "other"], 0.0)
     where = {op: group for group, ops in GROUPS.items() for op in ops}
-    for event in prof.key_averages():
-        out[where.get(event.key, "other")] += event.self_cpu_time_total / 1e6
+    for event in prof.key_averages(group_by_input_shape=True):
+        group = where.get(event.key, "other")
+        of_weight = bool(event.input_shapes) and event.input_shapes[0] in weights
+        if group == "activation casts" and of_weight:
+            group = "weight casts"
+        elif event.key == "aten::add_" and of_weight:
+            group = "gradient accumulation"
+        out[group] += event.self_cpu_time_total / 1e6
     out["total"] = sum(out.values())
     return out
 
