@@ -934,3 +934,33 @@ def test_mha_row_with_nothing_to_attend_to_is_out_proj_bias(
     torch.testing.assert_close(got, want)
     grad = torch.autograd.grad(got.square().sum(), x)[0]
     assert torch.isfinite(grad).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("masked", [False, True])
+def test_cpu_low_precision_attention_that_trains_runs_in_float32(
+    dtype: torch.dtype, masked: bool
+) -> None:
+    """A CPU call in bf16/fp16 whose backward pass will run attends in float32 (torch's CPU
+    kernel is ~4x slower backwards in the low precision): output and gradients are torch's
+    float32 kernel on the same rounded inputs, rounded back, also under autocast (which must
+    not cast the float32 call back down). Without gradients the low-precision kernel runs."""
+    B, H, T, D = 2, 3, 9, 8
+    q, k, v = (torch.randn(B, H, T, D).to(dtype).requires_grad_() for _ in range(3))
+    mask = padding_mask(torch.tensor([T, 4]), T) if masked else None
+    g = torch.randn(B, H, T, D).to(dtype)
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+    want = F.scaled_dot_product_attention(q32, k32, v32, attn_mask=mask)
+    want.backward(g.float())
+    for ctx in (torch.autocast("cpu", enabled=False), torch.autocast("cpu", dtype=dtype)):
+        with ctx:
+            out, _ = scaled_dot_product_attention(q, k, v, mask)
+        assert out.dtype == dtype
+        assert torch.equal(out, want.to(dtype))
+        grads = torch.autograd.grad(out, (q, k, v), g)
+        for got, ref in zip(grads, (q32.grad, k32.grad, v32.grad), strict=True):
+            assert torch.equal(got, ref.to(dtype))
+    with torch.no_grad():
+        plain, _ = scaled_dot_product_attention(q, k, v, mask)
+        low = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert torch.equal(plain, low)

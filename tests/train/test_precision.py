@@ -9,24 +9,18 @@ from pathlib import Path
 import pytest
 import torch
 
+from attnlab.errors import UserError
 from attnlab.train import precision as prec
+from attnlab.train import precision_record
 from attnlab.train.precision import choose_precision, cpu_bf16_flags
 
 AVX2_ONLY = "processor\t: 0\nflags\t\t: fpu sse sse2 avx avx2 fma\n"
 AVX512_BF16 = "processor\t: 0\nflags\t\t: fpu avx avx2 avx512f avx512_bf16 amx_tile\n"
 
 
-def fake_cpu(monkeypatch: pytest.MonkeyPatch, flags: bool | None, speedup: float) -> list:
-    """Make the CPU report `flags` and time bf16 at `speedup`; return the list of timing calls."""
-    calls: list[int] = []
-
-    def timed() -> float:
-        calls.append(1)
-        return speedup
-
+def fake_cpu(monkeypatch: pytest.MonkeyPatch, flags: bool | None) -> None:
+    """Make the CPU report native bf16 (True), none (False) or unknown flags (None)."""
     monkeypatch.setattr(prec, "cpu_bf16_flags", lambda: flags)
-    monkeypatch.setattr(prec, "bf16_matmul_speedup", timed)
-    return calls
 
 
 def test_cpuinfo_parsing(tmp_path: Path) -> None:
@@ -37,58 +31,54 @@ def test_cpuinfo_parsing(tmp_path: Path) -> None:
     assert cpu_bf16_flags(tmp_path / "bf16") is True
     assert cpu_bf16_flags(tmp_path / "empty") is None
     assert cpu_bf16_flags(tmp_path / "missing") is None
+    assert prec.cpu_bf16_flag_names(tmp_path / "bf16") == ["avx512_bf16"]
+    assert prec.cpu_bf16_flag_names(tmp_path / "missing") == []
 
 
-def test_auto_on_avx2_cpu_is_fp32_without_timing(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = fake_cpu(monkeypatch, flags=False, speedup=0.01)
+def test_auto_candidate_follows_the_cpu_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_cpu(monkeypatch, flags=False)
     dtype, reason = choose_precision("cpu", "auto")
     assert dtype is None and "fp32" in reason and "avx512_bf16" in reason
-    assert calls == []  # no native bf16: no need to time anything
+    for flags in (True, None):
+        fake_cpu(monkeypatch, flags=flags)
+        dtype, reason = choose_precision("cpu", "auto")
+        assert dtype is torch.bfloat16 and reason.startswith("auto -> bf16: CPU")
 
 
-@pytest.mark.parametrize("flags", [True, None])
-def test_auto_on_cpu_follows_the_measurement(
-    monkeypatch: pytest.MonkeyPatch, flags: bool | None
-) -> None:
-    fake_cpu(monkeypatch, flags=flags, speedup=0.9)
-    dtype, reason = choose_precision("cpu", "auto")
-    assert dtype is None and "0.90x" in reason
-    fake_cpu(monkeypatch, flags=flags, speedup=2.5)
-    dtype, reason = choose_precision("cpu", "auto")
-    assert dtype is torch.bfloat16 and "2.50x" in reason
-
-
-def test_explicit_bf16_on_slow_cpu_warns_but_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake_cpu(monkeypatch, flags=False, speedup=0.01)
+def test_explicit_bf16_on_cpu_without_bf16_warns_but_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_cpu(monkeypatch, flags=False)
     with pytest.warns(UserWarning, match="slow"):
         dtype, _ = choose_precision("cpu", "bf16")
     assert dtype is torch.bfloat16
 
 
-def test_explicit_choices_and_errors() -> None:
+def test_explicit_choices_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     assert choose_precision("cpu", "fp32") == (None, "fp32 requested")
-    with pytest.raises(ValueError, match="fp16.*CUDA"):
-        choose_precision("cpu", "fp16")
-    with pytest.raises(ValueError, match="auto, fp32, bf16, fp16"):
+    with pytest.raises(UserError, match="auto, fp32, bf16, fp16"):
         choose_precision("cpu", "half")
 
 
-def test_this_machine_auto_matches_its_own_evidence() -> None:
-    """auto picks bf16 here iff the CPU has native bf16 and bf16 measured >= 1.25x faster."""
+@pytest.mark.parametrize(("flags", "fix"), [(True, "bf16"), (False, "fp32")])
+def test_fp16_off_cuda_is_one_line_naming_the_fix(
+    monkeypatch: pytest.MonkeyPatch, flags: bool, fix: str
+) -> None:
+    """fp16 trains only through CUDA's GradScaler path: refused as a UserError (one line, exit
+    2 on the command line) by the check the runner makes before anything is built."""
+    fake_cpu(monkeypatch, flags=flags)
+    for call in (prec.check_precision, lambda p, d: choose_precision(d, p)):
+        with pytest.raises(UserError) as err:
+            call("fp16", "cpu")
+        line = str(err.value)
+        assert "\n" not in line and "needs a CUDA GPU" in line and f"--precision {fix}" in line
+    prec.check_precision("fp16", "cuda")  # accepted: the GPU decides at training time
+
+
+def test_this_machine_auto_matches_its_own_flags() -> None:
+    """auto tries bf16 here iff the CPU does not lack native bf16."""
     flags = cpu_bf16_flags()
-    fast = flags is not False and prec.bf16_matmul_speedup() >= prec.MIN_BF16_SPEEDUP
     dtype, reason = choose_precision("cpu", "auto")
     print(f"flags={flags} reason={reason}")
-    assert dtype is (torch.bfloat16 if fast else None)
-    if flags is False:
-        assert dtype is None, "an AVX2-only CPU must train in fp32 under auto"
-
-
-def test_probe_leaves_global_rng_alone() -> None:
-    prec.bf16_matmul_speedup.cache_clear()
-    before = torch.get_rng_state()
-    prec.bf16_matmul_speedup(size=32, repeats=1)
-    assert torch.equal(before, torch.get_rng_state())
+    assert dtype is (None if flags is False else torch.bfloat16)
 
 
 def test_step_timing_decides_auto() -> None:
@@ -122,7 +112,7 @@ def test_auto_times_the_real_step_leaves_the_model_untouched_and_resume_keeps_it
     from attnlab.train import TrainConfig, Trainer
     from attnlab.train import engine as eng
 
-    fake_cpu(monkeypatch, flags=True, speedup=2.0)
+    fake_cpu(monkeypatch, flags=True)
     seen: list[dict] = []
 
     def timed(run_step, names, **kwargs) -> dict[str, float]:
@@ -302,7 +292,7 @@ def test_auto_falls_back_to_fp32_when_the_step_fails_in_bf16(
 
     from attnlab.train import TrainConfig, Trainer
 
-    fake_cpu(monkeypatch, flags=True, speedup=2.0)
+    fake_cpu(monkeypatch, flags=True)
     torch.manual_seed(0)
     model = _FailsInBf16()
     cfg = TrainConfig(max_steps=1, batch_size=8, precision="auto", tensorboard=False)
@@ -311,3 +301,78 @@ def test_auto_falls_back_to_fp32_when_the_step_fails_in_bf16(
     assert "fails under bf16 autocast" in summary["precision_reason"]
     lines = [ln for ln in capfd.readouterr().err.splitlines() if "falling back to fp32" in ln]
     assert len(lines) == 1 and "float != BFloat16" in lines[0]
+
+
+# --------------------------------------------------------------------------- decided once
+
+
+def _fit_auto(run_dir: Path, timings: dict[str, float] | None, monkeypatch, threads: int = 1):
+    """A fresh start of the tiny task under precision auto on a CPU with native bf16, the step
+    timings injected (None: any timing fails the test); returns (summary, timings asked)."""
+    from _tiny_task import TinyData, TinyTagger, step_fn
+
+    from attnlab.train import TrainConfig, Trainer
+    from attnlab.train import engine as eng
+
+    fake_cpu(monkeypatch, flags=True)
+    asked: list[tuple[str, ...]] = []
+
+    def timed(run_step, names, **kwargs) -> dict[str, float]:
+        asked.append(tuple(names))
+        assert timings is not None, "this start must read the recorded choice, not time"
+        return dict(timings)
+
+    monkeypatch.setattr(eng, "time_step_precisions", timed)
+    torch.manual_seed(0)
+    cfg = TrainConfig(
+        max_steps=1, batch_size=8, precision="auto", tensorboard=False, num_threads=threads
+    )
+    return Trainer(TinyTagger(), cfg, run_dir, TinyData(), step_fn).fit(), asked
+
+
+def test_auto_is_decided_once_and_a_loaded_machine_cannot_flip_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, precision_record_file: Path
+) -> None:
+    """The first start times the step and records the choice; a later fresh start of the same
+    setting reads it, even where its own timing (a loaded machine) would say otherwise."""
+    first, asked = _fit_auto(tmp_path / "a", {"fp32": 1.0, "bf16": 0.5}, monkeypatch)
+    assert asked == [("fp32", "bf16")] and first["precision"] == "bf16"
+    assert "fp32 1000.0 ms, bf16 500.0 ms: 2.00x" in first["precision_reason"]
+    assert f"recorded in {precision_record_file}" in first["precision_reason"]
+    (entry,) = json.loads(precision_record_file.read_text()).values()
+    assert entry["precision"] == "bf16"
+    assert entry["timing"] == "fp32 1000.0 ms, bf16 500.0 ms: 2.00x"
+    second, asked = _fit_auto(tmp_path / "b", None, monkeypatch)
+    assert asked == [] and second["precision"] == "bf16"
+    assert "was timed on" in second["precision_reason"] and "2.00x" in second["precision_reason"]
+
+
+def test_a_new_setting_or_an_unreadable_record_is_timed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, precision_record_file: Path
+) -> None:
+    _fit_auto(tmp_path / "a", {"fp32": 1.0, "bf16": 0.5}, monkeypatch, threads=1)
+    other, asked = _fit_auto(tmp_path / "b", {"fp32": 1.0, "bf16": 2.0}, monkeypatch, threads=2)
+    assert asked == [("fp32", "bf16")] and other["precision"] == "fp32"  # its own measurement
+    keys = list(json.loads(precision_record_file.read_text()))
+    assert len(keys) == 2 and {"1 threads" in k for k in keys} == {True, False}
+    device = precision_record.device_description("cpu")
+    assert all(device in k and torch.__version__ in k for k in keys)
+    records = json.loads(precision_record_file.read_text())
+    precision_record_file.write_text(json.dumps({k: {"precision": "bf16"} for k in records}))
+    _, asked = _fit_auto(tmp_path / "c0", {"fp32": 1.0, "bf16": 0.5}, monkeypatch, threads=2)
+    assert asked == [("fp32", "bf16")]  # an entry without its evidence is no record
+    precision_record_file.write_text("{not json")
+    again, asked = _fit_auto(tmp_path / "c", {"fp32": 1.0, "bf16": 0.5}, monkeypatch)
+    assert asked == [("fp32", "bf16")] and "is unreadable" in again["precision_reason"]
+    assert len(json.loads(precision_record_file.read_text())) == 1  # rewritten whole
+
+
+def test_a_record_that_cannot_be_written_is_said_and_the_run_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setattr(precision_record, "data_dir", lambda: blocker / "cache")
+    summary, _ = _fit_auto(tmp_path / "run", {"fp32": 1.0, "bf16": 0.5}, monkeypatch)
+    assert summary["precision"] == "bf16" and "not recorded" in summary["precision_reason"]
+    assert summary["steps"] == 1

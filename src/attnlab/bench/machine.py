@@ -5,22 +5,11 @@ from __future__ import annotations
 import os
 import platform
 import time
-from pathlib import Path
 
 import torch
 
 from attnlab.train.precision import choose_precision, precision_name
-
-
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo (Linux), else what platform knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+from attnlab.train.precision_record import cpu_model
 
 
 def machine_info(device: str = "cpu") -> dict:

@@ -170,6 +170,23 @@ def _fused_attention(
 ) -> Tensor:
     """PyTorch's fused kernel with attnlab's conventions (mask sense, bottom-right causal
     alignment, zero rows, GQA); q (B, H, Tq, Dk), k, v (B, Hkv, Tk, D) -> (B, H, Tq, Dv)."""
+    if _upcast_on_cpu(q, k, v, bias):
+        # torch's CPU flash kernel runs its backward pass about 4x slower in bf16 or fp16 than
+        # in float32 (docs/results/e5_step_time.md), so a CPU pass that will be differentiated
+        # attends in float32, outside autocast (which would cast the inputs back down), and
+        # returns the caller's dtype.
+        with torch.autocast("cpu", enabled=False):
+            out = _fused_attention(
+                q.float(),
+                k.float(),
+                v.float(),
+                mask,
+                is_causal,
+                None if bias is None else bias.float(),
+                dropout_p,
+                scale,
+            )  # (B, H, Tq, Dv) float32
+        return out.to(q.dtype)
     H, Hkv, Tq, Tk = q.shape[1], k.shape[1], q.shape[2], k.shape[2]
     gqa = Hkv != H
     if is_causal and mask is None and bias is None and Tq == Tk:
@@ -193,6 +210,16 @@ def _fused_attention(
         any_key = mask.any(dim=-1, keepdim=True)  # (B|1, H|1, Tq|1, 1)
         out = out.masked_fill(~any_key, 0.0)
     return out
+
+
+def _upcast_on_cpu(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> bool:
+    """Whether a fused attention call is a CPU one in bf16/fp16 whose backward pass will run
+    (grad mode on and an input that needs a gradient): it then attends in float32. The
+    forward pass alone stays in the low precision, where the CPU kernel is the faster."""
+    if q.device.type != "cpu" or q.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    inputs = (q, k, v) if bias is None else (q, k, v, bias)
+    return torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
 
 
 # --------------------------------------------------------------------------- masks

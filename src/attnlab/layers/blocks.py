@@ -23,6 +23,7 @@ from torch.utils.checkpoint import checkpoint
 from attnlab.configs import ConfigBase, setting
 from attnlab.errors import UserError
 from attnlab.layers.attention import Backend, KVCache, MultiHeadAttention, RotaryHook
+from attnlab.layers.dropout import Dropout
 from attnlab.layers.efficient import (
     BACKEND_HELP,
     AttentionKind,
@@ -148,7 +149,7 @@ class FeedForward(nn.Module):
         width = 2 * d_ff if activation in GATED else d_ff
         self.w_in = nn.Linear(d_model, width, bias=bias)
         self.w_out = nn.Linear(d_ff, d_model, bias=bias)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         h = apply_activation(self.w_in(x), self.activation)  # (B, T, d_ff)
@@ -282,8 +283,8 @@ class Block(nn.Module):
         self.ff = (cfg.feed_forward() if ff is None else ff) if feed_forward else None
         self.norm1 = cfg.make_norm()
         self.norm2 = cfg.make_norm() if feed_forward else None
-        self.dropout1 = nn.Dropout(cfg.dropout)
-        self.dropout2 = nn.Dropout(cfg.dropout)
+        self.dropout1 = Dropout(cfg.dropout)
+        self.dropout2 = Dropout(cfg.dropout)
         gated = cfg.value_embeddings and mixer is None  # only attention reads value embeddings
         self.value_gate = nn.Parameter(torch.tensor(0.5)) if gated else None
 
@@ -371,9 +372,9 @@ class DecoderBlock(nn.Module):
         self.norm1 = cfg.make_norm()
         self.norm2 = cfg.make_norm()
         self.norm3 = cfg.make_norm()
-        self.dropout1 = nn.Dropout(cfg.dropout)
-        self.dropout2 = nn.Dropout(cfg.dropout)
-        self.dropout3 = nn.Dropout(cfg.dropout)
+        self.dropout1 = Dropout(cfg.dropout)
+        self.dropout2 = Dropout(cfg.dropout)
+        self.dropout3 = Dropout(cfg.dropout)
 
     def forward(
         self,

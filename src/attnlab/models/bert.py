@@ -21,6 +21,7 @@ from attnlab.configs import ConfigBase, coerce_value, project, setting
 from attnlab.errors import UserError
 from attnlab.layers.attention import Backend, padding_mask
 from attnlab.layers.blocks import Block, BlockConfig, BlockStack, block_setting
+from attnlab.layers.dropout import Dropout
 from attnlab.layers.efficient import AttentionKind
 from attnlab.layers.positions import make_positions
 from attnlab.models.registry import register_model, tokens
@@ -206,7 +207,7 @@ class BertEmbeddings(nn.Module):
         self.position = make_positions("learned", cfg.d_model, cfg.n_heads, cfg.context).absolute
         self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.d_model)
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
         """ids (B, T), segments (B, T) or None (all 0) -> (B, T, D)."""
@@ -353,7 +354,7 @@ class BertClassifier(nn.Module):
             raise ValueError(f"a classifier needs at least 2 classes, got {n_classes}")
         self.pooling = pooling
         self.bert = BertModel(cfg)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
         self.head = nn.Linear(cfg.d_model, n_classes)
         init_bert_weights(self.head)
 

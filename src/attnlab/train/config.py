@@ -90,7 +90,10 @@ class TrainConfig(ConfigBase):
     )
     seed: int = setting(0, "seed for python/numpy/torch RNGs (rank r uses seed + r)")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = setting(
-        "auto", "autocast dtype; auto = fastest measured on this device"
+        "auto",
+        "autocast dtype; auto = fp32 where the device lacks a fast low precision, else the faster "
+        "of fp32 and it on this model's step, timed once and recorded in the data cache "
+        "(precision.json) for later runs; fp16 needs CUDA",
     )
     log_every: int = setting(10, "optimizer steps between train-loss log events", min=1)
     tensorboard: bool = setting(True, "write TensorBoard scalars under run_dir/tensorboard")

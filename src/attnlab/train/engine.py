@@ -69,9 +69,17 @@ from attnlab.train.precision import (
     make_grad_scaler,
     precision_name,
     restore_tf32,
+    step_timing,
     synchronizer,
     tf32_flags,
     time_step_precisions,
+)
+from attnlab.train.precision_record import (
+    device_description,
+    read_record,
+    record_path,
+    setting_key,
+    write_record,
 )
 from attnlab.train.rng import capture_rng, restore_rng, seed_everything
 from attnlab.train.schedules import lr_factor, resolve_warmup
@@ -204,10 +212,12 @@ class Trainer:
         return summary
 
     def _decide_precision(self, resume: bool) -> tuple[torch.dtype | None, str]:
-        """The autocast dtype and why. `auto` times this model's own step in fp32 and under the
-        device's low-precision candidate (bf16 on a CPU whose matmuls run faster in it or on a
-        GPU with native bf16; fp16 on an older GPU) and keeps the faster; a resumed run keeps
-        its first choice (unless it was fp16 and this device is not CUDA)."""
+        """The autocast dtype and why. ``auto``: fp32 where the device has no low precision
+        worth trying; else the choice recorded for this device, torch, thread count and model
+        by an earlier start, or, the first time, this model's own step timed in fp32 and in
+        the candidate (the faster kept) and recorded for the next start
+        (:mod:`attnlab.train.precision_record`). A resumed run keeps its first choice (unless it
+        was fp16 and this device is not CUDA)."""
         cfg, device = self.cfg, self.env.device
         note = ""
         if cfg.precision == "auto" and resume:
@@ -221,11 +231,31 @@ class Trainer:
         if cfg.precision != "auto" or dtype is None:
             return dtype, reason + note
         low = precision_name(dtype)
+        why = reason.removeprefix(f"auto -> {low}: ")
+        key = setting_key(device_description(device), self.model)
+        entry, unreadable = read_record(key)
+        if entry is not None:
+            chosen = entry["precision"]
+            return PRECISION_DTYPES[chosen], (
+                f"auto -> {chosen}: {why}; this setting's step was timed on {entry['date']} "
+                f"({entry['timing']}), recorded in {record_path()}{note}"
+            )
         _log(f"precision auto: timing one training step in fp32 and in {low}")
         seconds = time_step_precisions(self._probe_step(), ("fp32", low), sync=synchronizer(device))
-        why = reason.removeprefix(f"auto -> {low}: ")
-        chosen, reason = choose_by_step_time(seconds, why, low)
-        return chosen, reason + note
+        chosen_dtype, reason = choose_by_step_time(seconds, why, low)
+        if math.isfinite(seconds[low]):  # a step that failed in `low` is not a measurement
+            where = write_record(
+                key,
+                {
+                    "precision": precision_name(chosen_dtype),
+                    "timing": step_timing(seconds, low),
+                    "date": time.strftime("%Y-%m-%d %H:%M"),
+                },
+            )
+            reason = f"{reason}; {where}"
+        if unreadable:
+            reason = f"{reason} ({unreadable})"
+        return chosen_dtype, reason + note
 
     def _probe_step(self) -> Callable[[torch.dtype | None], None]:
         """fwd+bwd of the first micro-batch under a given autocast dtype, leaving the model as

@@ -1,11 +1,16 @@
-"""Pick the training precision for a device by measurement, and build its autocast context.
+"""Pick the training precision for a device, once, and build its autocast context.
 
-``precision="auto"`` works the same way on every device: detection names the one
-low-precision candidate (CPU: bf16 where the CPU has native bf16 and a timed matmul confirms
-it; CUDA: bf16 where the GPU supports it natively, else fp16 with a GradScaler), then the
-engine times the model's own training step in fp32 and under the candidate's autocast
+``precision="auto"`` asks the device's capabilities first (:func:`auto_candidate`): a CPU without
+native bf16 (neither ``avx512_bf16`` nor ``amx_bf16``) trains in fp32, with no timing. Where a
+low precision is available (bf16 on a CPU that has it or whose flags are unknown, or on a GPU
+with native bf16; fp16 with a GradScaler on an older GPU) the answer depends on the model: a
+fast matmul does not make a small model's step fast (its casts and many small ops can cost more
+than the matmuls save). So the engine times the model's own training step both ways
 (:func:`time_step_precisions`, CUDA-synchronised on a GPU) and keeps the candidate only if the
-step is faster (:func:`choose_by_step_time`). A resumed run keeps its first choice.
+step is faster (:func:`choose_by_step_time`), and writes that measurement where the next start
+finds it (:mod:`attnlab.train.precision_record`): the same command on the same machine, thread
+count and model then reads the choice instead of timing again, so the load of the machine
+cannot change it. A resumed run keeps its first choice.
 
 On CUDA the fp32 parts run with TF32 matmuls unless ``precision="fp32"`` is asked for
 (:func:`configure_tf32`, through ``torch.backends.cuda.matmul.allow_tf32`` and
@@ -15,70 +20,47 @@ On CUDA the fp32 parts run with TF32 matmuls unless ``precision="fp32"`` is aske
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import sys
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from attnlab.errors import UserError
+
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 PRECISION_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-MIN_BF16_SPEEDUP = 1.25  # bf16 must beat fp32 matmuls by this factor for `auto` to pick it
-MIN_STEP_SPEEDUP = 1.1  # ... and then the model's own training step by this factor
+MIN_STEP_SPEEDUP = 1.1  # `auto` keeps a low precision that makes the training step this much faster
 _CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
-def cpu_bf16_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> bool | None:
-    """Whether the CPU advertises native bf16 (avx512_bf16/amx_bf16); None if flags are unknown."""
+def _cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> set[str] | None:
+    """The flags /proc/cpuinfo lists (x86 ``flags``, Arm ``Features``); None where unknown."""
     try:
         text = Path(cpuinfo).read_text()
     except OSError:
         return None
-    flags = set()
+    flags: set[str] = set()
     for line in text.splitlines():
         if line.startswith(("flags", "Features")):
             flags.update(line.partition(":")[2].split())
-    if not flags:
-        return None
-    return any(f in flags for f in _CPU_BF16_FLAGS)
+    return flags or None
 
 
-@functools.lru_cache(maxsize=1)
-def bf16_matmul_speedup(size: int = 512, repeats: int = 5) -> float:
-    """Measured fp32 time / bf16 time of a size x size CPU matmul (best of `repeats`; cached)."""
-    best = {torch.float32: float("inf"), torch.bfloat16: float("inf")}
-    gen = torch.Generator().manual_seed(0)  # a private generator: the global RNG is untouched
-    mats = {
-        dt: (
-            torch.randn(size, size, generator=gen).to(dt),
-            torch.randn(size, size, generator=gen).to(dt),
-        )
-        for dt in best
-    }
-    for a, b in mats.values():  # warm-up: first calls pay for kernel selection
-        a @ b
-    for _ in range(repeats):
-        for dt, (a, b) in mats.items():  # interleaved so background load hits both alike
-            start = time.perf_counter()
-            a @ b
-            best[dt] = min(best[dt], time.perf_counter() - start)
-    return best[torch.float32] / best[torch.bfloat16]
+def cpu_bf16_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> bool | None:
+    """Whether the CPU advertises native bf16 (avx512_bf16/amx_bf16); None if flags are unknown."""
+    flags = _cpu_flags(cpuinfo)
+    return None if flags is None else any(f in flags for f in _CPU_BF16_FLAGS)
 
 
-def _cpu_bf16_is_fast() -> tuple[bool, str]:
-    """Whether bf16 autocast pays off on this CPU, with the evidence as a sentence."""
-    flags = cpu_bf16_flags()
-    if flags is False:
-        return False, "CPU lacks avx512_bf16/amx_bf16, so bf16 matmuls are emulated and slow"
-    speedup = bf16_matmul_speedup()
-    source = "CPU has native bf16 flags" if flags else "CPU flags unknown"
-    fast = speedup >= MIN_BF16_SPEEDUP
-    verdict = "faster" if fast else f"not >= {MIN_BF16_SPEEDUP}x faster"
-    return fast, f"{source}; measured bf16 matmul {speedup:.2f}x vs fp32 ({verdict})"
+def cpu_bf16_flag_names(cpuinfo: str | Path = "/proc/cpuinfo") -> list[str]:
+    """The native-bf16 flags the CPU advertises (avx512_bf16, amx_bf16), in that order."""
+    flags = _cpu_flags(cpuinfo) or set()
+    return [f for f in _CPU_BF16_FLAGS if f in flags]
 
 
 def cuda_capability(device: str | torch.device) -> tuple[int, int]:
@@ -94,10 +76,61 @@ def cuda_bf16_native(device: str | torch.device) -> bool:
     return cuda_capability(device) >= (8, 0)
 
 
-def _cuda_name(device: str | torch.device) -> str:
+def cuda_name(device: str | torch.device) -> str:
+    """The GPU's name and compute capability."""
     major, minor = cuda_capability(device)
     name = torch.cuda.get_device_name(torch.device(device))
     return f"{name} (compute capability {major}.{minor})"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """What the device's capabilities say for ``precision="auto"``: the low-precision autocast
+    dtype worth timing against fp32 (None: fp32 without timing) and why."""
+
+    dtype: torch.dtype | None
+    reason: str
+
+
+def auto_candidate(device: str | torch.device) -> Candidate:
+    """The low precision ``auto`` times against fp32 on ``device``, or None where there is none.
+
+    CPU: bf16 where the CPU advertises native bf16 (``avx512_bf16``/``amx_bf16``) or its flags
+    are unknown; none on a CPU without it (bf16 is emulated there). CUDA: bf16 where the GPU has
+    it natively, else fp16 (with a GradScaler, see `make_grad_scaler`). Other device types: none.
+    """
+    kind = torch.device(device).type
+    if kind == "cuda":
+        if cuda_bf16_native(device):
+            return Candidate(torch.bfloat16, f"{cuda_name(device)} has native bf16")
+        return Candidate(
+            torch.float16, f"{cuda_name(device)} lacks native bf16, so fp16 with a GradScaler"
+        )
+    if kind == "cpu":
+        flags = cpu_bf16_flags()
+        if flags is False:
+            return Candidate(
+                None, "CPU lacks avx512_bf16/amx_bf16, so bf16 matmuls are emulated and slow"
+            )
+        have = "CPU has native bf16" if flags else "CPU flags unknown"
+        return Candidate(torch.bfloat16, have)
+    return Candidate(None, f"no low-precision path is tested on device type '{kind}'")
+
+
+def check_precision(requested: str, device: str | torch.device) -> None:
+    """Refuse a precision ``device`` cannot train in, as one line with the fix (a UserError),
+    before anything is built or written."""
+    if requested not in PRECISIONS:
+        raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, got {requested!r}")
+    kind = torch.device(device).type
+    if requested == "fp16" and kind != "cuda":
+        low = "bf16" if kind == "cpu" and cpu_bf16_flags() is not False else "fp32"
+        raise UserError(
+            f"--precision fp16 needs a CUDA GPU (it trains through a GradScaler there); on "
+            f"{kind} use --precision {low}, or auto"
+        )
+    if requested == "bf16" and kind not in ("cpu", "cuda"):
+        raise UserError(f"--precision bf16 is only supported on cpu/cuda; use fp32 on {kind}")
 
 
 def choose_precision(
@@ -105,47 +138,30 @@ def choose_precision(
 ) -> tuple[torch.dtype | None, str]:
     """Return (autocast dtype, or None for plain fp32; one-line reason) for `device`.
 
-    For ``auto`` the dtype is the candidate that the engine then times against fp32 on the
-    model's own step (module docstring). CUDA: bf16 where the GPU has it natively, else fp16
-    (it needs a GradScaler, see `make_grad_scaler`). CPU: bf16 only if the CPU has native bf16
-    and a timed matmul confirms it is faster; otherwise fp32. An explicit bf16 where it is slow
-    still runs but warns; fp16 on CPU is refused.
+    For ``auto`` the dtype is :func:`auto_candidate`'s, which the engine then times against
+    fp32 on the model's own step (or reads from an earlier measurement). An explicit bf16 where
+    it is emulated still runs but warns; fp16 off CUDA is refused (:func:`check_precision`).
     """
-    if requested not in PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {requested!r}")
-    kind = torch.device(device).type
+    check_precision(requested, device)
     if requested == "fp32":
         return None, "fp32 requested"
-    if kind == "cuda":
-        bf16_ok = cuda_bf16_native(device)
-        if requested == "auto":
-            if bf16_ok:
-                return torch.bfloat16, f"auto -> bf16: {_cuda_name(device)} has native bf16"
-            return torch.float16, (
-                f"auto -> fp16: {_cuda_name(device)} lacks native bf16, so fp16 with a GradScaler"
-            )
-        if requested == "bf16" and not bf16_ok:
-            warnings.warn(
-                f"bf16 requested on {_cuda_name(device)}, which has no native bf16; it will be "
-                "slow (precision='auto' picks fp16 with loss scaling there)",
-                stacklevel=2,
-            )
-        dtype = torch.bfloat16 if requested == "bf16" else torch.float16
-        return dtype, f"{requested} requested"
-    if kind == "cpu":
-        if requested == "fp16":
-            raise ValueError("precision='fp16' needs CUDA; on CPU use precision='bf16' or 'fp32'")
-        fast, why = _cpu_bf16_is_fast()
-        if requested == "auto":
-            return (
-                (torch.bfloat16, f"auto -> bf16: {why}") if fast else (None, f"auto -> fp32: {why}")
-            )
-        if not fast:
-            warnings.warn(f"bf16 requested but it is slow here: {why}", stacklevel=2)
-        return torch.bfloat16, f"bf16 requested ({why})"
     if requested == "auto":
-        return None, f"auto -> fp32: no low-precision path is tested on device type '{kind}'"
-    raise ValueError(f"precision={requested!r} is only supported on cpu/cuda; use 'fp32' on {kind}")
+        cand = auto_candidate(device)
+        low = "fp32" if cand.dtype is None else precision_name(cand.dtype)
+        return cand.dtype, f"auto -> {low}: {cand.reason}"
+    if torch.device(device).type == "cuda" and requested == "bf16" and not cuda_bf16_native(device):
+        warnings.warn(
+            f"bf16 requested on {cuda_name(device)}, which has no native bf16; it will be "
+            "slow (precision='auto' picks fp16 with loss scaling there)",
+            stacklevel=2,
+        )
+    if torch.device(device).type == "cpu" and cpu_bf16_flags() is False:
+        warnings.warn(
+            "bf16 requested but it is slow here: CPU lacks avx512_bf16/amx_bf16, so bf16 "
+            "matmuls are emulated",
+            stacklevel=2,
+        )
+    return PRECISION_DTYPES[requested], f"{requested} requested"
 
 
 def precision_name(dtype: torch.dtype | None) -> str:
@@ -219,6 +235,14 @@ def time_step_precisions(
     return best
 
 
+def step_timing(seconds: dict[str, float], low: str) -> str:
+    """The measured step times as words, e.g. 'fp32 319.9 ms, bf16 166.2 ms: 1.92x'."""
+    return (
+        f"fp32 {seconds['fp32'] * 1e3:.1f} ms, {low} {seconds[low] * 1e3:.1f} ms: "
+        f"{seconds['fp32'] / seconds[low]:.2f}x"
+    )
+
+
 def choose_by_step_time(
     seconds: dict[str, float], why: str, low: str = "bf16"
 ) -> tuple[torch.dtype | None, str]:
@@ -230,12 +254,8 @@ def choose_by_step_time(
     """
     if math.isinf(seconds[low]):
         return None, f"auto -> fp32: {why}, but the training step fails under {low} autocast"
-    speedup = seconds["fp32"] / seconds[low]
-    timing = (
-        f"one training step took {seconds['fp32'] * 1e3:.1f} ms in fp32 and "
-        f"{seconds[low] * 1e3:.1f} ms under {low} autocast ({speedup:.2f}x)"
-    )
-    if speedup >= MIN_STEP_SPEEDUP:
+    timing = f"one training step took {step_timing(seconds, low)}"
+    if seconds["fp32"] / seconds[low] >= MIN_STEP_SPEEDUP:
         return PRECISION_DTYPES[low], f"auto -> {low}: {why}; {timing}"
     return None, f"auto -> fp32: {why}, but {timing}, not >= {MIN_STEP_SPEEDUP}x"
 

@@ -1,0 +1,108 @@
+"""Where ``precision="auto"`` keeps its step measurements, so a choice is made once per setting.
+
+Timing the model's training step in fp32 and in the low precision decides ``auto`` on a device
+whose capabilities leave the answer open, and a timing depends on what else the machine runs:
+on a loaded machine two starts of one command could choose differently and train different
+weights. So the first measurement is written to a small JSON file in attnlab's data cache
+(``$ATTNLAB_DATA_DIR`` or ``~/.cache/attnlab``, ``precision.json``), one entry per setting:
+the device (CPU model and its bf16 flags, or the GPU and its compute capability), the torch
+version, the number of threads and the model (class, parameters, trainable parameters). A
+later start with the same setting reads the choice instead of timing again; deleting the entry
+(or the file) measures anew. A file that cannot be read or written is said in the reason and
+the run goes on with its own measurement.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnlab.data.english_sentiment import data_dir
+from attnlab.train.precision import cpu_bf16_flag_names, cuda_name
+
+RECORD_FILE = "precision.json"
+
+
+def record_path() -> Path:
+    """The measurements file: ``precision.json`` in attnlab's data cache."""
+    return data_dir() / RECORD_FILE
+
+
+def cpu_model(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
+    """The CPU's model name from /proc/cpuinfo (Linux), else what platform knows."""
+    try:
+        for line in Path(cpuinfo).read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def device_description(device: str | torch.device) -> str:
+    """The device as a step measurement depends on it: the GPU and its compute capability, or
+    the CPU's model and the bf16 flags it advertises."""
+    if torch.device(device).type == "cuda":
+        return f"cuda: {cuda_name(device)}"
+    return f"cpu: {cpu_model()} ({' '.join(cpu_bf16_flag_names()) or 'no bf16 flags'})"
+
+
+def setting_key(device: str, model: nn.Module) -> str:
+    """One line naming what a step measurement depends on: the device (as ``device`` describes
+    it), torch's version, the thread count and the model."""
+    params = list(model.parameters())
+    total = sum(p.numel() for p in params)
+    trainable = sum(p.numel() for p in params if p.requires_grad)
+    return (
+        f"{device}; torch {torch.__version__}; {torch.get_num_threads()} threads; "
+        f"{type(model).__name__} {total} parameters ({trainable} trainable)"
+    )
+
+
+def read_record(key: str, path: Path | None = None) -> tuple[dict[str, Any] | None, str]:
+    """(the entry recorded for ``key`` (precision, timing, date), or None where there is none
+    or it is malformed; a note when the file could not be read)."""
+    path = record_path() if path is None else path
+    try:
+        records = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None, ""
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        return None, f"{path} is unreadable ({type(err).__name__}), so the step was timed again"
+    entry = records.get(key) if isinstance(records, dict) else None
+    usable = (
+        isinstance(entry, dict)
+        and entry.get("precision") in ("fp32", "bf16", "fp16")
+        and all(isinstance(entry.get(k), str) for k in ("timing", "date"))
+    )
+    return (entry, "") if usable else (None, "")
+
+
+def write_record(key: str, entry: dict[str, Any], path: Path | None = None) -> str:
+    """Add ``entry`` under ``key`` (other entries kept, the file replaced atomically); return
+    where it went, or why it could not be written."""
+    path = record_path() if path is None else path
+    try:
+        records = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(records, dict):
+            records = {}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        records = {}
+    records[key] = entry
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(records, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        return f"not recorded ({path}: {err.strerror or err}), so the next start times it again"
+    return f"recorded in {path} for the next start with this setting"
