@@ -114,12 +114,6 @@ def test_a_literal_pad_in_the_text_reads_as_predict_reads_it(runs, tmp_path, cap
     assert abs(torch.softmax(logits, -1)[0, 1].item() - p) < FP16_WORDS
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="transformers' XLM-R numbers positions over the non-pad ids (fairseq's "
-    "make_positions), attnlab's BertEmbeddings over every id: a pad id inside a text shifts "
-    "the positions after it in the native class only",
-)
 def test_a_literal_pad_reads_the_same_in_the_native_class(runs, tmp_path, capsys) -> None:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 

@@ -69,7 +69,6 @@ def hf_config(cfg: BertConfig, labels: list[str], pooling: str, max_len: int, en
         },
         "attnlab_max_len": max_len,
         "attnlab_end_id": end_id,
-        "attnlab_position_offset": cfg.position_offset,
     }
 
 
@@ -161,11 +160,8 @@ class {encoder}MeanPoolForSequenceClassification(PreTrainedModel):
             last = torch.zeros_like(input_ids, dtype=torch.bool)
             last[:, -1] = cut
             input_ids = input_ids.masked_fill(last, self.config.attnlab_end_id)
-        T = input_ids.shape[1]
-        positions = torch.arange(T, device=input_ids.device)[None].expand_as(input_ids)
-        positions = positions + self.config.attnlab_position_offset  # (B, T)
         hidden = getattr(self, self.base_model_prefix)(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=positions
+            input_ids=input_ids, attention_mask=attention_mask
         ).last_hidden_state  # (B, T, D)
         keep = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
         pooled = (hidden * keep).sum(1) / keep.sum(1).clamp(min=1)  # (B, D)

@@ -60,7 +60,7 @@ class BertConfig(ConfigBase):
     position_offset: int = setting(
         0,
         "rows of a Hugging Face position table before position 0 (XLM-R: padding index + 1); "
-        "only conversion to and from Hugging Face reads it",
+        "above 0, positions count the non-pad ids as XLM-R does",
         min=0,
     )
     packed_words: bool = setting(
@@ -208,12 +208,23 @@ class BertEmbeddings(nn.Module):
         self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.d_model)
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
         self.dropout = Dropout(cfg.dropout)
+        self.pad_id = cfg.pad_id
+        self.skip_pad = cfg.position_offset > 0  # XLM-R numbers positions over non-pad ids
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
         """ids (B, T), segments (B, T) or None (all 0) -> (B, T, D)."""
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        x = self.position(self.word(input_ids)) + self.token_type(token_type_ids)  # (B, T, D)
+        words = self.word(input_ids)  # (B, T, D)
+        if self.skip_pad:
+            # fairseq's make_positions: the t-th non-pad id reads row t, a pad id (one typed
+            # inside a text as well as the padding) adds no position
+            real = input_ids != self.pad_id  # (B, T)
+            index = (real.cumsum(1) - 1).clamp(min=0)  # (B, T)
+            x = words + self.position.embedding(index) * real.unsqueeze(-1)  # (B, T, D)
+        else:
+            x = self.position(words)  # (B, T, D)
+        x = x + self.token_type(token_type_ids)
         return self.dropout(self.norm(x))
 
 

@@ -9,8 +9,10 @@ before a text to be found. What XLM-R changes relative to BERT, and where the li
   (:class:`~attnlab.data.sentencepiece.SentencePieceTokenizer`); padding is id 1;
 - positions start after the padding index: Hugging Face's table has two rows (0 and
   ``pad_id``) before the first real token's. attnlab's learned table starts at the first real
-  position, so the model code is BERT's unchanged and the offset (``position_offset``) lives
-  only in the conversion to and from Hugging Face;
+  position, and the offset (``position_offset``) lives in the conversion to and from Hugging
+  Face; what it changes in the model is that positions count the non-pad ids (fairseq's
+  ``make_positions``), so a pad id typed inside a text adds no position and leaves the
+  positions after it as they were;
 - everything else is BERT: post-norm blocks, exact GELU, LayerNorm eps 1e-12, a token-type
   table (2 rows, only row 0 used).
 

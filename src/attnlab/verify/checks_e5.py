@@ -66,18 +66,28 @@ def hf_model(f, dtype: torch.dtype = torch.float64):
     return model.to(dtype).eval()
 
 
-def _texts() -> list[str]:
+# the special pieces typed inside a text: their ids (the pad id among them) mid-sequence
+TYPED_SPECIALS = "好 <pad> 看 <s> 的 </s> 电影 <unk> 。"
+
+
+def _texts(specials: bool = False) -> list[str]:
+    """A random subset of SENTENCES in random order; with ``specials``, TYPED_SPECIALS at a
+    random place among them."""
     order = torch.randperm(len(SENTENCES))[: randint(3, len(SENTENCES))].tolist()
-    return [SENTENCES[i] for i in order]
+    texts = [SENTENCES[i] for i in order]
+    if specials:
+        texts.insert(randint(0, len(texts)), TYPED_SPECIALS)
+    return texts
 
 
 def check_e5_layers(m: Measure) -> None:
-    """Every layer's hidden states at the real tokens, a random batch, float64."""
+    """Every layer's hidden states at the real tokens, a random batch with special pieces typed
+    inside one text, float64."""
     from attnlab.data import pad_batch
     from attnlab.layers.attention import padding_mask
 
     model, tokenizer, f = _loaded()
-    texts = _texts()
+    texts = _texts(specials=True)
     ids, lengths = pad_batch(tokenizer.encode_batch(texts, randint(16, 160)), tokenizer.pad_id)
     real = padding_mask(lengths, ids.shape[1])[:, 0, 0, :]  # (B, T)
     theirs = hf_model(f)
