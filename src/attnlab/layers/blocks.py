@@ -179,6 +179,13 @@ class BlockConfig(ConfigBase):
     attn_dropout: float | None = setting(
         None, "dropout on the attention weights (None = dropout)", min=0.0, below=1.0
     )
+    ffn_dropout: float | None = setting(
+        None,
+        "dropout inside the feed-forward layer, after its activation (None = dropout; "
+        "BERT's family has none there)",
+        min=0.0,
+        below=1.0,
+    )
     bias: bool = setting(True, "biases in linear layers and norms")
     attention: AttentionKind = setting(
         "full", "what: full | local (sliding window) | linear (elu+1); how: --backend"
@@ -231,7 +238,8 @@ class BlockConfig(ConfigBase):
         )
 
     def feed_forward(self) -> FeedForward:
-        return FeedForward(self.d_model, self.d_ff, self.activation, self.dropout, self.bias)
+        inner = self.dropout if self.ffn_dropout is None else self.ffn_dropout
+        return FeedForward(self.d_model, self.d_ff, self.activation, inner, self.bias)
 
     def make_norm(self) -> nn.Module:
         return make_norm(self.norm, self.d_model, self.norm_eps, self.bias, self.dyt_alpha0)

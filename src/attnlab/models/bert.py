@@ -81,8 +81,10 @@ class BertConfig(ConfigBase):
         self.block_config()  # head counts, attention kernel
 
     def block_config(self) -> BlockConfig:
-        """BERT's post-norm encoder block."""
-        return project(self, BlockConfig, norm_position="post")
+        """BERT's post-norm encoder block: dropout on each sub-layer's output and on the
+        attention weights, none between the feed-forward layer's two matmuls (Devlin et al.;
+        transformers' BertIntermediate is dense + activation, its BertOutput dense + dropout)."""
+        return project(self, BlockConfig, norm_position="post", ffn_dropout=0.0)
 
     @classmethod
     def from_hf(cls, hf: Any) -> BertConfig:

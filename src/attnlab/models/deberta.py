@@ -87,6 +87,7 @@ class DebertaConfig(ConfigBase):
             activation=self.activation,
             norm_eps=self.norm_eps,
             dropout=self.dropout,
+            ffn_dropout=0.0,  # DebertaV2Intermediate: dense + activation, no dropout
         )
 
 
