@@ -2,7 +2,8 @@
 times and their ratio, before and after the two fixes, a profiler breakdown, model FLOPs
 utilisation beside Hugging Face's XLMRobertaModel, and the step's peak memory.
 
-The step is the default recipe's (presets/bert_classify.toml): every block of
+The step is ``--config full``'s (presets/classify_full.toml; the default trains only the top
+4 blocks over kept states): every block of
 multilingual-e5-small trains (d_model 384, 12 heads, d_ff 1536), 32 texts of 128 pieces (the
 preset's longest batch, every text full length) as 4 micro-batches of 8 under autocast or
 not, cross-entropy, the loss times the micro-batch's size backpropagated, the gradients divided
@@ -12,10 +13,12 @@ it; dropout 0.1, none on the attention weights (fused attention), the word table
 
 Cases, each one optimizer step, interleaved over ``--rounds`` rounds (medians):
 
-* ``attnlab before``: the code as it was: torch's ``F.dropout`` and, under bf16, torch's CPU
-  flash attention in bf16 (its backward pass ~4x slower than in float32);
-* ``attnlab after``: attnlab's dropout (layers/dropout.py) and attention in float32 where the
-  CPU backward pass runs (layers/attention.py);
+* ``attnlab before``: the code as it was: torch's ``F.dropout``, a dropout inside each
+  feed-forward layer, and, under bf16, torch's CPU flash attention in bf16 (its backward pass
+  ~4x slower than in float32);
+* ``attnlab after``: attnlab's dropout (layers/dropout.py), none inside the feed-forward layers
+  (as transformers' BERT), and attention in float32 where the CPU backward pass runs
+  (layers/attention.py); ``attention`` and ``ffn-dropout`` undo one fix each, to measure it;
 * ``transformers``: ``XLMRobertaModel`` of the same shape (random weights, word table frozen,
   SDPA attention, dropout 0.1, no attention dropout) + the same mean pooling and linear head,
   the same batch, optimizer and threads.
@@ -59,9 +62,9 @@ STEM = "e5_step_time"
 STEP_TEXTS, MICRO, LENGTH = 32, 8, 128
 ATTNLAB = ("attnlab/fp32/before", "attnlab/bf16/before", "attnlab/fp32/after", "attnlab/bf16/after")
 ONE_FIX = ("attnlab/bf16/attention",)  # the attention fix alone (the dropout as before)
-NOT_FIXES = (  # what the recipe could change, measured for the record (not fixes: see the page)
-    "attnlab/fp32/no-ffn-dropout",
-    "attnlab/bf16/no-ffn-dropout",
+NOT_FIXES = (  # one fix undone, and what the recipe could change, measured for the record
+    "attnlab/fp32/ffn-dropout",
+    "attnlab/bf16/ffn-dropout",
     "attnlab/fp32/micro-32",
     "attnlab/bf16/micro-32",
 )
@@ -162,8 +165,9 @@ def _batch():
 
 def _code(model, code: str) -> None:
     """Set the attnlab model's code: ``before`` (torch's dropout, attention in the autocast
-    dtype), ``attention`` (the attention fix alone), anything else as it is now; with
-    ``no-ffn-dropout`` the dropout inside the feed-forward layers is off (p = 0)."""
+    dtype, a dropout inside each feed-forward layer), ``attention`` (the attention fix alone),
+    ``ffn-dropout`` (today's code with the feed-forward layers' dropout back), anything else as
+    it is now (no dropout inside the feed-forward layers, as transformers' BERT)."""
     import torch
 
     import attnlab.layers.attention as attention
@@ -176,8 +180,8 @@ def _code(model, code: str) -> None:
             m.__class__ = torch.nn.Dropout if code in ("before", "attention") else Dropout
             m.p = 0.1
     for m in model.modules():
-        if isinstance(m, FeedForward) and code == "no-ffn-dropout":
-            m.dropout.p = 0.0
+        if isinstance(m, FeedForward):
+            m.dropout.p = 0.1 if code in ("before", "attention", "ffn-dropout") else 0.0
 
 
 _UPCAST: list[Any] = []
@@ -437,14 +441,15 @@ def page(info: dict, res: dict, args: argparse.Namespace) -> list[str]:
         "",
         machine_line(info),
         f"CPU flags: {info['bf16_flags']} (AMX: {'yes' if 'amx_bf16' in info['bf16_flags'] else 'no'}). "  # noqa: E501
-        "Other agents' jobs shared the two cores throughout (the load averages above).",
+        "The host is shared: the load averages above say how busy it was.",
         "",
-        f"One optimizer step of the default recipe: {STEP_TEXTS} texts x {LENGTH} pieces as "
+        f"One optimizer step of `--config full`: {STEP_TEXTS} texts x {LENGTH} pieces as "
         f"{STEP_TEXTS // MICRO} micro-batches of {MICRO}, forward, backward, clipping and AdamW "
         f"(the script's docstring says exactly what). {args.rounds} rounds, every case once a "
-        "round, the workers' rounds interleaved; medians. *Before*: torch's dropout and, under "
-        "bf16, attention in bf16 (the code before this page); *after*: attnlab's dropout and "
-        "attention in float32 where the CPU's backward pass runs.",
+        "round, the workers' rounds interleaved; medians. *Before*: torch's dropout, a dropout "
+        "inside each feed-forward layer and, under bf16, attention in bf16 (the code before "
+        "this page); *after*: attnlab's dropout, none inside the feed-forward layers (as "
+        "transformers' BERT) and attention in float32 where the CPU's backward pass runs.",
         "",
     ]
     for name, w in res["workers"].items():
@@ -490,11 +495,12 @@ def page(info: dict, res: dict, args: argparse.Namespace) -> list[str]:
         "|---|---|---|---|",
         f"| bf16 attention backward (torch's CPU flash kernel) | - | "
         f"{saved('bf16/before', 'bf16/attention')} | yes: float32 attention where it trains |",
-        f"| dropout masks by bernoulli_ | {saved('fp32/before', 'fp32/after')} | "
-        f"{saved('bf16/attention', 'bf16/after')} | yes: 32-bit integer draws |",
-        f"| the dropout inside the feed-forward layers (BERT has none) | "
-        f"{saved('fp32/after', 'fp32/no-ffn-dropout')} | "
-        f"{saved('bf16/after', 'bf16/no-ffn-dropout')} | no: it changes the model |",
+        f"| dropout masks by bernoulli_ | {saved('fp32/before', 'fp32/ffn-dropout')} | "
+        f"{saved('bf16/attention', 'bf16/ffn-dropout')} | yes: 32-bit integer draws |",
+        f"| a dropout inside each feed-forward layer, which transformers' BERT does not have | "
+        f"{saved('fp32/ffn-dropout', 'fp32/after')} | "
+        f"{saved('bf16/ffn-dropout', 'bf16/after')} | yes: BERT's layers drop where "
+        "transformers' do |",
         f"| micro-batches of 8 instead of 32 | {saved('fp32/after', 'fp32/micro-32')} | "
         f"{saved('bf16/after', 'bf16/micro-32')} | no: the preset's, for memory |",
         "",
