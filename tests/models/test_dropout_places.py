@@ -35,11 +35,13 @@ def hf_layer(kind: str) -> nn.Module:
     import transformers as tf
 
     shape = dict(vocab_size=50, hidden_size=32, num_attention_heads=4, intermediate_size=64,
-                 num_hidden_layers=1, hidden_dropout_prob=P, attention_probs_dropout_prob=0.0)  # fmt: skip
+                 num_hidden_layers=1, hidden_dropout_prob=P,
+                 attention_probs_dropout_prob=0.0)  # fmt: skip
     if kind == "bert":
         return tf.models.bert.modeling_bert.BertLayer(tf.BertConfig(**shape))
     if kind == "albert":
-        return tf.models.albert.modeling_albert.AlbertLayer(tf.AlbertConfig(**shape, embedding_size=16))
+        albert = tf.AlbertConfig(**shape, embedding_size=16)
+        return tf.models.albert.modeling_albert.AlbertLayer(albert)
     return tf.models.deberta_v2.modeling_deberta_v2.DebertaV2Layer(tf.DebertaV2Config(**shape))
 
 
