@@ -91,6 +91,20 @@ def pages() -> list[Path]:
     return sorted(RESULTS.rglob("*.md"))
 
 
+def split_commands(line: str) -> list[str]:
+    """The shell commands of a Command line, split at ``;`` and ``&&`` outside quotes (a
+    quoted label may hold either)."""
+    lex = shlex.shlex(line, posix=True, punctuation_chars=";&")
+    lex.whitespace_split = True
+    commands: list[list[str]] = [[]]
+    for token in lex:
+        if token in (";", "&&"):
+            commands.append([])
+        else:
+            commands[-1].append(token)
+    return [shlex.join(words) for words in commands if words]
+
+
 def check_command(cmd: str, known_cli: set[str]) -> None:
     """One shell command of a page: a benchmark module or attnlab subcommand that exists."""
     words = shlex.split(cmd)
@@ -124,7 +138,7 @@ def test_page_names_its_command(page):
             log = LOG.read_text(encoding="utf-8")
             assert page.name in log and line in log, f"LOG.md does not tell {page.name}'s run"
             continue
-        for cmd in re.split(r"\s*(?:;|&&)\s*", line):
+        for cmd in split_commands(line):
             check_command(cmd, known)
 
 

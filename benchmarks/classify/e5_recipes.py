@@ -392,7 +392,40 @@ def error_lines(data: dict) -> list[str]:
                 f"| {r['split']} | {r['text']} | {r['label']} | {r['phenomenon']} "
                 f"| {r['wrong']} of {n} | {ps} |"
             )
-        lines.append("")
+        lines += ["", *error_reading(label, data["errors"]), ""]
+    return lines
+
+
+def _always_wrong(group: dict) -> list[dict]:
+    return [r for r in group["rows"] if r["wrong"] == len(group["runs"])]
+
+
+def error_reading(label: str, groups: dict) -> list[str]:
+    """What the misread sentences are, counted: those wrong in every run by their label and
+    phenomenon, and beside each other group, which of its always-wrong sentences every run
+    here reads right (what the recipes' difference moved) and the reverse."""
+    always = _always_wrong(groups[label])
+    praise = sum(r["label"] == "positive" for r in always)
+    kinds: dict[str, int] = {}
+    for r in always:
+        kinds[r["phenomenon"]] = kinds.get(r["phenomenon"], 0) + 1
+    by_kind = ", ".join(f"{k} {v}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]))
+    lines = [
+        f"Wrong in every run: {len(always)}, of them {praise} positive sentences read as "
+        f"negative (by phenomenon: {by_kind})."
+    ]
+    here = {r["text"] for r in groups[label]["rows"]}
+    for other, group in groups.items():
+        if other == label:
+            continue
+        fixed = [r["text"] for r in _always_wrong(group) if r["text"] not in here]
+        broken = sorted({r["text"] for r in always} - {r["text"] for r in group["rows"]})
+        lines.append(
+            f"Beside «{other}»: {len(fixed)} of its always-wrong sentences are right in every "
+            f"run here{''.join(': ' + '; '.join(fixed) for _ in fixed[:1])}; {len(broken)} "
+            f"right in every run there are wrong in every run here"
+            f"{''.join(': ' + '; '.join(broken) for _ in broken[:1])}."
+        )
     return lines
 
 

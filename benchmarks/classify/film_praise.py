@@ -22,6 +22,7 @@ from benchmarks import common
 
 STEM = "film_praise"
 IMAGES = common.ROOT / "docs" / "img" / "film_praise"
+HEATMAPS = 3  # misread sentences drawn layer x head (~0.4 MB each); the explorer's view of all
 
 # (sentence, its label, what kind of praise or complaint): written for this page
 SENTENCES = (
@@ -67,19 +68,33 @@ def main(argv: list[str] | None = None) -> None:
     IMAGES.mkdir(parents=True, exist_ok=True)
     drawn = []
     for k, i in enumerate(misread):
-        heat = IMAGES / f"attention_{k + 1}.png"
-        attnlab("attention", str(args.runs[0]), texts[i], "--out", str(heat))
+        heat = IMAGES / f"attention_{k + 1}.png" if k < HEATMAPS else None
+        if heat:
+            attnlab("attention", str(args.runs[0]), texts[i], "--out", str(heat))
+            shrink(heat)
         page = IMAGES / f"explore_{k + 1}.html"
         png = [] if args.no_png else ["--png", str(IMAGES / f"explore_{k + 1}.png"), "--view",
                                       "tokens"]  # fmt: skip
         attnlab("explore", str(args.runs[0]), texts[i], "--out", str(page), *png)
         page.unlink()  # the PNG is what the page shows; the HTML is the run's to make again
-        drawn.append((i, heat.name, None if args.no_png else f"explore_{k + 1}.png"))
+        tokens = None if args.no_png else f"explore_{k + 1}.png"
+        drawn.append((i, heat.name if heat else None, tokens))
     data = {"sentences": [list(s) for s in SENTENCES], "p_positive": rows,
             "misread_by_first": misread, "machine": {**info, "load_average_at_end":
                                                      common.load_average()}}  # fmt: skip
     common.write_results(STEM, data, render(data, names, drawn), common.command_line())
     print(json.dumps(rows, ensure_ascii=False))
+
+
+def shrink(png: Path, width: int = 1200) -> None:
+    """A 144-panel heatmap PNG at a width a page shows, in 256 colours (megabytes -> a few
+    hundred kilobytes in the repository)."""
+    from PIL import Image
+
+    with Image.open(png) as im:
+        small = im.convert("RGB").resize((width, round(im.height * width / im.width)),
+                                         Image.Resampling.LANCZOS)  # fmt: skip
+    small.quantize(256).save(png, optimize=True)
 
 
 def render(data: dict, names: list[str], drawn: list) -> list[str]:
@@ -108,10 +123,12 @@ def render(data: dict, names: list[str], drawn: list) -> list[str]:
     if not drawn:
         lines.append("None: every sentence is read right.")
     for i, heat, png in drawn:
-        text = data["sentences"][i][0]
-        lines += [f"- {text}: `attnlab attention` ![heatmaps](../img/film_praise/{heat})"]
+        views = []
+        if heat:
+            views.append(f"`attnlab attention` ![heatmaps](../img/film_praise/{heat})")
         if png:
-            lines += [f"  and `attnlab explore`'s token view ![tokens](../img/film_praise/{png})"]
+            views.append(f"`attnlab explore`'s token view ![tokens](../img/film_praise/{png})")
+        lines.append(f"- {data['sentences'][i][0]}: " + "\n  and ".join(views or ["(not drawn)"]))
     return lines
 
 
