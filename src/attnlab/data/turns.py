@@ -168,7 +168,8 @@ def compose_turns(
     if n and not all(by_label.values()):
         raise UserError(
             f"composing turns needs clauses of both polarities; the pool has "
-            f"{len(by_label[NEGATIVE])} negative and {len(by_label[POSITIVE])} positive"
+            f"{len(by_label[NEGATIVE])} negative and {len(by_label[POSITIVE])} positive: "
+            "give --turns 0, or more texts of the missing polarity"
         )
     rng = random.Random(seed)
     ends = (" .",) if language == "en" else ("", "。")
