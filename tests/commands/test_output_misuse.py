@@ -71,8 +71,9 @@ def test_embed_out_that_cannot_be_written_is_one_line_before_the_encoder(
         str(a_file / "v.npy"): "is a file, not a folder",
         str(tmp_path / "v.txt"): "must end in .npy or .json",
     }
-    if not _writable("/sys"):  # a folder that takes no file (even for root)
-        cases["/sys/v.npy"] = "cannot write --out /sys/v.npy"
+    for pseudo in ("/sys", "/proc"):  # folders that take no file, even for root (EACCES, ENOENT)
+        if not _writable(pseudo):
+            cases[f"{pseudo}/v.npy"] = f"cannot write --out {pseudo}/v.npy"
     real = embeddings.SentenceEncoder.load
 
     def never(*args, **kwargs):

@@ -17,10 +17,11 @@ from typing import Any
 from attnlab.data.errors import DataError
 from attnlab.errors import UserError
 
-# the file system's refusals of a write (as opposed to a bug)
+# the file system's refusals of a write (as opposed to a bug); ENOENT: a folder on the path
+# is missing, or takes no new file (a pseudo file system such as /proc)
 WRITE_REFUSALS = frozenset(
     {errno.EISDIR, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT,
-     errno.ENOTDIR, errno.ENAMETOOLONG, errno.EFBIG}
+     errno.ENOTDIR, errno.ENAMETOOLONG, errno.EFBIG, errno.ENOENT}
 )  # fmt: skip
 
 
