@@ -236,3 +236,12 @@ def test_an_lm_context_of_one_token_is_refused_before_the_folder(tmp_path, capsy
     argv = ["train", "lm", "--data", str(data), *LM_TINY, "--out", str(tmp_path / "lm")]
     probe(capsys, [*argv, "--context", "1"], "--context 1")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["text.txt"]
+
+
+def test_fp16_off_cuda_is_refused_before_the_run_folder(tmp_path, capsys):
+    """fp16 trains only through CUDA's GradScaler: on the CPU the command is one line, exit 2,
+    before any data is prepared or model built, and no folder is left."""
+    data, out = write_corpus(tmp_path / "tiny.csv", n=32), tmp_path / "run"
+    probe(capsys, ["train", "classify", "--out", str(out), "--data", str(data), *TINY,
+                   "--precision", "fp16"], "--precision fp16 needs a CUDA GPU")  # fmt: skip
+    assert not out.exists()

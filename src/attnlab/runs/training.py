@@ -239,6 +239,7 @@ def train(
 ) -> dict[str, Any]:
     """Train ``task_name`` into ``out``; returns results (a summary alone on other ranks)."""
     from attnlab.train.checkpoint import check_checkpoint
+    from attnlab.train.precision import check_precision
 
     task, out, overrides = get_task(task_name), Path(out), dict(overrides or {})
     main = folder.is_main_process()
@@ -274,6 +275,7 @@ def train(
         cfg = build_config(task, preset, overrides)
         record = datafiles.resolve(cfg, task.data_paths, task.list_paths)
         restoring = False
+    check_precision(cfg.train.precision, device)  # fp16 off CUDA: refused before the folder
     try:
         with _take_folder(out, resume) as (work, staging), _threads(cfg.train.num_threads):
             return _train(task, cfg, out, work, staging, record, resume, restoring, device)
