@@ -65,6 +65,17 @@ def export(run: Path, fmt: str, out: Path, *extra: str) -> int:
     return main(["export", str(run), "--format", fmt, "--out", str(out), *extra])
 
 
+def native(folder: Path, texts: list[str]) -> list[float]:
+    """P(positive) of each text through the model card's snippet: AutoTokenizer and
+    AutoModelForSequenceClassification on the folder, no remote code, padded together."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    model = AutoModelForSequenceClassification.from_pretrained(folder)
+    batch = AutoTokenizer.from_pretrained(folder)(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        return torch.softmax(model(**batch).logits, -1)[:, 1].tolist()
+
+
 @pytest.mark.parametrize("kind", ["e5 mean", "e5 cls", "bert mean", "bert cls"])
 def test_the_snippet_and_pipeline_give_predict_s_numbers(runs, kind, tmp_path, capsys) -> None:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline
@@ -115,15 +126,11 @@ def test_a_literal_pad_in_the_text_reads_as_predict_reads_it(runs, tmp_path, cap
 
 
 def test_a_literal_pad_reads_the_same_in_the_native_class(runs, tmp_path, capsys) -> None:
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
     run, out = runs["e5 cls"], tmp_path / "hf"
     assert export(run, "hf", out, "--words", "float32") == 0
     (p,) = predicted(capsys, run, [PAD_TEXT])
-    model = AutoModelForSequenceClassification.from_pretrained(out)
-    with torch.no_grad():
-        logits = model(**AutoTokenizer.from_pretrained(out)(PAD_TEXT, return_tensors="pt")).logits
-    assert abs(torch.softmax(logits, -1)[0, 1].item() - p) < EXACT
+    (got,) = native(out, [PAD_TEXT])
+    assert abs(got - p) < EXACT
 
 
 @pytest.mark.parametrize("kind", ["e5 mean", "bert cls"])
@@ -229,7 +236,6 @@ def refused(capsys, run: Path, fmt: str, out: Path, *needles: str) -> str:
 
 
 def test_a_quantised_run_exports_its_function_or_is_refused(runs, tmp_path, capsys) -> None:
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     run = runs["bert cls"]
     weights, dynamic = tmp_path / "int8", tmp_path / "int8-dynamic"
@@ -238,11 +244,7 @@ def test_a_quantised_run_exports_its_function_or_is_refused(runs, tmp_path, caps
     assert export(weights, "hf", tmp_path / "hf") == 0
     assert "int8 linear layers written as float32" in capsys.readouterr().out
     ours = predicted(capsys, weights, TEXTS[:3])
-    model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "hf")
-    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "hf")
-    with torch.no_grad():
-        logits = model(**tokenizer(TEXTS[:3], padding=True, return_tensors="pt")).logits
-    got = torch.softmax(logits, -1)[:, 1].tolist()
+    got = native(tmp_path / "hf", TEXTS[:3])
     assert max(abs(a - b) for a, b in zip(got, ours)) < EXACT
     assert export(weights, "onnx", tmp_path / "m.onnx") == 0
     for fmt, out in (("hf", tmp_path / "hf2"), ("onnx", tmp_path / "m2.onnx")):
@@ -260,16 +262,11 @@ def test_a_run_of_another_kind_is_one_line_and_leaves_nothing(tmp_path, capsys) 
 
 
 def test_a_pruned_run_exports_to_a_folder_transformers_loads(tmp_path, capsys) -> None:
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     run = _runs.e5_run(tmp_path / "pruned", "cls", max_len=48, prune=[[1], [0, 2]], n_heads=4)
     assert export(run, "hf", tmp_path / "hf", "--words", "float32") == 0
     ours = predicted(capsys, run, TEXTS[:3])
-    model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "hf")
-    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "hf")
-    with torch.no_grad():
-        logits = model(**tokenizer(TEXTS[:3], padding=True, return_tensors="pt")).logits
-    got = torch.softmax(logits, -1)[:, 1].tolist()
+    got = native(tmp_path / "hf", TEXTS[:3])
     assert max(abs(a - b) for a, b in zip(got, ours)) < EXACT
 
 
