@@ -236,7 +236,6 @@ def refused(capsys, run: Path, fmt: str, out: Path, *needles: str) -> str:
 
 
 def test_a_quantised_run_exports_its_function_or_is_refused(runs, tmp_path, capsys) -> None:
-
     run = runs["bert cls"]
     weights, dynamic = tmp_path / "int8", tmp_path / "int8-dynamic"
     assert main(["quantize", str(run), "--out", str(weights)]) == 0
@@ -262,7 +261,6 @@ def test_a_run_of_another_kind_is_one_line_and_leaves_nothing(tmp_path, capsys) 
 
 
 def test_a_pruned_run_exports_to_a_folder_transformers_loads(tmp_path, capsys) -> None:
-
     run = _runs.e5_run(tmp_path / "pruned", "cls", max_len=48, prune=[[1], [0, 2]], n_heads=4)
     assert export(run, "hf", tmp_path / "hf", "--words", "float32") == 0
     ours = predicted(capsys, run, TEXTS[:3])
