@@ -90,11 +90,23 @@ def test_token_budget_mode() -> None:
     assert batches == LengthBucketSampler(lengths, max_tokens=1024, seed=1).batches(0)
 
 
+def test_rows_and_token_budget_together() -> None:
+    # short rows fill a batch up to batch_size; long rows stop at the token budget first
+    lengths = [3] * 10 + [40] * 6
+    sampler = LengthBucketSampler(lengths, 4, shuffle=False, max_tokens=100)
+    batches = sampler.batches(0)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    assert [len(b) for b in batches] == [4, 4, 2, 2, 2, 2]
+    assert all(len(b) * max(lengths[i] for i in b) <= 100 for b in batches)
+    assert LengthBucketSampler(lengths, 4, shuffle=False).batches(0) != batches
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"batch_size": 4, "max_tokens": 100}, "exactly one"),
-        ({}, "exactly one"),
+        ({}, "batch_size, max_tokens or both"),
+        ({"batch_size": 4, "max_tokens": 5}, "longest sequence"),
+        ({"batch_size": 4, "max_tokens": 100, "drop_last": True}, "drop_last"),
         ({"max_tokens": 5}, "longest sequence"),
         ({"max_tokens": 100, "drop_last": True}, "drop_last"),
         ({"batch_size": 0}, "batch_size"),

@@ -83,3 +83,18 @@ def test_mismatched_sampler_or_labels_are_rejected() -> None:
         ClassificationData([[1, 2]], [0], LengthBucketSampler([3], 1))
     with pytest.raises(ValueError, match="labels"):
         ClassificationData([[1, 2]], [0, 1], LengthBucketSampler([2], 1))
+
+
+def test_evaluation_batches_of_long_texts_hold_fewer_rows() -> None:
+    from attnlab.data.readers import EVAL_ROW_TOKENS, CharReader, dataset
+
+    texts = ["好" * 3] * 40 + ["差" * 500] * 12
+    reader = CharReader(CharTokenizer.build(texts), max_len=512, add_cls=False)
+    evaluation = dataset(reader, texts, [0] * len(texts), batch_size=8)
+    batches = evaluation.batches(0)
+    assert sorted(i for b in batches for i in b) == list(range(len(texts)))
+    assert max(len(b) for b in batches) == 8  # short texts: batch_size rows
+    longest = max(len(b) * max(len(evaluation.sequences[i]) for i in b) for b in batches)
+    assert longest <= 8 * EVAL_ROW_TOKENS  # long texts: the token budget, so 2 rows of 500
+    training = dataset(reader, texts, [0] * len(texts), batch_size=8, shuffle=True)
+    assert {len(b) for b in training.batches(0)} == {8, 4}  # training keeps its batch size

@@ -35,10 +35,11 @@ class LengthBucketSampler:
     into batches, then shuffle the batch order. Batches are therefore nearly uniform in length
     yet differ from epoch to epoch; `batches(epoch)` depends only on (seed, epoch).
 
-    Exactly one of `batch_size` (examples per batch; pools of `batch_size * bucket_mult`) or
-    `max_tokens` (padded tokens per batch, i.e. rows * longest row <= max_tokens; pools of about
-    `bucket_mult` batches at the mean length) must be given. With `shuffle=False` nothing is
-    shuffled: pools are consecutive indices and batches keep their sorted order (for evaluation).
+    `batch_size` caps the examples of a batch (pools of `batch_size * bucket_mult`),
+    `max_tokens` its padded tokens (rows * longest row <= max_tokens; without `batch_size`, pools
+    of about `bucket_mult` batches at the mean length); give one or both, and with both a batch
+    ends at whichever it reaches first. With `shuffle=False` nothing is shuffled: pools are
+    consecutive indices and batches keep their sorted order (for evaluation).
     """
 
     def __init__(
@@ -60,18 +61,15 @@ class LengthBucketSampler:
             raise UserError(
                 f"example {first} has length {self.lengths[first]}; drop empty sequences first"
             )
-        if (batch_size is None) == (max_tokens is None):
-            raise UserError("give exactly one of batch_size or max_tokens")
+        if batch_size is None and max_tokens is None:
+            raise UserError("give batch_size, max_tokens or both")
         if bucket_mult < 1:
             raise UserError(f"bucket_mult must be >= 1, got {bucket_mult}")
         if seed < 0:
             raise UserError(f"seed must be >= 0, got {seed}")
-        if batch_size is not None:
-            if batch_size < 1:
-                raise UserError(f"batch_size must be >= 1, got {batch_size}")
-            pool_size = batch_size * bucket_mult
-        else:
-            assert max_tokens is not None
+        if batch_size is not None and batch_size < 1:
+            raise UserError(f"batch_size must be >= 1, got {batch_size}")
+        if max_tokens is not None:
             longest = int(self.lengths.max())
             if max_tokens < longest:
                 raise UserError(
@@ -80,6 +78,10 @@ class LengthBucketSampler:
                 )
             if drop_last:
                 raise UserError("drop_last applies only with batch_size, not max_tokens")
+        if batch_size is not None:
+            pool_size = batch_size * bucket_mult
+        else:
+            assert max_tokens is not None
             pool_size = bucket_mult * max(1, max_tokens // math.ceil(self.lengths.mean()))
         self.batch_size = batch_size
         self.max_tokens = max_tokens
@@ -105,16 +107,18 @@ class LengthBucketSampler:
         return batches
 
     def _cut(self, pool: np.ndarray) -> list[list[int]]:
-        """Cut a length-sorted pool into batches by count or by padded-token budget."""
-        if self.batch_size is not None:
+        """Cut a length-sorted pool into batches by count, padded-token budget, or both."""
+        if self.max_tokens is None:
             size = self.batch_size
+            assert size is not None
             cut = [pool[i : i + size].tolist() for i in range(0, len(pool), size)]
             return [b for b in cut if len(b) == size] if self.drop_last else cut
-        assert self.max_tokens is not None
+        rows = self.batch_size or len(pool)
         cut, current = [], []
         for index in pool.tolist():
             # the pool is sorted ascending, so the newcomer is the batch's longest row
-            if current and (len(current) + 1) * self.lengths[index] > self.max_tokens:
+            full = len(current) == rows
+            if current and (full or (len(current) + 1) * self.lengths[index] > self.max_tokens):
                 cut.append(current)
                 current = []
             current.append(index)

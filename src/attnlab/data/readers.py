@@ -76,6 +76,9 @@ class PieceReader:
 
 Reader = CharReader | PieceReader
 
+# padded tokens a row of an evaluation batch may take on average: training's longest texts (128)
+EVAL_ROW_TOKENS = 128
+
 
 def dataset(
     reader: Reader,
@@ -85,7 +88,13 @@ def dataset(
     shuffle: bool = False,
     seed: int = 0,
 ) -> ClassificationData:
-    """``texts`` read by ``reader`` with integer ``labels``, length-bucketed into batches."""
+    """``texts`` read by ``reader`` with integer ``labels``, length-bucketed into batches of
+    ``batch_size``. Evaluation data (``shuffle`` false) also caps a batch's padded tokens at
+    ``batch_size`` rows of :data:`EVAL_ROW_TOKENS`: a batch of the longest texts a reader keeps
+    (e5's 512 pieces) then holds fewer rows, not four times the activations of any other."""
     seqs = reader.encode_batch(texts)
-    sampler = LengthBucketSampler([len(s) for s in seqs], batch_size, shuffle=shuffle, seed=seed)
+    lengths = [len(s) for s in seqs]
+    budget = None if shuffle else max(batch_size * EVAL_ROW_TOKENS, max(lengths, default=1))
+    sampler = LengthBucketSampler(lengths, batch_size, shuffle=shuffle, seed=seed,
+                                  max_tokens=budget)  # fmt: skip
     return ClassificationData(seqs, list(labels), sampler, pad_id=reader.pad_id)
