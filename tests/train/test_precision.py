@@ -306,7 +306,9 @@ def test_auto_falls_back_to_fp32_when_the_step_fails_in_bf16(
 # --------------------------------------------------------------------------- decided once
 
 
-def _fit_auto(run_dir: Path, timings: dict[str, float] | None, monkeypatch, threads: int = 1):
+def _fit_auto(
+    run_dir: Path, timings: dict[str, float] | None, monkeypatch, threads: int = 1, rows: int = 8
+):
     """A fresh start of the tiny task under precision auto on a CPU with native bf16, the step
     timings injected (None: any timing fails the test); returns (summary, timings asked)."""
     from _tiny_task import TinyData, TinyTagger, step_fn
@@ -327,7 +329,7 @@ def _fit_auto(run_dir: Path, timings: dict[str, float] | None, monkeypatch, thre
     cfg = TrainConfig(
         max_steps=1, batch_size=8, precision="auto", tensorboard=False, num_threads=threads
     )
-    return Trainer(TinyTagger(), cfg, run_dir, TinyData(), step_fn).fit(), asked
+    return Trainer(TinyTagger(), cfg, run_dir, TinyData(batch_size=rows), step_fn).fit(), asked
 
 
 def test_auto_is_decided_once_and_a_loaded_machine_cannot_flip_it(
@@ -355,6 +357,10 @@ def test_a_new_setting_or_an_unreadable_record_is_timed_again(
     assert asked == [("fp32", "bf16")] and other["precision"] == "fp32"  # its own measurement
     keys = list(json.loads(precision_record_file.read_text()))
     assert len(keys) == 2 and {"1 threads" in k for k in keys} == {True, False}
+    wider, asked = _fit_auto(tmp_path / "w", {"fp32": 1.0, "bf16": 0.5}, monkeypatch, rows=16)
+    assert asked == [("fp32", "bf16")]  # another micro-batch shape is another setting
+    keys = list(json.loads(precision_record_file.read_text()))
+    assert len(keys) == 3 and sum("tokens 16x" in k for k in keys) == 1
     device = precision_record.device_description("cpu")
     assert all(device in k and torch.__version__ in k for k in keys)
     records = json.loads(precision_record_file.read_text())

@@ -213,8 +213,8 @@ class Trainer:
 
     def _decide_precision(self, resume: bool) -> tuple[torch.dtype | None, str]:
         """The autocast dtype and why. ``auto``: fp32 where the device has no low precision
-        worth trying; else the choice recorded for this device, torch, thread count and model
-        by an earlier start, or, the first time, this model's own step timed in fp32 and in
+        worth trying; else the choice recorded for this device, torch, thread count, model and
+        micro-batch shape by an earlier start, or, the first time, this model's own step timed in fp32 and in
         the candidate (the faster kept) and recorded for the next start
         (:mod:`attnlab.train.precision_record`). A resumed run keeps its first choice (unless it
         was fp16 and this device is not CUDA)."""
@@ -232,7 +232,8 @@ class Trainer:
             return dtype, reason + note
         low = precision_name(dtype)
         why = reason.removeprefix(f"auto -> {low}: ")
-        key = setting_key(device_description(device), self.model)
+        batch = self._probe_batch()
+        key = setting_key(device_description(device), self.model, batch)
         entry, unreadable = read_record(key)
         if entry is not None:
             chosen = entry["precision"]
@@ -241,7 +242,8 @@ class Trainer:
                 f"({entry['timing']}), recorded in {record_path()}{note}"
             )
         _log(f"precision auto: timing one training step in fp32 and in {low}")
-        seconds = time_step_precisions(self._probe_step(), ("fp32", low), sync=synchronizer(device))
+        seconds = time_step_precisions(self._probe_step(batch), ("fp32", low),
+                                       sync=synchronizer(device))  # fmt: skip
         chosen_dtype, reason = choose_by_step_time(seconds, why, low)
         if math.isfinite(seconds[low]):  # a step that failed in `low` is not a measurement
             where = write_record(
@@ -257,10 +259,13 @@ class Trainer:
             reason = f"{reason} ({unreadable})"
         return chosen_dtype, reason + note
 
-    def _probe_step(self) -> Callable[[torch.dtype | None], None]:
-        """fwd+bwd of the first micro-batch under a given autocast dtype, leaving the model as
-        it was: gradients cleared, buffers (e.g. BatchNorm statistics) restored."""
-        batch = self._to_device(self.data.collate(self.data.batches(0)[0]))
+    def _probe_batch(self) -> dict:
+        """The first micro-batch of the run, on the device: the batch ``auto`` times."""
+        return self._to_device(self.data.collate(self.data.batches(0)[0]))
+
+    def _probe_step(self, batch: dict) -> Callable[[torch.dtype | None], None]:
+        """fwd+bwd of ``batch`` under a given autocast dtype, leaving the model as it was:
+        gradients cleared, buffers (e.g. BatchNorm statistics) restored."""
         buffers = [(b, b.detach().clone()) for b in self.model.buffers()]
 
         def run(dtype: torch.dtype | None) -> None:

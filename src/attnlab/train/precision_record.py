@@ -6,7 +6,8 @@ on a loaded machine two starts of one command could choose differently and train
 weights. So the first measurement is written to a small JSON file in attnlab's data cache
 (``$ATTNLAB_DATA_DIR`` or ``~/.cache/attnlab``, ``precision.json``), one entry per setting:
 the device (CPU model and its bf16 flags, or the GPU and its compute capability), the torch
-version, the number of threads and the model (class, parameters, trainable parameters). A
+version, the number of threads, the model (class, parameters, trainable parameters) and the
+shapes of the micro-batch the step was timed on (a bf16 step gains more on larger matrices). A
 later start with the same setting reads the choice instead of timing again; deleting the entry
 (or the file) measures anew. A file that cannot be read or written is said in the reason and
 the run goes on with its own measurement.
@@ -18,6 +19,7 @@ import contextlib
 import json
 import os
 import platform
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -54,15 +56,25 @@ def device_description(device: str | torch.device) -> str:
     return f"cpu: {cpu_model()} ({' '.join(cpu_bf16_flag_names()) or 'no bf16 flags'})"
 
 
-def setting_key(device: str, model: nn.Module) -> str:
+def batch_shapes(batch: Mapping[str, Any]) -> str:
+    """The shapes of a collated batch's tensors, by name: ``hidden 16x48x384, labels 16``."""
+    return ", ".join(
+        f"{name} {'x'.join(str(n) for n in value.shape) or 'scalar'}"
+        for name, value in sorted(batch.items())
+        if isinstance(value, torch.Tensor)
+    )
+
+
+def setting_key(device: str, model: nn.Module, batch: Mapping[str, Any]) -> str:
     """One line naming what a step measurement depends on: the device (as ``device`` describes
-    it), torch's version, the thread count and the model."""
+    it), torch's version, the thread count, the model and the timed micro-batch's shapes."""
     params = list(model.parameters())
     total = sum(p.numel() for p in params)
     trainable = sum(p.numel() for p in params if p.requires_grad)
     return (
         f"{device}; torch {torch.__version__}; {torch.get_num_threads()} threads; "
-        f"{type(model).__name__} {total} parameters ({trainable} trainable)"
+        f"{type(model).__name__} {total} parameters ({trainable} trainable); "
+        f"micro-batch {batch_shapes(batch)}"
     )
 
 
