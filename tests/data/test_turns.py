@@ -171,3 +171,13 @@ def test_count_for_share():
     assert abs(n / (n_train + n) - share) <= 1 / n_train
     with pytest.raises(UserError):
         count_for_share(1.0, n_train)
+
+
+def test_language_of_counts_the_texts_by_script():
+    from attnlab.data.turns import language_of
+
+    assert language_of(["剧情紧凑", "很好看，推荐 ok", "good film"])[0] == "zh"
+    shares = {"zh": 0.3333, "en": 0.6667}
+    assert language_of(["a good film", "bad acting", "剧情紧凑"]) == ("en", shares)
+    assert language_of(["すばらしい", "つまらない", "good"])[0] is None
+    assert language_of(["123", "!!"])[0] is None

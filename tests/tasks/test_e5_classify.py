@@ -396,6 +396,28 @@ def test_turned_sentences_join_the_training_data_and_a_resume_reads_them_back(
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_english_training_texts_get_english_turns(tiny, tmp_path):
+    """The turns follow the training texts' language: English reviews compose English turns
+    (EN_TURNS), never Chinese ones."""
+    from attnlab.data.turns import EN_TURNS
+
+    good = ["a moving and beautiful film", "the cast is wonderful and warm",
+            "a smart and funny script", "i loved every single minute"]  # fmt: skip
+    bad = ["a dull and lifeless mess", "the plot is a tired cliche",
+           "the acting is stiff and flat", "two wasted hours of my life"]  # fmt: skip
+    rows = ["text\tlabel"] + [f"{t}\tpositive" for t in good * 4]
+    rows += [f"{t}\tnegative" for t in bad * 4]
+    data = tmp_path / "english.tsv"
+    data.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    out = tmp_path / "run"
+    extra = ["--train-layers", "1", "--turns", "8", "--turn-threshold", "0.5"]
+    assert train(out, data, "--max-steps", "1", *extra) == 0
+    record = json.loads((out / "turns.json").read_text())
+    assert record["language"] == "en" and len(record["texts"]) == 8
+    assert all(any(turn in t for _, turn in EN_TURNS) for t in record["texts"])
+    assert not any("但是" in t or "不过" in t for t in record["texts"])
+
+
 def test_turns_need_a_pretrained_encoder_and_two_sentiment_classes(tiny, tmp_path, capsys):
     from tests.tasks._cli import probe
 
@@ -406,4 +428,11 @@ def test_turns_need_a_pretrained_encoder_and_two_sentiment_classes(tiny, tmp_pat
     probe(capsys, [*argv, "--extra-train", "", "--max-steps", "1", *TRAIN],
           "--turns composes positive and negative", "--turns 0")  # fmt: skip
     probe(capsys, [*argv, "--pretrained", "false"], "--turns", "--pretrained false")
+    kana = tmp_path / "kana.csv"  # neither Chinese nor English: no turn words to compose with
+    rows = [f"すばらしいえいが{i},positive\n" if i % 2 else f"つまらないえいが{i},negative\n"
+            for i in range(40)]  # fmt: skip
+    kana.write_text("text,label\n" + "".join(rows), encoding="utf-8")
+    argv = ["train", "classify", "--data", str(kana), "--out", str(out), "--turns", "4"]
+    probe(capsys, [*argv, "--extra-train", "", "--max-steps", "1", *TRAIN],
+          "--turns composes Chinese or English", "--turns 0")  # fmt: skip
     assert not out.exists()

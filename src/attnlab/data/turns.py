@@ -86,6 +86,25 @@ class Clause:
     whole: bool  # the clause is its text's only clause
 
 
+def language_of(texts: Sequence[str]) -> tuple[str | None, dict[str, float]]:
+    """Which turns suit ``texts``: "zh" where most texts are mostly Chinese characters, "en"
+    where most are mostly Latin letters, else None; with each share of the texts."""
+    zh = en = 0
+    for text in texts:
+        letters = [ch for ch in text if ch.isalpha()]
+        if not letters:
+            continue
+        cjk = len(_CJK.findall(text))
+        latin = sum(ch.isascii() for ch in letters)
+        zh += cjk * 2 > len(letters)
+        en += latin * 2 > len(letters)
+    n = max(len(texts), 1)
+    shares = {"zh": round(zh / n, 4), "en": round(en / n, 4)}
+    if zh * 2 > n:
+        return "zh", shares
+    return ("en" if en * 2 > n else None), shares
+
+
 def zh_clauses(text: str) -> list[str]:
     """The clauses of a Chinese text: split at clause punctuation, enumerators stripped."""
     parts = (_ZH_ENUM.sub("", part).strip() for part in _ZH_SPLIT.split(text))

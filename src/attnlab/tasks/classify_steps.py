@@ -27,7 +27,7 @@ from attnlab.data.readers import CharReader, PieceReader, Reader, dataset
 from attnlab.data.sentiment import TWO_CLASSES, held_out_texts
 from attnlab.data.splits import stratified_sample
 from attnlab.data.states import StateData
-from attnlab.data.turns import clause_pool, compose_turns, select
+from attnlab.data.turns import clause_pool, compose_turns, language_of, select
 from attnlab.data.unlabeled import load_unlabeled
 from attnlab.errors import UserError
 from attnlab.finetune.cleaning import FOLDS, contradicted, out_of_fold_confidence
@@ -328,7 +328,14 @@ def scored_turns(
     prep: Prepared = setup.prepared
     texts, ids = prep.texts.split_data("train")
     n_main, names = prep.texts.n_main, prep.texts.labels.labels
-    pool = clause_pool(texts[:n_main], [names[i] for i in ids[:n_main]], "zh")
+    language, shares = language_of(texts[:n_main])
+    if language is None:
+        raise UserError(
+            f"--turns composes Chinese or English turned sentences; of the training texts "
+            f"{shares['zh']:.0%} are mostly Chinese and {shares['en']:.0%} mostly English: "
+            "give --turns 0"
+        )
+    pool = clause_pool(texts[:n_main], [names[i] for i in ids[:n_main]], language)
     if d.turn_clauses and len(pool) > d.turn_clauses:
         rng = random.Random(d.split_seed)
         pool = [pool[i] for i in sorted(rng.sample(range(len(pool)), d.turn_clauses))]
@@ -344,9 +351,10 @@ def scored_turns(
         p = torch.softmax(scorer(cx.double()), -1)[torch.arange(len(cy)), cy]  # (N,)
     kept = select(pool, p.tolist(), d.turn_threshold)
     held = held_out_texts(prep.texts.corpus, prep.texts.split) | set(texts)
-    turns = compose_turns(kept, d.turns, d.split_seed, "zh", held_out=held)
+    turns = compose_turns(kept, d.turns, d.split_seed, language, held_out=held)
     return {
         "n": d.turns,
+        "language": language,
         "threshold": d.turn_threshold,
         "clauses_scored": len(pool),
         "clauses_kept": dict(Counter(c.label for c in kept)),

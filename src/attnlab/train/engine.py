@@ -214,8 +214,8 @@ class Trainer:
     def _decide_precision(self, resume: bool) -> tuple[torch.dtype | None, str]:
         """The autocast dtype and why. ``auto``: fp32 where the device has no low precision
         worth trying; else the choice recorded for this device, torch, thread count, model and
-        micro-batch shape by an earlier start, or, the first time, this model's own step timed in fp32 and in
-        the candidate (the faster kept) and recorded for the next start
+        micro-batch shape by an earlier start, or, the first time, this model's own step timed
+        in fp32 and in the candidate (the faster kept) and recorded for the next start
         (:mod:`attnlab.train.precision_record`). A resumed run keeps its first choice (unless it
         was fp16 and this device is not CUDA)."""
         cfg, device = self.cfg, self.env.device
