@@ -38,6 +38,28 @@ def tensors_sha256(tensors: Mapping[str, Tensor]) -> str:
     return digest.hexdigest()
 
 
+def creation_mask() -> int:
+    """The process's umask (Linux reports it in /proc; elsewhere it is read by setting it back)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def save_safetensors(
+    tensors: Mapping[str, Tensor], path: str | Path, metadata: Mapping[str, str] | None = None
+) -> None:
+    """``safetensors.torch.save_file``, leaving the file the mode any new file gets (0666 less
+    the umask): safetensors creates it 0600, which a server run as another user cannot read."""
+    save_file(dict(tensors), str(path), metadata=dict(metadata) if metadata else None)
+    os.chmod(path, 0o666 & ~creation_mask())
+
+
 def fsync_file(path: Path) -> None:
     """Flush `path` to disk so a rename after it never exposes a half-written file."""
     with open(path, "rb+") as f:
@@ -54,7 +76,7 @@ def write_tensors(
     meta = {**(metadata or {}), CHECKSUM_KEY: tensors_sha256(cpu)}
     tmp = path.with_name(path.name + ".tmp")
     try:
-        save_file(cpu, str(tmp), metadata=meta)
+        save_safetensors(cpu, tmp, metadata=meta)
         sort_header(tmp)
         fsync_file(tmp)
         os.replace(tmp, path)

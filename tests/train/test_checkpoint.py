@@ -99,6 +99,22 @@ def steps_in(run_dir: Path) -> int:
     return json.loads((run_dir / "state" / "trainer.json").read_text())["step"]
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
+def test_weights_file_gets_the_mode_of_any_new_file(tmp_path: Path, umask: int) -> None:
+    """safetensors creates its files 0600; a run's weights are readable as its other files are
+    (a server run as another user loads them)."""
+    import os
+
+    old = os.umask(umask)
+    try:
+        path = save_weights(nn.Linear(3, 2), tmp_path / "model.safetensors")
+        (tmp_path / "other.json").write_text("{}")
+    finally:
+        os.umask(old)
+    mode = path.stat().st_mode & 0o777
+    assert mode == 0o666 & ~umask == (tmp_path / "other.json").stat().st_mode & 0o777
+
+
 def test_crash_while_writing_tmp_keeps_old_state(tmp_path: Path) -> None:
     write(tmp_path, step=1)
     (tmp_path / "state.tmp").mkdir()

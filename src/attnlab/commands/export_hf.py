@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from attnlab.models.bert import POOLER_NAMES, BertConfig, BertModel, encoder_names
+from attnlab.tensor_files import save_safetensors
 
 REMOTE_MODULE = "modeling_attnlab"
 FILE_MODE = 0o644
@@ -216,7 +216,7 @@ def write_hf(model: nn.Module, tokenizer: Any, labels: list[str], max_len: int, 
     config = hf_config(cfg, labels, pooling, max_len, tokenizer.sep_id)
     (path / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     tensors = hf_tensors(model, pooling, max_len, word_dtype)
-    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    save_safetensors(tensors, path / "model.safetensors", metadata={"format": "pt"})
     if pooling == "mean":
         (path / f"{REMOTE_MODULE}.py").write_text(remote_code(cfg), encoding="utf-8")
     save_truncating(tokenizer, path / "tokenizer.json", max_len)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from safetensors.torch import save_file
 from torch import Tensor
 
 from attnlab.data.wordpiece import WordPieceTokenizer
@@ -21,6 +20,7 @@ from attnlab.models.bert import (
     BertModel,
     encoder_names,
 )
+from attnlab.tensor_files import save_safetensors
 
 
 def hf_state(model: BertModel, mlm: BertMLMHead | None = None) -> dict[str, Tensor]:
@@ -50,6 +50,6 @@ def save_pretrained(
     if mlm is not None:  # the tied decoder, stored as its own copy (safetensors shares nothing)
         word = state["bert.embeddings.word_embeddings.weight"]
         state["cls.predictions.decoder.weight"] = word.clone()
-    save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+    save_safetensors(state, path / "model.safetensors", metadata={"format": "pt"})
     tokenizer.save(path / "tokenizer.json")
     return path

@@ -14,12 +14,11 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 from torch import Tensor
 
 from attnlab.errors import UserError
 from attnlab.models.gpt import GPT, GPTConfig
-from attnlab.tensor_files import read_tensors
+from attnlab.tensor_files import read_tensors, save_safetensors
 
 _ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
 _UNSUPPORTED = {  # GPT-2 options attnlab's GPT does not implement, with their neutral value
@@ -173,5 +172,5 @@ def save_hf_gpt2(model: GPT, directory: str | Path) -> Path:
     }
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
-    save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    save_safetensors(state, directory / "model.safetensors", metadata={"format": "pt"})
     return directory
