@@ -7,7 +7,7 @@ weights. So the first measurement is written to a small JSON file in attnlab's d
 (``$ATTNLAB_DATA_DIR`` or ``~/.cache/attnlab``, ``precision.json``), one entry per setting:
 the device (CPU model and its bf16 flags, or the GPU and its compute capability), the torch
 version, the number of threads, the model (class, parameters, trainable parameters) and the
-shapes of the micro-batch the step was timed on (a bf16 step gains more on larger matrices). A
+shapes of the micro-batch the step was timed on (a timing of one shape is not another's). A
 later start with the same setting reads the choice instead of timing again; deleting the entry
 (or the file) measures anew. A file that cannot be read or written is said in the reason and
 the run goes on with its own measurement.
