@@ -105,6 +105,24 @@ def test_the_default_is_e5_and_the_run_reports_ood_and_the_tutorial(
     assert (tmp_path / "heat.png").stat().st_size > 0
 
 
+def test_the_checkpoint_can_be_chosen_on_the_ood_dev_set(tiny, reviews, tmp_path):
+    """--monitor ood_dev_acc: each evaluation scores the bundled OOD dev set beside validation
+    and the run keeps the weights of its best; the final OOD dev report reads those weights.
+    The top block trains on the kept states of the one below, as in the default."""
+    out = tmp_path / "run"
+    argv = ["--max-steps", "6", "--checkpoint-every", "1", "--lr", "3e-3", "--train-layers", "1"]
+    assert train(out, reviews, *argv, "--monitor", "ood_dev_acc") == 0
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    evals = [json.loads(line) for line in lines if '"ood_dev_acc"' in line]
+    assert len(evals) == 6 and all("val_acc" in e for e in evals)
+    summary = json.loads((out / "summary.json").read_text())
+    best = max(e["ood_dev_acc"] for e in evals)
+    assert summary["best_metric"] == best
+    results = json.loads((out / "results.json").read_text())
+    assert results["ood"]["dev"]["accuracy"] == pytest.approx(best, abs=1e-12)
+    assert len({e["ood_dev_acc"] for e in evals}) > 1  # the choice had something to choose
+
+
 def test_the_character_model_is_one_flag_away(reviews, tmp_path, capsys):
     out = tmp_path / "char"
     args = ["--arch", "char", "--max-steps", "2", "--d-model", "16", "--n-heads", "2"]
@@ -347,9 +365,7 @@ def test_label_cleaning_lists_what_it_dropped_and_a_resume_trains_on_the_same_te
     assert report["probe"]["n"] == 16 - len(dropped)  # the head is fitted on the kept texts
     with interrupted_at(2):  # after step 1
         assert train(split, reviews, "--max-steps", "2", *extra) == 130
-    monkeypatch.setattr(
-        steps, "out_of_fold_confidence", lambda *a: pytest.fail("cleaned again")
-    )
+    monkeypatch.setattr(steps, "out_of_fold_confidence", lambda *a: pytest.fail("cleaned again"))
     assert main(["train", "classify", "--out", str(split), "--resume"]) == 0
     a = read_tensors(straight / "model.safetensors", "weights")
     b = read_tensors(split / "model.safetensors", "weights")
@@ -379,7 +395,7 @@ def test_turned_sentences_join_the_training_data_and_a_resume_reads_them_back(
         body = text.rstrip("。")
         for opener, turn in ZH_TURNS:
             if turn in body and body.startswith(opener):
-                first, last = body[len(opener):].split(turn, 1)
+                first, last = body[len(opener) :].split(turn, 1)
                 if first in clauses["negative" if label == "positive" else "positive"]:
                     break
         else:

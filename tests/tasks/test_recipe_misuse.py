@@ -141,3 +141,37 @@ def test_an_unknown_extra_corpus_lists_the_known_ones(tiny, reviews, tmp_path, c
     assert len(err) == 1 and "pass fmt" not in err[0], err
     assert ("one of pang_lee, imdb" in err[0]) or ("is a folder" in err[0]), err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--monitor", "val_accuracy"], "use one of val_acc, val_macro_f1, val_loss, ood_dev_acc"),
+        (["--monitor", "val_loss"], "give --monitor-mode min"),
+        (["--monitor", "ood_dev_loss"], "give --monitor-mode min"),
+        (["--monitor", "ood_dev_acc", "--monitor-mode", "min"], "give --monitor-mode max"),
+    ],
+)
+def test_a_monitor_the_task_does_not_report_or_read_backwards_is_refused(
+    tiny, reviews, tmp_path, capsys, argv, says
+):
+    """The metric that chooses the checkpoint is checked before anything runs: a name the
+    evaluation never reports would fail at the first evaluation, a loss maximised would keep
+    the worst weights."""
+    out = tmp_path / "run"
+    assert train(out, reviews, "--max-steps", "1", *argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0], err
+    assert not out.exists()
+
+
+def test_ood_dev_needs_positive_and_negative_labels(tiny, tmp_path, capsys):
+    three = (("好", "a"), ("坏", "b"), ("中", "c"))
+    rows = [("text", "label")] + [(f"{t}{i}", lab) for i in range(12) for t, lab in three]
+    data = tmp_path / "three.tsv"
+    data.write_text("\n".join("\t".join(r) for r in rows) + "\n", encoding="utf-8")
+    out = tmp_path / "run"
+    assert train(out, data, "--max-steps", "1", "--monitor", "ood_dev_acc") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "positive/negative only" in err[0], err
+    assert not out.exists()

@@ -86,15 +86,19 @@ def report_of(model: torch.nn.Module, data: Any, labels: LabelVocab, device: Any
 
 class SplitScorer:
     """The engine's validation metrics (val_loss, val_acc, val_macro_f1) on one split, and
-    the split's whole report for the run's results.
+    the split's whole report for the run's results; with ``extra`` ({name: dataset}) the same
+    three metrics of each extra set too (``ood_dev_acc`` ...), which a run may monitor.
 
     The last report is kept with the SHA-256 of the weights it scored: the best checkpoint
     the run reloads before its final reports is the weights of its last best evaluation, so
     that split is not run through the model a second time.
     """
 
-    def __init__(self, data: Any, labels: LabelVocab, device: Any) -> None:
+    def __init__(
+        self, data: Any, labels: LabelVocab, device: Any, extra: Mapping[str, Any] | None = None
+    ) -> None:
         self.data, self.labels, self.device = data, labels, device
+        self.extra = dict(extra or {})
         self._last: tuple[str, dict[str, Any]] | None = None
 
     def report(self, model: torch.nn.Module) -> dict[str, Any]:
@@ -106,9 +110,27 @@ class SplitScorer:
         return dict(report)
 
     def __call__(self, model: torch.nn.Module) -> dict[str, float]:
-        report = self.report(model)
-        return {"val_loss": report["loss"], "val_acc": report["accuracy"],
-                "val_macro_f1": report["macro_f1"]}  # fmt: skip
+        metrics = {}
+        reports = {"val": self.report(model)}
+        reports |= {name: report_of(model, data, self.labels, self.device)
+                    for name, data in self.extra.items()}  # fmt: skip
+        for name, report in reports.items():
+            metrics |= {f"{name}_loss": report["loss"], f"{name}_acc": report["accuracy"],
+                        f"{name}_macro_f1": report["macro_f1"]}  # fmt: skip
+        return metrics
+
+
+def ood_dev_data(reader: Reader, labels: LabelVocab, batch_size: int) -> Any:
+    """The bundled out-of-domain dev set as a dataset (``ood_dev`` for a :class:`SplitScorer`),
+    for a run that chooses its checkpoint on it; the test set stays unread."""
+    files = ood_files()
+    if "dev" not in files or set(labels.labels) != TWO_CLASSES:
+        raise UserError(
+            "--monitor ood_dev_* reads the bundled out-of-domain dev set, which scores "
+            f"positive/negative only; these labels are {labels.labels}: monitor val_acc"
+        )
+    corpus, _ = load_ood("dev")
+    return dataset(reader, corpus.texts, labels.encode(corpus.labels), batch_size)
 
 
 def accuracy_by_tag(

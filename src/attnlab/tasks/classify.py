@@ -48,6 +48,7 @@ from attnlab.infer.classifier import (
     batch_logits,
     evaluate_ood,
     load_classifier,
+    ood_dev_data,
     report_of,
     result_lines,
 )
@@ -276,6 +277,7 @@ class ClassifyTask(Task):
         return {"model": BertConfig} if reads_pieces(arch) else {}  # the encoder's architecture
 
     def check(self, cfg: RunConfig) -> None:
+        check_monitor(cfg.train.monitor, cfg.train.monitor_mode)
         if cfg.distill.teacher and getattr(cfg.sections.get("model"), "members", 1) > 1:
             raise UserError("distillation trains one student; set --members 1")
         if cfg.distill.teacher and getattr(cfg.data, "turns", 0):
@@ -309,7 +311,11 @@ class ClassifyTask(Task):
             "split.json": texts.save_split,
             "data_report.json": lambda path: write_json(path, prep.report),
         }
-        setup = Setup(prep, train, SplitScorer(val, texts.labels, device), files,
+        extra = {}
+        if tcfg.monitor.startswith("ood_dev_"):  # the checkpoint chosen on the OOD dev set,
+            # read whole as the final report and predict read it
+            extra["ood_dev"] = ood_dev_data(prep.reader, texts.labels, d.eval_batch_size)
+        setup = Setup(prep, train, SplitScorer(val, texts.labels, device, extra), files,
                       steps.report_lines(prep))  # fmt: skip
         if cfg.distill.teacher:
             steps.attach_teacher(cfg, setup)
@@ -404,6 +410,22 @@ class ClassifyTask(Task):
 
     def load(self, run_dir: Path, cfg: RunConfig, device: str) -> ClassifierRun:
         return load_classifier(run_dir, cfg, device)
+
+
+MONITORED_SETS = ("val", "ood_dev")
+
+
+def check_monitor(monitor: str, mode: str) -> None:
+    """The metric that chooses the checkpoint: one the classify task's evaluation reports, in
+    the direction that is better for it (a loss lower, an accuracy or F1 higher)."""
+    names = [f"{s}_{m}" for s in MONITORED_SETS for m in ("acc", "macro_f1", "loss")]
+    if monitor not in names:
+        raise UserError(f"--monitor {monitor} is not a metric of this task: use one of "
+                        f"{', '.join(names)}")  # fmt: skip
+    want = "min" if monitor.endswith("_loss") else "max"
+    if mode != want:
+        raise UserError(f"--monitor {monitor} is better {'lower' if want == 'min' else 'higher'}: "
+                        f"give --monitor-mode {want}")  # fmt: skip
 
 
 TASK = ClassifyTask()

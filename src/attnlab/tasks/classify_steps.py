@@ -197,7 +197,7 @@ def keep_states(cfg: RunConfig, setup: Setup, model: nn.Module, start: int) -> N
     val = frozen_states(model, setup.evaluate.data, start, batch, False, 0, prep.device,
                         "frozen blocks, validation")  # fmt: skip
     setup.train_data = train
-    setup.evaluate = SplitScorer(val, prep.texts.labels, prep.device)
+    setup.evaluate = SplitScorer(val, prep.texts.labels, prep.device, setup.evaluate.extra)
     seconds, nbytes = time.perf_counter() - began, train.nbytes() + val.nbytes()
     prep.report["frozen_states"] = {"blocks": start, "bytes": nbytes, "seconds": round(seconds, 1)}
     setup.messages.append(
