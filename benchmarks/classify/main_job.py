@@ -5,7 +5,7 @@ classify --out OUT --seed S` plus any settings after ``--`` — and records besi
 (OUT/cost.json) the command's whole wall time (loading, the frozen pass, training, the final
 evaluations), the child's peak resident memory, the machine (CPU, whether it has bf16 matrix
 units, threads) and its load before and after. ``report`` reads such runs and writes
-docs/results/main_job.md (and .json): per run its cost, precision, in-domain and out-of-domain
+docs/results/main_job.md (and .json; ``--stem`` names another page): per run its cost, precision, in-domain and out-of-domain
 accuracy, the turned (转折) sentences and the tutorial's three sentences; then the mean and
 range over the runs of each recipe.
 
@@ -29,6 +29,7 @@ from pathlib import Path
 from benchmarks import common
 
 STEM = "main_job"
+TITLE = "The main job end to end: cost and scores"
 TUTORIAL_THIRD = "电影前半段很无聊，但是结局让我感动"
 
 
@@ -47,6 +48,8 @@ def parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     report.add_argument("--note", action="append", default=[],
                         help="a paragraph for the page, after the tables")  # fmt: skip
+    report.add_argument("--stem", default=STEM, help="the page's name under docs/results/")
+    report.add_argument("--title", default=TITLE, help="the page's heading")
     return p
 
 
@@ -92,6 +95,8 @@ def scores(run_dir: Path) -> dict:
     results = json.loads((run_dir / "results.json").read_text())
     summary = results["summary"]
     ood = results.get("ood") or {}
+    report = json.loads((run_dir / "data_report.json").read_text())
+    frozen = report.get("frozen_states") or {}
     turned = {
         name: report["accuracy_by"]["phenomenon"].get("contrast", {}).get("accuracy")
         for name, report in ood.items()
@@ -109,6 +114,8 @@ def scores(run_dir: Path) -> dict:
         "tutorial_p_positive": [round(p["probs"]["positive"], 3) for p in preds],
         "precision": summary["precision"],
         "training_s": round(summary["wall_time_s"], 1),
+        "checkpoint": f"{summary['monitor']}, step {summary['best_step']} of {summary['steps']}",
+        "frozen_pass_s": frozen.get("seconds"),
     }
 
 
@@ -118,8 +125,8 @@ def report(args: argparse.Namespace) -> None:
     for name, run_dir in zip(names, args.dirs):
         cost = json.loads((run_dir / "cost.json").read_text())
         rows.append({"name": name, "run": str(run_dir), **cost, **scores(run_dir)})
-    data = {"runs": rows, "notes": args.note}
-    common.write_results(STEM, data, render(data), common.command_line())
+    data = {"title": args.title, "runs": rows, "notes": args.note}
+    common.write_results(args.stem, data, render(data), common.command_line())
 
 
 def _mean_range(values: list[float]) -> str:
@@ -132,27 +139,30 @@ def render(data: dict) -> list[str]:
     rows = data["runs"]
     first = rows[0]["machine"]
     lines = [
-        "# The main job end to end: cost and scores",
+        f"# {data.get('title', TITLE)}",
         "",
         common.machine_line(first),
         "",
         "Each run is the README's `attnlab train classify` with the options shown, in a child "
         "process: wall time is the whole command (loading, the frozen pass, training, the "
-        "final evaluations), peak memory the child's resident peak. In-domain test n = 1,736, "
+        "final evaluations), the frozen pass and training (the loop, with its evaluations) "
+        "as the run reports them, peak memory the child's resident peak. In-domain test n = 1,736, "
         "OOD dev / test n = 210 each, turned (转折) OOD sentences 38 + 38; third: p(positive) "
         f"of {TUTORIAL_THIRD}. Validation (in domain, n = 1,736) and OOD dev are the sets a "
         "choice may read; test, OOD test and the tutorial's sentences are read, never chosen on.",
         "",
-        "| recipe | seed | precision | threads | bf16 units | load at start | wall min | peak GiB "
-        "| val | test | OOD dev / test | 转折 dev / test | tutorial | third |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| recipe | seed | precision | threads | bf16 units | load at start | wall min "
+        "| frozen pass s | training min | peak GiB "
+        "| checkpoint kept by | val | test | OOD dev / test | 转折 dev / test | tutorial | third |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         m = r["machine"]
         lines.append(
             f"| {r['name']} | {r['seed']} | {r['precision']} | {m['torch_threads']} | "
             f"{'yes' if m.get('bf16_units') else 'no'} | {m['load_average_at_start'][0]:.1f} | "
-            f"{r['wall_s'] / 60:.1f} | {r['peak_rss_gib']:.2f} | "
+            f"{r['wall_s'] / 60:.1f} | {r.get('frozen_pass_s') or '-'} | "
+            f"{r['training_s'] / 60:.1f} | {r['peak_rss_gib']:.2f} | {r.get('checkpoint', '')} | "
             f"{r['val']:.3f} | {r['test']:.3f} | "
             f"{r['ood_dev']:.3f} / {r['ood_test']:.3f} | "
             f"{r['turned_dev']:.2f} / {r['turned_test']:.2f} | {r['tutorial_right']} of 3 | "
