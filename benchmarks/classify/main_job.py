@@ -5,9 +5,10 @@ classify --out OUT --seed S` plus any settings after ``--`` — and records besi
 (OUT/cost.json) the command's whole wall time (loading, the frozen pass, training, the final
 evaluations), the child's peak resident memory, the machine (CPU, whether it has bf16 matrix
 units, threads) and its load before and after. ``report`` reads such runs and writes
-docs/results/main_job.md (and .json; ``--stem`` names another page): per run its cost, precision, in-domain and out-of-domain
-accuracy, the turned (转折) sentences and the tutorial's three sentences; then the mean and
-range over the runs of each recipe.
+docs/results/main_job.md (and .json; ``--stem`` names another page): per run its cost,
+precision, the checkpoint kept, in-domain and out-of-domain accuracy, the turned (转折)
+sentences and the tutorial's three sentences; then the mean and range over the runs of each
+recipe.
 
     python -m benchmarks.classify.main_job run --out /tmp/mj/s0 --seed 0
     python -m benchmarks.classify.main_job run --out /tmp/mj/fp32 --seed 0 -- --precision fp32
