@@ -84,7 +84,12 @@ class TrainConfig(ConfigBase):
         min=0,
     )
     patience: int = setting(0, "evals without improvement before early stop; 0 = off", min=0)
-    monitor: str = setting("val_loss", "key of evaluate()'s dict that selects the best model")
+    monitor: str = setting(
+        "val_loss",
+        "the evaluation metric whose best value chooses the weights kept: val_loss, val_acc, "
+        "...; classify also val_macro_f1 and ood_dev_acc / ood_dev_macro_f1 / ood_dev_loss "
+        "(the bundled out-of-domain dev set)",
+    )
     monitor_mode: Literal["min", "max"] = setting(
         "min", "whether lower or higher monitor is better"
     )
