@@ -312,8 +312,7 @@ class ClassifyTask(Task):
             "data_report.json": lambda path: write_json(path, prep.report),
         }
         extra = {}
-        if tcfg.monitor.startswith("ood_dev_"):  # the checkpoint chosen on the OOD dev set,
-            # read whole as the final report and predict read it
+        if tcfg.monitor.startswith("ood_dev_"):  # choose on OOD dev, read as predict reads it
             extra["ood_dev"] = ood_dev_data(prep.reader, texts.labels, d.eval_batch_size)
         setup = Setup(prep, train, SplitScorer(val, texts.labels, device, extra), files,
                       steps.report_lines(prep))  # fmt: skip
