@@ -289,7 +289,7 @@ def test_help_shows_the_main_jobs_values(capsys) -> None:
     text = " ".join(capsys.readouterr().out.split())
     shown = dict(re.findall(r"--([\w-]+) \S+ .*?\(default: ([^)]*)\)", text))
     assert shown["lr"] == "5e-05" and shown["epochs"] == "1" and shown["probe-first"] == "True"
-    assert shown["extra-train"] == "pang_lee" and shown["turns"] == "1000" and "--arch ARCH" in text
+    assert shown["extra-train"] == "pang_lee" and shown["turns"] == "2000" and "--arch ARCH" in text
     with pytest.raises(SystemExit):
         main(["train", "lm", "--config", "baby", "--help"])
     text = " ".join(capsys.readouterr().out.split())
