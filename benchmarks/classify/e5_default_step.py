@@ -280,8 +280,32 @@ def _one_micro_batch(
 
 def _attention_dtypes(lengths: Sequence[int], repeats: int = 12) -> dict[str, dict[str, float]]:
     """Milliseconds of one attention call's forward and backward, as a trained block of the
-    default runs it (16 texts, 12 heads of 32, a key mask), in torch's fused CPU kernel with
-    float32 inputs against bf16 ones; the median of ``repeats``."""
+    default runs it (16 texts, 12 heads of 32, a key mask), the median of ``repeats``:
+
+    ``fp32``        torch's fused CPU kernel on float32 inputs;
+    ``bf16``        the same kernel on bf16 inputs;
+    ``attnlab``     attnlab's attention (layers/attention.py) on bf16 inputs, as a bf16 step
+                    calls it: the fused kernel in float32, the inputs cast up, the output down;
+    ``written out`` attnlab's explicit_attention (Q Kᵀ, softmax, · V as three operations)
+                    under bf16 autocast: the two products in bf16, the softmax in float32."""
+    from attnlab.layers.attention import explicit_attention, scaled_dot_product_attention
+
+    def fused(q, k, v, mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    def attnlab(q, k, v, mask):
+        return scaled_dot_product_attention(q, k, v, mask)[0]
+
+    def written_out(q, k, v, mask):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return explicit_attention(q, k, v, mask)[0]
+
+    cases = (
+        ("fp32", torch.float32, fused),
+        ("bf16", torch.bfloat16, fused),
+        ("attnlab", torch.bfloat16, attnlab),
+        ("written out", torch.bfloat16, written_out),
+    )
     out = {}
     for T in lengths:
         gen = torch.Generator().manual_seed(T)
@@ -289,12 +313,12 @@ def _attention_dtypes(lengths: Sequence[int], repeats: int = 12) -> dict[str, di
         mask = torch.ones(16, 1, 1, T, dtype=torch.bool)
         mask[:4, ..., T // 2 :] = False  # a quarter of the texts half as long
         row = {}
-        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        for name, dtype, attend in cases:
             q, k, v = (t.to(dtype).requires_grad_() for t in qkv)
             times = []
             for _ in range(repeats):
                 start = time.perf_counter()
-                F.scaled_dot_product_attention(q, k, v, attn_mask=mask).float().sum().backward()
+                attend(q, k, v, mask).float().sum().backward()
                 times.append(time.perf_counter() - start)
             row[name] = round(1000 * sorted(times)[repeats // 2], 2)
         out[str(T)] = row
@@ -375,12 +399,24 @@ def page(info: dict, res: dict, args: argparse.Namespace) -> list[str]:
         "milliseconds a step; the profiler's own cost is included, so the totals exceed the "
         "timings above. Attention runs in float32 under bf16 too (layers/attention.py): "
         "torch's CPU flash kernel differentiates several times slower in bf16, at these "
-        "lengths too (one call's forward and backward, 16 texts, 12 heads of 32, ms: "
-        + "; ".join(
-            f"{T} pieces fp32 {r['fp32']:.1f}, bf16 {r['bf16']:.1f}"
+        "lengths too (the table below).",
+        "",
+        "One attention call's forward and backward as a trained block makes it (16 texts, 12 "
+        "heads of 32, a key mask; milliseconds, the median of 12): torch's fused kernel on "
+        "float32 and on bf16 inputs; attnlab's attention on bf16 inputs as a bf16 step calls it "
+        "(the fused kernel in float32, casts around it); attention written out "
+        "(explicit_attention: Q Kᵀ and · V as bf16 products under autocast, the softmax in "
+        "float32), which attnlab does not use in training.",
+        "",
+        "| pieces | fused fp32 | fused bf16 | attnlab, bf16 step | written out, bf16 |",
+        "|---|---|---|---|---|",
+        *(
+            f"| {T} | {r['fp32']:.2f} | {r['bf16']:.2f} | {r['attnlab']:.2f} | "
+            f"{r['written out']:.2f} |"
             for T, r in res["attention_ms"].items()
-        )  # fmt: skip
-        + ").",
+        ),
+        "",
+        "Operators by group:",
         "",
         "| group | attnlab fp32 | attnlab bf16 | bf16 faster by |",
         "|---|---|---|---|",
