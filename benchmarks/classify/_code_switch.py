@@ -51,8 +51,7 @@ _SKIP_SENSE = re.compile(
 )
 _PAREN = re.compile(r"\([^)]*\)")
 _LEADING = re.compile(r"^(?:to|a|an|the|be) ")
-_GLOSS_WORD = re.compile(r"[a-z][a-z'-]*")
-_WORD = re.compile(r"[a-z][a-z'-]*")
+_WORD = re.compile(r"[a-z][a-z'-]*")  # a one-word gloss, and so a key of the table
 FLOOR = 0.83  # cosine similarity below which a candidate is not a translation of the word
 MARGIN = 0.03  # candidates this close to the best one are drawn from too
 # never replaced: their translation carries no sentiment and mostly comes out wrong
@@ -102,7 +101,7 @@ def read_cedict(path: str | Path) -> dict[str, dict[str, int]]:
                 if _SKIP_SENSE.search(gloss):
                     continue
                 gloss = _LEADING.sub("", _PAREN.sub("", gloss).strip().lower())
-                if not _GLOSS_WORD.fullmatch(gloss):
+                if not _WORD.fullmatch(gloss):
                     continue
                 senses = inverse.setdefault(gloss, {})
                 senses[simplified] = min(senses.get(simplified, sense), sense)
@@ -154,7 +153,7 @@ def code_switch(
     for text in texts:
         words = text.split(" ")
         for i, word in enumerate(words):
-            candidates = table.get(word.lower()) if _WORD.fullmatch(word.lower()) else None
+            candidates = table.get(word.lower())
             if not candidates:
                 continue
             eligible += 1

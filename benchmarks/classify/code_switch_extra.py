@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     from attnlab.data.sentiment import extra_examples
     from attnlab.infer.embeddings import SentenceEncoder
     from benchmarks.classify._code_switch import (
+        SOURCE,
         cedict_path,
         code_switch,
         read_cedict,
@@ -80,9 +81,9 @@ def main(argv: list[str] | None = None) -> None:
         if args.keep_english:
             writer.writerows(zip(pang_lee.texts, pang_lee.labels))
         writer.writerows(zip(switched, pang_lee.labels))
-    words = sum(len(t.split()) for t in pang_lee.texts)
-    print(f"{len(table)} English words have a translation")
-    print(f"{args.out}: {len(pang_lee)} Pang & Lee sentences, {replaced} of {words} words "
+    n_words = sum(len(t.split()) for t in pang_lee.texts)
+    print(f"{len(table)} English words have a translation in {SOURCE}")
+    print(f"{args.out}: {len(pang_lee)} Pang & Lee sentences, {replaced} of {n_words} words "
           f"replaced ({eligible} had a translation; rate {args.rate}, top {args.top})")  # fmt: skip
     for text in switched[:5]:
         print("  ", text)

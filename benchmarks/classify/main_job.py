@@ -96,8 +96,8 @@ def scores(run_dir: Path) -> dict:
     results = json.loads((run_dir / "results.json").read_text())
     summary = results["summary"]
     ood = results.get("ood") or {}
-    report = json.loads((run_dir / "data_report.json").read_text())
-    frozen = report.get("frozen_states") or {}
+    data_report = json.loads((run_dir / "data_report.json").read_text())
+    frozen = data_report.get("frozen_states") or {}
     turned = {
         name: report["accuracy_by"]["phenomenon"].get("contrast", {}).get("accuracy")
         for name, report in ood.items()
@@ -140,7 +140,7 @@ def render(data: dict) -> list[str]:
     rows = data["runs"]
     first = rows[0]["machine"]
     lines = [
-        f"# {data.get('title', TITLE)}",
+        f"# {data['title']}",
         "",
         common.machine_line(first),
         "",

@@ -87,7 +87,6 @@ def sweep(run_dir: Path, alphas: list[float], threads: int) -> list[dict]:
             row["third"] = api.predict([THIRD])[0]["probs"]["positive"]
         rows.append(row)
         print(json.dumps(row, ensure_ascii=False), flush=True)
-    model.load_state_dict(tuned)
     return rows
 
 
