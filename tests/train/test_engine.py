@@ -13,6 +13,7 @@ import pytest
 import torch
 from _tiny_task import TinyData, TinyTagger, make_evaluate, make_split, step_fn
 from safetensors.torch import load_file
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from _device import DEVICE
 from attnlab.train import StepOutput, TrainConfig, seed_everything
@@ -224,6 +225,48 @@ def test_explicit_bf16_on_cpu_runs_and_is_recorded(tmp_path: Path) -> None:
         summary = Trainer(tiny(), cfg, tmp_path, TinyData(), step_fn).fit()
     assert summary["precision"] == "bf16"
     assert {r["precision"] for r in read_metrics(tmp_path / "metrics.jsonl")} == {"bf16"}
+
+
+class WeightCasts(TorchDispatchMode):
+    """Counts the copies of the given parameters to bf16 (autocast's weight casts)."""
+
+    def __init__(self, params: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.ptrs = {p.data_ptr() for p in params}
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.ops.aten._to_copy.default and kwargs.get("dtype") == torch.bfloat16:
+            self.count += args[0].data_ptr() in self.ptrs
+        return func(*args, **kwargs)
+
+
+def test_bf16_casts_each_weight_once_a_step_and_keeps_the_step(tmp_path: Path) -> None:
+    """Under bf16 autocast with two micro-batches a step, autocast's cache of cast weights
+    serves both: each weight is cast once a step, and the step's gradient is the one separate
+    autocast contexts around each micro-batch give (the cast values are the same)."""
+    micro = [list(range(0, 5)), list(range(5, 13)), list(range(13, 16)), list(range(16, 24))]
+    model = tiny()
+    cast = [model.hidden.weight, model.hidden.bias, model.out.weight, model.out.bias]
+    reference = tiny()
+    data = TinyData()
+    grads, total = [], 0
+    for indices in micro[:2]:  # the first step, each micro-batch in its own context
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = step_fn(reference, data.collate(indices))
+        (out.loss * out.weight).backward()
+        total += out.weight
+    grads = [p.grad / total for p in reference.parameters()]
+    expected_norm = torch.cat([g.flatten() for g in grads]).norm().item()
+
+    cfg = cfg_for(precision="bf16", grad_accum=2, clip_norm=0.0, epochs=1)
+    with WeightCasts(cast) as casts, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # bf16 warns only on CPUs where it is slow
+        Trainer(model, cfg, tmp_path, FixedData(micro), step_fn, device="cpu").fit()
+    assert casts.count == len(cast) * 2  # two steps, each weight cast once in each
+    first = read_metrics(tmp_path / "metrics.jsonl")[0]
+    assert first["grad_norm"] == pytest.approx(expected_norm, rel=1e-6)
 
 
 class InterruptAt:

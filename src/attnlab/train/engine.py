@@ -63,6 +63,7 @@ from attnlab.train.optim import describe_groups, make_optimizer
 from attnlab.train.precision import (
     PRECISION_DTYPES,
     autocast,
+    autocast_off,
     choose_by_step_time,
     choose_precision,
     configure_tf32,
@@ -412,24 +413,29 @@ class Trainer:
         model.train()
         sums = WeightedSums()
         num_tokens = getattr(self.data, "num_tokens", None)
-        for i, global_indices in enumerate(group):
-            indices = shard(global_indices, env)
-            empty = not indices
-            batch = self._to_device(self.data.collate(indices or global_indices[:1]))
-            sync = i == len(group) - 1 or not env.distributed
-            with contextlib.nullcontext() if sync else model.no_sync():
-                with autocast(env.device, self.dtype):
+        # One autocast context spans the step's micro-batches: autocast keeps its low-precision
+        # copy of each weight until its outermost context exits, so every weight is cast once a
+        # step, not once a micro-batch. Each backward pass runs with autocast off, as outside
+        # it; that context is nested, so the cache survives it.
+        with autocast(env.device, self.dtype):
+            for i, global_indices in enumerate(group):
+                indices = shard(global_indices, env)
+                empty = not indices
+                batch = self._to_device(self.data.collate(indices or global_indices[:1]))
+                sync = i == len(group) - 1 or not env.distributed
+                with contextlib.nullcontext() if sync else model.no_sync():
                     out = self.step_fn(model, batch)
-                weight = _check_output(out)
-                if empty:  # this rank's stand-in item only keeps DDP's collectives in step
-                    weight = 0.0
-                scaled = out.loss * weight  # sum of the unit losses; backward gives summed grads
-                (self.scaler.scale(scaled) if self.scaler else scaled).backward()
-            sums.add("loss", out.loss.item(), weight)
-            for name, value in out.metrics.items():
-                sums.add(name, float(value), weight)
-            if not empty:
-                sums.tokens += num_tokens(batch) if num_tokens else len(indices)
+                    weight = _check_output(out)
+                    if empty:  # this rank's stand-in item only keeps DDP's collectives in step
+                        weight = 0.0
+                    scaled = out.loss * weight  # sum of the unit losses; backward: summed grads
+                    with autocast_off(env.device, self.dtype):
+                        (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+                sums.add("loss", out.loss.item(), weight)
+                for name, value in out.metrics.items():
+                    sums.add(name, float(value), weight)
+                if not empty:
+                    sums.tokens += num_tokens(batch) if num_tokens else len(indices)
         sums.all_reduce(env)
         if not sums.weights["loss"] > 0:
             raise ValueError(

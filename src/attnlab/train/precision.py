@@ -176,6 +176,17 @@ def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.Abst
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
+def autocast_off(
+    device: torch.device, dtype: torch.dtype | None
+) -> contextlib.AbstractContextManager:
+    """Autocast switched off inside an :func:`autocast` context for ``dtype`` (a no-op for
+    fp32). Nested, it keeps the outer context's cache of cast weights, which autocast drops only
+    when its outermost context exits."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, enabled=False)
+
+
 def make_grad_scaler(
     device: torch.device, dtype: torch.dtype | None
 ) -> torch.amp.GradScaler | None:
