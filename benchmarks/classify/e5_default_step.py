@@ -12,14 +12,13 @@ classify`` does (the task's setup and recipe: the frozen pass, label cleaning, t
 sentences, the LP-FT probe; about 2-3 minutes), then takes ``--steps`` of its optimizer steps,
 drawn at random (seed 0) from the epoch's, the same ones for every case:
 
-* ``attnlab fp32``, ``attnlab bf16``: the step as train/engine.py takes it (each micro-batch's
-  forward under autocast, its backward outside, gradients divided by the step's texts,
-  clipping to norm 1, fused AdamW); under bf16 autocast casts each trained weight to bf16 for
-  each micro-batch;
-* ``attnlab bf16, weights cast once a step``: one autocast context around both micro-batches
-  (their backward passes in a nested context with autocast off), so autocast's cache of cast
-  weights, dropped when its outermost context exits, serves the second micro-batch too: what
-  the weight casts cost;
+* ``attnlab fp32``, ``attnlab bf16``: the step as train/engine.py takes it (one autocast
+  context around both micro-batches' forward passes, each backward in a nested context with
+  autocast off, gradients divided by the step's texts, clipping to norm 1, fused AdamW); under
+  bf16 autocast's cache of cast weights, dropped when its outermost context exits, serves both
+  micro-batches, so each trained weight is cast to bf16 once a step;
+* ``attnlab bf16, weights cast each micro-batch``: an autocast context around each
+  micro-batch's forward instead, as the engine took the step before: what the casts saved;
 * ``transformers fp32``, ``transformers bf16``: 4 ``XLMRobertaLayer``s of the same shape
   (random weights, SDPA attention, dropout 0.1, none on the attention weights) on the same
   kept states with the same mean pooling, dropout and linear head, the same optimizer.
@@ -74,7 +73,7 @@ GROUPS = {
 CASES = (
     "attnlab fp32",
     "attnlab bf16",
-    "attnlab bf16, weights cast once a step",
+    "attnlab bf16, weights cast each micro-batch",
     "transformers fp32",
     "transformers bf16",
 )
@@ -140,7 +139,7 @@ def step_runner(
 ) -> Callable[[list[dict], torch.dtype | None, bool], None]:
     """One optimizer step over micro-batches as train/engine.py takes it."""
     from attnlab.train.optim import build_optimizer
-    from attnlab.train.precision import autocast
+    from attnlab.train.precision import autocast, autocast_off
 
     opt = build_optimizer(model, 5e-5, 0.01, (0.9, 0.999))
     cpu = torch.device("cpu")
@@ -153,7 +152,7 @@ def step_runner(
             for batch in micro:
                 with contextlib.nullcontext() if once else autocast(cpu, dtype):
                     loss = F.cross_entropy(forward(model, batch), batch["labels"])
-                off = torch.autocast("cpu", enabled=False) if once else contextlib.nullcontext()
+                off = autocast_off(cpu, dtype) if once else contextlib.nullcontext()
                 with off:  # a nested context keeps the outer one's cache of cast weights
                     (loss * len(batch["labels"])).backward()
                 loss.item()
@@ -213,7 +212,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     def run(case: str, micro: list[dict]) -> None:
         side, precision = case.split(" ")[:2]
-        runners[side](micro, None if precision == "fp32" else bf16, "once" in case)
+        runners[side](micro, None if precision == "fp32" else bf16, "each" not in case)
 
     for case in CASES:  # warm-up: allocator, kernels, AdamW's moments
         run(case.replace(",", ""), steps[0])
@@ -234,7 +233,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "mfu": round(flops / s / 1e9 / peaks[precision], 4),
         }
     attention = _attention_dtypes((32, 48, 64, 128))
-    micro_32 = _one_micro_batch(args, data, steps, lambda c, m: run(c, m))
+    micro_32 = _one_micro_batch(args, model, data, steps, lambda c, m: run(c, m))
     profile = {case: _profile(lambda m, c=case: run(c, m), steps[1 : 1 + args.profile_steps])
                for case in ("attnlab fp32", "attnlab bf16")}  # fmt: skip
     return {
@@ -251,13 +250,17 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _one_micro_batch(
-    args: argparse.Namespace, data: Any, steps: list[list[dict]], run: Callable
+    args: argparse.Namespace, model: nn.Module, data: Any, steps: list[list[dict]], run: Callable
 ) -> dict[str, float]:
     """Microseconds per real token of the default's steps (two micro-batches of 16) against
     steps of one micro-batch of 32 drawn from a sampler of 32 over the same texts (other steps,
-    so the comparison is per token), fp32 and bf16, alternating."""
+    so the comparison is per token), fp32 and bf16, and bf16 with the trained blocks' attention
+    written out (backend "explicit"), alternating."""
     from attnlab.data.buckets import LengthBucketSampler
     from attnlab.data.states import StateData
+    from attnlab.layers.attention import MultiHeadAttention
+
+    attention = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
 
     lengths = [s.shape[0] for s in data.states]
     wide = StateData(data.states, data.labels, LengthBucketSampler(lengths, 32, True, 0),
@@ -266,11 +269,16 @@ def _one_micro_batch(
     chosen = random.Random(0).sample(range(len(batches)), args.steps)
     sides = {"16x2": steps[1:], "32x1": [[wide.collate(batches[g])] for g in chosen]}
     cases = [(side, precision) for side in sides for precision in ("fp32", "bf16")]
+    cases.append(("32x1", "bf16, attention written out"))
     seconds = dict.fromkeys(cases, 0.0)
     for i in range(args.steps):
         for side, precision in cases if i % 2 == 0 else cases[::-1]:
-            micro = sides[side][i]
-            seconds[side, precision] += _timed(lambda m=micro, p=precision: run(f"attnlab {p}", m))
+            micro, case = sides[side][i], "attnlab " + precision.split(",")[0]
+            for m in attention:
+                m.backend = "explicit" if "written out" in precision else "fused"
+            seconds[side, precision] += _timed(lambda m=micro, c=case: run(c, m))
+    for m in attention:
+        m.backend = "fused"
     tokens = {
         side: sum(int(b["lengths"].sum()) for st in ss for b in st) for side, ss in sides.items()
     }
@@ -343,7 +351,7 @@ def _profile(run: Callable[[list[dict]], None], steps: Sequence[list[dict]]) -> 
 def page(info: dict, res: dict, args: argparse.Namespace) -> list[str]:
     cases = res["cases"]
     fp32, bf16 = cases["attnlab fp32"]["ms_per_step"], cases["attnlab bf16"]["ms_per_step"]
-    once = cases["attnlab bf16, weights cast once a step"]["ms_per_step"]
+    each = cases["attnlab bf16, weights cast each micro-batch"]["ms_per_step"]
     hf32 = cases["transformers fp32"]["ms_per_step"]
     hf16 = cases["transformers bf16"]["ms_per_step"]
     lengths = ", ".join(f"{t}: {n}" for t, n in res["micro_batch_lengths"].items())
@@ -373,8 +381,8 @@ def page(info: dict, res: dict, args: argparse.Namespace) -> list[str]:
         )
     lines += [
         "",
-        f"bf16 step {fp32 / bf16:.2f}x the fp32 step (weights cast once a step: "
-        f"{fp32 / once:.2f}x); transformers' layers: {hf32 / hf16:.2f}x. attnlab's step "
+        f"bf16 step {fp32 / bf16:.2f}x the fp32 step (weights cast each micro-batch: "
+        f"{fp32 / each:.2f}x); transformers' layers: {hf32 / hf16:.2f}x. attnlab's step "
         f"against transformers': fp32 {hf32 / fp32:.2f}x, bf16 {hf16 / bf16:.2f}x as fast. "
         f"Peak of a {PEAK_N}^3 matmul here: fp32 {res['peak_gflops']['fp32']:.0f} GFLOP/s, "
         f"bf16 {res['peak_gflops']['bf16']:.0f} GFLOP/s.",
@@ -383,14 +391,16 @@ def page(info: dict, res: dict, args: argparse.Namespace) -> list[str]:
         "",
         f"The default's steps against {args.steps} steps of one micro-batch of 32 drawn from a "
         "length-bucketed sampler of 32 over the same texts; other steps, so time per real "
-        "(unpadded) token, the four cases alternating step by step.",
+        "(unpadded) token, the cases alternating step by step; the last row runs the trained "
+        "blocks' attention written out (explicit_attention under autocast, below) instead of "
+        "the fused kernel in float32, against the fp32 step of the same micro-batches.",
         "",
-        "| micro-batches | fp32 us a token | bf16 us a token | bf16 faster by |",
+        "| micro-batches | precision | us a token | faster than fp32 by |",
         "|---|---|---|---|",
         *[
-            f"| {side} | {m32[side + ' fp32']:.1f} | {m32[side + ' bf16']:.1f} | "
-            f"{m32[side + ' fp32'] / m32[side + ' bf16']:.2f}x |"
-            for side in ("16x2", "32x1")
+            f"| {key.split(' ', 1)[0]} | {key.split(' ', 1)[1]} | {us:.1f} | "
+            f"{m32[key.split(' ')[0] + ' fp32'] / us:.2f}x |"
+            for key, us in m32.items()
         ],
         "",
         "## Where the step's time goes (torch.profiler)",
