@@ -140,7 +140,6 @@ def test_onnxruntime_gives_predict_s_numbers_for_any_length(runs, kind, tmp_path
 
     run, out = runs[kind], tmp_path / "model.onnx"
     assert export(run, "onnx", out) == 0
-    assert stat.S_IMODE(out.stat().st_mode) == 0o644
     session = ort.InferenceSession(str(out))
     tok = Tokenizer.from_file(str(run / "tokenizer.json"))  # no truncation: the graph cuts
     texts = [*TEXTS, PAD_TEXT]
@@ -199,14 +198,28 @@ def test_a_mean_pooled_folder_refuses_the_snippet_without_remote_code(runs, tmp_
         pipeline("text-classification", model=str(out))
 
 
-def test_files_are_readable_by_others_and_the_word_table_half_size(runs, tmp_path) -> None:
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_files_take_the_mode_the_umask_gives(runs, tmp_path, umask) -> None:
+    """Every exported file gets the mode any new file gets (safetensors alone would make its
+    file 0600, unreadable by a server run as another user; a forced 0644 would override a
+    private umask)."""
+    folder, graph = tmp_path / "hf", tmp_path / "model.onnx"
+    before = os.umask(umask)
+    try:
+        assert export(runs["e5 cls"], "hf", folder) == 0
+        assert export(runs["e5 cls"], "onnx", graph) == 0
+    finally:
+        os.umask(before)
+    for file in [*folder.iterdir(), graph]:
+        assert stat.S_IMODE(file.stat().st_mode) == 0o666 & ~umask, file
+
+
+def test_the_word_table_is_half_size(runs, tmp_path) -> None:
     from safetensors import safe_open
 
     small, exact = tmp_path / "small", tmp_path / "exact"
     assert export(runs["e5 cls"], "hf", small) == 0
     assert export(runs["e5 cls"], "hf", exact, "--words", "float32") == 0
-    for file in small.iterdir():
-        assert stat.S_IMODE(file.stat().st_mode) == 0o644, file
     name = "roberta.embeddings.word_embeddings.weight"
     with safe_open(small / "model.safetensors", "pt") as f:
         assert f.get_slice(name).get_dtype() == "F16"

@@ -35,7 +35,6 @@ from attnlab.models.bert import POOLER_NAMES, BertConfig, BertModel, encoder_nam
 from attnlab.tensor_files import save_safetensors
 
 REMOTE_MODULE = "modeling_attnlab"
-FILE_MODE = 0o644
 
 
 def native_class(cfg: BertConfig) -> str:
@@ -224,5 +223,3 @@ def write_hf(model: nn.Module, tokenizer: Any, labels: list[str], max_len: int, 
         json.dumps(tokenizer_config(tokenizer, max_len), indent=2, ensure_ascii=False) + "\n",
         encoding="utf-8",
     )
-    for file in path.iterdir():
-        file.chmod(FILE_MODE)

@@ -80,4 +80,3 @@ def write_onnx(model: nn.Module, max_len: int, cls_id: int, end_id: int, path: P
         program = torch.export.export(wrapper, (ids, mask), dynamic_shapes=dims)
         torch.onnx.export(program, f=str(path), input_names=["input_ids", "attention_mask"],
                           output_names=["logits"], dynamo=True, external_data=False)  # fmt: skip
-    path.chmod(0o644)
