@@ -14,6 +14,7 @@ from attnlab.data.turns import (
     clause_pool,
     compose_turns,
     count_for_share,
+    neutral,
     qualifies_en,
     qualifies_zh,
     select,
@@ -162,6 +163,51 @@ def test_too_many_or_one_polarity_refused():
         compose_turns(pool, 100, seed=0)
     with pytest.raises(UserError, match="both polarities"):
         compose_turns(pool[:1], 2, seed=0)
+
+
+NEUTRAL = ["酒店位于市中心", "这本书是上周买的", "电影讲的是一个家庭"]
+
+
+def test_neutral_clauses_are_those_read_near_one_half():
+    pool = [Clause(t, "positive", i, True) for i, t in enumerate(["aaaa", "bbbb", "cccc", "dddd"])]
+    assert neutral(pool, [0.39, 0.4, 0.6, 0.61]) == ["bbbb", "cccc"]
+    with pytest.raises(UserError):
+        neutral(pool, [0.5])
+
+
+def test_neutral_first_turns_open_with_a_neutral_clause_and_keep_the_rule():
+    rng = random.Random(11)
+    texts, labels = _corpus(rng)
+    pool = clause_pool(texts, labels)
+    polarity = {c.text: c.label for c in pool}
+    n, share = 2 * rng.randint(4, 9), rng.choice([0.25, 0.5, 1.0])
+    out = compose_turns(pool, n, seed=rng.randint(0, 10**6), neutral_first=NEUTRAL,
+                        neutral_share=share)  # fmt: skip
+    firsts = [_split_turn(text, ZH_TURNS)[0] for text in out.texts]
+    opened = [i for i, first in enumerate(firsts) if first in NEUTRAL]
+    assert len(opened) == round(share * n)
+    assert sorted(out.labels[i] for i in opened).count("positive") == (len(opened) + 1) // 2
+    for text, label in zip(out.texts, out.labels):
+        assert polarity[_split_turn(text, ZH_TURNS)[1]] == label  # the last clause decides
+    assert out.stats["neutral_first"] == len(opened)
+    # none asked: the composition is the one without neutral clauses, draw for draw
+    seed = rng.randint(0, 10**6)
+    plain = compose_turns(pool, n, seed=seed)
+    assert compose_turns(pool, n, seed=seed, neutral_first=NEUTRAL).texts == plain.texts
+    assert "neutral_first" not in plain.stats
+
+
+def test_neutral_first_refused_without_neutral_clauses_or_beyond_them():
+    pool = [
+        Clause("房间干净整洁", "positive", 0, True),
+        Clause("隔音效果太差", "negative", 1, True),
+    ]
+    with pytest.raises(UserError, match="no clause as neutral"):
+        compose_turns(pool, 4, seed=0, neutral_share=0.5)
+    with pytest.raises(UserError, match="neutral clauses would repeat"):
+        compose_turns(pool, 40, seed=0, neutral_first=NEUTRAL[:1], neutral_share=1.0)
+    with pytest.raises(UserError, match="share"):
+        compose_turns(pool, 4, seed=0, neutral_first=NEUTRAL, neutral_share=1.5)
 
 
 def test_count_for_share():

@@ -444,6 +444,8 @@ def test_turns_need_a_pretrained_encoder_and_two_sentiment_classes(tiny, tmp_pat
     probe(capsys, [*argv, "--extra-train", "", "--max-steps", "1", *TRAIN],
           "--turns composes positive and negative", "--turns 0")  # fmt: skip
     probe(capsys, [*argv, "--pretrained", "false"], "--turns", "--pretrained false")
+    no_turns = [*argv[:-2], "--turns", "0", "--turn-neutral", "0.2"]
+    probe(capsys, no_turns, "--turn-neutral 0.2", "--turns N")
     kana = tmp_path / "kana.csv"  # neither Chinese nor English: no turn words to compose with
     rows = [f"すばらしいえいが{i},positive\n" if i % 2 else f"つまらないえいが{i},negative\n"
             for i in range(40)]  # fmt: skip

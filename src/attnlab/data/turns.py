@@ -9,6 +9,8 @@ in the *training split's own texts* (no sentence we wrote):
 
     negative clause + "，但是" + positive clause  ->  positive
     positive clause + "，但是" + negative clause  ->  negative   (the mirror)
+    neutral clause  + "，但是" + positive clause  ->  positive   (with ``neutral_share`` > 0;
+    neutral clause  + "，但是" + negative clause  ->  negative    "虽然是商业片，但是有自己的思考")
 
 with the turn drawn from 但是 / 不过 / 可是 / 然而 and 虽然…但是 (``ZH_TURNS``); for English
 corpora (Pang & Lee) the same rule with ", but" / "; however," / ", yet" (``EN_TURNS``).
@@ -21,6 +23,9 @@ rule's label wrong) and gives each its text's label. :func:`select` then keeps t
 own polarity a scorer confirms (``scores``: p(the clause's label) from, e.g., a probe on the
 frozen encoder's features) at or above a threshold; with no scorer, only clauses that are a whole
 single-clause text are kept (their label is then their own, up to the corpus's noise).
+:func:`neutral` takes the clauses the same scorer reads as neither: p within ``NEUTRAL_BAND`` of
+one half (a fact, a setting: "酒店位于市中心"), to open a concessive turn whose second clause
+alone decides.
 
 Composition (:func:`compose_turns`) is deterministic in its seed: each example draws one clause
 of each polarity, a turn and an order (which polarity comes last decides the label), half the
@@ -72,6 +77,7 @@ _ZH_SPLIT = re.compile(r"[，,。！!？?；;：:…~～\s]+|\.{2,}|(?<![0-9A-Za
 _ZH_ENUM = re.compile(r"^\s*(?:[0-9０-９]+[、.．)）]|[（(][0-9０-９一二三四五六七八九十]+[)）]|"
                       r"[①-⑳]|[一二三四五六七八九十]+、|[-*•·])\s*")  # fmt: skip
 MAX_DRAWS = 1000  # draws for one new example before the pool counts as exhausted
+NEUTRAL_BAND = 0.1  # a neutral clause: its text's label at p in [0.5 - band, 0.5 + band]
 _CJK = re.compile(r"[\u4e00-\u9fff]")
 _EN_WORD = re.compile(r"[a-z']+")
 
@@ -172,18 +178,38 @@ def select(
     return [c for c, p in zip(pool, scores) if p >= threshold]
 
 
+def neutral(pool: Sequence[Clause], scores: Sequence[float]) -> list[str]:
+    """The clauses a scorer reads as neither polarity: p(own label) ``scores[i]`` within
+    ``NEUTRAL_BAND`` of one half."""
+    if len(scores) != len(pool):
+        raise UserError(f"{len(scores)} scores for {len(pool)} clauses; give one per clause")
+    return [c.text for c, p in zip(pool, scores) if abs(p - 0.5) <= NEUTRAL_BAND]
+
+
 def compose_turns(
     pool: Sequence[Clause],
     n: int,
     seed: int,
     language: str = "zh",
     held_out: Collection[str] = (),
+    neutral_first: Sequence[str] = (),
+    neutral_share: float = 0.0,
 ) -> LabeledCorpus:
     """``n`` turned examples (half ending positive, half negative; an odd one ends positive):
-    a clause of one polarity, a turn, a clause of the other; labelled by the last clause.
-    Deterministic in ``seed``; no text repeats and none is in ``held_out``."""
+    a clause of one polarity, a turn, a clause of the other; labelled by the last clause. The
+    first ``round(neutral_share * n)`` examples open with a clause of ``neutral_first`` instead
+    (half of them, too, end positive). Deterministic in ``seed``; no text repeats and none is in
+    ``held_out``."""
     turns = ZH_TURNS if language == "zh" else EN_TURNS
     by_label = {label: [c.text for c in pool if c.label == label] for label in (NEGATIVE, POSITIVE)}
+    if not 0 <= neutral_share <= 1:
+        raise UserError(f"turn_neutral {neutral_share}: give a share in [0, 1]")
+    n_neutral = round(neutral_share * n)
+    if n_neutral and not neutral_first:
+        raise UserError(
+            "turn_neutral asks for turns that open with a neutral clause, and the scorer read "
+            "no clause as neutral: give --turn-neutral 0"
+        )
     if n and not all(by_label.values()):
         raise UserError(
             f"composing turns needs clauses of both polarities; the pool has "
@@ -194,11 +220,17 @@ def compose_turns(
     ends = (" .",) if language == "en" else ("", "。")
     # distinct texts that end on one polarity: clause pairs x turns x endings
     per_label = len(by_label[NEGATIVE]) * len(by_label[POSITIVE]) * len(turns) * len(ends)
-    if (n + 1) // 2 > per_label:
+    if (n - n_neutral + 1) // 2 > per_label:
         raise UserError(
-            f"{n} turned examples from {len(by_label[NEGATIVE])} negative and "
+            f"{n - n_neutral} turned examples from {len(by_label[NEGATIVE])} negative and "
             f"{len(by_label[POSITIVE])} positive clauses would repeat; ask for at most "
             f"{2 * per_label}"
+        )
+    per_neutral = len(neutral_first) * min(map(len, by_label.values())) * len(turns) * len(ends)
+    if (n_neutral + 1) // 2 > per_neutral:
+        raise UserError(
+            f"{n_neutral} turned examples from {len(neutral_first)} neutral clauses would "
+            f"repeat; ask for a smaller --turn-neutral (at most {2 * per_neutral} of them)"
         )
     texts: list[str] = []
     labels: list[str] = []
@@ -206,8 +238,9 @@ def compose_turns(
     for k in range(n):
         last = POSITIVE if k % 2 == 0 else NEGATIVE
         first = NEGATIVE if last == POSITIVE else POSITIVE
+        firsts = neutral_first if k < n_neutral else by_label[first]
         for _ in range(MAX_DRAWS):
-            a, b = rng.choice(by_label[first]), rng.choice(by_label[last])
+            a, b = rng.choice(firsts), rng.choice(by_label[last])
             opener, turn = rng.choice(turns)
             text = f"{opener}{a}{turn}{b}{rng.choice(ends)}"
             if text not in seen:
@@ -226,6 +259,8 @@ def compose_turns(
         "seed": seed,
         "turns": ["…".join(t).strip() for t in turns],
     }
+    if n_neutral:
+        stats["neutral_first"] = n_neutral
     return LabeledCorpus(texts, labels, source=f"turned sentences composed from {language} clauses "
                          "of the training split (augmentation)", stats=stats)  # fmt: skip
 

@@ -210,9 +210,21 @@ class EncoderData(TextData):
     turn_clauses: int = setting(
         0, "turns: score a random sample of at most this many clauses; 0 = every clause", min=0
     )
+    turn_neutral: float = setting(
+        0.0,
+        "turns: share of them whose first clause is neutral (the probe gives its text's label "
+        "p 0.4-0.6: 虽然是商业片，但是…), labelled by the second; 0 = none",
+        min=0,
+        max=1,
+    )
 
     def check(self) -> None:
         super().check()
+        if self.turn_neutral and not self.turns:
+            raise UserError(
+                f"--turn-neutral {self.turn_neutral} is a share of the composed turns, and "
+                "--turns is 0: give --turns N too, or drop --turn-neutral"
+            )
         if self.turns and not self.pretrained:
             raise UserError(
                 "turns are composed from clauses a probe on the pretrained encoder confirms; "

@@ -27,7 +27,7 @@ from attnlab.data.readers import CharReader, PieceReader, Reader, dataset
 from attnlab.data.sentiment import TWO_CLASSES, held_out_texts
 from attnlab.data.splits import stratified_sample
 from attnlab.data.states import StateData
-from attnlab.data.turns import clause_pool, compose_turns, language_of, select
+from attnlab.data.turns import clause_pool, compose_turns, language_of, neutral, select
 from attnlab.data.unlabeled import load_unlabeled
 from attnlab.errors import UserError
 from attnlab.finetune.cleaning import FOLDS, contradicted, out_of_fold_confidence
@@ -350,12 +350,16 @@ def scored_turns(
     with torch.no_grad():
         p = torch.softmax(scorer(cx.double()), -1)[torch.arange(len(cy)), cy]  # (N,)
     kept = select(pool, p.tolist(), d.turn_threshold)
+    openers = neutral(pool, p.tolist()) if d.turn_neutral else []
     held = held_out_texts(prep.texts.corpus, prep.texts.split) | set(texts)
-    turns = compose_turns(kept, d.turns, d.split_seed, language, held_out=held)
+    turns = compose_turns(kept, d.turns, d.split_seed, language, held_out=held,
+                          neutral_first=openers, neutral_share=d.turn_neutral)  # fmt: skip
+    neutral_record = {"neutral_share": d.turn_neutral, "clauses_neutral": len(openers)}
     return {
         "n": d.turns,
         "language": language,
         "threshold": d.turn_threshold,
+        **(neutral_record if d.turn_neutral else {}),
         "clauses_scored": len(pool),
         "clauses_kept": dict(Counter(c.label for c in kept)),
         "source": turns.source,
