@@ -56,9 +56,14 @@ def p_positive(runs: Sequence[Path]) -> tuple[dict[str, dict], dict[str, list[li
     return sets, probs
 
 
+def correct(s: dict, p: Sequence[float]) -> list[bool]:
+    """Whether each text of the set is read right, reading p(positive) > 0.5."""
+    return [(q > 0.5) == (label == "positive") for q, label in zip(p, s["labels"])]
+
+
 def scores(s: dict, p: Sequence[float]) -> dict[str, float]:
-    """Accuracy over the set and over its turned sentences, reading p(positive) > 0.5."""
-    right = [(q > 0.5) == (label == "positive") for q, label in zip(p, s["labels"])]
+    """Accuracy over the set and over its turned sentences."""
+    right = correct(s, p)
     turned = [r for r, tag in zip(right, s["tags"]) if tag.get("phenomenon") == PHENOMENON]
     return {"accuracy": sum(right) / len(right),
             "turned": sum(turned) / len(turned) if turned else None}  # fmt: skip
@@ -83,8 +88,7 @@ def measure(runs: Sequence[Path]) -> dict:
         ensembles[f"first {k}"] = {name: scores(sets[name], mean(probs[name][:k])) for name in sets}
     shared = {}
     for name, s in sets.items():
-        wrong = [sum((q[j] > 0.5) != (s["labels"][j] == "positive") for q in probs[name])
-                 for j in range(len(s["texts"]))]  # fmt: skip
+        wrong = [sum(not r for r in col) for col in zip(*(correct(s, q) for q in probs[name]))]
         shared[name] = {
             "n": len(wrong),
             "every_run": sum(w == len(runs) for w in wrong),
@@ -146,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     missing = [str(r) for r in args.runs if not (r / "results.json").is_file()]
     if missing:
         raise SystemExit(f"not a finished run (no results.json): {', '.join(missing)}")
-    info = common.machine(threads=2)
+    info = common.machine()
     res = measure(args.runs)
     common.write_results(args.stem, {"machine": info, **res}, page(res, info),
                          command=common.command_line(argv))  # fmt: skip

@@ -412,6 +412,26 @@ def test_turned_sentences_join_the_training_data_and_a_resume_reads_them_back(
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_neutral_first_turns_open_with_the_listed_neutral_clauses(tiny, reviews, tmp_path):
+    """--turn-neutral: that share of the composed sentences (the first ones) opens with a clause
+    the probe read as neutral (p 0.4-0.6), listed in turns.json; the others with a polar one."""
+    from attnlab.data.turns import ZH_TURNS
+
+    out = tmp_path / "run"
+    extra = ["--train-layers", "1", "--turns", "12", "--turn-threshold", "0.6"]
+    assert train(out, reviews, "--max-steps", "1", *extra, "--turn-neutral", "0.5") == 0
+    record = json.loads((out / "turns.json").read_text())
+    openers = set(record["neutral_clauses"])
+    assert record["neutral_share"] == 0.5 and record["clauses_neutral"] == len(openers) > 0
+    firsts = []
+    for text in record["texts"]:
+        body = text.rstrip("。")
+        opener, turn = next(t for t in sorted(ZH_TURNS, key=lambda t: -len(t[0]))
+                            if t[1] in body and body.startswith(t[0]))  # fmt: skip
+        firsts.append(body[len(opener) :].split(turn, 1)[0])
+    assert [first in openers for first in firsts] == [True] * 6 + [False] * 6
+
+
 def test_english_training_texts_get_english_turns(tiny, tmp_path):
     """The turns follow the training texts' language: English reviews compose English turns
     (EN_TURNS), never Chinese ones."""

@@ -173,17 +173,19 @@ def select(
     a whole text."""
     if scores is None:
         return [c for c in pool if c.whole]
-    if len(scores) != len(pool):
-        raise UserError(f"{len(scores)} scores for {len(pool)} clauses; give one per clause")
-    return [c for c, p in zip(pool, scores) if p >= threshold]
+    return [c for c, p in _scored(pool, scores) if p >= threshold]
 
 
 def neutral(pool: Sequence[Clause], scores: Sequence[float]) -> list[str]:
     """The clauses a scorer reads as neither polarity: p(own label) ``scores[i]`` within
     ``NEUTRAL_BAND`` of one half."""
+    return [c.text for c, p in _scored(pool, scores) if abs(p - 0.5) <= NEUTRAL_BAND]
+
+
+def _scored(pool: Sequence[Clause], scores: Sequence[float]) -> zip[tuple[Clause, float]]:
     if len(scores) != len(pool):
         raise UserError(f"{len(scores)} scores for {len(pool)} clauses; give one per clause")
-    return [c.text for c, p in zip(pool, scores) if abs(p - 0.5) <= NEUTRAL_BAND]
+    return zip(pool, scores)
 
 
 def compose_turns(

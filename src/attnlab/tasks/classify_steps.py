@@ -354,12 +354,12 @@ def scored_turns(
     held = held_out_texts(prep.texts.corpus, prep.texts.split) | set(texts)
     turns = compose_turns(kept, d.turns, d.split_seed, language, held_out=held,
                           neutral_first=openers, neutral_share=d.turn_neutral)  # fmt: skip
-    neutral_record = {"neutral_share": d.turn_neutral, "clauses_neutral": len(openers)}
     return {
         "n": d.turns,
         "language": language,
         "threshold": d.turn_threshold,
-        **(neutral_record if d.turn_neutral else {}),
+        **({"neutral_share": d.turn_neutral, "clauses_neutral": len(openers),
+            "neutral_clauses": openers} if d.turn_neutral else {}),  # fmt: skip
         "clauses_scored": len(pool),
         "clauses_kept": dict(Counter(c.label for c in kept)),
         "source": turns.source,
