@@ -7,7 +7,8 @@
 * the mask's statistics over ~10⁶ draws: keep rate 1 − p and independent neighbours (both
   halves of a 64-bit word), within 6 standard deviations, for p from 10⁻³ to 0.9; the seed and a
   restored RNG state reproduce it;
-* ``Dropout`` is an ``nn.Dropout`` (same p, no state), the one attnlab's blocks and BERT use.
+* ``Dropout`` is an ``nn.Dropout`` (same p, no state), the one attnlab's blocks and BERT use;
+* under ``torch.compile`` it is ``F.dropout``: a block traces as one graph.
 """
 
 from __future__ import annotations
@@ -83,3 +84,15 @@ def test_dropout_module_is_an_nn_dropout_that_blocks_use() -> None:
     block = Block(BlockConfig(16, 2, 32, dropout=0.2))
     drops = [mod for mod in block.modules() if isinstance(mod, nn.Dropout)]
     assert drops and all(type(mod) is Dropout for mod in drops)
+
+
+def test_a_compiled_block_traces_as_one_graph_through_its_dropouts() -> None:
+    # fullgraph=True fails on a graph break: the in-place random_ of the CPU mask would be one
+    torch.manual_seed(0)
+    block = Block(BlockConfig(d_model=16, n_heads=2, d_ff=32, dropout=0.5, attn_dropout=0.0))
+    block.train()
+    compiled = torch.compile(block, backend="eager", fullgraph=True)
+    out, _ = compiled(torch.randn(3, 5, 16))
+    assert out.shape == (3, 5, 16)
+    zeros = (dropout(torch.ones(4000), 0.5, training=True) == 0).float().mean()
+    assert 0.4 < float(zeros) < 0.6  # the eager path still drops

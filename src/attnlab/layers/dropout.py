@@ -10,7 +10,9 @@ integers u, uniform on [−2³¹, 2³¹), and an element is kept when u ≥ −2
 P(keep) = 1 − p within 2⁻³³. The draws come from torch's default CPU generator, so
 ``manual_seed``, the RNG state a checkpoint saves and gradient checkpointing's replay govern
 them as they govern ``bernoulli_``; the stream differs from ``F.dropout``'s, so the same seed
-draws other masks. Other devices (CUDA's fused Philox kernel) call ``F.dropout``.
+draws other masks. Other devices (CUDA's fused Philox kernel) call ``F.dropout``, and so does a
+module traced by ``torch.compile``: Dynamo cannot trace the in-place ``random_`` (it would break
+the graph at every dropout), and Inductor draws its own masks inside the fused kernel.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     if not training or p == 0.0:
         return x
     if x.device.type != "cpu" or p == 1.0 or not x.is_floating_point():
+        return F.dropout(x, p, training)
+    if torch.compiler.is_compiling():
         return F.dropout(x, p, training)
     noise = keep_mask(x.shape, p, x.dtype).div_(1.0 - p)  # m / (1 - p), as F.dropout forms it
     return x * noise
