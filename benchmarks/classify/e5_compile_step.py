@@ -99,7 +99,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         lengths[: BATCH // 4] = T // 2
         models = {"eager": base, "compiled": compiled}
 
-        def run(case: str, hidden: Any = hidden, lengths: Any = lengths) -> None:
+        def run(
+            case: str, hidden: Any = hidden, lengths: Any = lengths, models: Any = models
+        ) -> None:
             kind, precision = case.split()
             step(models[kind], hidden, lengths, start, precision == "bf16")
 

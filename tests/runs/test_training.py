@@ -464,3 +464,10 @@ def test_num_threads_holds_for_the_whole_run(tmp_path, corpus, monkeypatch) -> N
     argv = ["train", "classify", "--out", str(tmp_path / "r"), "--data", str(corpus), *TINY]
     assert main([*argv, "--max-steps", "1"]) == 0  # TINY: --num-threads 1
     assert seen == [1] and torch.get_num_threads() == 2
+
+
+def test_lr_decay_on_a_model_without_depths_is_refused_before_any_file(tmp_path, corpus, capsys):
+    out = tmp_path / "run"  # the character model lists no layer depths: nothing to decay by
+    probe(capsys, ["train", "classify", "--out", str(out), "--data", str(corpus), *TINY,
+                   "--lr-decay", "0.9"], "layer_depths")  # fmt: skip
+    assert list(tmp_path.iterdir()) == []

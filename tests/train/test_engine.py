@@ -500,3 +500,28 @@ def test_eval_start_skips_the_early_evaluations(tmp_path: Path) -> None:
     Trainer(tiny(), cfg, tmp_path, TinyData(), step_fn, make_evaluate()).fit()
     vals = [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl") if r["split"] == "val"]
     assert vals == [6, 8, 9]  # from step 5 on every 2nd step, and the last
+
+
+class DepthTagger(TinyTagger):
+    """TinyTagger that lists its layers' depths: out 0, hidden 1, embed 2."""
+
+    def layer_depths(self) -> dict[str, int]:
+        depth = {"out": 0, "hidden": 1, "embed": 2}
+        return {name: depth[name.split(".")[0]] for name, _ in self.named_parameters()}
+
+
+def test_layer_wise_lr_decay_moves_each_depth_by_its_own_lr(tmp_path: Path) -> None:
+    """AdamW's first step moves every element with a gradient by lr (m̂ / √v̂ = ±1 when there
+    is no weight decay): with lr_decay 0.5, by lr · 0.5^depth, lr the scheduled rate logged."""
+    seed_everything(0)
+    model = DepthTagger()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    cfg = cfg_for(max_steps=1, lr_decay=0.5, weight_decay=0.0, warmup_steps=0, schedule="constant")
+    Trainer(model, cfg, tmp_path, TinyData(), step_fn).fit()
+    lr = read_metrics(tmp_path / "metrics.jsonl")[0]["lr"]
+    assert lr > 0
+    for name, p in model.named_parameters():
+        moved = (p.detach() - before[name]).abs()
+        moved = moved[moved > 0].median()  # an element with a tiny gradient moves less (eps)
+        expected = lr * 0.5 ** model.layer_depths()[name]
+        assert math.isclose(float(moved), expected, rel_tol=1e-3), (name, float(moved), expected)

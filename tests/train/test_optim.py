@@ -159,3 +159,37 @@ def test_frozen_matrices_are_nobodys() -> None:
     ids = {id(p) for g in opt.param_groups for p in g["params"]}
     assert not ids & {id(p) for p in model.frozen.parameters()}
     assert len(ids) == sum(1 for p in model.parameters() if p.requires_grad)
+
+
+def test_layer_wise_decay_gives_each_depth_its_scale() -> None:
+    from attnlab.models.bert import BertClassifier, BertConfig
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=50, d_model=16, n_heads=2, d_ff=32, n_layers=3, context=20)
+    model = BertClassifier(cfg, 2)
+    model.bert.embeddings.requires_grad_(False)
+    depths = model.layer_depths()
+    assert depths["head.weight"] == 0 and depths["bert.encoder.blocks.2.ff.w_in.weight"] == 1
+    assert depths["bert.encoder.blocks.0.ff.w_in.weight"] == 3
+    names = {id(p): n for n, p in model.named_parameters()}
+    plain = param_groups(model, 0.01)
+    decayed = {id(p) for g in plain if g["weight_decay"] > 0 for p in g["params"]}
+    groups = param_groups(model, 0.01, lr_decay=0.8)
+    seen = [id(p) for g in groups for p in g["params"]]
+    assert sorted(seen) == sorted(id(p) for g in plain for p in g["params"])  # each once
+    for g in groups:
+        for p in g["params"]:
+            assert g["lr_scale"] == 0.8 ** depths[names[id(p)]]
+            assert (g["weight_decay"] > 0) == (id(p) in decayed)
+    opt = build_optimizer(model, 1e-3, 0.01, (0.9, 0.999), lr_decay=0.8)
+    assert sorted({round(g["lr"], 12) for g in opt.param_groups}) == sorted(
+        {round(1e-3 * 0.8**k, 12) for k in (0, 1, 2, 3)}
+    )
+    assert all("lr_scale" not in g for g in plain)  # lr_decay 1: the groups as before
+
+
+def test_layer_wise_decay_refuses_a_model_without_depths() -> None:
+    from attnlab.errors import UserError
+
+    with pytest.raises(UserError, match="layer_depths"):
+        param_groups(Tied(), 0.01, lr_decay=0.9)

@@ -384,6 +384,24 @@ class BertClassifier(nn.Module):
         pooled = self.features(input_ids, lengths, hidden=hidden, start=start)  # (B, D)
         return self.head(self.dropout(pooled))  # (B, C)
 
+    def layer_depths(self) -> dict[str, int]:
+        """Each parameter's depth below the output for layer-wise lr decay: the head 0, the top
+        block 1, block i of L (0-based) L − i, the embeddings L + 1; the pooler, on the output
+        side of the blocks, 1."""
+        L = len(self.bert.encoder.blocks)
+        depths = {}
+        for name, _ in self.named_parameters():
+            parts = name.split(".")
+            if parts[0] == "head":
+                depths[name] = 0
+            elif parts[:3] == ["bert", "encoder", "blocks"]:
+                depths[name] = L - int(parts[3])
+            elif parts[:2] == ["bert", "pooler"]:
+                depths[name] = 1
+            else:
+                depths[name] = L + 1
+        return depths
+
     def features(
         self,
         input_ids: Tensor | None,

@@ -326,11 +326,14 @@ def _train(
     checkpoint to continue from; a resume without one starts afresh, every step of the recipe
     included, and rewrites the run's files."""
     from attnlab.train import Trainer, load_weights, seed_everything
+    from attnlab.train.optim import layer_depths
 
     main = folder.is_main_process()
     setup = task.setup(cfg, work, restoring, device)
     seed_everything(cfg.train.seed)
     model = task.build_model(cfg, setup)
+    if cfg.train.lr_decay < 1.0:
+        layer_depths(model)  # refused here, before the folder is published
     if main:
         folder.write_config(work, cfg.to_json())
         datafiles.write_record(work, record)

@@ -26,6 +26,13 @@ class TrainConfig(ConfigBase):
     )
     grad_accum: int = setting(1, "micro-batches per optimizer step", min=1)
     lr: float = setting(1e-3, "peak learning rate", above=0)
+    lr_decay: float = setting(
+        1.0,
+        "layer-wise lr decay (AdamW): a parameter at depth k below the output (the model's "
+        "layer_depths(): head 0, top layer 1, ...) learns at lr * lr_decay^k; 1 = one rate",
+        above=0,
+        max=1,
+    )
     weight_decay: float = setting(
         0.01,
         "AdamW decoupled decay for params with ndim>=2 that are not nn.Embedding weights",
@@ -134,6 +141,8 @@ class TrainConfig(ConfigBase):
             raise UserError(f"betas must be two numbers in [0, 1), got {self.betas}")
         if self.schedule == "noam" and self.warmup_steps == 0 and self.warmup_ratio == 0.0:
             raise UserError("schedule='noam' needs warmup: set warmup_steps or warmup_ratio > 0")
+        if self.lr_decay < 1.0 and self.optimizer != "adamw":
+            raise UserError("lr_decay applies to AdamW's groups only: use optimizer='adamw'")
 
 
 def check_num_threads(value: int) -> None:

@@ -447,7 +447,8 @@ class Trainer:
     def _update(self, step: int, total_weight: float) -> tuple[float, float]:
         """Set the lrs, normalise and clip the gradients, step the optimizer; return (lr, grad
         norm), lr being the AdamW groups' (`cfg.lr` times the schedule factor). The schedule
-        scales every group alike: Muon groups run at `cfg.muon_lr` times the same factor."""
+        scales every group alike: Muon groups run at `cfg.muon_lr` times the same factor, and a
+        group with an ``lr_scale`` (layer-wise decay) at that times its scale."""
         cfg = self.cfg
         factor = lr_factor(
             self._schedule_step(step),
@@ -460,7 +461,8 @@ class Trainer:
         )
         lr = cfg.lr * factor
         for group in self.optimizer.param_groups:
-            group["lr"] = cfg.muon_lr * factor if group.get("use_muon") else lr
+            base = cfg.muon_lr * factor if group.get("use_muon") else lr
+            group["lr"] = base * group.get("lr_scale", 1.0)  # layer-wise decay (param_groups)
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]

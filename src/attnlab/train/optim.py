@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from attnlab.errors import UserError
 from attnlab.train.config import TrainConfig
 from attnlab.train.muon import NS_COEFFICIENTS, NS_EPS, MuonAdamW
 
@@ -23,35 +24,62 @@ def _no_decay(model: nn.Module) -> set[int]:
     }
 
 
-def param_groups(model: nn.Module, weight_decay: float, exclude: set[int] = frozenset()) -> list:
+def param_groups(
+    model: nn.Module, weight_decay: float, exclude: set[int] = frozenset(), lr_decay: float = 1.0
+) -> list:
     """Split trainable params (other than the ids in `exclude`) into a decayed group and a
     no-decay group.
 
     Decayed: tensors with ndim >= 2 (Linear/attention/conv weights). Not decayed: biases and
     norm gains (ndim < 2), every nn.Embedding weight (also when tied to an output layer), and
     any name listed by an optional `model.no_weight_decay()` (e.g. a ViT's pos_embed, cls_token).
+
+    With `lr_decay` < 1 (layer-wise learning-rate decay, Howard & Ruder 2018; Clark et al. 2020)
+    each pair is split again by depth, from `model.layer_depths()` (parameter name -> k, 0 at
+    the output): a group at depth k carries ``lr_scale`` = lr_decay^k, which the engine
+    multiplies into the scheduled lr (lr_k = lr · lr_decay^k).
     """
     skip = _no_decay(model)
-    decay: list[nn.Parameter] = []
-    no_decay: list[nn.Parameter] = []
-    for p in model.parameters():  # shared (tied) tensors are yielded once
+    depths = layer_depths(model) if lr_decay < 1.0 else {}
+    buckets: dict[tuple[int, bool], list[nn.Parameter]] = {}
+    for name, p in model.named_parameters():  # shared (tied) tensors are yielded once
         if p.requires_grad and id(p) not in exclude:
-            (no_decay if id(p) in skip else decay).append(p)
-    groups = [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-    return [g for g in groups if g["params"]]
+            buckets.setdefault((depths.get(name, 0), id(p) in skip), []).append(p)
+    groups = []
+    for (depth, no_decay), params in sorted(buckets.items()):
+        group = {"params": params, "weight_decay": 0.0 if no_decay else weight_decay}
+        if lr_decay < 1.0:
+            group["lr_scale"] = lr_decay**depth
+        groups.append(group)
+    return groups
+
+
+def layer_depths(model: nn.Module) -> dict[str, int]:
+    """`model.layer_depths()`, refused for a model without one (lr_decay cannot guess which
+    layer is deeper): a run checks it before its folder is published."""
+    if not hasattr(model, "layer_depths"):
+        raise UserError(
+            f"lr_decay needs a model that lists its layers' depths (layer_depths); "
+            f"{type(model).__name__} does not: leave lr_decay at 1"
+        )
+    return model.layer_depths()
 
 
 def build_optimizer(
-    model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float]
+    model: nn.Module,
+    lr: float,
+    weight_decay: float,
+    betas: tuple[float, float],
+    lr_decay: float = 1.0,
 ) -> torch.optim.AdamW:
-    """AdamW (Loshchilov & Hutter 2019) over `param_groups(model, weight_decay)`, torch's fused
-    kernel where every parameter allows it (`fused_ok`)."""
-    groups = param_groups(model, weight_decay)
+    """AdamW (Loshchilov & Hutter 2019) over `param_groups(model, weight_decay, lr_decay=...)`
+    (each group at lr · its ``lr_scale``), torch's fused kernel where every parameter allows it
+    (`fused_ok`)."""
+    groups = param_groups(model, weight_decay, lr_decay=lr_decay)
     if not groups:
         raise ValueError("model has no trainable parameters (all have requires_grad=False)")
+    for g in groups:
+        g["lr"] = lr * g.get("lr_scale", 1.0)
     params = [p for g in groups for p in g["params"]]
     return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused_ok(params) or None)
 
@@ -129,7 +157,7 @@ def build_muon_optimizer(
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     """The optimizer `cfg.optimizer` names, with the TrainConfig's hyper-parameters."""
     if cfg.optimizer == "adamw":
-        return build_optimizer(model, cfg.lr, cfg.weight_decay, cfg.betas)
+        return build_optimizer(model, cfg.lr, cfg.weight_decay, cfg.betas, cfg.lr_decay)
     return build_muon_optimizer(
         model,
         lr=cfg.lr,
