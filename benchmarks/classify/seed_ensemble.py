@@ -5,7 +5,10 @@ Reads finished runs of the same recipe trained with different seeds (``attnlab t
 and the tutorial's three sentences with each run (``ClassifierRun.predict``), and scores each
 run alone and the ensembles that average p(positive) over the first three runs and over all of
 them. It then counts, for each set, how many of its texts every run misreads (an error no
-average can undo), some runs misread, or none. The runs were trained beforehand; nothing here
+average can undo), some runs misread, or none, and which way the average of all runs errs: the
+positive texts it reads as negative and the negative ones it reads as positive, and how many of
+each it reads with confidence (p(positive) below 0.2, or above 0.8): errors a shifted decision
+threshold cannot undo. The runs were trained beforehand; nothing here
 trains or chooses anything (OOD test is read, never chosen on).
 
     python -m benchmarks.classify.seed_ensemble RUN RUN RUN [RUN ...] [--stem NAME]
@@ -24,6 +27,7 @@ from benchmarks import common
 
 STEM = "main_job_ensemble"
 PHENOMENON = "contrast"  # the OOD sets' turned (转折) sentences
+CONFIDENT = 0.2  # p(positive) below this (or above 1 - this) is a confident reading
 
 
 def parser() -> argparse.ArgumentParser:
@@ -97,8 +101,23 @@ def measure(runs: Sequence[Path]) -> dict:
                 s["texts"][j] for j, w in enumerate(wrong) if w == len(runs)
             ],
         }
+    ways = {name: directions(s, mean(probs[name])) for name, s in sets.items()}
     return {"runs": [str(r) for r in runs], "members": members, "ensembles": ensembles,
-            "shared_errors": shared}  # fmt: skip
+            "shared_errors": shared, "directions": ways}  # fmt: skip
+
+
+def directions(s: dict, p: Sequence[float]) -> dict[str, int]:
+    """The errors of one reading of the set by the true label, and the confident ones."""
+    pos = [q for q, label in zip(p, s["labels"]) if label == "positive"]
+    neg = [q for q, label in zip(p, s["labels"]) if label != "positive"]
+    return {
+        "positive": len(pos),
+        "positive_read_negative": sum(q <= 0.5 for q in pos),
+        "of_them_confident": sum(q < CONFIDENT for q in pos),
+        "negative": len(neg),
+        "negative_read_positive": sum(q > 0.5 for q in neg),
+        "of_those_confident": sum(q > 1 - CONFIDENT for q in neg),
+    }
 
 
 def _cell(r: dict) -> str:
@@ -137,6 +156,23 @@ def page(res: dict, info: dict) -> list[str]:
     ]
     for name, r in res["shared_errors"].items():
         lines.append(f"| {name} | {r['n']} | {r['every_run']} | {r['some_runs']} |")
+    lines += [
+        "",
+        f"Which way the mean of all {len(res['runs'])} runs errs: positive texts read as "
+        f"negative, negative ones read as positive, and of each how many with p(positive) below "
+        f"{CONFIDENT} (or above {1 - CONFIDENT:.1f}), which no shift of the 0.5 threshold within "
+        "that band would undo.",
+        "",
+        "| set | positive read negative | of them p < "
+        f"{CONFIDENT} | negative read positive | of them p > {1 - CONFIDENT:.1f} |",
+        "|---|---|---|---|---|",
+    ]
+    for name, d in res["directions"].items():
+        lines.append(
+            f"| {name} | {d['positive_read_negative']} of {d['positive']} | "
+            f"{d['of_them_confident']} | {d['negative_read_positive']} of {d['negative']} | "
+            f"{d['of_those_confident']} |"
+        )
     lines += ["", "Misread by every run:", ""]
     for name, r in res["shared_errors"].items():
         lines += [f"- {name}: " + ("; ".join(r["texts_every_run_misreads"]) or "none")]
