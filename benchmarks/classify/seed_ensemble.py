@@ -11,8 +11,8 @@ each it reads with confidence (p(positive) below 0.2, or above 0.8): errors a sh
 threshold cannot undo. The runs were trained beforehand; nothing here
 trains or chooses anything (OOD test is read, never chosen on).
 
-    python -m benchmarks.classify.seed_ensemble RUN RUN RUN [RUN ...] [--stem NAME]
-        -> docs/results/main_job_ensemble.{json,md}
+    python -m benchmarks.classify.seed_ensemble RUN RUN RUN [RUN ...] [--stem NAME] [--title T]
+        -> docs/results/main_job_ensemble.{json,md} (or STEM.{json,md})
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from pathlib import Path
 from benchmarks import common
 
 STEM = "main_job_ensemble"
+TITLE = "The main job's seeds averaged: a seed ensemble"
 PHENOMENON = "contrast"  # the OOD sets' turned (转折) sentences
 CONFIDENT = 0.2  # p(positive) below this (or above 1 - this) is a confident reading
 
@@ -34,6 +35,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("runs", nargs="+", type=Path, help="finished runs of one recipe, 2 or more")
     p.add_argument("--stem", default=STEM, help="the page's name under docs/results/")
+    p.add_argument("--title", default=TITLE, help="the page's heading")
     return p
 
 
@@ -125,10 +127,10 @@ def _cell(r: dict) -> str:
     return f"{r['accuracy']:.3f} / {turned}"
 
 
-def page(res: dict, info: dict) -> list[str]:
+def page(res: dict, info: dict, title: str = TITLE) -> list[str]:
     names = list(next(iter(res["members"].values())))
     lines = [
-        "# The main job's seeds averaged: a seed ensemble",
+        f"# {title}",
         "",
         common.machine_line(info),
         "",
@@ -188,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(f"not a finished run (no results.json): {', '.join(missing)}")
     info = common.machine()
     res = measure(args.runs)
-    common.write_results(args.stem, {"machine": info, **res}, page(res, info),
+    common.write_results(args.stem, {"machine": info, **res}, page(res, info, args.title),
                          command=common.command_line(argv))  # fmt: skip
 
 
