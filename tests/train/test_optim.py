@@ -193,3 +193,10 @@ def test_layer_wise_decay_refuses_a_model_without_depths() -> None:
 
     with pytest.raises(UserError, match="layer_depths"):
         param_groups(Tied(), 0.01, lr_decay=0.9)
+
+    class Partial(Tied):
+        def layer_depths(self) -> dict[str, int]:
+            return {"proj.weight": 1}
+
+    with pytest.raises(ValueError, match="lacks 'pos'"):
+        param_groups(Partial(), 0.01, lr_decay=0.9)

@@ -44,6 +44,8 @@ def param_groups(
     buckets: dict[tuple[int, bool], list[nn.Parameter]] = {}
     for name, p in model.named_parameters():  # shared (tied) tensors are yielded once
         if p.requires_grad and id(p) not in exclude:
+            if depths and name not in depths:  # no depth is guessed: the model must say
+                raise ValueError(f"{type(model).__name__}.layer_depths() lacks {name!r}")
             buckets.setdefault((depths.get(name, 0), id(p) in skip), []).append(p)
     groups = []
     for (depth, no_decay), params in sorted(buckets.items()):
