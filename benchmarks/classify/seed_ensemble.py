@@ -115,10 +115,10 @@ def directions(s: dict, p: Sequence[float]) -> dict[str, int]:
     return {
         "positive": len(pos),
         "positive_read_negative": sum(q <= 0.5 for q in pos),
-        "of_them_confident": sum(q < CONFIDENT for q in pos),
+        "positive_confident": sum(q < CONFIDENT for q in pos),
         "negative": len(neg),
         "negative_read_positive": sum(q > 0.5 for q in neg),
-        "of_those_confident": sum(q > 1 - CONFIDENT for q in neg),
+        "negative_confident": sum(q > 1 - CONFIDENT for q in neg),
     }
 
 
@@ -172,8 +172,8 @@ def page(res: dict, info: dict, title: str = TITLE) -> list[str]:
     for name, d in res["directions"].items():
         lines.append(
             f"| {name} | {d['positive_read_negative']} of {d['positive']} | "
-            f"{d['of_them_confident']} | {d['negative_read_positive']} of {d['negative']} | "
-            f"{d['of_those_confident']} |"
+            f"{d['positive_confident']} | {d['negative_read_positive']} of {d['negative']} | "
+            f"{d['negative_confident']} |"
         )
     lines += ["", "Misread by every run:", ""]
     for name, r in res["shared_errors"].items():

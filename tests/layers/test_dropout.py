@@ -94,5 +94,3 @@ def test_a_compiled_block_traces_as_one_graph_through_its_dropouts() -> None:
     compiled = torch.compile(block, backend="eager", fullgraph=True)
     out, _ = compiled(torch.randn(3, 5, 16))
     assert out.shape == (3, 5, 16)
-    zeros = (dropout(torch.ones(4000), 0.5, training=True) == 0).float().mean()
-    assert 0.4 < float(zeros) < 0.6  # the eager path still drops
