@@ -21,13 +21,15 @@ The run object itself stays reachable as ``.run`` (its model, tokenizer, labels)
 from __future__ import annotations
 
 import contextlib
+import inspect
+import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from attnlab.data.io import is_blank
+from attnlab.data.io import clean_text, is_blank
 from attnlab.errors import UserError
 from attnlab.runs.load import load_run
 from attnlab.runs.task import Run
@@ -54,8 +56,9 @@ def torch_threads(threads: int) -> Iterator[None]:
 def check_texts(texts: Any) -> list[str]:
     """``texts`` as a list of non-blank strings, or a one-line UserError naming the first
     that is not, counted from 1. A lone string is refused: iterating it would classify its
-    characters one by one."""
-    if isinstance(texts, str) or not isinstance(texts, Sequence):
+    characters one by one. A lone surrogate (``"\\ud800"``, which no tokenizer encodes)
+    becomes U+FFFD, as the command line and the server read it."""
+    if isinstance(texts, (str, bytes)) or not isinstance(texts, Sequence):
         raise UserError(f"texts must be a list of strings, got {type(texts).__name__}")
     if not texts:
         raise UserError("no texts given; pass a list of at least one")
@@ -64,14 +67,82 @@ def check_texts(texts: Any) -> list[str]:
             raise UserError(f"text {i + 1} is a {type(text).__name__}, not a string")
         if is_blank(text):
             raise UserError(f"text {i + 1} is empty; give some words to read")
-    return list(texts)
+    return [clean_text(text) for text in texts]
 
 
-def check_settings(threads: int, batch_size: int) -> None:
+def check_text(text: Any, name: str = "text") -> str:
+    """One non-blank string (a lone surrogate made U+FFFD), or a one-line UserError."""
+    if not isinstance(text, str):
+        raise UserError(f"{name} must be a string, got {type(text).__name__}")
+    if is_blank(text):
+        raise UserError(f"{name} is empty; give some words to read")
+    return clean_text(text)
+
+
+def check_int(name: str, value: Any, minimum: int, maximum: int | None = None) -> int:
+    """``value`` if it is a whole number (not a bool) in [minimum, maximum], else one line."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UserError(f"{name} must be a whole number, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise UserError(f"{name} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise UserError(f"{name} must be <= {maximum}, got {value}")
+    return value
+
+
+def check_settings(threads: Any, batch_size: Any) -> None:
+    """Threads between 0 (torch's setting) and the machine's cores (more would each wait for a
+    core, and a huge count exhausts memory starting them), a batch size of at least one."""
+    check_int("threads", threads, -1)
     if threads < 0:
         raise UserError(f"threads must be >= 0 (0 = torch's setting), got {threads}")
-    if batch_size < 1:
-        raise UserError(f"batch_size must be >= 1, got {batch_size}")
+    cores = os.cpu_count() or 1
+    if threads > cores:
+        raise UserError(f"threads={threads}, but this machine has {cores} cores; give at most that")
+    check_int("batch_size", batch_size, 1)
+
+
+def check_device(device: Any, option: str = "device") -> torch.device:
+    """``device`` as a torch device this torch can run attnlab on, or one line naming the fix.
+    ``option``: how the caller names it (``--device`` on the command line)."""
+
+    def said(value: Any, quoted: bool = False) -> str:
+        if option.startswith("-"):  # a command-line flag
+            return f"{option} {value!r}" if quoted else f"{option} {value}"
+        return f"{option}={value!r}"
+
+    cpu = said("cpu")
+    if not isinstance(device, (str, torch.device)):
+        raise UserError(f"{option} must be a string such as 'cpu' or 'cuda', got {device!r}")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise UserError(
+            f"{said(device, True)} is not a device; use {cpu} or {said('cuda')}"
+        ) from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"{said(device)}, but torch sees no CUDA device; use {cpu}")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise UserError(
+            f"{said(device)}: torch sees {torch.cuda.device_count()} CUDA device(s), numbered "
+            f"from 0; use {said('cuda:0')}"
+        )
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise UserError(f"{said(device)}, but torch sees no MPS device; use {cpu}")
+    if dev.type not in ("cpu", "cuda", "mps"):
+        raise UserError(f"{said(device)}: attnlab runs on cpu, cuda or mps")
+    return dev
+
+
+def check_run_dir(run_dir: Any) -> Path:
+    """A run folder's path, or one line when ``run_dir`` is no path at all."""
+    if not isinstance(run_dir, (str, os.PathLike)) or isinstance(run_dir, bytes):
+        raise UserError(
+            f"the run must be a folder path (str or Path), got {type(run_dir).__name__}"
+        )
+    if not str(run_dir):
+        raise UserError("the run's folder is an empty string; give the folder of a trained run")
+    return Path(run_dir)
 
 
 class LoadedRun:
@@ -88,6 +159,8 @@ class LoadedRun:
     ) -> LoadedRun:  # fmt: skip
         """Load the run in ``run_dir`` (any task; its weights checked) onto ``device``."""
         check_settings(threads, batch_size)
+        run_dir = check_run_dir(run_dir)
+        check_device(device)
         with torch_threads(threads):
             return cls(load_run(run_dir, device), threads, batch_size)
 
@@ -110,7 +183,7 @@ class LoadedRun:
         the run adds (``unknown_share``, ``truncated``, ...). Image runs take file paths."""
         self.run.require("predict")
         texts = check_texts(texts)
-        size = batch_size or self.batch_size
+        size = self.batch_size if batch_size is None else check_int("batch_size", batch_size, 1)
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))  # little padding a chunk
         out: list[dict[str, Any]] = [{} for _ in texts]
         with torch_threads(self.threads), torch.no_grad():
@@ -119,6 +192,22 @@ class LoadedRun:
                 for i, pred in zip(rows, self.run.predict([texts[i] for i in rows])):  # type: ignore[attr-defined]
                     out[i] = pred
         return out
+
+    def score_file(
+        self, data: str | Path, out: str | Path, text_col: str = "text", resume: bool = False,
+        progress: bool = True,
+    ) -> dict[str, Any]:  # fmt: skip
+        """Score every row of a CSV, TSV or JSONL file into ``out`` (same formats, from the
+        extension): the input's columns, ``predicted_label`` and ``prob_<class>`` per class.
+        ``resume`` continues an ``out`` a killed call left, scoring no row twice
+        (attnlab.infer.score_file). Returns {rows, scored, resumed, seconds, texts_per_s, out,
+        longer_than_training}."""
+        from attnlab.infer.score_file import score_file
+
+        self.run.require("predict")
+        if not hasattr(self.run, "tokenizer"):
+            raise UserError(f"{self.run.run_dir} classifies images; score_file reads texts")
+        return score_file(self.predict, self.labels, data, out, text_col, resume, progress)
 
     def __getattr__(self, name: str) -> Any:
         """The run's other verbs (evaluate, attention, generate, translate, embed), each run on
@@ -129,8 +218,73 @@ class LoadedRun:
         verb = getattr(self.run, name)
 
         def call(*args: Any, **kwargs: Any) -> Any:
+            bound = check_arguments(self.run, name, verb, args, kwargs)
             with torch_threads(self.threads), torch.no_grad():
-                return verb(*args, **kwargs)
+                return verb(*bound.args, **bound.kwargs)
 
         call.__doc__ = verb.__doc__
         return call
+
+
+SPLITS = ("train", "val", "test")  # the splits every run keeps (`attnlab eval --split`)
+INT_SETTINGS = {"top_k": 0, "seed": 0, "num_samples": 1, "lookahead": 1}  # generate's, minimum
+REAL_SETTINGS = ("temperature", "top_p")
+
+
+def check_arguments(
+    run: Run, verb_name: str, verb: Any, args: tuple, kwargs: dict[str, Any]
+) -> inspect.BoundArguments:
+    """The call ``verb(*args, **kwargs)`` with each argument checked (texts, splits, paths,
+    counts), or one line naming the first that is wrong: what reaches the run is what it can
+    read."""
+    try:
+        bound = inspect.signature(verb).bind(*args, **kwargs)
+    except TypeError as err:
+        raise UserError(f"{verb_name}{inspect.signature(verb)}: {err}") from None
+    given = bound.arguments
+    for name, value in list(given.items()):
+        if name == "texts":
+            given[name] = check_texts(value)
+        elif name in ("text", "image"):
+            given[name] = check_text(value, name)
+        elif name == "prompt" and value is not None:
+            if not isinstance(value, str):
+                raise UserError(f"prompt must be a string, got {type(value).__name__}")
+            given[name] = clean_text(value)
+        elif name == "split" and value not in SPLITS:
+            raise UserError(
+                f"split={value!r}: this run has the splits {', '.join(SPLITS)}; give one of "
+                "them, or data=FILE"
+            )
+        elif name in ("data", "text_col", "label_col") and value is not None:
+            kinds = (str, os.PathLike) if name == "data" else (str,)
+            if not isinstance(value, kinds):
+                what = "a file path" if name == "data" else "a column name"
+                raise UserError(f"{name} must be {what}, got {type(value).__name__}")
+        elif name == "beam_size" and value is not None:
+            check_int("beam_size", value, 1)
+        elif name == "member":
+            check_int("member", value, 0, getattr(run, "members", 1) - 1)
+        elif name == "max_new_tokens":
+            check_int("max_new_tokens", value, 1)
+        elif name == "settings":
+            check_generate_settings(value)
+    if verb_name == "evaluate" and given.get("data") is None:
+        from attnlab.runs.load import require_data
+
+        require_data(run)  # the run's own split needs the data it was trained on
+    return bound
+
+
+def check_generate_settings(settings: dict[str, Any]) -> None:
+    """``generate``'s keyword settings: counts whole numbers, rates real numbers, stops strings."""
+    for name, minimum in INT_SETTINGS.items():
+        if name in settings:
+            check_int(name, settings[name], minimum)
+    for name in REAL_SETTINGS:
+        value = settings.get(name, 0.0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise UserError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    stops = settings.get("stops", [])
+    if isinstance(stops, str) or not all(isinstance(stop, str) for stop in stops):
+        raise UserError("stops must be a list of strings")

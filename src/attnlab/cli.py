@@ -246,6 +246,19 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
         "tokens), out_of_reach (over 0.3) and truncated (longer than the run reads), warned "
         "about in plain output",
     )
+    p.add_argument(
+        "--data",
+        default=None,
+        help="score this CSV, TSV or JSONL file instead (needs --out): every column kept, "
+        "predicted_label and prob_<class> columns added",
+    )
+    p.add_argument("--text-col", default="text", help="--data's text column (default text)")
+    p.add_argument("--out", default=None, help="where --data's scored rows go (.csv/.tsv/.jsonl)")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue an --out that a stopped run left: rows already there are not rescored",
+    )
     add_threads(p)
 
 
@@ -272,6 +285,10 @@ def _run_predict(args: argparse.Namespace) -> int:
 
     if sys.stdout is None:  # started with its output closed (`>&-`): the answers would vanish
         raise UserError("standard output is closed; send predict's output to a file or a pipe")
+    if args.data is not None:
+        return _score_file(args)
+    if args.out is not None or args.resume:
+        raise UserError("--out and --resume go with --data FILE; without it predictions print")
     loaded = LoadedRun.open(args.run, threads=args.threads, batch_size=args.batch_size)
     loaded.run.require("predict")
     inputs = args.texts or [line for line in split_lines(read_stdin()) if line.strip()]
@@ -290,6 +307,24 @@ def _run_predict(args: argparse.Namespace) -> int:
             f"cannot write the predictions to standard output ({err.strerror}); send them "
             "somewhere with room (> FILE)"
         ) from None
+    return 0
+
+
+def _score_file(args: argparse.Namespace) -> int:
+    """predict --data FILE --out OUT: the file scored, a progress bar on stderr."""
+    from attnlab.api import LoadedRun
+    from attnlab.data.io import output_errors
+
+    if args.texts:
+        raise UserError("give texts or --data FILE, not both")
+    if args.out is None:
+        raise UserError("--data needs --out FILE (.csv, .tsv or .jsonl) for the scored rows")
+    loaded = LoadedRun.open(args.run, threads=args.threads, batch_size=args.batch_size)
+    with output_errors("--out"):
+        done = loaded.score_file(args.data, args.out, args.text_col, args.resume)
+    again = f" ({done['resumed']} were in it already)" if done["resumed"] else ""
+    print(f"scored {done['scored']} of {done['rows']} rows{again} in {done['seconds']:.1f} s "
+          f"({done['texts_per_s']:.1f} texts/s); written to {done['out']}")  # fmt: skip
     return 0
 
 
@@ -841,26 +876,13 @@ def clean_text_args(args: argparse.Namespace) -> None:
 
 
 def check_device(device: str | None) -> None:
-    """Refuse a --device this torch cannot use, before anything is loaded or written."""
+    """Refuse a --device this torch cannot use, before anything is loaded or written (the
+    check ``attnlab.load`` makes of its ``device``)."""
     if device is None:
         return
-    import torch
+    from attnlab.api import check_device as check
 
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise UserError(f"--device {device!r} is not a device; use cpu or cuda") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda, but torch sees no CUDA device; use --device cpu")
-    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise UserError(
-            f"--device {device}: torch sees {torch.cuda.device_count()} CUDA device(s), "
-            f"numbered from 0; use --device cuda:0"
-        )
-    if dev.type == "mps" and not torch.backends.mps.is_available():
-        raise UserError("--device mps, but torch sees no MPS device; use --device cpu")
-    if dev.type not in ("cpu", "cuda", "mps"):
-        raise UserError(f"--device {device!r}: attnlab runs on cpu, cuda or mps")
+    check(device, "--device")
 
 
 def build_parser() -> argparse.ArgumentParser:
