@@ -19,9 +19,13 @@ library: its docstring). It listens on 127.0.0.1 unless told otherwise.
 
 from __future__ import annotations
 
+import re
 import signal
 import sys
+import threading
+import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,20 +40,57 @@ MAX_BODY = 1024 * 1024  # bytes of one request
 DRAIN_TIMEOUT = 30.0  # seconds a stop waits for the requests being answered
 
 
+def without_paths(value: Any) -> Any:
+    """``value`` with every file path in its strings cut to the file's name: what the run read
+    is told by name, never by where it lay on the training machine."""
+    if isinstance(value, dict):
+        return {k: without_paths(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [without_paths(v) for v in value]
+    if isinstance(value, str):
+        return PATH.sub(lambda m: re.split(r"[/\\]", m.group().rstrip("/\\"))[-1], value)
+    return value
+
+
+PATH = re.compile(r"(?:[A-Za-z]:)?(?:[/\\][^\s/\\,;:()]+)+[/\\]?")  # /a/b.csv, C:\a\b
+
+
+def encoder_info(report: dict[str, Any]) -> dict[str, Any]:
+    """The encoder a run was fine-tuned from, as training recorded it (data_report.json's
+    "encoder": its name, family and where model, weights and tokenizer come from)."""
+    encoder = report.get("encoder")
+    if isinstance(encoder, dict):
+        return without_paths(encoder)
+    if "checkpoint" in report:  # a run folder written before "encoder" was recorded
+        return {"name": without_paths(str(report["checkpoint"]))}
+    return {"name": "none: the character model, trained from scratch on the data below"}
+
+
+def data_info(report: dict[str, Any]) -> dict[str, Any]:
+    """What the run learnt: its corpus and the extra training sets, by name, with the size of
+    each split."""
+    extra = (report.get("extra_training") or {}).get("sources") or {}
+    named = {name: entry.get("source") for name, entry in extra.items()}
+    data = {"source": report.get("source"), "split_sizes": report.get("split_sizes")}
+    return without_paths({**data, "extra_training": named})
+
+
 def run_info(loaded: LoadedRun) -> dict[str, Any]:
-    """What ``GET /info`` says about the run: its labels and where it comes from."""
+    """What ``GET /info`` says about the run: its labels, how much of a text it reads and
+    where it comes from (names only: no path of the machine it was trained on)."""
     from attnlab.data.io import read_json
 
     run = loaded.run
     report_path = Path(run.run_dir) / "data_report.json"
     report = read_json(report_path, "data report", keys={}) if report_path.is_file() else {}
     return {
-        "run": str(Path(run.run_dir).resolve()),
+        "run": Path(run.run_dir).resolve().name,
         "task": run.task,
         "labels": loaded.labels,
-        "max_len": getattr(run, "max_len", None),
-        "encoder": report.get("checkpoint", "none: trained from scratch"),
-        "data": report.get("source"),
+        "max_len": report.get("max_len"),  # the length the run was trained at
+        "read_len": getattr(run, "max_len", None),  # the length predict reads
+        "encoder": encoder_info(report),
+        "data": data_info(report),
     }
 
 
@@ -66,11 +107,18 @@ class App:
         self.loaded, self.max_texts = loaded, max_texts
         self.batcher = Batcher(loaded.predict, loaded.batch_size)
         self.info = run_info(loaded)
+        self.log = AccessLog()
 
     def texts(self, body: Any) -> list[str]:
         """The texts of a predict request body, or HttpError naming what is wrong."""
         if not isinstance(body, dict):
             raise HttpError(400, 'send a JSON object: {"texts": ["...", ...]}')
+        if "inputs" in body and "texts" not in body:  # TGI / TEI's shape
+            raise HttpError(
+                400,
+                '"inputs" is TGI / TEI\'s request; this server takes {"texts": ["...", ...]} '
+                'and answers {"predictions": [...]}',
+            )
         unknown = sorted(set(body) - {"texts"})
         if unknown:
             raise HttpError(400, f'unknown field(s) {unknown}; send {{"texts": ["...", ...]}}')
@@ -99,86 +147,169 @@ class App:
         }
 
 
-def make_handler(app: App, bound: str, max_body: int) -> type[JsonHandler]:
-    routes = {"/predict": "POST", "/health": "GET", "/info": "GET"}
+Route = Callable[[JsonHandler], None]  # answers one request through its handler
+
+
+def routes(app: App) -> dict[str, dict[str, Route]]:
+    """Path -> method -> what answers it. A known path asked with another method is 405 with
+    an ``Allow`` header, any other path 404; add a route by adding an entry."""
+    return {
+        "/predict": {"POST": lambda h: h.send_json(200, app.predict(json_body(h)))},
+        "/health": {"GET": lambda h: h.send_json(200, app.health())},
+        "/info": {"GET": lambda h: h.send_json(200, {**app.info, "limits": app.limits()})},
+    }
+
+
+def json_body(handler: JsonHandler) -> Any:
+    """A request's JSON body; 415 unless it says it is JSON."""
+    kind = (handler.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+    if kind != "application/json":
+        raise HttpError(415, f"Content-Type {kind or 'none'}; send application/json")
+    return handler.read_json()
+
+
+class AccessLog:
+    """Answers by status, summed into one line every ``every`` seconds (written when the next
+    answer or the stop comes); ``each``: a line per request instead."""
+
+    def __init__(self, each: bool = False, every: float = 60.0) -> None:
+        self.each, self.every = each, every
+        self.counts: dict[int, int] = {}
+        self.since = time.monotonic()
+        self.lock = threading.Lock()
+
+    def count(self, status: int) -> None:
+        with self.lock:
+            self.counts[status] = self.counts.get(status, 0) + 1
+            if time.monotonic() - self.since >= self.every:
+                self.flush_locked()
+
+    def flush(self) -> None:
+        with self.lock:
+            self.flush_locked()
+
+    def flush_locked(self) -> None:
+        if self.counts:
+            seconds = time.monotonic() - self.since
+            parts = ", ".join(f"{n} x {code}" for code, n in sorted(self.counts.items()))
+            print(f"serve: {sum(self.counts.values())} answers in {seconds:.0f} s ({parts})",
+                  file=sys.stderr, flush=True)  # fmt: skip
+        self.counts, self.since = {}, time.monotonic()
+
+
+def make_handler(
+    app: App, bound: str, max_body: int, log: AccessLog | None = None
+) -> type[JsonHandler]:
+    table = routes(app)
+    log = log or AccessLog()
 
     class Handler(JsonHandler):
         name = "serve"
 
-        def route(self, method: str) -> str | None:
-            """The path when it takes ``method``, else None (the error answered)."""
+        def log_request(self, code: Any = "-", size: Any = "-") -> None:
+            if log.each:
+                super().log_request(code, size)
+            else:
+                log.count(int(code))
+
+        def answer(self) -> None:
+            """Dispatch through ``table``; every refusal and failure is a JSON error."""
             path = self.path.split("?", 1)[0]
-            if path not in routes:
-                self.send_json(404, {"error": f"no route {path}; use {', '.join(routes)}"})
-                return None
-            if routes[path] != method:
-                self.send_json(405, {"error": f"{path} takes {routes[path]}, not {method}"})
-                return None
-            return None if self.refused() else path
-
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            path = self.route("GET")
-            if path == "/health":
-                self.send_json(200, app.health())
-            elif path == "/info":
-                self.send_json(200, {**app.info, "limits": app.limits()})
-
-        def do_POST(self) -> None:  # noqa: N802
-            if self.route("POST") is None:
+            if path not in table:
+                self.send_json(404, {"error": f"no route {path}; use {', '.join(table)}"})
                 return
-            kind = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+            methods = table[path]
+            if self.command not in methods:
+                allow = ", ".join(methods)
+                self.send_json(405, {"error": f"{path} takes {allow}, not {self.command}"},
+                               Allow=allow)  # fmt: skip
+                return
+            if self.refused():
+                return
             try:
-                if kind != "application/json":
-                    raise HttpError(415, f"Content-Type {kind or 'none'}; send application/json")
-                answer = app.predict(self.read_json())
+                methods[self.command](self)
             except HttpError as err:
                 self.send_json(err.status, {"error": str(err)})
-                return
             except Stopping as err:
                 self.send_json(503, {"error": str(err)})
-                return
+            except ConnectionError:  # the client went away, or the server stopped: no answer
+                raise
             except Exception:  # a bug: its traceback in the log, and the client told so
                 traceback.print_exc()
                 self.send_json(500, {"error": "internal error (a bug): see the server's log"})
-                return
-            self.send_json(200, answer)
+
+        do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = answer  # noqa: N815
+        do_OPTIONS = do_TRACE = do_CONNECT = answer  # noqa: N815 - http.server's names
+        # any other method: http.server's 501, in JSON (JsonHandler.send_error)
 
     Handler.bound, Handler.max_body = bound, max_body
     return Handler
 
 
-class Stop(Exception):
-    """SIGTERM: stop serving as Ctrl-C does."""
+class Signals:
+    """SIGINT and SIGTERM while serving, counted. The handler raises nothing into the frame the
+    signal interrupts (a request's thread, a connection being handed over, a lock): the main
+    thread polls the count, so where a signal lands never matters."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.count += 1
 
 
-def _stop(signum: int, frame: Any) -> None:
-    raise Stop
+def stop_when_told(server: Server, app: App, signals: Signals, drain: float) -> None:
+    """Serve until a signal; then accept no more, let the requests being answered finish for
+    up to ``drain`` seconds (a second signal: at once), answer those still waiting for the
+    model 503, and return by the deadline with every answer begun written whole."""
+    accept = threading.Thread(target=server.serve_forever, name="attnlab-accept", daemon=True)
+    accept.start()
+    while not signals.count and accept.is_alive():
+        time.sleep(0.1)
+    began = time.monotonic()
+    deadline, grace = began + drain, min(2.0, drain / 3)
+    print(f"serve: stopping: answering the requests in flight (up to {drain:g} s; Ctrl-C "
+          "again stops at once)", file=sys.stderr, flush=True)  # fmt: skip
+    server.shutdown()  # the accept loop ends within its poll interval
+    server.socket.close()  # no new connections
+    finished = server.drain(deadline - grace, lambda: signals.count > 1)
+    cut = 0
+    if not finished:
+        if signals.count > 1:
+            deadline = min(deadline, time.monotonic() + grace)
+        cut = app.batcher.cut()  # requests waiting for the model: 503 now
+        server.drain(deadline - grace / 2)  # time to write those 503s
+    server.close_answers(deadline - time.monotonic())
+    left = server.active  # connections still sending their request: closed unanswered
+    app.batcher.close(0 if cut or left else max(deadline - time.monotonic(), 0))
+    app.log.flush()
+    how = "every request answered" if finished else (
+        f"{cut} request(s) still running answered 503"
+        + (f", {left} connection(s) still sending closed" if left else ""))  # fmt: skip
+    print(f"serve: stopped after {time.monotonic() - began:.1f} s ({how})", file=sys.stderr)
 
 
 def serve(
     loaded: LoadedRun, host: str = "127.0.0.1", port: int = 8000, max_texts: int = MAX_TEXTS,
-    max_body: int = MAX_BODY,
+    max_body: int = MAX_BODY, drain: float = DRAIN_TIMEOUT, access_log: bool = False,
 ) -> None:  # fmt: skip
     """Serve ``loaded`` until Ctrl-C or SIGTERM; prints the address first."""
     app = App(loaded, max_texts)
-    server = listen(Server, make_handler(app, host, max_body), host, port)
+    app.log = AccessLog(each=access_log)
+    server = listen(Server, make_handler(app, host, max_body, app.log), host, port)
     if host not in LOOPBACK:
         print(f"serve: listening on {host}: reachable from other machines", file=sys.stderr)
     address = server.server_address
+    signals = Signals()
+    previous = {sig: signal.signal(sig, signals) for sig in (signal.SIGINT, signal.SIGTERM)}
     print(
         f"serving {loaded.run.run_dir} at http://{address[0]}:{address[1]}/ (POST /predict, "
         "GET /health, GET /info; Ctrl-C stops it)",
         flush=True,
     )
-    previous = signal.signal(signal.SIGTERM, _stop)
     try:
-        server.serve_forever()
-    except (KeyboardInterrupt, Stop):
-        server.socket.close()  # no new connections; those being served are answered
-        finished = server.drain(DRAIN_TIMEOUT)
-        print(f"serve: stopped{'' if finished else ' (requests still running were cut)'}",
-              file=sys.stderr)  # fmt: skip
+        stop_when_told(server, app, signals, drain)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         server.server_close()
-        app.batcher.close()

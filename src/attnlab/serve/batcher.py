@@ -42,7 +42,10 @@ class Batcher:
         self.predict_fn, self.max_batch = predict, max_batch
         self.jobs: queue.Queue[Job | None] = queue.Queue()  # None: stop
         self.held: Job | None = None  # a job taken that did not fit the last batch
+        self.running: list[Job] = []  # the batch in the model now
         self.stopping = False
+        self.cut_off = False  # cut(): no request is taken or answered by the model any more
+        self.lock = threading.Lock()  # a job is finished once, by the model or by cut()
         self.batches = 0  # forward passes run (health route, tests)
         self.thread = threading.Thread(target=self._loop, name="attnlab-model", daemon=True)
         self.thread.start()
@@ -51,7 +54,10 @@ class Batcher:
         """``texts``' predictions, computed with whatever else is waiting; a failure of the
         batch (a bug) is raised here, in every request of that batch."""
         job = Job(texts)
-        self.jobs.put(job)
+        with self.lock:
+            if self.cut_off:
+                raise Stopping("the server is stopping; retry on its next start")
+            self.jobs.put(job)
         job.done.wait()
         if job.failed is not None:
             raise job.failed
@@ -62,10 +68,40 @@ class Batcher:
         """Requests queued for the model thread now."""
         return self.jobs.qsize() + (self.held is not None)
 
-    def close(self) -> None:
-        """Stop the model thread once the requests queued before this call are answered."""
+    def close(self, timeout: float | None = None) -> bool:
+        """Stop the model thread once the requests queued before this call are answered,
+        waiting up to ``timeout`` seconds (None: as long as that takes); whether it stopped."""
         self.jobs.put(None)
-        self.thread.join()
+        self.thread.join(timeout)
+        stopped = not self.thread.is_alive()
+        self.cut()  # a request that came after all: answered, not left waiting
+        return stopped
+
+    def cut(self) -> int:
+        """Answer every request not yet answered, the batch in the model included, with
+        :class:`Stopping` at once, and take no more: the model's pass may run on, its answer
+        is dropped. How many requests were answered so."""
+        with self.lock:
+            self.cut_off = True
+            pending = [*self.running, *([self.held] if self.held else [])]
+            while True:
+                try:
+                    job = self.jobs.get_nowait()
+                except queue.Empty:
+                    break
+                pending += [job] if job is not None else []
+            self.jobs.put(None)  # the model thread stops after its pass
+            pending = [job for job in pending if not job.done.is_set()]
+            for job in pending:
+                self._finish(job, failed=Stopping("the server stopped before this request was "
+                                                  "answered; retry on its next start"))  # fmt: skip
+        return len(pending)
+
+    def _finish(self, job: Job, result: Any = None, failed: BaseException | None = None) -> None:
+        """Hand ``job`` its answer or failure unless it already has one (call under lock)."""
+        if not job.done.is_set():
+            job.result, job.failed = result, failed
+            job.done.set()
 
     def _take(self) -> list[Job]:
         """The next batch: the oldest job, then those already waiting while they fit (empty
@@ -92,30 +128,48 @@ class Batcher:
 
     def _loop(self) -> None:
         self._run()
+        late = [self.held] if self.held is not None else []
         while True:  # requests that came after the stop: answered, not left waiting
             try:
-                job = self.jobs.get_nowait()
+                late.append(self.jobs.get_nowait())
             except queue.Empty:
-                return
-            if job is not None:
-                job.failed = Stopping("the server is stopping; retry on its next start")
-                job.done.set()
+                break
+        with self.lock:
+            for job in late:
+                if job is not None:
+                    self._finish(job, failed=Stopping("the server is stopping; retry on its "
+                                                      "next start"))  # fmt: skip
 
     def _run(self) -> None:
-        while batch := self._take():
+        while True:
+            with self.lock:
+                if self.cut_off:
+                    return
+            batch = self._take()
+            if not batch:
+                return
+            with self.lock:
+                self.running = batch
+                if self.cut_off:  # cut() came while the batch was taken: it missed them
+                    for job in batch:
+                        self._finish(job, failed=Stopping("the server is stopping; retry on "
+                                                          "its next start"))  # fmt: skip
+                    return
             texts = [t for job in batch for t in job.texts]
             try:
                 preds = self.predict_fn(texts)
             except BaseException as err:  # a bug: every request of the batch is told
                 traceback.print_exc()
-                for job in batch:
-                    job.failed = err
-                    job.done.set()
+                with self.lock:
+                    for job in batch:
+                        self._finish(job, failed=err)
+                    self.running = []
                 continue
             finally:
                 self.batches += 1
-            start = 0
-            for job in batch:
-                job.result = preds[start : start + len(job.texts)]
-                start += len(job.texts)
-                job.done.set()
+            with self.lock:
+                start = 0
+                for job in batch:
+                    self._finish(job, result=preds[start : start + len(job.texts)])
+                    start += len(job.texts)
+                self.running = []

@@ -32,10 +32,13 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import socket
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -99,6 +102,7 @@ class JsonHandler(BaseHTTPRequestHandler):
 
     name = "serve"
     bound = "127.0.0.1"
+    default_request_version = "HTTP/1.0"  # an answer always starts with a status line
     max_body = 1024 * 1024
     head_timeout = HEAD_TIMEOUT
     read_timeout = READ_TIMEOUT
@@ -133,8 +137,31 @@ class JsonHandler(BaseHTTPRequestHandler):
         return why is not None
 
     def read_json(self) -> Any:
-        """The request's JSON body, or HttpError (400 malformed, 408 late, 413 too large)."""
-        text = (self.headers.get("Content-Length") or "0").strip()
+        """The request's JSON body, or HttpError (400 malformed, 408 late, 411 no length, 413
+        too large, 501 a transfer coding other than chunked)."""
+        coding = self.headers.get("Transfer-Encoding")
+        if coding is not None:
+            if self.headers.get("Content-Length") is not None:  # ambiguous: which one ends it?
+                raise HttpError(400, "both Transfer-Encoding and Content-Length; send one")
+            if coding.strip().lower() != "chunked":
+                raise HttpError(501, f"Transfer-Encoding {coding[:20]!r}; send chunked or a "
+                                "Content-Length")  # fmt: skip
+            data = self.read_chunked()
+        else:
+            data = self.read_sized()
+        try:
+            return json.loads(data or b"{}")
+        except RecursionError:
+            raise HttpError(400, "the JSON is nested too deeply") from None
+        except ValueError as err:  # JSONDecodeError, undecodable bytes
+            raise HttpError(400, f"not JSON: {err}") from None
+
+    def read_sized(self) -> bytes:
+        """A body of ``Content-Length`` bytes."""
+        text = self.headers.get("Content-Length")
+        if text is None:
+            raise HttpError(411, "no Content-Length; send the body with one (or chunked)")
+        text = text.strip()
         # ASCII digits only ("²" is a digit to str.isdigit), and few: int() refuses 4300+
         if not (text.isascii() and text.isdigit() and len(text) <= 18):
             raise HttpError(400, f"Content-Length {text[:20]!r} is not a byte count")
@@ -148,29 +175,67 @@ class JsonHandler(BaseHTTPRequestHandler):
             raise HttpError(408, f"the body stopped short of its {length} bytes") from None
         if len(data) < length:  # the client closed its side early
             raise HttpError(400, f"the body stopped short of its {length} bytes")
+        return data
+
+    def read_chunked(self) -> bytes:
+        """A ``Transfer-Encoding: chunked`` body (RFC 9112 section 7.1: hex size line, data,
+        CRLF, ..., a zero size, trailer lines, an empty line), held to ``max_body`` and to the
+        same deadline as a sized body."""
+        self.deadline.deadline = time.monotonic() + self.read_timeout
+        data = bytearray()
         try:
-            return json.loads(data or b"{}")
-        except RecursionError:
-            raise HttpError(400, "the JSON is nested too deeply") from None
-        except ValueError as err:  # JSONDecodeError, undecodable bytes
-            raise HttpError(400, f"not JSON: {err}") from None
+            while True:
+                line = self.rfile.readline(1026)
+                size = line.split(b";", 1)[0].strip()  # a chunk extension is ignored
+                if not line.endswith(b"\n") or not re.fullmatch(rb"[0-9a-fA-F]{1,16}", size):
+                    raise HttpError(400, "a chunked body with a malformed or missing size line")
+                length = int(size, 16)
+                if length == 0:
+                    break
+                if len(data) + length > self.max_body:
+                    raise HttpError(413, f"request over {self.max_body // 1024} KiB; send less")
+                chunk = self.rfile.read(length)
+                if len(chunk) < length or self.rfile.readline(3) not in (b"\r\n", b"\n"):
+                    raise HttpError(400, "a chunk of the body stopped short of its size")
+                data += chunk
+            for _ in range(64):  # trailer lines, up to the empty line that ends the body
+                if self.rfile.readline(8194) in (b"\r\n", b"\n", b""):
+                    break
+            else:
+                raise HttpError(400, "a chunked body with too many trailer lines")
+        except TimeoutError:
+            raise HttpError(408, "the chunked body did not arrive in time") from None
+        return bytes(data)
 
     # -- answers
 
-    def send_json(self, status: int, obj: Any) -> None:
+    def send_json(self, status: int, obj: Any, **headers: str) -> None:
         body = json.dumps(obj, ensure_ascii=False).encode("utf-8")
-        self.send_body(status, body, "application/json; charset=utf-8")
+        self.send_body(status, body, "application/json; charset=utf-8", **headers)
 
-    def send_body(self, status: int, body: bytes, kind: str) -> None:
-        self.connection.settimeout(WRITE_TIMEOUT)
-        self.send_response(status)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Cache-Control", "no-store")
-        self.send_header("Connection", "close")
-        self.close_connection = True  # one request per connection; a refused body may linger
-        self.end_headers()
-        self.wfile.write(body)
+    def send_body(self, status: int, body: bytes, kind: str, **headers: str) -> None:
+        """The whole answer (a HEAD request gets its head only); a stopping server lets an
+        answer begun before its deadline finish and starts none after it."""
+        with self.server.answering():  # type: ignore[attr-defined]
+            self.connection.settimeout(WRITE_TIMEOUT)
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Cache-Control", "no-store")
+            self.send_header("Connection", "close")
+            for name, value in headers.items():
+                self.send_header(name, value)
+            self.close_connection = True  # one request per connection; a refused body may linger
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+            self.wfile.flush()
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own refusals (a malformed request line, 414 a long URL, 431 long
+        headers, 505 a version, 501 an unknown method) in JSON, like every other answer."""
+        self.close_connection = True
+        self.send_json(code, {"error": message or self.responses.get(code, ("error",))[0]})
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
         print(f"{self.name}: {format % args}", file=sys.stderr)
@@ -188,8 +253,32 @@ class Server(ThreadingHTTPServer):
 
     def __init__(self, address: tuple[str, int], handler: type[JsonHandler]) -> None:
         self.active = 0  # connections being served
+        self.writing = 0  # answers being written
+        self.closed = False  # a stopped server starts no answer (it would be cut mid-way)
         self.changed = threading.Condition()
         super().__init__(address, handler)
+
+    @contextmanager
+    def answering(self) -> Iterator[None]:
+        """Around the writing of one answer; refused (the connection is dropped unanswered)
+        once :meth:`close_answers` was called."""
+        with self.changed:
+            if self.closed:
+                raise ConnectionAbortedError("the server stopped before this answer")
+            self.writing += 1
+        try:
+            yield
+        finally:
+            with self.changed:
+                self.writing -= 1
+                self.changed.notify_all()
+
+    def close_answers(self, timeout: float) -> bool:
+        """Start no more answers and wait up to ``timeout`` seconds for those being written;
+        whether they were all written."""
+        with self.changed:
+            self.closed = True
+            return self.changed.wait_for(lambda: self.writing == 0, max(timeout, 0.0))
 
     def process_request(self, request: Any, client_address: Any) -> None:
         with self.changed:
@@ -223,11 +312,17 @@ class Server(ThreadingHTTPServer):
             self.active -= 1
             self.changed.notify_all()
 
-    def drain(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for the connections being served to finish (call it
-        once the server accepts no more); whether they did."""
+    def drain(self, until: float, give_up: Callable[[], bool] = lambda: False) -> bool:
+        """Wait until ``until`` (time.monotonic) for the connections being served to finish
+        (call it once the server accepts no more), or until ``give_up()``; whether they did.
+        It wakes every 0.1 s: a signal handler running in this thread is never kept waiting."""
         with self.changed:
-            return self.changed.wait_for(lambda: self.active == 0, timeout)
+            while self.active and not give_up():
+                left = until - time.monotonic()
+                if left <= 0:
+                    break
+                self.changed.wait(min(left, 0.1))
+            return self.active == 0
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         if isinstance(sys.exc_info()[1], ConnectionError | TimeoutError):  # gone, or too slow
