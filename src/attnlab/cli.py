@@ -365,6 +365,18 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--max-body", type=int, default=1024, help="KiB in one request at most (default 1024)"
     )
+    p.add_argument(
+        "--drain",
+        type=float,
+        default=30.0,
+        help="seconds a stop (Ctrl-C, SIGTERM) lets the requests in flight finish; those still "
+        "running then get 503 (default 30)",
+    )
+    p.add_argument(
+        "--access-log",
+        action="store_true",
+        help="a line per request on stderr (default: one line a minute summing the answers)",
+    )
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     add_threads(p)
 
@@ -378,10 +390,13 @@ def _run_serve(args: argparse.Namespace) -> int:
     for flag, value in (("--max-texts", args.max_texts), ("--max-body", args.max_body)):
         if value < 1:
             raise UserError(f"{flag} must be >= 1, got {value}")
+    if not 0.1 <= args.drain <= 3600:  # nan fails too
+        raise UserError(f"--drain {args.drain}: give seconds from 0.1 to 3600 (default 30)")
     loaded = LoadedRun.open(args.run, args.device, args.threads, args.batch_size)
     from attnlab.serve.app import serve
 
-    serve(loaded, args.host, args.port, args.max_texts, args.max_body * 1024)
+    serve(loaded, args.host, args.port, args.max_texts, args.max_body * 1024,
+          drain=args.drain, access_log=args.access_log)  # fmt: skip
     return 0
 
 
