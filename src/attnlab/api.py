@@ -117,9 +117,7 @@ def check_device(device: Any, option: str = "device") -> torch.device:
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
-        raise UserError(
-            f"{said(device, True)} is not a device; use {cpu} or {said('cuda')}"
-        ) from None
+        raise UserError(f"{said(device, True)} is not a device; use cpu or cuda") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"{said(device)}, but torch sees no CUDA device; use {cpu}")
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
@@ -151,18 +149,45 @@ class LoadedRun:
     def __init__(self, run: Run, threads: int = 1, batch_size: int = BATCH_SIZE) -> None:
         check_settings(threads, batch_size)
         self.run, self.threads, self.batch_size = run, threads, batch_size
+        self.inference_path: Any = None  # the Choice take_path made (attnlab.infer.precision)
 
     @classmethod
     def open(
-        cls, run_dir: str | Path, device: str = "cpu", threads: int = 1,
-        batch_size: int = BATCH_SIZE,
+        cls, run_dir: str | Path, device: str = "cpu", threads: int | str = 1,
+        batch_size: int = BATCH_SIZE, precision: str = "fp32",
     ) -> LoadedRun:  # fmt: skip
-        """Load the run in ``run_dir`` (any task; its weights checked) onto ``device``."""
+        """Load the run in ``run_dir`` (any task; its weights checked) onto ``device``.
+
+        ``precision``: the path a text classifier's predict takes, fp32, int8, bf16 or auto
+        (the fastest whose labels equal fp32's on a check set, measured here);
+        ``threads="auto"``: 1 or every usable core, whichever the measurement finds faster.
+        ``.inference_path`` says which was taken and why (attnlab.infer.precision)."""
+        auto = threads == "auto"
+        threads = 1 if auto else threads
         check_settings(threads, batch_size)
         run_dir = check_run_dir(run_dir)
         check_device(device)
-        with torch_threads(threads):
-            return cls(load_run(run_dir, device), threads, batch_size)
+        with torch_threads(threads):  # type: ignore[arg-type]
+            loaded = cls(load_run(run_dir, device), threads, batch_size)  # type: ignore[arg-type]
+        loaded.take_path(precision, auto)
+        return loaded
+
+    def take_path(self, precision: str, auto_threads: bool = False) -> None:
+        """Set the path predict takes (see :meth:`open`), measured on 1 and every usable core
+        when ``auto_threads``."""
+        from attnlab.infer.precision import Choice, usable_cores
+
+        counts = sorted({1, usable_cores()}) if auto_threads else [self.threads or 1]
+        use = getattr(self.run, "use_precision", None)
+        if use is None:  # image runs, language models: one path
+            if precision not in ("fp32", "auto"):
+                raise UserError(f"precision {precision!r}: {self.run.run_dir} has only fp32")
+            self.inference_path = Choice("fp32", self.threads, f"fp32 ({self.run.task} run)")
+            return
+        with torch.no_grad():
+            self.inference_path = use(precision, counts)
+        if auto_threads:
+            self.threads = self.inference_path.threads
 
     @property
     def verbs(self) -> tuple[str, ...]:
