@@ -24,6 +24,7 @@ FAST = ["--tensorboard", "false", "--precision", "fp32", "--num-threads", "1",
         "--batch-size", "16", "--max-steps", "2", "--extra-train", ""]  # fmt: skip
 NO_TURNS = ["--turns", "0"]  # the corpus's labels are no positive / negative pair
 
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
     import attnlab.models.e5 as e5
