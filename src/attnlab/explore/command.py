@@ -8,7 +8,7 @@ from pathlib import Path
 
 from attnlab.errors import UserError
 
-VIEWS = ("head", "matrix", "scale", "tokens", "steps", "image", "gates")
+VIEWS = ("head", "matrix", "scale", "tokens", "pieces", "steps", "image", "gates")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

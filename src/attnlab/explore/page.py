@@ -73,7 +73,7 @@ def render_page(data: dict[str, Any]) -> str:
     parts = {
         "__TITLE__": f"attnlab explore · {title}",
         "__CSS__": _asset("explorer.css"),
-        "__JS__": _asset("explorer.js"),
+        "__JS__": _asset("pieces.js") + "\n" + _asset("explorer.js"),
         "__DATA__": blob,
     }
     return re.sub("|".join(parts), lambda m: parts[m.group(0)], _asset("page.html"))

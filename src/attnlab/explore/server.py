@@ -141,8 +141,10 @@ def _default_input(source: Source) -> str:
         from attnlab.infer.lm import default_prompt
 
         return default_prompt(source.run.tokenizer)
-    if source.kind == "classifier":
-        return "这部电影看得我热血沸腾，情节紧凑。"
+    if source.kind == "classifier" or hasattr(source.run, "predict"):  # the turned sentence
+        from attnlab.data.sentiment import TUTORIAL_EXAMPLES
+
+        return TUTORIAL_EXAMPLES[2][0]
     return "The quick brown fox jumps over the lazy dog."
 
 

@@ -2,7 +2,9 @@
 
 Every input is one row of one padded batch, as ``attnlab predict`` runs them, so several inputs
 show the padding mask at work. Per input: the tokens (padding included), the self-attention of
-every layer, the prediction, and each token's share of the pooled vector (attention rollout).
+every layer, the prediction, and each token's share of the pooled vector (attention rollout);
+for a fine-tuned pretrained encoder also which of the text's own pieces moved the decision
+(integrated gradients, explore.attribution).
 """
 
 from __future__ import annotations
@@ -14,9 +16,12 @@ import torch
 from attnlab.data import pad_batch
 from attnlab.data.io import is_blank
 from attnlab.errors import UserError
+from attnlab.explore.attribution import STEPS, attribute, prompt_prefix, text_pieces
+from attnlab.explore.describe import encoder_name, prefix_note
 from attnlab.explore.pack import build_group, calls_named, rollout
 from attnlab.explore.sources import Source
 from attnlab.layers.attention_record import record_attention
+from attnlab.models.bert import BertClassifier
 from attnlab.models.classifier import TextClassifierEnsemble
 
 
@@ -83,6 +88,7 @@ def bert_examples(source: Source, texts: list[str]) -> dict[str, Any]:
     calls = calls_named(rec.calls, "attn")  # self_attn; DeBERTa's attn
     pooling = getattr(run.model, "pooling", "mean")
     preds = run.predict(texts) if hasattr(run, "predict") else None
+    explain = preds is not None and isinstance(run.model, BertClassifier)
     vectors = None if preds is not None else run.encode(texts)  # (B, D) unit sentence vectors
     examples = []
     for b, text in enumerate(texts):
@@ -100,6 +106,8 @@ def bert_examples(source: Source, texts: list[str]) -> dict[str, Any]:
         }
         if preds is not None:
             example["prediction"] = _prediction(preds[b])
+        if explain:
+            example["attribution"] = piece_attribution(run, text)
         elif vectors is not None and len(texts) > 1:
             sims = (vectors @ vectors[b]).tolist()
             example["similarity"] = [
@@ -109,8 +117,50 @@ def bert_examples(source: Source, texts: list[str]) -> dict[str, Any]:
             ]
         examples.append(example)
     cfg = bert.cfg
-    title = f"BERT {source.name} · {cfg.n_layers} layers × {cfg.n_heads} heads · d {cfg.d_model}"
-    return {"title": title, "examples": examples}
+    if preds is not None:
+        name = encoder_name(run, "BERT")
+        model = f"{name}, fine-tuned (run {source.name})"
+    else:
+        name = source.name
+        model = f"{name} (pretrained, not fine-tuned)"
+    title = f"{model} · {cfg.n_layers} layers × {cfg.n_heads} heads · d {cfg.d_model}"
+    data: dict[str, Any] = {"title": title, "examples": examples}
+    prefix = prompt_prefix(run.tokenizer)
+    if prefix:
+        data["subtitle"] = prefix_note(name, prefix)
+    return data
+
+
+def piece_attribution(run: Any, text: str, method: str = "ig") -> dict[str, Any]:
+    """Integrated gradients (explore.attribution) of one text for a fine-tuned encoder's
+    prediction: every piece with its role (special, prefix, text) and score."""
+    ids = torch.tensor([run.reader.encode_batch([text])[0]])  # (1, T)
+    tokens = run.tokenizer.tokens(text, run.max_len)
+    start, stop = text_pieces(run.tokenizer, text, len(tokens))
+    out = attribute(run.model, ids, (start, stop), method)
+    roles = ["special"] + ["prefix"] * (start - 1) + ["text"] * (stop - start) + ["special"]
+    k = out["target"]
+    how = f"integrated gradients, {STEPS} steps" if method == "ig" else "gradient × input"
+    return {
+        "method": how,
+        "label": run.labels.labels[k],
+        "tokens": tokens,
+        "roles": roles,
+        "scores": [round(float(v), 6) for v in out["scores"]],
+        "log_odds": out["log_odds"],
+        "reference_log_odds": out["reference_log_odds"],
+        "reference_prob": out["reference_probs"][k],
+        "gap": out["gap"],
+        "note": ATTRIBUTION_NOTE,
+    }
+
+
+ATTRIBUTION_NOTE = (
+    "Each piece's score is its share of the change in the predicted label's log-odds, "
+    "log p/(1−p), between the text and a reference where every piece of the text is <pad> "
+    "(integrated gradients over the word vectors, Sundararajan et al. 2017): positive pushed "
+    "towards the label, negative against; the scores add up to that change."
+)
 
 
 def _prediction(pred: dict[str, Any]) -> dict[str, Any]:

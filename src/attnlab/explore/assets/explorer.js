@@ -158,6 +158,7 @@ const VIEWS = {
   gates: ["Channel / spatial gates", renderGates], head: ["Head view", renderHead],
   matrix: ["Matrix view", renderMatrix], scale: ["√d_k lesson", renderScale],
   tokens: ["Token attribution", renderTokens],
+  pieces: ["Which pieces moved the decision", renderPieces],
 };
 function viewsOf() {
   const k = DATA.kind;
@@ -165,6 +166,7 @@ function viewsOf() {
   if (k === "gpt") return ["steps", "head", "matrix", "scale"];
   if (k === "translate") return ["matrix", "head", "scale"];
   if (k === "vit") return ["image", "matrix", "head", "scale"];
+  if (DATA.examples.some((e) => e.attribution)) return ["pieces", "tokens", "head", "matrix", "scale"];
   return ["head", "matrix", "scale", "tokens"];
 }
 function renderTabs() {
@@ -491,6 +493,14 @@ function renderTokens(view) {
     ctx.fillStyle = "#1f6feb"; ctx.fillRect(156, 5 + 22 * r, 300 * v / order[0][0], 14);
     ctx.fillStyle = "#1d2330"; ctx.textAlign = "left"; ctx.fillText(v.toFixed(3), 462, 12 + 22 * r);
   });
+}
+
+// ------------------------------------------------------------------ pieces (integrated gradients)
+function renderPieces(view) {
+  const a = example().attribution;
+  if (!a) { view.append(el("div", { class: "note", text: "no piece attribution for this input" })); return; }
+  view.append(el("div", { class: "note", text: `${a.note} Method: ${a.method}.` }));
+  view.append(attnlabPieces(a, "en"));  // assets/pieces.js
 }
 
 // ------------------------------------------------------------------ GPT: generation steps
