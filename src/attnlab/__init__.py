@@ -16,14 +16,20 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 
-def load(run: str | Path, device: str = "cpu", threads: int = 1, batch_size: int = 64) -> LoadedRun:
+def load(
+    run: str | Path, device: str = "cpu", threads: int | str = 1, batch_size: int = 64,
+    precision: str = "fp32",
+) -> LoadedRun:  # fmt: skip
     """The run in folder ``run`` (written by ``attnlab train``), ready for its verbs.
 
     ``clf = attnlab.load("runs/classify"); clf.predict(["很好看", "剧情拖沓"])`` returns one
     dict per text (``label``, ``probs``, ...), the numbers ``attnlab predict --json`` prints.
-    ``threads``: intra-op threads of every call (1; 0 keeps torch's setting, one per core);
+    ``threads``: intra-op threads of every call (1; 0 keeps torch's setting, one per core;
+    "auto" measures 1 against every usable core); ``precision``: predict's path, "fp32",
+    "int8", "bf16" or "auto" (the fastest that keeps fp32's labels on a check set, measured at
+    load; ``.inference_path`` says which and why);
     ``batch_size``: texts per forward pass. Other runs' verbs: ``generate`` (lm),
     ``translate``, ``embed`` (mlm), ``evaluate``, ``attention``; ``.verbs`` lists a run's."""
     from attnlab.api import LoadedRun
 
-    return LoadedRun.open(run, device, threads, batch_size)
+    return LoadedRun.open(run, device, threads, batch_size, precision)

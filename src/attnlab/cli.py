@@ -259,28 +259,62 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="continue an --out that a stopped run left: rows already there are not rescored",
     )
-    add_threads(p)
+    add_threads(p, "default: fp32 on 1 thread; with --data, auto")
 
 
-def add_threads(p: argparse.ArgumentParser) -> None:
-    """--threads and --batch-size, as attnlab.load takes them."""
+def add_threads(p: argparse.ArgumentParser, default: str) -> None:
+    """--threads, --batch-size and --precision, as attnlab.load takes them; ``default`` says
+    in the help what they are when not given (:func:`open_for_predict` decides)."""
     p.add_argument(
         "--threads",
-        type=int,
-        default=1,
-        help="torch intra-op threads (default 1: on a machine other processes share, more "
-        "threads than free cores slow each forward pass many times over; 0 = one per core)",
+        type=threads_arg,
+        default=None,
+        help="torch intra-op threads: auto (1 or every usable core, whichever is measured "
+        "faster at start: on a machine other processes share, more threads than free cores "
+        f"slow each forward pass many times over), N, or 0 = torch's setting ({default})",
     )
     p.add_argument(
         "--batch-size", type=int, default=64, help="texts per forward pass at most (default 64)"
     )
+    p.add_argument(
+        "--precision",
+        choices=("auto", "fp32", "int8", "bf16"),
+        default=None,
+        help="the forward pass: fp32, int8 (dynamically quantized Linear layers), bf16 (where "
+        "the CPU has it), or auto: the fastest whose labels equal fp32's on a check set, "
+        f"measured at start ({default}); the path taken is said on stderr",
+    )
+
+
+def threads_arg(value: str) -> int | str:
+    """--threads: "auto" or a whole number."""
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: give auto or a whole number") from None
+
+
+def open_for_predict(args: argparse.Namespace, default: str) -> Any:
+    """The run with the path --precision / --threads ask for, the choice said on stderr when
+    it was measured or asked for."""
+    from attnlab.api import LoadedRun
+
+    precision = args.precision or default
+    threads = args.threads if args.threads is not None else "auto" if default == "auto" else 1
+    loaded = LoadedRun.open(args.run, getattr(args, "device", "cpu"), threads, args.batch_size,
+                            precision)  # fmt: skip
+    path = loaded.inference_path
+    if args.precision is not None or precision == "auto" or threads == "auto":
+        print(f"{args.command}: {path.reason}", file=sys.stderr, flush=True)
+    return loaded
 
 
 PREDICT_CHUNK = 1024  # inputs read and answered at a time: output streams, memory stays flat
 
 
 def _run_predict(args: argparse.Namespace) -> int:
-    from attnlab.api import LoadedRun
     from attnlab.data.io import read_stdin, split_lines
 
     if sys.stdout is None:  # started with its output closed (`>&-`): the answers would vanish
@@ -289,15 +323,19 @@ def _run_predict(args: argparse.Namespace) -> int:
         return _score_file(args)
     if args.out is not None or args.resume:
         raise UserError("--out and --resume go with --data FILE; without it predictions print")
-    loaded = LoadedRun.open(args.run, threads=args.threads, batch_size=args.batch_size)
+    loaded = open_for_predict(args, "fp32")
     loaded.run.require("predict")
     inputs = args.texts or [line for line in split_lines(read_stdin()) if line.strip()]
     if not inputs:
         raise UserError("nothing to predict: pass texts (or image files) or pipe lines on stdin")
+    noted = False
     try:
         for start in range(0, len(inputs), PREDICT_CHUNK):
             for pred in loaded.predict(inputs[start : start + PREDICT_CHUNK]):
                 print_prediction(pred, args.json, loaded.run)
+                if pred.get("longer_than_training") and not noted:
+                    note_longer(loaded.run, "a text is")
+                    noted = True
         sys.stdout.flush()  # a full disk shows here, not after the exit status is decided
     except BrokenPipeError:
         raise  # the reader went away: main's ending
@@ -310,18 +348,26 @@ def _run_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def note_longer(run: Any, which: str) -> None:
+    """Say once on stderr that texts ran past what training read (predict reads more)."""
+    print(f"predict: note: {which} longer than the {run.train_len} pieces training read (this "
+          f"run reads up to {run.max_len}); the model never saw positions past "
+          f"{run.train_len}: longer_than_training marks such texts", file=sys.stderr)  # fmt: skip
+
+
 def _score_file(args: argparse.Namespace) -> int:
     """predict --data FILE --out OUT: the file scored, a progress bar on stderr."""
-    from attnlab.api import LoadedRun
     from attnlab.data.io import output_errors
 
     if args.texts:
         raise UserError("give texts or --data FILE, not both")
     if args.out is None:
         raise UserError("--data needs --out FILE (.csv, .tsv or .jsonl) for the scored rows")
-    loaded = LoadedRun.open(args.run, threads=args.threads, batch_size=args.batch_size)
+    loaded = open_for_predict(args, "auto")
     with output_errors("--out"):
         done = loaded.score_file(args.data, args.out, args.text_col, args.resume)
+    if done["longer_than_training"]:
+        note_longer(loaded.run, f"{done['longer_than_training']} of the texts scored are")
     again = f" ({done['resumed']} were in it already)" if done["resumed"] else ""
     print(f"scored {done['scored']} of {done['rows']} rows{again} in {done['seconds']:.1f} s "
           f"({done['texts_per_s']:.1f} texts/s); written to {done['out']}")  # fmt: skip
@@ -378,21 +424,21 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         help="a line per request on stderr (default: one line a minute summing the answers)",
     )
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    add_threads(p)
+    add_threads(p, "default: auto")
 
 
 def _run_serve(args: argparse.Namespace) -> int:
-    from attnlab.api import LoadedRun, check_settings
+    from attnlab.api import check_settings
     from attnlab.serve.http import check_port
 
     check_port(args.port)
-    check_settings(args.threads, args.batch_size)
+    check_settings(1 if args.threads in (None, "auto") else args.threads, args.batch_size)
     for flag, value in (("--max-texts", args.max_texts), ("--max-body", args.max_body)):
         if value < 1:
             raise UserError(f"{flag} must be >= 1, got {value}")
     if not 0.1 <= args.drain <= 3600:  # nan fails too
         raise UserError(f"--drain {args.drain}: give seconds from 0.1 to 3600 (default 30)")
-    loaded = LoadedRun.open(args.run, args.device, args.threads, args.batch_size)
+    loaded = open_for_predict(args, "auto")
     from attnlab.serve.app import serve
 
     serve(loaded, args.host, args.port, args.max_texts, args.max_body * 1024,

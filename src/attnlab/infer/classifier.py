@@ -35,6 +35,7 @@ from attnlab.data.sentiment import (
 from attnlab.data.splits import check_labels, load_split
 from attnlab.data.tabular import load_labeled_file
 from attnlab.errors import UserError
+from attnlab.infer.precision import CHECK_TEXTS, PRECISIONS, Choice, available, choose, convert
 from attnlab.metrics import classification_report
 from attnlab.models.bert import BertClassifier, BertConfig
 from attnlab.models.classifier import build_classifier
@@ -195,10 +196,15 @@ class ClassifierRun(Run):
         reader: Reader,
         labels: LabelVocab,
         explore_page: str,
+        train_len: int | None = None,
     ) -> None:
         super().__init__(run_dir, config)
         self.model, self.reader, self.labels = model, reader, labels
         self.explore_page = explore_page  # type: ignore[misc]  # "classifier" or "bert"
+        # ids of a text training read at most (data_report's max_len); predict may read more
+        self.train_len = train_len or reader.max_len
+        self.infer_model = model  # what predict runs: the model, or a faster path of it
+        self.precision = Choice("fp32", 1, "fp32: the trained model as it is")
 
     @classmethod
     def load(cls, run_dir: str | Path, device: str = "cpu") -> ClassifierRun:
@@ -229,13 +235,42 @@ class ClassifierRun(Run):
         return pad_batch(self.reader.encode_batch(texts), self.reader.pad_id)
 
     @torch.no_grad()
+    def probs(self, model: torch.nn.Module, texts: list[str]) -> torch.Tensor:
+        """Class probabilities (N, C) of ``texts`` through ``model`` (a path of the run's)."""
+        ids, lengths = self.encode(texts)
+        return torch.softmax(model(ids.to(self.device), lengths.to(self.device)).float(), -1)
+
+    def use_precision(self, precision: str, threads: list[int]) -> Choice:
+        """Take the ``precision`` path for predict ("auto": the fastest whose labels equal
+        float32's on the check set, timed on each of ``threads``; attnlab.infer.precision)."""
+        if precision not in PRECISIONS:
+            raise UserError(f"precision {precision!r}: use one of {', '.join(PRECISIONS)}")
+        if precision not in ("auto", *available()):
+            raise UserError(f"precision {precision}: this CPU has no native bfloat16 "
+                            "(avx512_bf16 or AMX); use int8, fp32 or auto")  # fmt: skip
+        if torch.device(self.device).type != "cpu" and precision != "fp32":
+            raise UserError(f"precision {precision} is a CPU path; on {self.device} use fp32")
+        if precision == "auto" or len(threads) > 1:
+            paths = available() if precision == "auto" else (precision,)
+            choice, models = choose(self.model, self.probs, check_set(), paths, threads)
+            self.infer_model = models[choice.precision]
+        else:
+            self.infer_model = convert(self.model, precision)
+            said = "the trained model as it is" if precision == "fp32" else "not checked"
+            choice = Choice(precision, threads[0], f"{precision} as asked ({said})")
+        self.precision = choice
+        return choice
+
+    @torch.no_grad()
     def predict(self, texts: list[str]) -> list[dict[str, Any]]:
         """For each text: the label, the probability of each class, the share of its tokens
-        the model reads as unknown (``unknown_share``, ``out_of_reach``: data/coverage.py) and
+        the model reads as unknown (``unknown_share``, ``out_of_reach``: data/coverage.py),
         whether it was longer than the model reads (``truncated``, with its length in
-        ``tokens``, against ``max_len``)."""
+        ``tokens``, against ``max_len``) and whether it was longer than training read
+        (``longer_than_training``, against ``train_len``: a run may read more at predict
+        than it trained on, and the model never saw positions past ``train_len``)."""
         ids, lengths = self.encode(texts)
-        logits = self.model(ids.to(self.device), lengths.to(self.device))  # (B, C)
+        logits = self.infer_model(ids.to(self.device), lengths.to(self.device))  # (B, C)
         probs = torch.softmax(logits.float(), dim=-1).cpu()  # (B, C)
         full = self.reader.lengths(texts)
         names = self.labels.labels
@@ -247,6 +282,7 @@ class ClassifierRun(Run):
                     "label": names[int(p.argmax())],
                     "probs": {label: float(p[i]) for i, label in enumerate(names)},
                     "truncated": m > n,
+                    "longer_than_training": m > self.train_len,
                     "tokens": m,
                     **self.reader.reach(row[:n]),
                 }
@@ -348,7 +384,18 @@ def load_classifier(run_dir: Path, cfg: RunConfig, device: str) -> ClassifierRun
     load_weights(model, run_dir / WEIGHTS)
     model.to(device).eval()
     page = "bert" if isinstance(model, BertClassifier) else "classifier"
-    return ClassifierRun(run_dir, cfg, model, reader, labels, page)
+    return ClassifierRun(run_dir, cfg, model, reader, labels, page, report["max_len"])
+
+
+def check_set() -> list[str]:
+    """The texts a fast path's labels are checked on against float32's (and timed on):
+    every third review of the bundled out-of-domain dev set (films, series, restaurants,
+    hotels, games, apps), or the tutorial's sentences where that set is not installed."""
+    files = ood_files()
+    if "dev" not in files:
+        return [t for t, _ in TUTORIAL_EXAMPLES]
+    corpus, _ = load_ood("dev")
+    return corpus.texts[::3][:CHECK_TEXTS]
 
 
 def result_lines(results: Mapping[str, Any], run: ClassifierRun) -> list[str]:

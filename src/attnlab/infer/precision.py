@@ -1,0 +1,156 @@
+"""The CPU paths a classifier's forward pass may take, and the measured choice between them.
+
+- ``fp32``: the trained model as it is;
+- ``int8``: every ``nn.Linear`` dynamically quantized (``torch.ao.quantization.quantize_dynamic``,
+  qint8 weights per tensor, activations quantized per batch at run time; fbgemm's VNNI kernels
+  on this CPU), embeddings, LayerNorm, softmax and attention's two batched matmuls in float32;
+- ``bf16``: the forward pass under ``torch.autocast("cpu", torch.bfloat16)`` (matmuls in
+  bfloat16 with float32 accumulation, LayerNorm and softmax in float32), offered only where the
+  CPU has native bfloat16 (avx512_bf16 or AMX), as emulated bfloat16 is slower than float32.
+
+``choose`` takes the fastest path whose labels equal float32's on a check set: it times every
+path (and, when asked to, 1 thread against every core this process may use, so threads follow
+the cores that are free when it runs, not the count the machine has) on the same texts and
+refuses a path that changes any label. Attention maps (``attention``, the explorer) and
+``evaluate`` stay in float32: only ``predict`` takes the chosen path.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+PRECISIONS = ("auto", "fp32", "bf16", "int8")
+CHECK_TEXTS = 64  # texts of the check set: labels compared with float32's, and timed
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes bfloat16 natively (avx512_bf16 or AMX), from /proc/cpuinfo."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, not the machine's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def available() -> tuple[str, ...]:
+    """The paths this machine runs: fp32, int8, and bf16 where the CPU has it."""
+    return ("fp32", "int8", "bf16") if cpu_has_bf16() else ("fp32", "int8")
+
+
+class Autocast(nn.Module):
+    """``model``'s forward pass under CPU bfloat16 autocast; logits returned as float32."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return self.model(*args, **kwargs).float()  # (B, C)
+
+
+def convert(model: nn.Module, precision: str) -> nn.Module:
+    """``model`` for the ``precision`` path (fp32: itself; the others leave it untouched)."""
+    if precision == "fp32":
+        return model
+    if precision == "bf16":
+        return Autocast(model).eval()
+    if precision == "int8":
+        with warnings.catch_warnings():  # torch.ao's notice that torchao will replace it
+            warnings.simplefilter("ignore")
+            quantized = torch.ao.quantization.quantize_dynamic(
+                copy.deepcopy(model).cpu(), {nn.Linear}, dtype=torch.qint8
+            )
+        return quantized.eval()
+    raise ValueError(f"unknown precision {precision!r}; use one of {PRECISIONS}")
+
+
+@dataclass
+class Trial:
+    """One path timed on the check set."""
+
+    precision: str
+    threads: int
+    texts_per_s: float
+    labels_changed: int  # of the check set's texts, against float32 on its thread count
+    max_prob_change: float  # largest |p - p_fp32| over texts and classes
+
+
+@dataclass
+class Choice:
+    """The path taken, and why."""
+
+    precision: str
+    threads: int
+    reason: str
+    trials: list[Trial] = field(default_factory=list)
+
+
+Predict = Callable[[nn.Module, list[str]], torch.Tensor]  # (model, texts) -> probs (N, C)
+
+
+def _time(predict: Predict, model: nn.Module, texts: list[str], threads: int) -> tuple:
+    """(texts/s, probs (N, C)): the best of two passes on ``threads`` threads."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        predict(model, texts[:4])  # warm-up: first-call allocations, kernels chosen
+        best, probs = float("inf"), None
+        for _ in range(2):
+            start = time.perf_counter()
+            probs = predict(model, texts)
+            best = min(best, time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(before)
+    return len(texts) / best, probs
+
+
+def choose(
+    model: nn.Module,
+    predict: Predict,
+    texts: Sequence[str],
+    paths: Sequence[str],
+    threads: Sequence[int],
+) -> tuple[Choice, dict[str, nn.Module]]:
+    """Time every path in ``paths`` on every thread count in ``threads`` over ``texts`` and
+    take the fastest whose labels all equal float32's; returns the choice and the converted
+    models by path."""
+    texts = list(texts)
+    models = {p: convert(model, p) for p in dict.fromkeys(("fp32", *paths))}
+    trials: list[Trial] = []
+    reference = None
+    for n in threads:
+        for p in models:
+            rate, probs = _time(predict, models[p], texts, n)
+            if reference is None:
+                reference = probs
+            changed = int((probs.argmax(-1) != reference.argmax(-1)).sum())
+            change = float((probs - reference).abs().max())
+            trials.append(Trial(p, n, rate, changed, change))
+    kept = [t for t in trials if t.labels_changed == 0 and t.precision in paths]
+    best = max(kept or [t for t in trials if t.precision == "fp32"], key=lambda t: t.texts_per_s)
+    fp32 = next(t for t in trials if t.precision == "fp32" and t.threads == best.threads)
+    others = ", ".join(f"{t.precision}/{t.threads}t {t.texts_per_s:.0f}"
+                       + (f" (changed {t.labels_changed} labels)" if t.labels_changed else "")
+                       for t in trials if t is not best)  # fmt: skip
+    reason = (
+        f"{best.precision} on {best.threads} thread(s): {best.texts_per_s:.0f} texts/s against "
+        f"fp32's {fp32.texts_per_s:.0f} on {len(texts)} check texts, labels equal to fp32's, "
+        f"probabilities within {best.max_prob_change:.4f} (also timed: {others})"
+    )
+    return Choice(best.precision, best.threads, reason, trials), models

@@ -1,0 +1,133 @@
+"""Predict's fast CPU paths: each within its tolerance of float32 (the tolerances are twice the
+largest change benchmarks/infer/precision_sweep.py measured over ten seeds of these runs:
+docs/results/precision_sweep.md), no label changed where float32 is surer than that, the int8
+path the very model torch.ao's quantize_dynamic makes, and ``auto`` refusing a path that
+changes a label on the check set."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import attnlab
+from attnlab.cli import main
+from attnlab.errors import UserError
+from attnlab.infer import precision as prec
+from attnlab.infer.classifier import check_set
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "explore"))
+import explore_runs  # noqa: E402
+
+import _runs  # noqa: E402
+
+# twice the sweep's largest |p - p_fp32| (int8 0.0095 on the e5 run, bf16 0.0018)
+TOLERANCE = {"int8": 0.02, "bf16": 0.004}
+TEXTS = check_set() + [
+    "Great film, I loved it!",
+    "好" * 300,
+    "差",
+    "电影前半段很无聊，但是结局让我感动",
+]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("precision")
+    return {  # seed 0 of the sweep: fixed weights, so no draw can leave the tolerance
+        "e5 mean": _runs.e5_run(root / "e5", "mean", seed=0),
+        "bert cls": _runs.bert_run(root / "bert", "cls", seed=0),
+        "char": explore_runs.classifier_run(root / "char"),
+    }
+
+
+@pytest.mark.parametrize("path", [p for p in prec.available() if p != "fp32"])
+@pytest.mark.parametrize("kind", ["e5 mean", "bert cls", "char"])
+def test_each_path_is_within_its_tolerance_of_fp32(runs, kind, path) -> None:
+    want = attnlab.load(runs[kind]).predict(TEXTS)
+    got = attnlab.load(runs[kind], precision=path).predict(TEXTS)
+    tol = TOLERANCE[path]
+    for w, g in zip(want, got):
+        assert {k: v for k, v in g.items() if k != "probs" and k != "label"} == {
+            k: v for k, v in w.items() if k != "probs" and k != "label"
+        }
+        change = max(abs(g["probs"][c] - w["probs"][c]) for c in w["probs"])
+        assert change <= tol, (w["text"][:20], change)
+        if abs(max(w["probs"].values()) - 0.5) > tol:  # fp32 surer than the path's error
+            assert g["label"] == w["label"], w["text"][:20]
+
+
+def test_int8_is_torch_aos_dynamic_quantization_of_the_run(runs) -> None:
+    clf = attnlab.load(runs["e5 mean"], precision="int8")
+    oracle = torch.ao.quantization.quantize_dynamic(
+        copy.deepcopy(clf.run.model), {torch.nn.Linear}, dtype=torch.qint8
+    )
+    got = torch.tensor([[p["probs"][c] for c in clf.labels] for p in clf.predict(TEXTS[:8])])
+    assert torch.equal(got, clf.run.probs(oracle, TEXTS[:8]))
+    assert not torch.equal(got, clf.run.probs(clf.run.model, TEXTS[:8]))  # a different path
+
+
+def test_auto_refuses_a_path_that_changes_a_label(runs, monkeypatch) -> None:
+    convert = prec.convert
+
+    class Flipped(torch.nn.Module):  # the fastest "path", which swaps the classes
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, ids, lengths):
+            return self.model(ids, lengths).flip(-1)
+
+    def flipping(model, precision):
+        return Flipped(model) if precision == "int8" else convert(model, precision)
+
+    monkeypatch.setattr(prec, "convert", flipping)
+    clf = attnlab.load(runs["e5 mean"], precision="auto")
+    path = clf.inference_path
+    assert path.precision != "int8"
+    int8 = next(t for t in path.trials if t.precision == "int8")
+    assert int8.labels_changed > 0
+    assert clf.predict(TEXTS[:4]) == attnlab.load(
+        runs["e5 mean"], precision=path.precision
+    ).predict(TEXTS[:4])
+
+
+def test_auto_takes_a_path_whose_labels_equal_fp32s_and_says_why(runs, capsys) -> None:
+    clf = attnlab.load(runs["bert cls"], precision="auto", threads="auto")
+    path = clf.inference_path
+    assert path.precision in prec.available() and path.threads == clf.threads
+    assert all(t.labels_changed == 0 for t in path.trials if t.precision == path.precision)
+    assert "labels equal to fp32's" in path.reason and path.precision in path.reason
+    capsys.readouterr()
+    assert main(["predict", str(runs["bert cls"]), "--precision", "auto", "好"]) == 0
+    assert "predict: " in capsys.readouterr().err
+
+
+def test_a_path_the_cpu_lacks_or_a_run_without_paths_is_one_line(runs, monkeypatch) -> None:
+    monkeypatch.setattr(prec, "cpu_has_bf16", lambda: False)
+    import attnlab.infer.classifier as classifier
+
+    monkeypatch.setattr(classifier, "available", prec.available)
+    with pytest.raises(UserError, match="no native bfloat16"):
+        attnlab.load(runs["char"], precision="bf16")
+    with pytest.raises(UserError, match="precision 'fp16'"):
+        attnlab.load(runs["char"], precision="fp16")
+
+
+def test_a_text_longer_than_training_read_is_marked(tmp_path, capsys) -> None:
+    run = _runs.e5_run(tmp_path / "e5", max_len=64)
+    report = run / "data_report.json"
+    report.write_text('{"max_len": 16, "read_len": 64, "source": "tests"}', "utf-8")
+    clf = attnlab.load(run)
+    short, longer, cut = clf.predict(["好看", "好" * 30, "好" * 400])
+    assert not short["longer_than_training"] and not short["truncated"]
+    assert longer["longer_than_training"] and not longer["truncated"] and longer["tokens"] > 16
+    assert cut["longer_than_training"] and cut["truncated"]
+    capsys.readouterr()
+    assert main(["predict", str(run), "好看", "好" * 30, "好" * 400]) == 0
+    err = capsys.readouterr().err
+    assert err.count("longer than the 16 pieces training read") == 1, err
