@@ -135,6 +135,91 @@ def test_bad_requests_get_a_clear_4xx_and_the_server_goes_on(server, capsys) -> 
     assert "Traceback" not in capsys.readouterr().err
 
 
+def answer(port: int, data: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send raw bytes, read to the end: (status, headers, body), the body exactly its
+    Content-Length long."""
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as conn:
+        conn.sendall(data)
+        got = b""
+        while chunk := conn.recv(65536):
+            got += chunk
+    head, _, body = got.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines[1:])
+    assert len(body) == int(headers["Content-Length"]) or data.startswith(b"HEAD"), got[:300]
+    return int(lines[0].split()[1]), headers, body
+
+
+def test_every_method_and_malformed_request_gets_json(server) -> None:
+    srv, _ = server
+    port = srv.server_address[1]
+    host = "Host: 127.0.0.1\r\n"
+    for method in ("PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT"):
+        status, headers, body = answer(port, f"{method} /predict HTTP/1.1\r\n{host}\r\n".encode())
+        assert status == 405 and headers["Allow"] == "POST", (method, status, body)
+        assert "takes POST" in json.loads(body)["error"]
+    status, headers, body = answer(port, f"DELETE /health HTTP/1.1\r\n{host}\r\n".encode())
+    assert status == 405 and headers["Allow"] == "GET, HEAD"
+    status, headers, body = answer(port, f"HEAD /health HTTP/1.1\r\n{host}\r\n".encode())
+    assert status == 200 and body == b"" and headers["Content-Type"].startswith("application/json")
+    cases = {  # http.server's own refusals
+        "unknown method": (f"BREW /predict HTTP/1.1\r\n{host}\r\n", 501),
+        "bad request line": ("GET /predict HTTP/1.1 extra\r\n\r\n", 400),
+        "bad version": ("GET /health HTTP/one\r\n\r\n", 400),
+        "HTTP/2": ("GET /health HTTP/2.0\r\n\r\n", 505),
+        "HTTP/0.9": ("GET /health\r\n\r\n", 403),  # no Host: still a status line
+        "long URL": ("GET /" + "a" * 70000 + " HTTP/1.1\r\n\r\n", 414),
+        "long header": (f"GET /health HTTP/1.1\r\n{host}X-A: {'a' * 70000}\r\n\r\n", 431),
+        "many headers": ("GET /health HTTP/1.1\r\n" + "X-A: a\r\n" * 120 + "\r\n", 431),
+    }
+    for name, (request_text, expected) in cases.items():
+        status, headers, body = answer(port, request_text.encode())
+        assert status == expected, (name, status, body[:200])
+        assert headers["Content-Type"].startswith("application/json"), (name, headers)
+        assert ("error" in json.loads(body)) == (status != 200), (name, body[:200])
+
+
+def chunked(body: bytes, sizes: list[int], extra: str = "") -> bytes:
+    head = ("POST /predict HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Transfer-Encoding: chunked\r\n{extra}\r\n").encode()  # fmt: skip
+    parts, at = [], 0
+    for size in sizes:
+        parts.append(f"{size:x};ext=1\r\n".encode() + body[at : at + size] + b"\r\n")
+        at += size
+    assert at == len(body)
+    return head + b"".join(parts) + b"0\r\nX-Trailer: t\r\n\r\n"
+
+
+def test_a_chunked_body_is_read_within_the_body_limit(server, run) -> None:
+    srv, _ = server
+    port = srv.server_address[1]
+    body = json.dumps({"texts": TEXTS[:2]}, ensure_ascii=False).encode()
+    status, _, got = answer(port, chunked(body, [1, 7, len(body) - 8]))
+    assert status == 200, got
+    assert json.loads(got)["predictions"] == attnlab.load(run).predict(TEXTS[:2])
+    big = json.dumps({"texts": ["好" * 800, "差" * 800]}).encode()  # over the server's 4 KiB
+    status, _, got = answer(port, chunked(big, [len(big) // 2, len(big) - len(big) // 2]))
+    assert status == 413 and "KiB" in json.loads(got)["error"]
+    bad = chunked(body, [len(body)]).replace(f"{len(body):x};".encode(), b"zz;")
+    assert answer(port, bad)[0] == 400
+    both = chunked(body, [len(body)], extra=f"Content-Length: {len(body)}\r\n")
+    assert answer(port, both)[0] == 400
+    no_length = (
+        b"POST /predict HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\r\n"
+    )
+    status, _, got = answer(port, no_length + body)
+    assert status == 411 and "Content-Length" in json.loads(got)["error"]
+
+
+def test_tgi_s_inputs_are_told_what_to_send(server) -> None:
+    srv, _ = server
+    port = srv.server_address[1]
+    for inputs in ("好看", ["好看", "难看"]):
+        status, got = request(port, "POST", "/predict", {"inputs": inputs})
+        assert status == 400 and '{"texts": [' in got["error"] and "TGI" in got["error"]
+        assert '{"predictions": [' in got["error"]  # the answer's shape differs too
+
+
 def test_a_client_stalling_in_its_headers_holds_no_one_up(server, monkeypatch) -> None:
     srv, _ = server
     port = srv.server_address[1]

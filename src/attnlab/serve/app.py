@@ -218,7 +218,9 @@ def make_handler(
             if path not in table:
                 self.send_json(404, {"error": f"no route {path}; use {', '.join(table)}"})
                 return
-            methods = table[path]
+            methods = dict(table[path])
+            if "GET" in methods:  # HEAD: GET's answer without its body (send_body)
+                methods.setdefault("HEAD", methods["GET"])
             if self.command not in methods:
                 allow = ", ".join(methods)
                 self.send_json(405, {"error": f"{path} takes {allow}, not {self.command}"},
