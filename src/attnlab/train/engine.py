@@ -235,7 +235,7 @@ class Trainer:
         why = reason.removeprefix(f"auto -> {low}: ")
         batch = self._probe_batch()
         key = setting_key(device_description(device), self.model, batch)
-        entry, unreadable = read_record(key)
+        entry, unreadable = read_record(key, ("fp32", low))  # what auto may pick here
         if entry is not None:
             chosen = entry["precision"]
             return PRECISION_DTYPES[chosen], (

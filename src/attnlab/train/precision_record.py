@@ -78,23 +78,42 @@ def setting_key(device: str, model: nn.Module, batch: Mapping[str, Any]) -> str:
     )
 
 
-def read_record(key: str, path: Path | None = None) -> tuple[dict[str, Any] | None, str]:
-    """(the entry recorded for ``key`` (precision, timing, date), or None where there is none
-    or it is malformed; a note when the file could not be read)."""
+def load_records(path: Path) -> Any:
+    """The file's JSON. Any damage (not UTF-8, not JSON, nested past the parser's depth) is
+    raised as one of :data:`DAMAGE`."""
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+# What a damaged or unreadable record raises: it is read as no record, never as a crash.
+DAMAGE = (OSError, ValueError, RecursionError, MemoryError)  # ValueError: bad UTF-8, bad JSON
+
+
+def read_record(
+    key: str, choices: tuple[str, ...], path: Path | None = None
+) -> tuple[dict[str, Any] | None, str]:
+    """(the entry recorded for ``key`` (precision, timing, date), or None where there is none,
+    it is malformed, or its precision is not one of ``choices`` (what ``auto`` could pick on
+    this device: a record edited to fp16 does not make a CPU train in fp16); a note when the
+    file could not be read or the entry was not used)."""
     path = record_path() if path is None else path
     try:
-        records = json.loads(path.read_text(encoding="utf-8"))
+        records = load_records(path)
     except FileNotFoundError:
         return None, ""
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+    except DAMAGE as err:
         return None, f"{path} is unreadable ({type(err).__name__}), so the step was timed again"
     entry = records.get(key) if isinstance(records, dict) else None
-    usable = (
-        isinstance(entry, dict)
-        and entry.get("precision") in ("fp32", "bf16", "fp16")
-        and all(isinstance(entry.get(k), str) for k in ("timing", "date"))
+    usable = isinstance(entry, dict) and all(
+        isinstance(entry.get(k), str) for k in ("precision", "timing", "date")
     )
-    return (entry, "") if usable else (None, "")
+    if not usable:
+        return None, ""
+    if entry["precision"] not in choices:
+        return None, (
+            f"{path} records {entry['precision']!r} for this setting, which auto cannot pick "
+            f"here ({' or '.join(choices)}), so the step was timed again"
+        )
+    return entry, ""
 
 
 def write_record(key: str, entry: dict[str, Any], path: Path | None = None) -> str:
@@ -102,10 +121,10 @@ def write_record(key: str, entry: dict[str, Any], path: Path | None = None) -> s
     where it went, or why it could not be written."""
     path = record_path() if path is None else path
     try:
-        records = json.loads(path.read_text(encoding="utf-8"))
+        records = load_records(path)
         if not isinstance(records, dict):
             records = {}
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+    except DAMAGE:  # a damaged file is replaced by this entry alone
         records = {}
     records[key] = entry
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
