@@ -1,0 +1,272 @@
+"""Classifier throughput on this CPU against its matmul peak and against the peers, in one run.
+
+    python -m benchmarks.infer.throughput RUN [--threads 1,2] [--short 512] [--long 64]
+        -> docs/results/throughput.{json,md}
+
+1. The machine's matmul peak, measured with torch: float32 and bfloat16 ``torch.matmul`` of
+   (1024 x 1024) @ (1024 x 1024), int8 ``torch._int_mm`` of the same shape (int32 sums), and
+   the fbgemm int8 dynamic linear that the int8 path runs (``torch.ao`` quantized Linear,
+   (2048 x 384) @ (384 x 1536), e5-small's feed-forward at 2,048 tokens); GFLOP/s (GOP/s for
+   int8) as 2·M·N·K over the best of 5 calls.
+2. Texts/s for short reviews (the ``--short`` shortest-first bundled reviews under 64
+   characters, spread over the corpus) and long ones (the ``--long`` longest bundled reviews,
+   hundreds of pieces), through: attnlab's paths (``attnlab.load(RUN, precision=P,
+   threads=T).predict``: fp32, int8, bf16 where the CPU has it); transformers'
+   ``pipeline("text-classification")`` on ``attnlab export RUN --format hf`` (``batch_size``
+   64, ``truncation=True``: its documented batching); onnxruntime on ``attnlab export RUN
+   --format onnx`` (ORT_ENABLE_ALL, ``intra_op_num_threads`` = T, sequential) and on that graph
+   after onnxruntime's documented int8 recipe (``quant_pre_process``, then ``quantize_dynamic``
+   with int8 weights), fed the export's tokenizer.json through the tokenizers library in
+   batches of 64. Every engine reads the same texts, sorted by length (attnlab sorts them
+   itself; the others are given them sorted, so every one pads as little), tokenizing inside
+   the timed span; each engine warms up on 16 texts, then the rounds interleave the engines and
+   the best round counts.
+3. attnlab's labels on the run's own test split through each path against fp32's: how many
+   changed and the largest probability change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.common import (
+    RESULTS,
+    ROOT,
+    command_line,
+    load_average,
+    machine,
+    machine_line,
+    write_page,
+)
+
+STEM = "throughput"
+BATCH = 64
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("run", help="a trained e5 / BERT classifier run folder")
+    p.add_argument("--threads", default="1,2", help="thread counts, comma-separated")
+    p.add_argument("--short", type=int, default=512, help="short reviews (default 512)")
+    p.add_argument("--long", type=int, default=64, help="long reviews (default 64)")
+    p.add_argument("--rounds", type=int, default=2, help="interleaved rounds (default 2)")
+    p.add_argument("--out", default=STEM, help="results stem under docs/results/")
+    return p
+
+
+def peaks(threads: int) -> dict[str, float]:
+    """GFLOP/s (GOP/s) of the best of 5 calls of each matmul on ``threads`` threads."""
+    import warnings
+
+    import torch
+
+    torch.set_num_threads(threads)
+    out = {}
+    n = 1024
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    cases = {
+        "fp32 matmul 1024^3": (lambda: a @ b, 2 * n**3),
+        "bf16 matmul 1024^3": (lambda: ab @ bb, 2 * n**3),
+        "int8 _int_mm 1024^3 (int32 sums)": (lambda: torch._int_mm(ai, bi), 2 * n**3),
+    }
+    ab, bb = a.bfloat16(), b.bfloat16()
+    ai = torch.randint(-128, 127, (n, n), dtype=torch.int8)
+    bi = torch.randint(-128, 127, (n, n), dtype=torch.int8)
+    lin = torch.nn.Linear(384, 1536)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        qlin = torch.ao.quantization.quantize_dynamic(
+            torch.nn.Sequential(lin), {torch.nn.Linear}, dtype=torch.qint8
+        )
+    x = torch.randn(2048, 384)
+    cases["int8 dynamic Linear (fbgemm) 2048x384 @ 384x1536"] = (
+        lambda: qlin(x),
+        2 * 2048 * 384 * 1536,
+    )
+    cases["fp32 Linear 2048x384 @ 384x1536"] = (lambda: lin(x), 2 * 2048 * 384 * 1536)
+    with torch.no_grad():
+        for name, (call, flops) in cases.items():
+            call()
+            best = float("inf")
+            for _ in range(5):
+                start = time.perf_counter()
+                call()
+                best = min(best, time.perf_counter() - start)
+            out[name] = flops / best / 1e9
+    return out
+
+
+def texts_of(short: int, long: int) -> dict[str, list[str]]:
+    """Short bundled reviews (under 64 characters, evenly spread over the corpus) and the
+    longest ones."""
+    from attnlab.data.sentiment import BUNDLED, read_corpus
+
+    texts = read_corpus(BUNDLED).texts
+    brief = [t for t in texts if len(t) < 64]
+    step = max(len(brief) // short, 1)
+    longest = sorted(texts, key=len, reverse=True)[:long]
+    return {"short": sorted(brief[::step][:short], key=len), "long": sorted(longest, key=len)}
+
+
+def export(run: str, fmt: str, target: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    subprocess.run([sys.executable, "-m", "attnlab", "export", run, "--format", fmt, "--out",
+                    str(target)], check=True, capture_output=True, env=env)  # fmt: skip
+
+
+def engines(run: str, folder: Path, onnx: Path, onnx8: Path, threads: int) -> dict:
+    """{name: callable(texts) -> None}, every engine on ``threads`` threads."""
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+    from tokenizers import Tokenizer
+    from transformers import pipeline
+
+    import attnlab
+    from attnlab.infer.precision import available
+
+    torch.set_num_threads(threads)
+    out = {}
+    for p in available():
+        clf = attnlab.load(run, threads=threads, precision=p)
+        out[f"attnlab {p}"] = clf.predict
+    remote = "auto_map" in json.loads((folder / "config.json").read_text())
+    pipe = pipeline("text-classification", model=str(folder), trust_remote_code=remote,
+                    device=-1, top_k=None)  # fmt: skip
+    out["transformers pipeline fp32"] = lambda texts: pipe(texts, batch_size=BATCH,
+                                                            truncation=True)  # fmt: skip
+    raw = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    raw.enable_padding(pad_id=raw.token_to_id("<pad>") or 0)
+    limit = attnlab.load(run).run.max_len
+    raw.enable_truncation(limit)
+    for name, graph in (("onnxruntime fp32", onnx), ("onnxruntime int8", onnx8)):
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        session = ort.InferenceSession(str(graph), opts, providers=["CPUExecutionProvider"])
+
+        def run_ort(texts, session=session):
+            for i in range(0, len(texts), BATCH):
+                enc = raw.encode_batch(texts[i : i + BATCH])
+                ids = np.array([e.ids for e in enc], dtype=np.int64)
+                mask = np.array([e.attention_mask for e in enc], dtype=np.int64)
+                session.run(None, {"input_ids": ids, "attention_mask": mask})
+
+        out[name] = run_ort
+    return out
+
+
+def label_check(run: str) -> dict[str, dict]:
+    """Each attnlab path on the run's test split against fp32: labels changed, largest
+    probability change."""
+    import attnlab
+    from attnlab.infer.precision import available
+
+    ref_run = attnlab.load(run)
+    texts, _, source = ref_run.run.split_texts("test")
+    ref = ref_run.predict(texts)
+    out: dict[str, dict] = {"source": {"split": source, "n": len(texts)}}
+    for p in available():
+        if p == "fp32":
+            continue
+        got = attnlab.load(run, precision=p).predict(texts)
+        out[p] = {
+            "labels_changed": sum(g["label"] != r["label"] for g, r in zip(got, ref)),
+            "max_prob_change": max(
+                abs(g["probs"][k] - r["probs"][k]) for g, r in zip(got, ref) for k in r["probs"]
+            ),  # fmt: skip
+        }
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    counts = [int(t) for t in args.threads.split(",")]
+    info = machine(threads=max(counts))
+    from onnxruntime.quantization import QuantType, quant_pre_process, quantize_dynamic
+
+    sets = texts_of(args.short, args.long)
+    sizes = {k: len(v) for k, v in sets.items()}
+    results: dict = {"command": command_line(argv), "machine": info, "run": args.run,
+                     "texts": sizes, "peak": {}, "rates": {}}  # fmt: skip
+    import attnlab
+
+    reader = attnlab.load(args.run).run.reader
+    results["pieces"] = {k: sum(reader.lengths(v)) / len(v) for k, v in sets.items()}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        export(args.run, "hf", root / "hf")
+        export(args.run, "onnx", root / "m.onnx")
+        quant_pre_process(str(root / "m.onnx"), str(root / "pre.onnx"))
+        quantize_dynamic(str(root / "pre.onnx"), str(root / "m8.onnx"), weight_type=QuantType.QInt8)
+        for n in counts:
+            results["peak"][str(n)] = peaks(n)
+            print(f"peak, {n} thread(s):", results["peak"][str(n)], flush=True)
+            table = engines(args.run, root / "hf", root / "m.onnx", root / "m8.onnx", n)
+            for kind, texts in sets.items():
+                for call in table.values():
+                    call(texts[:16])  # warm-up
+                best: dict[str, float] = {}
+                for _ in range(args.rounds):
+                    for name, call in table.items():
+                        start = time.perf_counter()
+                        call(texts)
+                        rate = len(texts) / (time.perf_counter() - start)
+                        best[name] = max(best.get(name, 0.0), rate)
+                        print(f"{n} thread(s), {kind}: {name} {rate:.1f} texts/s", flush=True)
+                results["rates"].setdefault(str(n), {})[kind] = best
+    results["labels"] = label_check(args.run)
+    info["load_average_at_end"] = load_average()
+    (RESULTS / f"{args.out}.json").write_text(json.dumps(results, indent=1) + "\n")
+    write_page(RESULTS / f"{args.out}.md", render(results), results["command"])
+    print(render(results))
+
+
+def render(r: dict) -> str:
+    lines = [
+        "# Classifier throughput on the CPU: attnlab's paths, the matmul peak, the peers",
+        "",
+        machine_line(r["machine"]),
+        "",
+        f"Run: `{r['run']}`. Texts: {r['texts']['short']} short bundled reviews "
+        f"({r['pieces']['short']:.1f} pieces on average) and the {r['texts']['long']} longest "
+        f"({r['pieces']['long']:.0f} pieces on average, before the run's cut). Other work "
+        "shared the two cores (the load average above), so the rates are lower bounds and "
+        "only the ratios within one row of one run compare.",
+        "",
+        "## Matmul peak (torch)",
+        "",
+        "| matmul | " + " | ".join(f"{n} thread(s)" for n in r["peak"]) + " |",
+        "|---|" + "---:|" * len(r["peak"]),
+    ]
+    names = list(next(iter(r["peak"].values())))
+    lines += [f"| {k} | " + " | ".join(f"{r['peak'][n][k]:.0f} G/s" for n in r["peak"]) + " |"
+              for k in names]  # fmt: skip
+    lines += ["", "## Texts per second", ""]
+    for n, kinds in r["rates"].items():
+        engines = list(next(iter(kinds.values())))
+        lines += [f"{n} thread(s):", "", "| engine | " + " | ".join(kinds) + " |",
+                  "|---|" + "---:|" * len(kinds)]  # fmt: skip
+        lines += [f"| {e} | " + " | ".join(f"{kinds[k][e]:.1f}" for k in kinds) + " |"
+                  for e in engines]  # fmt: skip
+        lines.append("")
+    lab = r["labels"]
+    lines += ["## Labels against fp32 on the run's test split", "",
+              f"{lab['source']['split']}, n = {lab['source']['n']}.", "",
+              "| path | labels changed | largest probability change |",
+              "|---|---:|---:|"]  # fmt: skip
+    lines += [f"| {p} | {v['labels_changed']} | {v['max_prob_change']:.4f} |"
+              for p, v in lab.items() if p != "source"]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
