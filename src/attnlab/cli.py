@@ -9,11 +9,12 @@ Every command that takes a run directory loads it with ``load_run`` and calls th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -317,8 +318,6 @@ PREDICT_CHUNK = 1024  # inputs read and answered at a time: output streams, memo
 def _run_predict(args: argparse.Namespace) -> int:
     from attnlab.data.io import read_stdin, split_lines
 
-    if sys.stdout is None:  # started with its output closed (`>&-`): the answers would vanish
-        raise UserError("standard output is closed; send predict's output to a file or a pipe")
     if args.data is not None:
         return _score_file(args)
     if args.out is not None or args.resume:
@@ -329,22 +328,12 @@ def _run_predict(args: argparse.Namespace) -> int:
     if not inputs:
         raise UserError("nothing to predict: pass texts (or image files) or pipe lines on stdin")
     noted = False
-    try:
-        for start in range(0, len(inputs), PREDICT_CHUNK):
-            for pred in loaded.predict(inputs[start : start + PREDICT_CHUNK]):
-                print_prediction(pred, args.json, loaded.run)
-                if pred.get("longer_than_training") and not noted:
-                    note_longer(loaded.run, "a text is")
-                    noted = True
-        sys.stdout.flush()  # a full disk shows here, not after the exit status is decided
-    except BrokenPipeError:
-        raise  # the reader went away: main's ending
-    except OSError as err:
-        sys.stdout = None  # type: ignore[assignment]  # nothing more to flush there
-        raise UserError(
-            f"cannot write the predictions to standard output ({err.strerror}); send them "
-            "somewhere with room (> FILE)"
-        ) from None
+    for start in range(0, len(inputs), PREDICT_CHUNK):  # main's results_out checks the writes
+        for pred in loaded.predict(inputs[start : start + PREDICT_CHUNK]):
+            print_prediction(pred, args.json, loaded.run)
+            if pred.get("longer_than_training") and not noted:
+                note_longer(loaded.run, "a text is")
+                noted = True
     return 0
 
 
@@ -946,6 +935,80 @@ def check_device(device: str | None) -> None:
     check(device, "--device")
 
 
+# What each command prints on standard output, as its refusals name it; the servers (serve,
+# explore) print only where they listen and log to standard error, so they run without one.
+RESULTS = {
+    "predict": "the predictions", "eval": "the report", "embed": "the vectors",
+    "similarity": "the similarity", "search": "the results", "models": "the models table",
+    "generate": "the generated text", "translate": "the translations",
+}  # fmt: skip
+SERVERS = ("serve", "explore")
+
+
+class ResultsUnwritable(Exception):
+    """Standard output refused a command's results (a full disk, a file too large)."""
+
+    def __init__(self, err: OSError) -> None:
+        super().__init__(err.strerror or str(err))
+
+
+class CheckedStdout:
+    """sys.stdout while a command runs: a write or flush the file system refuses becomes
+    ResultsUnwritable, told apart from the command's own files' errors."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except BrokenPipeError:
+            raise  # the reader went away: main's ending
+        except OSError as err:
+            raise ResultsUnwritable(err) from None
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as err:
+            raise ResultsUnwritable(err) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+@contextlib.contextmanager
+def results_out(command: str) -> Iterator[None]:
+    """Run ``command``, whose results go to standard output, and make sure they arrived: a
+    closed standard output (``>&-``, where print() writes nowhere) is refused before the
+    command starts, and a write the file system refuses (a full disk: ``> /dev/full``) is one
+    line naming where to send them instead, not a traceback or a silent exit 0."""
+    if command in SERVERS:
+        yield
+        return
+    what = RESULTS.get(command, f"`attnlab {command}`'s output")
+    if sys.stdout is None:
+        raise UserError(f"standard output is closed; send {what} to a file or a pipe")
+    stream = sys.stdout
+    sys.stdout = CheckedStdout(stream)  # type: ignore[assignment]
+    try:
+        yield
+        sys.stdout.flush()  # a full disk shows here, not after the exit status is decided
+        sys.stdout = stream
+    except ResultsUnwritable as err:
+        sys.stdout = None  # type: ignore[assignment]  # nothing more to flush there
+        raise UserError(
+            f"cannot write {what} to standard output ({err}); redirect it somewhere with room "
+            "(> FILE)"
+        ) from None
+    except BaseException:
+        if isinstance(sys.stdout, CheckedStdout):
+            sys.stdout = stream
+        raise
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="attnlab",
@@ -971,7 +1034,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         clean_text_args(args)
         check_device(getattr(args, "device", None))
-        return COMMANDS[args.command][1](args)
+        with results_out(args.command):
+            return COMMANDS[args.command][1](args)
     except UserError as err:  # bad input: a message that says what to change, no traceback
         print(f"attnlab: error: {err}", file=sys.stderr)
         return 2
