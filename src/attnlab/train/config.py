@@ -142,7 +142,11 @@ class TrainConfig(ConfigBase):
         if self.schedule == "noam" and self.warmup_steps == 0 and self.warmup_ratio == 0.0:
             raise UserError("schedule='noam' needs warmup: set warmup_steps or warmup_ratio > 0")
         if self.lr_decay < 1.0 and self.optimizer != "adamw":
-            raise UserError("lr_decay applies to AdamW's groups only: use optimizer='adamw'")
+            raise UserError(
+                f"--optimizer {self.optimizer} trains without layer-wise lr decay, but lr_decay "
+                f"is {self.lr_decay:g} (the preset's value, where --lr-decay was not given); add "
+                "--lr-decay 1, or keep --optimizer adamw"
+            )
 
 
 def check_num_threads(value: int) -> None:
