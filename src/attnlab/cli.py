@@ -1039,8 +1039,8 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:  # bad input: a message that says what to change, no traceback
         print(f"attnlab: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("attnlab: interrupted (resume with --resume)", file=sys.stderr)
+    except KeyboardInterrupt as err:  # train says what continues it (training.interrupted_note)
+        print(f"attnlab: interrupted{f' ({err})' if str(err) else ''}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # the reader of stdout went away (`attnlab predict ... | head`)
         sys.stdout = None  # type: ignore[assignment]  # no flush of a closed pipe at exit

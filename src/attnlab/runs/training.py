@@ -279,6 +279,8 @@ def train(
     try:
         with _take_folder(out, resume) as (work, staging), _threads(cfg.train.num_threads):
             return _train(task, cfg, out, work, staging, record, resume, restoring, device)
+    except KeyboardInterrupt:  # Ctrl-C: say what continues the work (main prints it, exit 130)
+        raise KeyboardInterrupt(interrupted_note(task.name, out)) from None
     except FloatingPointError as err:  # the loss or gradients diverged
         if main:
             with contextlib.suppress(OSError):
@@ -293,6 +295,15 @@ def train(
         if why is None:
             raise
         raise UserError(_write_failure_message(task, out, why, resume)) from None
+
+
+def interrupted_note(task_name: str, out: Path) -> str:
+    """What continues a training that Ctrl-C stopped: a published run folder resumes; before
+    the folder is published nothing was kept (its staging folder is gone), so the same command
+    starts again (a --resume would find no run there)."""
+    if (out / folder.CONFIG).is_file():
+        return f"resume with `attnlab train {task_name} --out {out} --resume`"
+    return f"nothing was kept in {out}: run the same command again to start over"
 
 
 @contextlib.contextmanager
