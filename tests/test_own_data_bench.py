@@ -143,3 +143,15 @@ def test_rows_with_attnlab_flags_stay_apart_from_the_default():
     assert _done([flagged], "d", "attnlab", 0, "--turns 0")
     assert not _done([flagged], "d", "attnlab", 0, "")
     assert not _done([flagged | {"error": "boom"}], "d", "attnlab", 0, "--turns 0")
+
+
+def test_overlap_is_read_from_start_and_end_times():
+    from benchmarks.classify.own_data import _queues_note
+
+    def row(finished, wall):
+        return {"finished": f"2026-01-01T00:{finished}Z", "wall_s": wall}
+
+    alone = [row("10:00", 60), row("12:00", 60)]  # 00:09-00:10, then 00:11-00:12
+    assert _queues_note(alone) == "one arm ran at a time."
+    side = [*alone, row("11:30", 120)]  # 00:09:30-00:11:30 overlaps both
+    assert _queues_note(side).startswith("3 of the 3 runs overlapped")

@@ -24,6 +24,7 @@ Run: python -m benchmarks.classify.own_data --datasets reviews_200 --arms tfidf,
 from __future__ import annotations
 
 import argparse
+import calendar
 import json
 import os
 import shlex
@@ -76,11 +77,16 @@ def _names(text: str, allowed: tuple[str, ...], what: str) -> list[str]:
     return names
 
 
-def _git_commit() -> str:
-    out = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=common.ROOT, capture_output=True, text=True
-    )
+def _git(*words: str) -> str:
+    out = subprocess.run(["git", *words], cwd=common.ROOT, capture_output=True, text=True)
     return out.stdout.strip()
+
+
+def _git_commit() -> str:
+    """HEAD, with ``+src changes`` where src/ differs from it (the installed package is the
+    working tree)."""
+    dirty = _git("status", "--porcelain", "--", "src")
+    return _git("rev-parse", "--short", "HEAD") + (" +src changes" if dirty else "")
 
 
 def _timed(command: list[str], log: Path) -> tuple[int, float, float]:
@@ -219,10 +225,10 @@ def _key(row: dict) -> str:
     return f"{row['arm']} {flags}" if flags else row["arm"]
 
 
-def _spread(values: list[float]) -> str:
+def _spread(values: list[float], digits: int = 3) -> str:
     if len(values) == 1:
-        return f"{values[0]:.3f}"
-    return f"{mean(values):.3f} ± {stdev(values):.3f}"
+        return f"{values[0]:.{digits}f}"
+    return f"{mean(values):.{digits}f} ± {stdev(values):.{digits}f}"
 
 
 def groups(rows: list[dict]) -> dict[str, dict[str, list[dict]]]:
@@ -234,9 +240,10 @@ def groups(rows: list[dict]) -> dict[str, dict[str, list[dict]]]:
     return {d: {k: list(v.values()) for k, v in arms.items()} for d, arms in out.items()}
 
 
-def verdict(arms: dict[str, list[dict]]) -> str:
-    """The issue's target on one dataset, from the plain attnlab rows and the Trainer rows."""
-    ours, theirs = arms.get("attnlab"), arms.get("trainer")
+def verdict(arms: dict[str, list[dict]], key: str = "attnlab") -> str:
+    """The issue's target on one dataset, from the attnlab rows of ``key`` (the plain command
+    by default) and the Trainer rows."""
+    ours, theirs = arms.get(key), arms.get("trainer")
     if not ours or not theirs:
         return "Target not judged: the attnlab default and the Trainer were not both measured."
     parts = []
@@ -282,7 +289,7 @@ def table(name: str, arms: dict[str, list[dict]], record: dict | None) -> list[s
         lines.append(
             f"| {label} | {seeds} | {_spread([r['accuracy'] for r in rs])} "
             f"| {_spread([r['macro_f1'] for r in rs])} "
-            f"| {_spread([r['wall_s'] / 60 for r in rs])} "
+            f"| {_spread([r['wall_s'] / 60 for r in rs], 1)} "
             f"| {max(r['peak_rss_gib'] for r in rs):.2f} | {precision} |"
         )
     return [*lines, "", verdict(arms), ""]
@@ -335,10 +342,12 @@ def render(out: Path, page: Path, args: argparse.Namespace) -> None:
         "# Your own data: attnlab's default against transformers' Trainer and two baselines",
         "",
         machine_line(rows),
-        "Every arm ran in a process of its own, one at a time, with one thread "
-        "(OMP_NUM_THREADS=1, MKL_NUM_THREADS=1, torch.set_num_threads(1)); other work shared "
-        "the two cores, so wall times carry that load. Peak memory is the arm's process's max "
-        "RSS (os.wait4). Each row's load average is in results.jsonl.",
+        "Every arm ran in a process of its own with one thread (OMP_NUM_THREADS=1, "
+        "MKL_NUM_THREADS=1, torch.set_num_threads(1)); "
+        f"{_queues_note(rows)} Other work (tests and training runs of other sessions) shared "
+        "the two cores throughout, so every wall time carries that load: compare arms as ratios, "
+        "and expect them to move by tens of percent. Peak memory is the arm's process's max RSS "
+        "(os.wait4). Each row's load average and commit are in results.jsonl.",
         "",
         "Arms:",
         "- attnlab default: `attnlab train classify --data train.csv --test-data test.csv "
@@ -361,6 +370,24 @@ def render(out: Path, page: Path, args: argparse.Namespace) -> None:
         f"![held-out accuracy against wall time]({page.stem}.png)",
         "",
     ]
+    lines += [
+        "## The target",
+        "",
+        "The issue's target: attnlab at or above the Trainer on every dataset (within the "
+        "seeds' spread: the larger of the two arms' standard deviations) in at most a quarter "
+        "of its wall time. Judged only where both were measured, from the plain attnlab rows:",
+        "",
+    ]
+    for name in sets.DATASETS:
+        if name not in grouped:
+            continue
+        lines.append(f"- {name}: {verdict(grouped[name]).split(': ', 1)[1]}")
+        for key in sorted(k for k in grouped[name] if k.startswith("attnlab ")):
+            if "trainer" in grouped[name]:
+                flags = key.removeprefix("attnlab ")
+                judged = verdict(grouped[name], key).split(": ", 1)[1]
+                lines.append(f"  - with `{flags}` (before the recipe rework): {judged}")
+    lines.append("")
     for name in sets.DATASETS:
         if name not in grouped:
             continue
@@ -373,7 +400,9 @@ def render(out: Path, page: Path, args: argparse.Namespace) -> None:
     lines += ["## What was not run", ""]
     for name in sets.DATASETS:
         arms = grouped.get(name, {})
-        absent = [a for a in ARMS if a not in arms]
+        absent = [a for a in ARMS if a not in arms and a != "attnlab"]
+        if "attnlab" not in arms:
+            absent.insert(0, "attnlab")
         short = [a for a in ("attnlab", "trainer") if a in arms and len(arms[a]) < 3]
         if absent:
             lines.append(f"- {name}: not measured: {', '.join(ARM_NAMES[a] for a in absent)}.")
@@ -387,6 +416,26 @@ def render(out: Path, page: Path, args: argparse.Namespace) -> None:
     if grouped:
         picture(grouped, page.with_suffix(".png"))
     common.write_page(page, lines, command=page_command(out))
+
+
+def _interval(row: dict) -> tuple[float, float]:
+    end = calendar.timegm(time.strptime(row["finished"], "%Y-%m-%dT%H:%M:%SZ"))
+    return end - row["wall_s"], end
+
+
+def _queues_note(rows: list[dict]) -> str:
+    """How many rows ran while another arm of this benchmark ran (from their start and end)."""
+    spans = [_interval(r) for r in rows]
+    overlapped = sum(
+        any(i != j and a < d - 1 and c < b - 1 for j, (c, d) in enumerate(spans))
+        for i, (a, b) in enumerate(spans)
+    )
+    if not overlapped:
+        return "one arm ran at a time."
+    return (
+        f"{overlapped} of the {len(rows)} runs overlapped in time with another arm of this "
+        "benchmark (two invocations ran side by side to fit the time there was)."
+    )
 
 
 def machine_line(rows: list[dict]) -> str:
