@@ -1,6 +1,10 @@
 """``attnlab serve RUN``: a trained classifier behind a JSON API.
 
-Routes (every answer JSON; an error is ``{"error": "one line"}``):
+Routes (every answer JSON but the page; an error is ``{"error": "one line"}``):
+
+- ``GET /`` -> a page to try the classifier in a browser, ``POST /explain`` with
+  ``{"text": "..."}`` -> its label, probabilities and which pieces moved the decision
+  (attnlab.serve.page);
 
 - ``POST /predict`` with ``{"texts": ["...", ...]}`` (``Content-Type: application/json``) ->
   ``{"predictions": [...]}``, one object per text in order, the very objects
@@ -34,6 +38,7 @@ from attnlab.data.io import clean_text
 from attnlab.errors import UserError
 from attnlab.serve.batcher import Batcher, Stopping
 from attnlab.serve.http import LOOPBACK, HttpError, JsonHandler, Server, listen
+from attnlab.serve.page import TryPage
 
 MAX_TEXTS = 256  # texts in one request
 MAX_BODY = 1024 * 1024  # bytes of one request
@@ -153,7 +158,10 @@ Route = Callable[[JsonHandler], None]  # answers one request through its handler
 def routes(app: App) -> dict[str, dict[str, Route]]:
     """Path -> method -> what answers it. A known path asked with another method is 405 with
     an ``Allow`` header, any other path 404; add a route by adding an entry."""
+    page = TryPage(app)  # serve.page: the page at / and what it asks
     return {
+        "/": {"GET": page.get},
+        "/explain": {"POST": lambda h: h.send_json(200, page.explain(json_body(h)))},
         "/predict": {"POST": lambda h: h.send_json(200, app.predict(json_body(h)))},
         "/health": {"GET": lambda h: h.send_json(200, app.health())},
         "/info": {"GET": lambda h: h.send_json(200, {**app.info, "limits": app.limits()})},
