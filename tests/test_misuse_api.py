@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
@@ -117,11 +118,14 @@ def test_evaluate_names_the_splits_and_checks_its_arguments(runs) -> None:
     for kind in ("e5", "char", "translate"):
         loaded = attnlab.load(runs[kind])
         for split in ("nosuch", None, 3):
-            refused(lambda s=split: loaded.evaluate(split=s), "train, val, test")
+            refused(lambda s=split, r=loaded: r.evaluate(split=s), "train, val, test")
     clf = attnlab.load(runs["e5"])
     refused(lambda: clf.evaluate(data=3), "data must be a file path")
     refused(lambda: clf.evaluate(data="x.csv", text_col=1), "text_col must be a column name")
     refused(lambda: clf.evaluate(nosuch=1), "unexpected keyword argument 'nosuch'")
+    refused(lambda: clf.score_file(None, "out.csv"), "data must be a file path")
+    refused(lambda: clf.score_file("in.csv", 4), "out must be a file path")
+    refused(lambda: clf.score_file("in.csv", "out.csv", text_col=0), "text_col must be a column")
 
 
 def test_the_other_verbs_check_their_arguments(runs) -> None:

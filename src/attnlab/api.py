@@ -132,6 +132,12 @@ def check_device(device: Any, option: str = "device") -> torch.device:
     return dev
 
 
+def check_path(name: str, value: Any) -> None:
+    """One line when the file argument ``name`` is not a path (str or Path)."""
+    if not isinstance(value, (str, os.PathLike)) or not str(value):
+        raise UserError(f"{name} must be a file path, got {type(value).__name__} {value!r}")
+
+
 def check_run_dir(run_dir: Any) -> Path:
     """A run folder's path, or one line when ``run_dir`` is no path at all."""
     if not isinstance(run_dir, (str, os.PathLike)) or isinstance(run_dir, bytes):
@@ -230,6 +236,10 @@ class LoadedRun:
         from attnlab.infer.score_file import score_file
 
         self.run.require("predict")
+        for name, value in (("data", data), ("out", out)):
+            check_path(name, value)
+        if not isinstance(text_col, str):
+            raise UserError(f"text_col must be a column name, got {type(text_col).__name__}")
         if not hasattr(self.run, "tokenizer"):
             raise UserError(f"{self.run.run_dir} classifies images; score_file reads texts")
         return score_file(self.predict, self.labels, data, out, text_col, resume, progress)
@@ -281,11 +291,10 @@ def check_arguments(
                 f"split={value!r}: this run has the splits {', '.join(SPLITS)}; give one of "
                 "them, or data=FILE"
             )
-        elif name in ("data", "text_col", "label_col") and value is not None:
-            kinds = (str, os.PathLike) if name == "data" else (str,)
-            if not isinstance(value, kinds):
-                what = "a file path" if name == "data" else "a column name"
-                raise UserError(f"{name} must be {what}, got {type(value).__name__}")
+        elif name == "data" and value is not None:
+            check_path(name, value)
+        elif name in ("text_col", "label_col") and not isinstance(value, (str, type(None))):
+            raise UserError(f"{name} must be a column name, got {type(value).__name__}")
         elif name == "beam_size" and value is not None:
             check_int("beam_size", value, 1)
         elif name == "member":
