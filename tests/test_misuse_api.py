@@ -147,3 +147,10 @@ def test_the_other_verbs_check_their_arguments(runs) -> None:
         refused(lambda t=texts: tr.translate(t), needle)
     refused(lambda: tr.translate(["the cat"], 2.5), "beam_size must be a whole number")
     assert len(tr.translate(["the cat", "\ud800 mat"], 1)) == 2
+
+
+def test_a_verb_an_image_run_only_draws_is_one_line(tmp_path) -> None:
+    run = explore_runs.vision_run(tmp_path, "vit")
+    image = str(explore_runs.image_file(tmp_path))
+    refused(lambda: attnlab.load(run).attention(image), "`attnlab attention")
+    refused(lambda: attnlab.load(run).evaluate(split="nosuch"), "train, val, test")

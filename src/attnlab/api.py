@@ -250,7 +250,12 @@ class LoadedRun:
         if name not in VERBS:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         self.run.require(name)
-        verb = getattr(self.run, name)
+        verb = getattr(self.run, name, None)
+        if verb is None:  # a verb the command line has but this run's object only draws
+            raise UserError(
+                f"{self.run.run_dir} holds a {self.run.task!r} run, whose {name} the Python API "
+                f"does not return; `attnlab {name} {self.run.run_dir} INPUT` draws it"
+            )
 
         def call(*args: Any, **kwargs: Any) -> Any:
             bound = check_arguments(self.run, name, verb, args, kwargs)
