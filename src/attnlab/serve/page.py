@@ -80,13 +80,9 @@ def page_data(run: Any, labels: list[str], explains: bool) -> dict[str, Any]:
     from attnlab.explore.describe import encoder_name
 
     tokenizer = getattr(run, "tokenizer", None)
-    if explains:
-        model = f"{encoder_name(run, 'BERT')}, fine-tuned"
-    else:
-        model = "attnlab character classifier"
     prefix = prompt_prefix(tokenizer) if tokenizer is not None else ""
     return {
-        "model": model,
+        "encoder": encoder_name(run, "BERT") if explains else None,  # None: the character model
         "run": run.run_dir.name,
         "labels": labels,
         "prefix": prefix,

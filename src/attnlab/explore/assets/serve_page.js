@@ -7,9 +7,9 @@ const DATA = JSON.parse(document.getElementById("attnlab-data").textContent);
 const $ = (id) => document.getElementById(id);
 const T = {
   zh: {
-    title: (d) => `试用分类器 · ${d.model}`,
+    title: (d) => `试用分类器 · ${d.encoder ? d.encoder + "（微调）" : "字符模型"}`,
     subtitle: (d) => `运行 ${d.run} · 类别：${d.labels.join("、")}`,
-    prefix: (p, d) => `${d.model} 读到的每条文本前都有“${p}”：它预训练时用这个角色词标记输入（分类、比较用 “query: ”），微调保留了它；这些片段和 <s>、</s> 一样每条输入都有，单独列出，不计分。`,
+    prefix: (p, d) => `${d.encoder} 读到的每条文本前都有“${p}”：它预训练时用这个角色词标记输入（分类、比较用 “query: ”），微调保留了它；这些片段和 <s>、</s> 一样每条输入都有，单独列出，不计分。`,
     go: "分类", working: "计算中…", label: "预测", placeholder: "输入一段评论",
     pieces: "哪些片段左右了判断",
     note: (a) => `积分梯度（${a.method}）：参照输入把文本的每个片段换成 <pad>，得分是每个片段对“${a.label}”对数几率变化的贡献，合起来等于这个变化。`,
@@ -19,9 +19,9 @@ const T = {
     failed: "服务器没有回答：",
   },
   en: {
-    title: (d) => `Try the classifier · ${d.model}`,
+    title: (d) => `Try the classifier · ${d.encoder ? d.encoder + ", fine-tuned" : "character model"}`,
     subtitle: (d) => `run ${d.run} · labels: ${d.labels.join(", ")}`,
-    prefix: (p, d) => `${d.model} reads every text after "${p}": it was pretrained to mark each input with a role word ("query: " to classify or compare) and the fine-tune keeps it; those pieces, like <s> and </s>, are in every input: shown apart, not scored.`,
+    prefix: (p, d) => `${d.encoder} reads every text after "${p}": it was pretrained to mark each input with a role word ("query: " to classify or compare) and the fine-tune keeps it; those pieces, like <s> and </s>, are in every input: shown apart, not scored.`,
     go: "Classify", working: "working…", label: "prediction", placeholder: "type a review",
     pieces: "Which pieces moved the decision",
     note: (a) => `Integrated gradients (${a.method}): the reference turns every piece of the text into <pad>; each piece's score is its share of the change in the log-odds of “${a.label}”, and the scores add up to that change.`,
