@@ -1,17 +1,19 @@
-"""`attnlab serve` under 1, 8 and 32 concurrent loopback clients, beside the cold CLI.
+"""`attnlab serve` under 1, 8, 32 and 128 concurrent loopback clients, beside the cold CLI.
 
-    python -m benchmarks.serve.load RUN [--requests 8] [--threads 1] [--cli-rounds 3]
-        -> docs/results/serve_load.{json,md}
+    python -m benchmarks.serve.load RUN [--total 256] [--threads 1] [--precision fp32]
+        [--cli-rounds 3] -> docs/results/serve_load.{json,md}
 
-Starts ``attnlab serve RUN --port 0`` in a child process (float32, ``--threads`` intra-op
-threads, batches of up to 64 texts). For each concurrency level, that many client threads each
-send ``--requests`` requests one after another (a bounded loop), every request the tutorial's
-three sentences; the page gives each level's request latency (p50, p95, max, from sending to
-the parsed answer) and throughput (texts answered per second of the level's wall time), and
-the forward passes the server ran for them (from GET /health: fewer than requests means
-requests shared a pass). Beside it, the cold CLI: ``attnlab predict RUN`` of the same three
-sentences in a fresh process, median of ``--cli-rounds``. The clients run in this process
-(Python threads, mostly waiting on sockets) on the same cores as the server.
+Starts ``attnlab serve RUN --port 0 --threads T --precision P`` in a child process (batches of
+up to 64 texts; its start-up lines, which say the inference path it took, go on the page). For
+each concurrency level, that many client threads share ``--total`` requests (each sends its
+share one after another: a bounded loop), every request the tutorial's three sentences on a
+new connection; the page gives each level's request latency (p50, p95, p99, max, from sending
+to the parsed answer), its throughput (texts answered per second of the level's wall time),
+the requests that failed (any status but 200, or no answer) and the forward passes the server
+ran for them (from GET /health: fewer than requests means requests shared a pass). Beside it,
+the cold CLI: ``attnlab predict RUN`` of the same three sentences in a fresh process, median of
+``--cli-rounds``. The clients run in this process (Python threads, mostly waiting on sockets)
+on the same cores as the server; loopback only.
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import math
 import os
 import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -36,14 +40,16 @@ SENTENCES = [
     "剧情拖沓，演员演技一言难尽。",
     "电影前半段很无聊，但是结局让我感动",
 ]
-LEVELS = (1, 8, 32)
+LEVELS = (1, 8, 32, 128)
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("run", help="a trained classifier run folder")
-    p.add_argument("--requests", type=int, default=8, help="requests per client per level")
-    p.add_argument("--threads", type=int, default=1, help="the server's --threads")
+    p.add_argument("--total", type=int, default=256, help="requests per level, shared by its "
+                   "clients (each sends at least one)")  # fmt: skip
+    p.add_argument("--threads", default="1", help="the server's --threads (a number or auto)")
+    p.add_argument("--precision", default="fp32", help="the server's --precision")
     p.add_argument("--cli-rounds", type=int, default=3)
     p.add_argument("--out", default=STEM, help="results stem under docs/results/")
     return p
@@ -53,15 +59,20 @@ def env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT / "src")}
 
 
-def start_server(run: str, threads: int) -> tuple[subprocess.Popen, int]:
-    cmd = [sys.executable, "-m", "attnlab", "serve", run, "--port", "0", "--threads", str(threads)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env=env())  # fmt: skip
+def start_server(run: str, threads: str, precision: str, log) -> tuple[subprocess.Popen, int]:
+    cmd = [sys.executable, "-m", "attnlab", "serve", run, "--port", "0", "--threads", threads,
+           "--precision", precision]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env())
     found = re.search(r"http://127\.0\.0\.1:(\d+)/", proc.stdout.readline())
     if not found:
         proc.kill()
         raise SystemExit("the server did not start")
     return proc, int(found.group(1))
+
+
+def rank(ordered: list[float], q: float) -> float:
+    """The ``q`` quantile of ``ordered`` (nearest rank: a latency some request had)."""
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
 def call(port: int, method: str, path: str, body: bytes | None = None) -> dict:
@@ -76,8 +87,10 @@ def call(port: int, method: str, path: str, body: bytes | None = None) -> dict:
     return data
 
 
-def level(port: int, clients: int, requests: int) -> dict:
-    """``clients`` threads, each ``requests`` requests in a row: latencies and throughput."""
+def level(port: int, clients: int, total: int) -> dict:
+    """``clients`` threads sharing ``total`` requests, each its share in a row: latencies
+    and throughput."""
+    requests = max(1, math.ceil(total / clients))
     body = json.dumps({"texts": SENTENCES}, ensure_ascii=False).encode()
     latencies: list[float] = []
     lock = threading.Lock()
@@ -112,19 +125,23 @@ def level(port: int, clients: int, requests: int) -> dict:
     n = len(latencies)
     return {
         "clients": clients,
+        "requests_each": requests,
         "requests": n,
         "failed": len(failures),
+        "failures": sorted(set(failures))[:5],
         "forward_passes": passes,
-        "p50_ms": round(statistics.median(latencies) * 1000, 1),
-        "p95_ms": round(latencies[min(n - 1, round(0.95 * (n - 1)))] * 1000, 1),
+        "p50_ms": round(rank(latencies, 0.50) * 1000, 1),
+        "p95_ms": round(rank(latencies, 0.95) * 1000, 1),
+        "p99_ms": round(rank(latencies, 0.99) * 1000, 1),
         "max_ms": round(latencies[-1] * 1000, 1),
         "texts_per_s": round(n * len(SENTENCES) / wall, 1),
         "wall_s": round(wall, 2),
     }
 
 
-def cold_cli(run: str, rounds: int, threads: int) -> list[float]:
-    cmd = [sys.executable, "-m", "attnlab", "predict", run, "--threads", str(threads), *SENTENCES]
+def cold_cli(run: str, rounds: int, threads: str, precision: str) -> list[float]:
+    cmd = [sys.executable, "-m", "attnlab", "predict", run, "--threads", threads,
+           "--precision", precision, *SENTENCES]  # fmt: skip
     times = []
     for _ in range(rounds):
         start = time.perf_counter()
@@ -135,42 +152,61 @@ def cold_cli(run: str, rounds: int, threads: int) -> list[float]:
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
-    info = machine(threads=args.threads)
-    proc, port = start_server(args.run, args.threads)
-    try:
-        body = json.dumps({"texts": SENTENCES}, ensure_ascii=False).encode()
-        for _ in range(3):  # warm the server's paths
-            call(port, "POST", "/predict", body)
-        rows = [level(port, clients, args.requests) for clients in LEVELS]
-    finally:
-        proc.terminate()
-        proc.wait(60)
-    cli = cold_cli(args.run, args.cli_rounds, args.threads)
+    if args.total < 1:
+        raise SystemExit("--total must be >= 1")
+    info = machine(threads=None if args.threads == "auto" else int(args.threads))
+    with tempfile.TemporaryFile("w+", encoding="utf-8") as log:
+        proc, port = start_server(args.run, args.threads, args.precision, log)
+        try:
+            body = json.dumps({"texts": SENTENCES}, ensure_ascii=False).encode()
+            for _ in range(3):  # warm the server's paths
+                call(port, "POST", "/predict", body)
+            rows = []
+            for clients in LEVELS:
+                rows.append(level(port, clients, args.total))
+                print(f"{clients} clients: {rows[-1]}", file=sys.stderr, flush=True)
+        finally:
+            proc.terminate()
+            proc.wait(60)
+        log.seek(0)
+        said = [line.strip() for line in log if line.startswith("serve: ") and
+                "stop" not in line and "answers in" not in line]  # fmt: skip
+    cli = cold_cli(args.run, args.cli_rounds, args.threads, args.precision)
     info["load_average_at_end"] = load_average()
     run = Path(args.run).resolve()
+    one = next(r for r in rows if r["clients"] == 1)
+    best = max(rows, key=lambda r: r["texts_per_s"])
     lines = [
         "# attnlab serve under concurrent loopback clients, beside the cold CLI",
         "",
         machine_line(info),
         "",
-        f"Run: `{run}`; the server `attnlab serve RUN --threads {args.threads}` (float32, "
-        "batches of up to 64 texts); each request is the tutorial's three sentences; each "
-        f"client sends {args.requests} requests in a row; clients are threads of the "
-        "benchmark process on the same cores.",
+        f"Run: `{run.name}`; the server `attnlab serve RUN --threads {args.threads} --precision "
+        f"{args.precision}` (batches of up to 64 texts), which said at start: "
+        + ("; ".join(f"`{line}`" for line in said) or "nothing more")
+        + ". Each request is the tutorial's three sentences on a new connection; a level's "
+        f"clients share {args.total} requests, each sending its share in a row; clients are "
+        "threads of the benchmark process on the same cores (loopback only).",
         "",
-        "| clients | answered | failed | forward passes | p50 ms | p95 ms | max ms | texts/s |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| clients | requests each | answered | failed | forward passes | p50 ms | p95 ms | "
+        "p99 ms | max ms | texts/s |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         *(
-            f"| {r['clients']} | {r['requests']} | {r['failed']} | {r['forward_passes']} | "
-            f"{r['p50_ms']} | "
-            f"{r['p95_ms']} | {r['max_ms']} | {r['texts_per_s']} |"
+            f"| {r['clients']} | {r['requests_each']} | {r['requests']} | {r['failed']} | "
+            f"{r['forward_passes']} | {r['p50_ms']} | {r['p95_ms']} | {r['p99_ms']} | "
+            f"{r['max_ms']} | {r['texts_per_s']} |"
             for r in rows
         ),
         "",
-        f"Cold CLI, `attnlab predict RUN --threads {args.threads}` of the same three sentences "
-        f"in a fresh process: median {statistics.median(cli)} s ({', '.join(map(str, cli))}).",
+        f"Batching: {best['clients']} clients got {best['texts_per_s']} texts/s, "
+        f"{best['texts_per_s'] / one['texts_per_s']:.2f}x one client's {one['texts_per_s']}.",
+        "",
+        f"Cold CLI, `attnlab predict RUN --threads {args.threads} --precision {args.precision}` "
+        f"of the same three sentences in a fresh process: median {statistics.median(cli)} s "
+        f"({', '.join(map(str, cli))}).",
     ]
-    data = {"machine": info, "run": str(run), "levels": rows, "cold_cli_s": cli}
+    data = {"machine": info, "run": run.name, "server_said": said, "levels": rows,
+            "cold_cli_s": cli}  # fmt: skip
     write_results(args.out, data, lines)
     print("\n".join(lines))
 

@@ -48,7 +48,7 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 HEAD_TIMEOUT = 10.0  # seconds from the connection to the end of its headers
 READ_TIMEOUT = 30.0  # seconds more for the body
 WRITE_TIMEOUT = 30.0  # seconds an answer may wait on a client that does not read it
-MAX_CONNECTIONS = 64  # connections served at once; one more gets 503
+MAX_CONNECTIONS = 256  # connections served at once (a thread each); one more gets 503
 
 
 class HttpError(Exception):
@@ -249,7 +249,7 @@ class Server(ThreadingHTTPServer):
     max_connections = MAX_CONNECTIONS
     # connections the kernel holds until accepted: socketserver's 5 drops (resets) the rest
     # when a few dozen clients connect at once
-    request_queue_size = 128
+    request_queue_size = MAX_CONNECTIONS
 
     def __init__(self, address: tuple[str, int], handler: type[JsonHandler]) -> None:
         self.active = 0  # connections being served
