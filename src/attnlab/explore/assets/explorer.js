@@ -157,7 +157,7 @@ const VIEWS = {
   steps: ["Generation steps", renderSteps], image: ["Image", renderImage],
   gates: ["Channel / spatial gates", renderGates], head: ["Head view", renderHead],
   matrix: ["Matrix view", renderMatrix], scale: ["√d_k lesson", renderScale],
-  tokens: ["Token attribution", renderTokens],
+  tokens: ["Attention rollout", renderTokens],
   pieces: ["Which pieces moved the decision", renderPieces],
 };
 function viewsOf() {
