@@ -129,6 +129,11 @@ def test_verdict_reads_the_spread_and_the_time_ratio():
         groups([_row("attnlab", 0, 0.9, 0.9, 300), _row("trainer", 0, 0.8, 0.8, 1000)])["d"]
     )
     assert "one seed, no spread" in one and "0.30× the Trainer's (not met)" in one
+    assert "CPU time" not in text  # no row recorded it
+    timed = [r | {"cpu_s": r["wall_s"] / 2} for r in rows[:2]] + [
+        r | {"cpu_s": r["wall_s"]} for r in rows[2:]
+    ]
+    assert "CPU time 0.10× (met)" in verdict(groups(timed)["d"])
     assert "not judged" in verdict(groups([_row("tfidf", 0, 0.5, 0.5, 1)])["d"])
 
 

@@ -89,8 +89,10 @@ def _git_commit() -> str:
     return _git("rev-parse", "--short", "HEAD") + (" +src changes" if dirty else "")
 
 
-def _timed(command: list[str], log: Path) -> tuple[int, float, float]:
-    """(exit code, wall seconds, peak RSS GiB) of ``command`` run alone with one thread."""
+def _timed(command: list[str], log: Path) -> tuple[int, float, float, float]:
+    """(exit code, wall seconds, CPU seconds, peak RSS GiB) of ``command`` with one thread;
+    CPU time (user + system, of the process and those it waited for) is what a shared machine
+    does not inflate."""
     env = os.environ | THREAD_ENV | {"PYTHONPATH": str(common.ROOT)}
     with log.open("w", encoding="utf-8") as out:
         start = time.perf_counter()
@@ -98,7 +100,8 @@ def _timed(command: list[str], log: Path) -> tuple[int, float, float]:
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - start
     proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, wall, usage.ru_maxrss / 2**20  # ru_maxrss is KiB on Linux
+    cpu = usage.ru_utime + usage.ru_stime
+    return proc.returncode, wall, cpu, usage.ru_maxrss / 2**20  # ru_maxrss is KiB on Linux
 
 
 def attnlab_command(data: Path, run: Path, seed: int, flags: str) -> list[str]:
@@ -144,13 +147,14 @@ def run_arm(arm: str, name: str, seed: int, args: argparse.Namespace, hf: Path) 
             "--hf", str(hf), "--out", str(scratch / "scores.json"),
         ]  # fmt: skip
     load_start = common.load_average()
-    code, wall, rss = _timed(command, log)
+    code, wall, cpu, rss = _timed(command, log)
     row = {
         "dataset": name,
         "arm": arm,
         "seed": seed,
         "exit_code": code,
         "wall_s": round(wall, 1),
+        "cpu_s": round(cpu, 1),
         "peak_rss_gib": round(rss, 3),
         "command": shlex.join(command),
         "attnlab_flags": args.attnlab_flags if arm == "attnlab" else None,
@@ -231,6 +235,14 @@ def _spread(values: list[float], digits: int = 3) -> str:
     return f"{mean(values):.{digits}f} ± {stdev(values):.{digits}f}"
 
 
+def _cpu(rows: list[dict]) -> str:
+    """CPU minutes over the rows that recorded them ("-" where none did)."""
+    known = [r["cpu_s"] / 60 for r in rows if "cpu_s" in r]
+    if not known:
+        return "-"
+    return _spread(known, 1) + (f" ({len(known)} of {len(rows)})" if len(known) < len(rows) else "")
+
+
 def groups(rows: list[dict]) -> dict[str, dict[str, list[dict]]]:
     """dataset -> arm key -> its rows that finished, latest per seed."""
     out: dict[str, dict[str, dict[int, dict]]] = defaultdict(lambda: defaultdict(dict))
@@ -259,6 +271,9 @@ def verdict(arms: dict[str, list[dict]], key: str = "attnlab") -> str:
         )
     ratio = mean(r["wall_s"] for r in ours) / mean(r["wall_s"] for r in theirs)
     parts.append(f"wall time {ratio:.2f}× the Trainer's ({'met' if ratio <= 0.25 else 'not met'})")
+    if all("cpu_s" in r for r in ours + theirs):
+        cpu = mean(r["cpu_s"] for r in ours) / mean(r["cpu_s"] for r in theirs)
+        parts.append(f"CPU time {cpu:.2f}× ({'met' if cpu <= 0.25 else 'not met'})")
     return "Target (attnlab default against the Trainer): " + "; ".join(parts) + "."
 
 
@@ -274,8 +289,9 @@ def table(name: str, arms: dict[str, list[dict]], record: dict | None) -> list[s
             "",
         ]
     lines += [
-        "| arm | seeds | accuracy | macro-F1 | wall time (min) | peak memory (GiB) | precision |",
-        "|---|---|---|---|---|---|---|",
+        "| arm | seeds | accuracy | macro-F1 | wall time (min) | CPU time (min) "
+        "| peak memory (GiB) | precision |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     order = {arm: i for i, arm in enumerate(("attnlab", "trainer", "probe", "tfidf"))}
     for key in sorted(arms, key=lambda k: (order[k.split()[0]], k)):
@@ -290,6 +306,7 @@ def table(name: str, arms: dict[str, list[dict]], record: dict | None) -> list[s
             f"| {label} | {seeds} | {_spread([r['accuracy'] for r in rs])} "
             f"| {_spread([r['macro_f1'] for r in rs])} "
             f"| {_spread([r['wall_s'] / 60 for r in rs], 1)} "
+            f"| {_cpu(rs)} "
             f"| {max(r['peak_rss_gib'] for r in rs):.2f} | {precision} |"
         )
     return [*lines, "", verdict(arms), ""]
@@ -347,7 +364,10 @@ def render(out: Path, page: Path, args: argparse.Namespace) -> None:
         f"{_queues_note(rows)} Other work (tests and training runs of other sessions) shared "
         "the two cores throughout, so every wall time carries that load: compare arms as ratios, "
         "and expect them to move by tens of percent. Peak memory is the arm's process's max RSS "
-        "(os.wait4). Each row's load average and commit are in results.jsonl.",
+        "(os.wait4). CPU time is the same process's user + system time: the machine's load "
+        "stretches wall time far more than it stretches CPU time, so the CPU ratio is the steadier "
+        "measure of the arms' cost (the issue's target names wall time; both are given). "
+        "Each row's load average and commit are in results.jsonl.",
         "",
         "Arms:",
         "- attnlab default: `attnlab train classify --data train.csv --test-data test.csv "
