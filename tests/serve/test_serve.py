@@ -404,3 +404,29 @@ def test_bad_settings_and_runs_that_serve_no_texts_are_one_line(run, tmp_path, c
         assert main(["serve", str(other)]) == 2
         err = capsys.readouterr().err.strip()
         assert needle in err and "\n" not in err, err
+
+
+def test_the_log_sums_the_answers_unless_each_is_asked_for(run, capsys) -> None:
+    from attnlab.serve.app import AccessLog
+
+    app = App(attnlab.load(run))
+    for each in (False, True):
+        log = AccessLog(each=each, every=3600.0)
+        srv = listen(Server, make_handler(app, "127.0.0.1", 4096, log), "127.0.0.1", 0)
+        thread = threading.Thread(target=srv.serve_forever, daemon=True)
+        thread.start()
+        port = srv.server_address[1]
+        try:
+            capsys.readouterr()
+            for path in ("/health", "/health", "/health", "/nothing", "/nothing"):
+                request(port, "GET", path)
+            err = capsys.readouterr().err
+            assert (err.count('"GET /health HTTP/1.1" 200') == 3) == each, err
+            log.flush()
+            err = capsys.readouterr().err
+            summed = re.search(r"serve: 5 answers in \d+ s \(3 x 200, 2 x 404\)", err)
+            assert bool(summed) != each, err
+        finally:
+            srv.shutdown()
+            srv.server_close()
+    app.batcher.close()
