@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 
@@ -27,16 +26,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     import torch
+    from tests import _runs  # the tests' own tiny runs (tests/_runs.py, tests/explore/)
+    from tests.explore import explore_runs
 
     from attnlab.infer.classifier import check_set
     from attnlab.infer.precision import available
     from attnlab.runs.load import load_run
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "explore"))
-    import explore_runs
-
-    import _runs
 
     info = machine(threads=1)
     torch.set_num_threads(1)
