@@ -268,10 +268,11 @@ class Signals:
         self.count += 1
 
 
-def stop_when_told(server: Server, app: App, signals: Signals, drain: float) -> None:
+def stop_when_told(server: Server, app: App, signals: Signals, drain: float) -> bool:
     """Serve until a signal; then accept no more, let the requests being answered finish for
     up to ``drain`` seconds (a second signal: at once), answer those still waiting for the
-    model 503, and return by the deadline with every answer begun written whole."""
+    model 503, and return by the deadline with every answer begun written whole. Whether the
+    model thread is still inside a forward pass (whose answer nobody waits for)."""
     accept = threading.Thread(target=server.serve_forever, name="attnlab-accept", daemon=True)
     accept.start()
     while not signals.count and accept.is_alive():
@@ -297,13 +298,16 @@ def stop_when_told(server: Server, app: App, signals: Signals, drain: float) -> 
         f"{cut} request(s) still running answered 503"
         + (f", {left} connection(s) still sending closed" if left else ""))  # fmt: skip
     print(f"serve: stopped after {time.monotonic() - began:.1f} s ({how})", file=sys.stderr)
+    return app.batcher.thread.is_alive()
 
 
 def serve(
     loaded: LoadedRun, host: str = "127.0.0.1", port: int = 8000, max_texts: int = MAX_TEXTS,
     max_body: int = MAX_BODY, drain: float = DRAIN_TIMEOUT, access_log: bool = False,
-) -> None:  # fmt: skip
-    """Serve ``loaded`` until Ctrl-C or SIGTERM; prints the address first."""
+) -> bool:  # fmt: skip
+    """Serve ``loaded`` until Ctrl-C or SIGTERM; prints the address first. Whether the model
+    is still inside a forward pass that was cut (a process should exit without waiting for
+    it: Python's exit would wait for the pass to end)."""
     app = App(loaded, max_texts)
     app.log = AccessLog(each=access_log)
     server = listen(Server, make_handler(app, host, max_body, app.log), host, port)
@@ -318,7 +322,7 @@ def serve(
         flush=True,
     )
     try:
-        stop_when_told(server, app, signals, drain)
+        return stop_when_told(server, app, signals, drain)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
