@@ -352,6 +352,14 @@ def _score_file(args: argparse.Namespace) -> int:
         raise UserError("give texts or --data FILE, not both")
     if args.out is None:
         raise UserError("--data needs --out FILE (.csv, .tsv or .jsonl) for the scored rows")
+    from pathlib import Path
+
+    from attnlab.infer.score_file import read_table
+
+    read_table(args.data, args.text_col)  # a bad file stops here, before the model loads
+    if Path(args.out).exists() and not args.resume:
+        raise UserError(f"{args.out} exists; pass --resume to continue scoring into it, or "
+                        "another --out")  # fmt: skip
     loaded = open_for_predict(args, "auto")
     with output_errors("--out"):
         done = loaded.score_file(args.data, args.out, args.text_col, args.resume)

@@ -65,7 +65,7 @@ def test_every_column_kept_and_the_predictions_added(run, tmp_path, src, dst) ->
     rows = write_input(tmp_path / f"in{src}")
     out = tmp_path / f"out{dst}"
     assert main(["predict", str(run), "--data", str(tmp_path / f"in{src}"), "--text-col",
-                 "review", "--out", str(out)]) == 0  # fmt: skip
+                 "review", "--out", str(out), "--precision", "fp32"]) == 0  # fmt: skip
     want = attnlab.load(run).predict(TEXTS)
     got = read_output(out)
     assert len(got) == len(rows)
