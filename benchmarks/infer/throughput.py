@@ -7,7 +7,7 @@
    (1024 x 1024) @ (1024 x 1024), int8 ``torch._int_mm`` of the same shape (int32 sums), and
    the fbgemm int8 dynamic linear that the int8 path runs (``torch.ao`` quantized Linear,
    (2048 x 384) @ (384 x 1536), e5-small's feed-forward at 2,048 tokens); GFLOP/s (GOP/s for
-   int8) as 2·M·N·K over the best of 5 calls.
+   int8) as 2·M·N·K over the best of 10 calls.
 2. Texts/s for short reviews (the ``--short`` shortest-first bundled reviews under 64
    characters, spread over the corpus) and long ones (the ``--long`` longest bundled reviews,
    hundreds of pieces), through: attnlab's paths (``attnlab.load(RUN, precision=P,
@@ -62,7 +62,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def peaks(threads: int) -> dict[str, float]:
-    """GFLOP/s (GOP/s) of the best of 5 calls of each matmul on ``threads`` threads."""
+    """GFLOP/s (GOP/s) of the best of 10 calls of each matmul on ``threads`` threads."""
     import warnings
 
     import torch
@@ -95,7 +95,7 @@ def peaks(threads: int) -> dict[str, float]:
         for name, (call, flops) in cases.items():
             call()
             best = float("inf")
-            for _ in range(5):
+            for _ in range(10):
                 start = time.perf_counter()
                 call()
                 best = min(best, time.perf_counter() - start)
