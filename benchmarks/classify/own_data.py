@@ -319,12 +319,19 @@ def picture(grouped: dict[str, dict[str, list[dict]]], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib import ticker
 
     names = [n for n in sets.DATASETS if n in grouped]
     cols = min(3, len(names))
     rows = (len(names) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False)
     markers = {"attnlab": "o", "trainer": "s", "probe": "^", "tfidf": "D"}
+    colors = {
+        "attnlab": "tab:blue",
+        "trainer": "tab:red",
+        "probe": "tab:orange",
+        "tfidf": "tab:green",
+    }
     for ax, name in zip(axes.flat, names):
         for key, rs in sorted(grouped[name].items()):
             arm = key.split()[0]
@@ -333,10 +340,13 @@ def picture(grouped: dict[str, dict[str, list[dict]]], path: Path) -> None:
                 [r["wall_s"] / 60 for r in rs],
                 [r["accuracy"] for r in rs],
                 marker=markers[arm],
+                color=colors[arm],
+                facecolors="none" if " " in key else colors[arm],
                 label=label,
-                alpha=0.5 if " " in key else 0.9,
             )
         ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
+        ax.xaxis.set_minor_formatter(ticker.NullFormatter())
         ax.set_title(name)
         ax.set_xlabel("wall time (min, log)")
         ax.set_ylabel("held-out accuracy")
