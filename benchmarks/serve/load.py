@@ -51,6 +51,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", default="1", help="the server's --threads (a number or auto)")
     p.add_argument("--precision", default="fp32", help="the server's --precision")
     p.add_argument("--cli-rounds", type=int, default=3)
+    p.add_argument("--note", default="", help="a sentence for the page about the run measured")
     p.add_argument("--out", default=STEM, help="results stem under docs/results/")
     return p
 
@@ -186,7 +187,8 @@ def main(argv: list[str] | None = None) -> None:
         + ("; ".join(f"`{line}`" for line in said) or "nothing more")
         + ". Each request is the tutorial's three sentences on a new connection; a level's "
         f"clients share {args.total} requests, each sending its share in a row; clients are "
-        "threads of the benchmark process on the same cores (loopback only).",
+        "threads of the benchmark process on the same cores (loopback only)."
+        + (f" {args.note}" if args.note else ""),
         "",
         "| clients | requests each | answered | failed | forward passes | p50 ms | p95 ms | "
         "p99 ms | max ms | texts/s |",
