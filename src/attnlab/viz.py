@@ -97,3 +97,42 @@ def plot_attention_grid(
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def plot_confusion(
+    matrix: list[list[int]], labels: list[str], out: str | Path, title: str = ""
+) -> Path:
+    """Save a confusion matrix (rows = true class, columns = predicted) as a picture: each
+    cell its count, shaded by the share of its true class (a row sums to one)."""
+    import numpy as np
+
+    counts = np.asarray(matrix, dtype=np.int64)  # (C, C)
+    C = len(labels)
+    if counts.shape != (C, C):
+        raise UserError(f"a {counts.shape} confusion matrix for {C} labels")
+    shares = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)  # (C, C)
+    font = cjk_font()
+    size = max(3.5, 0.6 * C + 2)
+    fig, ax = plt.subplots(figsize=(size + 1, size))
+    image = ax.imshow(shares, cmap="Blues", vmin=0, vmax=1)
+    fig.colorbar(image, ax=ax, fraction=0.046, label="share of the true class")
+    ax.set_xticks(range(C))
+    ax.set_yticks(range(C))
+    ax.set_xticklabels(labels, fontproperties=font, rotation=45 if C > 4 else 0, ha="right"
+                       if C > 4 else "center")  # fmt: skip
+    ax.set_yticklabels(labels, fontproperties=font)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    for i in range(C):
+        for j in range(C):
+            color = "white" if shares[i, j] > 0.5 else "black"
+            ax.text(j, i, str(counts[i, j]), ha="center", va="center", color=color,
+                    fontsize=max(6, 12 - C // 4))  # fmt: skip
+    if title:
+        ax.set_title(title, fontproperties=font)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

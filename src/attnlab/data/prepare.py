@@ -11,6 +11,7 @@ knows a model: how the texts are read is the run's reader's business.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,8 +63,15 @@ class TextSplits:
 
 
 def prepare_texts(d: Any, run_dir: Path, resume: bool) -> TextSplits:
-    """The run's texts from its data settings ``d`` (a classify data section); with
-    ``resume`` (a checkpoint will be restored) the split comes from the run's split.json."""
+    """The run's texts from its data settings ``d`` (a classify data section): the corpus and
+    its split (:func:`split_texts`), then the extra training examples (:func:`add_extra`)."""
+    return add_extra(split_texts(d, run_dir, resume), d)
+
+
+def split_texts(d: Any, run_dir: Path, resume: bool) -> TextSplits:
+    """The corpus and its train / val / test split, without extra examples; with ``resume``
+    (a checkpoint will be restored) the split comes from the run's split.json. Every row of
+    every file is read and checked here, before any model work."""
     corpus, given = load_corpus(
         d.data, d.text_col, d.label_col, d.val_data, d.test_data, d.max_examples, d.split_seed
     )
@@ -86,24 +94,37 @@ def prepare_texts(d: Any, run_dir: Path, resume: bool) -> TextSplits:
     rare = check_label_counts(train_labels, d.allow_rare_labels)
     for name in ("val", "test"):
         check_labels(train_labels, [corpus.labels[i] for i in split[name]], name)
+    splits = TextSplits(corpus, split, None, LabelVocab.build(train_labels))
+    splits.report = {"source": corpus.source, "corpus_stats": corpus.stats, "rare_labels": rare}
+    return splits
+
+
+def add_extra(
+    splits: TextSplits, d: Any, rename: Mapping[str, str] | None = None
+) -> TextSplits:
+    """``splits`` with the extra training examples ``d.extra_train`` names after its training
+    split; ``rename`` maps the named sentiment sources' labels (positive, negative) to the
+    corpus's own. The label vocabulary stays the corpus's: an extra label outside it is
+    refused."""
+    train_labels = [splits.corpus.labels[i] for i in splits.split["train"]]
     extra, extra_report = extra_examples(
-        d.extra_train, set(train_labels), held_out_texts(corpus, split),
+        d.extra_train, set(train_labels), held_out_texts(splits.corpus, splits.split),
         text_col=d.text_col, label_col=d.label_col, negation=d.lexicon_negation,
         intensity=d.lexicon_intensity, n=d.extra_train_examples, seed=d.split_seed,
+        rename=rename,
     )  # fmt: skip
-    all_train = train_labels + (extra.labels if extra is not None else [])
-    splits = TextSplits(corpus, split, extra, LabelVocab.build(all_train))
-    splits.report = {
-        "source": corpus.source,
-        "corpus_stats": corpus.stats,
-        "split_sizes": {name: len(idx) for name, idx in split.items()},
+    out = TextSplits(splits.corpus, splits.split, extra, splits.labels)
+    out.report = {
+        "source": splits.report["source"],
+        "corpus_stats": splits.report["corpus_stats"],
+        "split_sizes": {name: len(idx) for name, idx in out.split.items()},
         "label_counts": {
-            name: dict(sorted(Counter(splits.texts(name)[1]).items())) for name in split
+            name: dict(sorted(Counter(out.texts(name)[1]).items())) for name in out.split
         },
-        "rare_labels": rare,
+        "rare_labels": splits.report["rare_labels"],
         "extra_training": extra_report or None,
     }
-    return splits
+    return out
 
 
 def _draw_split(corpus: LabeledCorpus, d: Any) -> dict[str, list[int]]:

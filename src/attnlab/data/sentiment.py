@@ -19,7 +19,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -167,6 +167,7 @@ def extra_examples(
     intensity: float = 0.0,
     n: int = 0,
     seed: int = 0,
+    rename: Mapping[str, str] | None = None,
 ) -> tuple[LabeledCorpus | None, dict[str, Any]]:
     """The training examples ``spec`` (comma-separated sources) adds to the training split,
     and their report; (None, {}) when it names none.
@@ -174,7 +175,9 @@ def extra_examples(
     A lexicon's words come with a share ``negation`` of them negated (label flipped) and a share
     ``intensity`` intensified. Every source's labels must be among ``labels`` (the main corpus's);
     a text held out is dropped, a text given twice is kept once, and one given with two labels
-    not at all. ``n`` > 0 keeps a class-balanced random ``n`` of them (``seed``)."""
+    not at all. ``n`` > 0 keeps a class-balanced random ``n`` of them (``seed``). ``rename``
+    maps the labels of the named sources (positive, negative) to the main corpus's names for
+    them (a file's labels are its own)."""
     names = extra_names(spec)
     if not names:
         return None, {}
@@ -187,6 +190,8 @@ def extra_examples(
     for name in names:
         held_words = 0
         parts = [load_lexicon(name) if name in LEXICONS else read_corpus(name, text_col, label_col)]
+        if rename and name in EXTRA_NAMES:
+            parts = [relabel(parts[0], rename)]
         unknown = sorted(set(parts[0].labels) - labels)
         if unknown:
             raise UserError(
@@ -240,3 +245,9 @@ def subset(corpus: LabeledCorpus, keep: Sequence[int]) -> LabeledCorpus:
         [corpus.texts[i] for i in keep], [corpus.labels[i] for i in keep], corpus.source,
         corpus.stats,
     )  # fmt: skip
+
+
+def relabel(corpus: LabeledCorpus, names: Mapping[str, str]) -> LabeledCorpus:
+    """``corpus`` with each label ``names`` maps renamed (the others kept)."""
+    return LabeledCorpus(corpus.texts, [names.get(y, y) for y in corpus.labels], corpus.source,
+                         stats=corpus.stats)  # fmt: skip

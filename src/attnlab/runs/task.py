@@ -49,6 +49,9 @@ class RunConfig:
     task: str
     sections: dict[str, ConfigBase]
     arch: str = ""
+    # the fields the user set (the command line, a TOML file of their own): a task may adapt
+    # the other fields, which come from its bundled presets, to the data
+    given: frozenset[str] = frozenset()
 
     def __getattr__(self, name: str) -> ConfigBase:
         sections = self.__dict__.get("sections", {})

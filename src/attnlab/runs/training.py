@@ -51,7 +51,10 @@ def build_config(
     if preset:
         sources.append(sections.preset_file(preset, task.preset_prefix))
     parts = sections.build_sections(task.arch_sections(arch), sources, overrides)
-    cfg = RunConfig(task.name, parts, arch)
+    given = set(overrides)
+    if preset and sections.PRESETS not in sources[-1].resolve().parents:  # the user's own file
+        given |= set(preset_fields(preset, task, sections.field_owner(task.arch_sections(arch))))
+    cfg = RunConfig(task.name, parts, arch, frozenset(given))
     check_finite(cfg)
     task.check(cfg)
     return cfg
@@ -110,7 +113,8 @@ def saved_config(task: Task, raw: Mapping[str, Any]) -> RunConfig:
     if arch:
         values["model"] = {k: v for k, v in values["model"].items() if k != "arch"}
     parts = {name: from_dict(cls, values[name]) for name, cls in parts.items()}
-    return RunConfig(task.name, parts, arch)
+    recorded = frozenset(name for part in parts.values() for name in vars(part))
+    return RunConfig(task.name, parts, arch, recorded)  # what ran is kept as it ran
 
 
 def resumed_config(

@@ -35,7 +35,7 @@ from torch import nn
 from attnlab.configs import ConfigBase, setting
 from attnlab.data.io import write_json
 from attnlab.data.labels import LabelVocab
-from attnlab.data.prepare import prepare_texts
+from attnlab.data.prepare import add_extra, split_texts
 from attnlab.data.readers import dataset
 from attnlab.data.sentiment import check_extra_names
 from attnlab.data.unlabeled import check_unlabeled_names
@@ -55,12 +55,14 @@ from attnlab.infer.classifier import (
 from attnlab.metrics import format_report
 from attnlab.models.bert import BertConfig
 from attnlab.models.classifier import ClassifierConfig, TextClassifierEnsemble
-from attnlab.models.registry import list_models, model_entry
-from attnlab.models.zoo_mlm import encoder_classifier
+from attnlab.models.registry import list_models, model_entry, pretrained_names
+from attnlab.runs import training
 from attnlab.runs.sections import PRESETS
 from attnlab.runs.task import RunConfig, Setup, Task
 from attnlab.tasks import classify_steps as steps
+from attnlab.tasks.classify_plan import read_plan
 from attnlab.train import StepOutput, TrainConfig
+from attnlab.viz import plot_confusion
 
 
 @dataclass
@@ -76,6 +78,12 @@ class TextData(ConfigBase):
     test_data: str = setting("", "a separate test file (optional)")
     text_col: str = setting("text")
     label_col: str = setting("label")
+    positive_label: str = setting(
+        "",
+        "two classes that are a sentiment's sides: the label of the positive one (the other is "
+        "negative), so the steps made for sentiment (English film sentences, composed turns) "
+        "apply with their labels renamed; positive/negative labels need none",
+    )
     max_examples: int = setting(0, "a balanced random subsample of the corpus first; 0 = all",
                                 min=0)  # fmt: skip
     split_seed: int = setting(0, "seed of the stratified train/val/test split")
@@ -243,16 +251,26 @@ def reads_pieces(arch: str) -> bool:
     return arch not in list_models() or model_entry(arch).pretrained
 
 
+DEFAULT_ENCODER = "e5"  # the main job's
+FROM_SCRATCH = "char"  # the tutorial's character model
+
+
 class ClassifyTask(Task):
     """A text classifier: a fine-tuned pretrained encoder, or the character model."""
 
     name = "classify"
-    archs = ("e5", "char", "minilm")  # model registry names; a checkpoint folder or run too
     preset_prefix = "classify"
     resumable = frozenset({"eval_batch_size", "teacher_batch_size"})
     data_paths = ("data", "val_data", "test_data", "extra_train", "teacher")
     list_paths = ("extra_train",)  # comma-separated: each entry that is a file is recorded
     train_only_paths = ("extra_train", "teacher")  # evaluating a run needs neither
+
+    @property
+    def archs(self) -> tuple[str, ...]:  # type: ignore[override]
+        """The default encoder first, every other pretrained encoder of the model registry,
+        then the character model; a checkpoint folder or run is accepted too."""
+        others = [name for name in pretrained_names() if name != DEFAULT_ENCODER]
+        return (DEFAULT_ENCODER, *others, FROM_SCRATCH)
 
     def sections(self) -> dict[str, type[ConfigBase]]:
         return self.arch_sections(self.archs[0])
@@ -301,7 +319,9 @@ class ClassifyTask(Task):
     # ---------------------------------------------------------------- data
 
     def setup(self, cfg: RunConfig, run_dir: Path, resume: bool, device: str) -> Setup:
-        texts = prepare_texts(cfg.data, run_dir, resume)
+        split = split_texts(cfg.data, run_dir, resume)  # every row checked: no model yet
+        plan = read_plan(cfg, split, reads_pieces(cfg.arch))
+        texts = add_extra(split, cfg.data, plan.pair)
         if resume:  # the checkpoint's head scores the classes the run's labels.json names
             saved = LabelVocab.load(run_dir / "labels.json")
             if saved.labels != texts.labels.labels:
@@ -313,6 +333,8 @@ class ClassifyTask(Task):
             prep = steps.encoder_prepared(cfg, texts, run_dir, resume, device)
         else:
             prep = steps.char_prepared(cfg, texts, run_dir, resume, device)
+        prep.plan = plan
+        prep.report["plan"] = plan.to_dict()
         tcfg, d = cfg.train, cfg.data
         train = dataset(prep.train_reader, *texts.split_data("train"), tcfg.batch_size,
                         True, tcfg.seed)  # fmt: skip
@@ -335,32 +357,42 @@ class ClassifyTask(Task):
     # ---------------------------------------------------------------- the model and its recipe
 
     def build_model(self, cfg: RunConfig, setup: Setup) -> nn.Module:
+        """The recipe, in order: each step takes the data and returns the new data and its
+        record; nothing passes between steps but what this method hands them."""
         prep: steps.Prepared = setup.prepared
+        for line in prep.plan.lines():  # the data is read and checked: what the recipe will do
+            training.say(line)
         if prep.encoder is None:
             return steps.char_model(cfg, setup)
         d: EncoderData = cfg.data
-        encoder, prep.encoder = prep.encoder, None  # its weights are copied below, then dropped
-        model = encoder_classifier(cfg.model, len(prep.texts.labels), d.pooling, encoder.family,
-                                   encoder.embedding_size)  # fmt: skip
-        if d.pretrained:  # what the checkpoint lacks (e5's pooler) keeps this run's seeded init
-            state = {k: v for k, v in encoder.model.state_dict().items() if k not in encoder.fresh}
-            missing, unexpected = model.bert.load_state_dict(state, strict=False)
-            if unexpected or set(missing) - set(encoder.fresh):
-                raise RuntimeError(f"the encoder does not fit: {missing} {unexpected}")
-        n_layers = cfg.model.n_layers
-        if 0 < d.train_layers < n_layers:
-            freeze_lower(model, n_layers - d.train_layers)
-            if d.cache_frozen:
-                steps.keep_states(cfg, setup, model, n_layers - d.train_layers)
-        features = None
+        model = steps.pretrained_classifier(cfg, prep)
+        encoder, prep.encoder = prep.encoder, None  # its weights are copied: dropped
+        train, val = setup.train_data, setup.evaluate.data  # type: ignore[union-attr]
+        n_layers, records = cfg.model.n_layers, {}
+        start = n_layers - d.train_layers if 0 < d.train_layers < n_layers else 0
+        if start:
+            freeze_lower(model, start)
+        if start and d.cache_frozen:
+            train, val, records["frozen_states"] = steps.keep_states(cfg, prep, model, train,
+                                                                     val, start)  # fmt: skip
+        feats = None  # every training text's frozen features, in order (none on resume)
+        if (d.clean_labels or d.turns or d.probe_first) and not prep.resume:
+            feats = steps.features(cfg, prep, model, train)
+        kept = list(range(len(train.labels)))
         if d.clean_labels:
-            features = steps.clean_labels(cfg, setup, model)
-        if d.turns:
-            steps.add_turns(cfg, setup, model, features)
-        if d.probe_first and not prep.resume:  # a resumed run's head is in its checkpoint
-            steps.probe(cfg, setup, model, features)
+            train, kept, records["label_cleaning"] = steps.clean_labels(cfg, prep, train, feats)
+        if d.turns:  # asked for on the command line: refused, not skipped, when none fit
+            asked = "turns" in cfg.given
+            train, records["turns"] = steps.add_turns(cfg, prep, model, train, feats,
+                                                      prep.plan.pair, asked)  # fmt: skip
+        if d.probe_first and feats is not None:  # a resumed run's head is in its checkpoint
+            records["probe"] = steps.probe(cfg, model.head, feats, kept)
         if d.pooling == "mean" and hasattr(model.bert, "pooler"):  # unused: no gradient
             model.bert.pooler.requires_grad_(False)
+        setup.train_data = train
+        setup.evaluate = SplitScorer(val, prep.texts.labels, prep.device,
+                                     setup.evaluate.extra)  # type: ignore[union-attr]  # fmt: skip
+        steps.record(prep, setup, records)
         n_params = sum(p.numel() for p in model.parameters())
         init = "pretrained" if d.pretrained else "random (--pretrained false)"
         setup.messages.append(
@@ -408,6 +440,11 @@ class ClassifyTask(Task):
             (run_dir / "test_report.txt").write_text(
                 format_report(results["test"]) + "\n", encoding="utf-8"
             )
+        split = "test" if "test" in results else "val"
+        report = results[split]
+        plot_confusion(report["confusion_matrix"], report["labels"], run_dir / CONFUSION,
+                       f"{split}: accuracy {report['accuracy']:.3f}, macro-F1 "
+                       f"{report['macro_f1']:.3f} (n = {report['n']})")  # fmt: skip
         if d.ood_eval:
             ood = evaluate_ood(model, prep.reader, prep.texts.labels, d.eval_batch_size, device)
             if ood is not None:
@@ -417,10 +454,28 @@ class ClassifyTask(Task):
     def describe(self, results: Mapping[str, Any], run_dir: Path) -> list[str]:
         from attnlab.runs.load import load_run
 
-        return result_lines(results, load_run(run_dir))  # type: ignore[arg-type]
+        return [*result_lines(results, load_run(run_dir)), *per_class_lines(results)]  # type: ignore[arg-type]
 
     def load(self, run_dir: Path, cfg: RunConfig, device: str) -> ClassifierRun:
         return load_classifier(run_dir, cfg, device)
+
+
+CONFUSION = "confusion.png"
+
+
+def per_class_lines(results: Mapping[str, Any]) -> list[str]:
+    """Precision, recall and F1 of each class on the test split (else validation), and where
+    the confusion matrix's picture is."""
+    split = "test" if "test" in results else "val"
+    report = results[split]
+    width = max(8, *(len(label) + 2 for label in report["labels"]))
+    lines = [f"per class on {split}: {'class':<{width}}precision  recall      F1  support"]
+    for label in report["labels"]:
+        row = report["per_class"][label]
+        lines.append(f"{'':<{len(split) + 15}}{label:<{width}}{row['precision']:9.3f}"
+                     f"{row['recall']:8.3f}{row['f1']:8.3f}{row['support']:9d}")  # fmt: skip
+    lines.append(f"confusion matrix of {split}: {CONFUSION}")
+    return lines
 
 
 MONITORED_SETS = ("val", "ood_dev")

@@ -24,10 +24,18 @@ from attnlab.data.labels import check_label_counts
 from attnlab.data.lengths import choose_max_len, truncation_report
 from attnlab.data.prepare import TextSplits
 from attnlab.data.readers import CharReader, PieceReader, Reader, dataset
-from attnlab.data.sentiment import TWO_CLASSES, held_out_texts
+from attnlab.data.sentiment import held_out_texts
 from attnlab.data.splits import stratified_sample
 from attnlab.data.states import StateData
-from attnlab.data.turns import clause_pool, compose_turns, language_of, neutral, select
+from attnlab.data.turns import (
+    NEGATIVE,
+    POSITIVE,
+    clause_pool,
+    compose_turns,
+    language_of,
+    neutral,
+    select,
+)
 from attnlab.data.unlabeled import load_unlabeled
 from attnlab.errors import UserError
 from attnlab.finetune.cleaning import FOLDS, contradicted, out_of_fold_confidence
@@ -35,17 +43,22 @@ from attnlab.finetune.distill import SoftLabels, teacher_logits
 from attnlab.finetune.features import pooled_features
 from attnlab.finetune.frozen import concat, frozen_states, in_order, subset
 from attnlab.finetune.probe import fit_probe, logistic_regression
-from attnlab.infer.classifier import ClassifierRun, SplitScorer
+from attnlab.infer.classifier import ClassifierRun
 from attnlab.models.bert import BertConfig
 from attnlab.models.classifier import ClassifierConfig, build_classifier
 from attnlab.models.pretrained import Pretrained
+from attnlab.models.zoo_mlm import encoder_classifier
 from attnlab.runs import training
 from attnlab.runs.encoders import open_encoder
 from attnlab.runs.task import RunConfig, Setup
+from attnlab.tasks.classify_plan import Plan
 from attnlab.train.char_mlm import pretrain_encoder
 
 CLEANING_FILE = "label_cleaning.json"
 TURNS_FILE = "turns.json"
+MIN_TURN_CLAUSES = 2  # confirmed clauses of each side a composition needs
+
+Features = tuple[torch.Tensor, torch.Tensor]  # pooled features (N, D) and labels (N,)
 
 
 @dataclass
@@ -61,7 +74,7 @@ class Prepared:
     device: str
     encoder: Pretrained | None = None
     unlabeled: list[str] | None = None  # the character model's pretraining texts
-    kept: list[int] | None = None  # the training texts label cleaning kept (None: all)
+    plan: Plan | None = None  # what the data is and which steps fit it
 
 
 # ---------------------------------------------------------------------------- data
@@ -187,61 +200,62 @@ def char_model(cfg: RunConfig, setup: Setup) -> nn.Module:
     return model
 
 
-def keep_states(cfg: RunConfig, setup: Setup, model: nn.Module, start: int) -> None:
-    """Train on (and validate with) the frozen lower blocks' output, computed here once."""
-    prep: Prepared = setup.prepared
+def pretrained_classifier(cfg: RunConfig, prep: Prepared) -> nn.Module:
+    """The classifier over the pretrained encoder, its weights copied in (with ``pretrained``;
+    what the checkpoint lacks, e5's pooler, keeps this run's seeded init)."""
+    d, encoder = cfg.data, prep.encoder
+    assert encoder is not None
+    model = encoder_classifier(cfg.model, len(prep.texts.labels), d.pooling, encoder.family,
+                               encoder.embedding_size)  # fmt: skip
+    if d.pretrained:
+        state = {k: v for k, v in encoder.model.state_dict().items() if k not in encoder.fresh}
+        missing, unexpected = model.bert.load_state_dict(state, strict=False)
+        if unexpected or set(missing) - set(encoder.fresh):
+            raise RuntimeError(f"the encoder does not fit: {missing} {unexpected}")
+    return model
+
+
+def keep_states(
+    cfg: RunConfig, prep: Prepared, model: nn.Module, train: Any, val: Any, start: int
+) -> tuple[StateData, StateData, dict[str, Any]]:
+    """The training and validation data as the frozen lower blocks' output (blocks below
+    ``start``), computed here once, and the step's record."""
     batch, tcfg = cfg.data.eval_batch_size, cfg.train
     began = time.perf_counter()
-    train = frozen_states(model, in_order(setup.train_data, batch), start, tcfg.batch_size, True,
+    train = frozen_states(model, in_order(train, batch), start, tcfg.batch_size, True,
                           tcfg.seed, prep.device, "frozen blocks, training texts")  # fmt: skip
-    val = frozen_states(model, setup.evaluate.data, start, batch, False, 0, prep.device,
+    val = frozen_states(model, val, start, batch, False, 0, prep.device,
                         "frozen blocks, validation")  # fmt: skip
-    setup.train_data = train
-    setup.evaluate = SplitScorer(val, prep.texts.labels, prep.device, setup.evaluate.extra)
     seconds, nbytes = time.perf_counter() - began, train.nbytes() + val.nbytes()
-    prep.report["frozen_states"] = {"blocks": start, "bytes": nbytes, "seconds": round(seconds, 1)}
-    setup.messages.append(
-        f"frozen: the embeddings and blocks 1-{start} ran once over {len(train)} training and "
-        f"{len(val)} validation texts ({seconds:.0f} s); their output is kept "
-        f"({nbytes / 2**20:.0f} MiB) and each step runs blocks {start + 1}-{cfg.model.n_layers}"
-    )
+    record = {"blocks": start, "bytes": nbytes, "seconds": round(seconds, 1),
+              "train": len(train), "val": len(val), "layers": cfg.model.n_layers}  # fmt: skip
+    return train, val, record
 
 
-def frozen_features(
-    cfg: RunConfig, setup: Setup, model: nn.Module, keep: list[int]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The pretrained encoder's pooled features (N, D) and labels (N,) of the training texts
-    at ``keep`` (from the kept lower-block states when the run has them)."""
-    prep: Prepared = setup.prepared
-    batch = cfg.data.eval_batch_size
-    if isinstance(setup.train_data, StateData):
-        data = subset(setup.train_data, keep, batch, False, 0)
-    else:
-        texts, ids = prep.texts.split_data("train")
-        data = dataset(prep.train_reader, [texts[i] for i in keep], [ids[i] for i in keep], batch)
+def features(cfg: RunConfig, prep: Prepared, model: nn.Module, train: Any) -> Features:
+    """The pretrained encoder's pooled features (N, D) and labels (N,) of every training text,
+    in order (from the kept lower-block states when ``train`` holds them)."""
+    data = subset(train, list(range(len(train.labels))), cfg.data.eval_batch_size, False, 0)
     return pooled_features(model, data, prep.device)
 
 
 def clean_labels(
-    cfg: RunConfig, setup: Setup, model: nn.Module
-) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Drop the training texts whose label the rest of the data contradicts; the run folder
-    lists them (label_cleaning.json), and a run resumed from a checkpoint reads that list back.
-    Returns the features it computed (None when read back)."""
+    cfg: RunConfig, prep: Prepared, train: Any, feats: Features | None
+) -> tuple[Any, list[int], dict[str, Any]]:
+    """The training data without the texts whose label the rest of the data contradicts, the
+    positions kept, and the record (label_cleaning.json lists the dropped texts; a run resumed
+    from a checkpoint reads that list back, ``feats`` None)."""
     d = cfg.data
-    prep: Prepared = setup.prepared
     texts, ids = prep.texts.split_data("train")
     n, path = len(ids), prep.run_dir / CLEANING_FILE
-    features = None
-    if prep.resume:
+    if feats is None:
         record = read_json(path, "label cleaning record", keys={"dropped": list, "n": int})
         dropped = {row.get("index") for row in record["dropped"] if isinstance(row, dict)}
         if record["n"] != n or not all(isinstance(i, int) and 0 <= i < n for i in dropped):
             raise UserError(f"{path} does not describe this run's {n} training texts; restore "
                             "it, or train again in a new folder")  # fmt: skip
     else:
-        features = frozen_features(cfg, setup, model, list(range(n)))
-        p = out_of_fold_confidence(*features, len(prep.texts.labels), d.probe_weight_decay,
+        p = out_of_fold_confidence(*feats, len(prep.texts.labels), d.probe_weight_decay,
                                    d.split_seed)  # fmt: skip
         order = contradicted(p, d.clean_labels, n if d.clean_extra_train else prep.texts.n_main)
         dropped = set(order)
@@ -250,7 +264,6 @@ def clean_labels(
             {"index": i, "text": texts[i], "label": names[ids[i]], "p_label": round(float(p[i]), 4)}
             for i in order
         ]}  # fmt: skip
-        setup.files[CLEANING_FILE] = lambda out: write_json(out, record)
     kept = [i for i in range(n) if i not in dropped]
     try:
         check_label_counts([prep.texts.labels.labels[ids[i]] for i in kept], d.allow_rare_labels)
@@ -259,97 +272,108 @@ def clean_labels(
             f"label cleaning at p {d.clean_labels:g} dropped {len(dropped)} of {n} training "
             f"texts: {err}; or give a lower --clean-labels"
         ) from None
-    setup.train_data = subset(setup.train_data, kept, cfg.train.batch_size, True, cfg.train.seed)
-    extra = sum(i >= prep.texts.n_main for i in dropped)
-    prep.report["label_cleaning"] = {"threshold": d.clean_labels, "dropped": len(dropped),
-                                     "dropped_extra_train": extra}  # fmt: skip
-    prep.kept = kept
-    setup.messages.append(
-        f"label cleaning: {len(dropped)} of {n} training texts dropped, their label below "
-        f"p {d.clean_labels:g} under a probe fitted on the other folds ({extra} of them "
-        f"extra_train); listed in {CLEANING_FILE}"
+    train = subset(train, kept, cfg.train.batch_size, True, cfg.train.seed)
+    return train, kept, record
+
+
+def cleaning_line(record: dict[str, Any], n_main: int) -> str:
+    dropped = record["dropped"]
+    extra = sum(row["index"] >= n_main for row in dropped if isinstance(row, dict))
+    return (
+        f"label cleaning: {len(dropped)} of {record['n']} training texts dropped, their label "
+        f"below p {record.get('threshold', 0):g} under a probe fitted on the other folds "
+        f"({extra} of them extra_train); listed in {CLEANING_FILE}"
     )
-    return features
 
 
 def add_turns(
     cfg: RunConfig,
-    setup: Setup,
+    prep: Prepared,
     model: nn.Module,
-    features: tuple[torch.Tensor, torch.Tensor] | None,
-) -> None:
-    """Add the turned sentences (data/turns.py) to the training data: clauses of the corpus's
-    own training texts, kept where a probe on the frozen encoder's features of those texts
-    confirms their text's label, composed a negative and a positive side around a turn word.
-    The run folder lists them (turns.json); a run resumed from a checkpoint reads them back."""
+    train: Any,
+    feats: Features | None,
+    pair: dict[str, str],
+    required: bool,
+) -> tuple[Any, dict[str, Any] | None]:
+    """The training data with the turned sentences (data/turns.py) after it, and their record:
+    clauses of the corpus's own training texts, kept where a probe on ``feats`` (the frozen
+    features of every training text, ``train``'s order) confirms their text's label, composed
+    a negative and a positive side around a turn word, labelled with the data's own names in
+    ``pair``. A run resumed from a checkpoint reads them back (``feats`` None). When the probe
+    confirms too few clauses the step is skipped ((train, None)), or refused when the run
+    asked for turns (``required``)."""
     d = cfg.data
-    prep: Prepared = setup.prepared
     names = prep.texts.labels.labels
-    if set(names) != TWO_CLASSES:
-        raise UserError(f"--turns composes positive and negative sentences; this data's labels "
-                        f"are {names}: give --turns 0")  # fmt: skip
     path = prep.run_dir / TURNS_FILE
-    if prep.resume:
+    if feats is None:
         record = read_json(path, "turned sentences record", keys={"texts": list, "labels": list})
         texts, labels = record["texts"], record["labels"]
         if len(texts) != d.turns or not set(labels) <= set(names) or len(labels) != len(texts):
             raise UserError(f"{path} does not hold this run's {d.turns} turned sentences; "
                             "restore it, or train again in a new folder")  # fmt: skip
     else:
-        record = scored_turns(cfg, setup, model, features)
+        record = scored_turns(cfg, prep, model, feats, pair, required)
+        if record is None:
+            return train, None
         texts, labels = record["texts"], record["labels"]
-        setup.files[TURNS_FILE] = lambda out: write_json(out, record)
     data = dataset(prep.train_reader, texts, prep.texts.labels.encode(labels), d.eval_batch_size)
-    if isinstance(setup.train_data, StateData):
-        start = setup.train_data.start
-        data = frozen_states(model, data, start, d.eval_batch_size, False, 0, prep.device,
+    if isinstance(train, StateData):
+        data = frozen_states(model, data, train.start, d.eval_batch_size, False, 0, prep.device,
                              "frozen blocks, turned sentences")  # fmt: skip
-    tcfg = cfg.train
-    before = len(setup.train_data.labels)
-    setup.train_data = concat(setup.train_data, data, tcfg.batch_size, True, tcfg.seed)
-    share = len(texts) / (before + len(texts))
-    prep.report["turns"] = {k: v for k, v in record.items() if k not in ("texts", "labels")}
-    prep.report["turns"]["share_of_training"] = round(share, 4)
-    setup.messages.append(
-        f"turns: {len(texts)} sentences composed from the training texts' clauses join the "
-        f"training data ({share:.1%} of it); listed in {TURNS_FILE}"
+    before = len(train.labels)
+    train = concat(train, data, cfg.train.batch_size, True, cfg.train.seed)
+    record["share_of_training"] = round(len(texts) / (before + len(texts)), 4)
+    return train, record
+
+
+def turns_line(record: dict[str, Any]) -> str:
+    return (
+        f"turns: {len(record['texts'])} sentences composed from the training texts' clauses "
+        f"join the training data ({record['share_of_training']:.1%} of it); listed in "
+        f"{TURNS_FILE}"
     )
 
 
 def scored_turns(
     cfg: RunConfig,
-    setup: Setup,
+    prep: Prepared,
     model: nn.Module,
-    features: tuple[torch.Tensor, torch.Tensor] | None,
-) -> dict[str, Any]:
+    feats: Features,
+    pair: dict[str, str],
+    required: bool,
+) -> dict[str, Any] | None:
     """The record of ``--turns`` composed sentences: the corpus's training clauses scored by a
-    probe on the frozen features of its training texts, those at ``turn_threshold`` kept."""
+    probe on the frozen features of its training texts, those at ``turn_threshold`` kept
+    (None: too few kept, and not ``required``)."""
     d = cfg.data
-    prep: Prepared = setup.prepared
     texts, ids = prep.texts.split_data("train")
     n_main, names = prep.texts.n_main, prep.texts.labels.labels
-    language, shares = language_of(texts[:n_main])
-    if language is None:
-        raise UserError(
-            f"--turns composes Chinese or English turned sentences; of the training texts "
-            f"{shares['zh']:.0%} are mostly Chinese and {shares['en']:.0%} mostly English: "
-            "give --turns 0"
-        )
-    pool = clause_pool(texts[:n_main], [names[i] for i in ids[:n_main]], language)
+    polarity = {name: side for side, name in pair.items()}  # the data's label -> its side
+    language, _ = language_of(texts[:n_main])
+    assert language is not None  # the plan turns the step off otherwise
+    pool = clause_pool(texts[:n_main], [polarity[names[i]] for i in ids[:n_main]], language)
     if d.turn_clauses and len(pool) > d.turn_clauses:
         rng = random.Random(d.split_seed)
         pool = [pool[i] for i in sorted(rng.sample(range(len(pool)), d.turn_clauses))]
-    if features is not None:  # label cleaning's: every training text, in order
-        x, y = features[0][:n_main], features[1][:n_main]
-    else:  # the training data is still in its order
-        x, y = frozen_features(cfg, setup, model, list(range(n_main)))
+    x, y = feats[0][:n_main], feats[1][:n_main]  # every training text of the corpus, cleaned or not
     scorer = logistic_regression(x, y, len(names), d.probe_weight_decay)
-    clause_ids = prep.texts.labels.encode([c.label for c in pool])
+    clause_ids = prep.texts.labels.encode([pair[c.label] for c in pool])
     data = dataset(prep.train_reader, [c.text for c in pool], clause_ids, d.eval_batch_size)
     cx, cy = pooled_features(model, data, prep.device)
     with torch.no_grad():
         p = torch.softmax(scorer(cx.double()), -1)[torch.arange(len(cy)), cy]  # (N,)
     kept = select(pool, p.tolist(), d.turn_threshold)
+    sides = Counter(c.label for c in kept)
+    if min(sides[NEGATIVE], sides[POSITIVE]) < MIN_TURN_CLAUSES:
+        why = (f"the probe confirms {sides[NEGATIVE]} negative and {sides[POSITIVE]} positive "
+               f"of {len(pool)} clauses at p >= {d.turn_threshold:g}")  # fmt: skip
+        if required:
+            sampled = d.turn_clauses and len(pool) == d.turn_clauses
+            more = ", a larger --turn-clauses" if sampled else ""
+            fix = f"give a lower --turn-threshold{more} or --turns 0"
+            raise UserError(f"--turns {d.turns}: {why}; {fix}")
+        training.say(f"turns: skipped: {why}")
+        return None
     openers = neutral(pool, p.tolist()) if d.turn_neutral else []
     held = held_out_texts(prep.texts.corpus, prep.texts.split) | set(texts)
     turns = compose_turns(kept, d.turns, d.split_seed, language, held_out=held,
@@ -364,34 +388,60 @@ def scored_turns(
         "clauses_kept": dict(Counter(c.label for c in kept)),
         "source": turns.source,
         "texts": turns.texts,
-        "labels": turns.labels,
+        "labels": [pair[y] for y in turns.labels],
     }
 
 
 def probe(
-    cfg: RunConfig,
-    setup: Setup,
-    model: nn.Module,
-    features: tuple[torch.Tensor, torch.Tensor] | None,
-) -> None:
-    """LP-FT: the head starts as the logistic regression on the frozen encoder's features of a
-    stratified sample of the (kept) training texts."""
+    cfg: RunConfig, head: nn.Linear, feats: Features, kept: list[int]
+) -> dict[str, Any]:
+    """LP-FT: ``head`` set to the logistic regression on the frozen features ``feats`` of a
+    stratified sample of the training texts at ``kept``; returns the fit's record."""
     d = cfg.data
-    prep: Prepared = setup.prepared
-    ids = prep.texts.split_data("train")[1]
-    kept = prep.kept if prep.kept is not None else list(range(len(ids)))
-    labels = [ids[i] for i in kept]
+    labels = [int(feats[1][i]) for i in kept]
     sample = [kept[j] for j in stratified_sample(labels, d.probe_examples, d.split_seed)]
-    if features is None:
-        x, y = frozen_features(cfg, setup, model, sample)
-    else:
-        x, y = features[0][sample], features[1][sample]
-    report = fit_probe(model.head, x, y, d.probe_weight_decay)
-    prep.report["probe"] = report
-    setup.messages.append(
-        f"probe: head fitted on the frozen encoder's features of {report['n']} training "
-        f"examples (train accuracy {report['train_accuracy']:.4f})"
+    return fit_probe(head, feats[0][sample], feats[1][sample], d.probe_weight_decay)
+
+
+def probe_line(record: dict[str, Any]) -> str:
+    return (
+        f"probe: head fitted on the frozen encoder's features of {record['n']} training "
+        f"examples (train accuracy {record['train_accuracy']:.4f})"
     )
+
+
+def record(prep: Prepared, setup: Setup, records: dict[str, Any]) -> None:
+    """What the recipe's steps did, into the data report, the run's files and the lines
+    printed before training."""
+    r = records.get("frozen_states")
+    if r is not None:
+        prep.report["frozen_states"] = {k: r[k] for k in ("blocks", "bytes", "seconds")}
+        setup.messages.append(
+            f"frozen: the embeddings and blocks 1-{r['blocks']} ran once over {r['train']} "
+            f"training and {r['val']} validation texts ({r['seconds']:.0f} s); their output is "
+            f"kept ({r['bytes'] / 2**20:.0f} MiB) and each step runs blocks {r['blocks'] + 1}-"
+            f"{r['layers']}"
+        )
+    r = records.get("label_cleaning")
+    if r is not None:
+        if not prep.resume:
+            setup.files[CLEANING_FILE] = lambda out, r=r: write_json(out, r)
+        extra = sum(row["index"] >= prep.texts.n_main for row in r["dropped"]
+                    if isinstance(row, dict))  # fmt: skip
+        prep.report["label_cleaning"] = {"threshold": r.get("threshold"),
+                                         "dropped": len(r["dropped"]),
+                                         "dropped_extra_train": extra}  # fmt: skip
+        setup.messages.append(cleaning_line(r, prep.texts.n_main))
+    r = records.get("turns")
+    if r is not None:
+        if not prep.resume:
+            setup.files[TURNS_FILE] = lambda out, r=r: write_json(out, r)
+        prep.report["turns"] = {k: v for k, v in r.items() if k not in ("texts", "labels")}
+        setup.messages.append(turns_line(r))
+    r = records.get("probe")
+    if r is not None:
+        prep.report["probe"] = r
+        setup.messages.append(probe_line(r))
 
 
 def attach_teacher(cfg: RunConfig, setup: Setup) -> None:

@@ -1,0 +1,218 @@
+"""The plan of `attnlab train classify`: what the data is, and which of the recipe's steps fit it.
+
+The recipe's values (presets/classify.toml) were chosen on the bundled Chinese reviews. Before
+any model work the run reads its data — the labels and their counts, the training size, the
+language — and decides, by the rules below, which steps apply and with what value. It prints one
+line per step, on or off and why. A value the user set (on the command line, or in a TOML file
+of their own) is kept as given; one that cannot apply to the data is refused here, before the
+frozen pass. The decisions are written back into the config, so config.json records what ran.
+
+The rules:
+
+- **sentiment pair**: the labels are ``positive`` / ``negative``, or two classes with
+  ``--positive-label NAME`` naming the positive one. The steps made for sentiment (the English
+  film sentences, composed turns) apply only to a pair, with their labels renamed to the data's
+  own: they never change a run's classes.
+- **extra sentiment sources** (``pang_lee``, ``imdb``, ``hownet``, ``dutir``): at most as many
+  as the data's own training texts, so a small set is not swamped by another corpus.
+- **turns**: Chinese or English text, a pretrained encoder, at most a third of the data's own
+  training texts (the bundled recipe's 2,000 of 6,000).
+- **label cleaning**: two classes and at least ``MIN_CLEANING`` training texts, the setting it
+  was measured in (docs/results/classify_e5.md): an out-of-fold probe on fewer texts, or on
+  classes that overlap more, contradicts sound labels.
+- **epochs**: enough that training sees ``SEEN_EXAMPLES`` examples, at least 1 and at most
+  ``MAX_EPOCHS`` (the bundled recipe's one epoch of ~12,000 texts).
+- **checkpoint**: chosen on validation macro-F1 when the largest class has more than
+  ``IMBALANCE`` times the examples of the smallest, else on accuracy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from attnlab.data.prepare import TextSplits
+from attnlab.data.sentiment import EXTRA_NAMES, TWO_CLASSES, extra_names
+from attnlab.data.turns import NEGATIVE, POSITIVE, language_of
+from attnlab.errors import UserError
+from attnlab.runs.task import RunConfig
+
+MIN_CLEANING = 2000  # training texts label cleaning needs (measured at 6,000)
+SEEN_EXAMPLES = 8000  # examples an automatic number of epochs shows the model
+MAX_EPOCHS = 10
+IMBALANCE = 1.5  # largest / smallest class count above which macro-F1 chooses the checkpoint
+TURN_SHARE = 3  # turns: at most one per this many of the data's own training texts
+
+
+@dataclass
+class Decision:
+    """One step of the recipe: whether it runs, with what value, and why."""
+
+    step: str
+    on: bool
+    why: str
+    value: Any = None
+
+    def line(self) -> str:
+        state = "on" if self.on else "off"
+        shown = self.on and self.value is not None and self.value is not True
+        value = f" ({self.value})" if shown else ""
+        return f"{self.step}: {state}{value}: {self.why}"
+
+
+@dataclass
+class Plan:
+    """What the data is and the decisions read from it."""
+
+    labels: list[str]
+    counts: dict[str, int]
+    n_train: int
+    language: str | None
+    pair: dict[str, str] | None  # positive / negative -> the data's own label, or None
+    decisions: list[Decision] = field(default_factory=list)
+
+    @property
+    def imbalance(self) -> float:
+        return max(self.counts.values()) / max(1, min(self.counts.values()))
+
+    def lines(self) -> list[str]:
+        counts = ", ".join(f"{name} {n}" for name, n in self.counts.items())
+        language = self.language or "mixed"
+        head = (f"plan: {len(self.labels)} classes ({counts}) in {self.n_train} training texts, "
+                f"language {language}")  # fmt: skip
+        return [head, *(f"  {d.line()}" for d in self.decisions)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "labels": self.labels, "counts": self.counts, "n_train": self.n_train,
+            "language": self.language, "sentiment_pair": self.pair,
+            "steps": [{"step": d.step, "on": d.on, "value": d.value, "why": d.why}
+                      for d in self.decisions],
+        }  # fmt: skip
+
+
+def sentiment_pair(labels: list[str], positive_label: str) -> dict[str, str] | None:
+    """{positive: name, negative: name} in the data's labels, or None when they are no pair.
+    A ``positive_label`` that is not one of two classes is refused."""
+    if positive_label:
+        if positive_label not in labels:
+            raise UserError(f"--positive-label {positive_label!r} is not a label of the data; "
+                            f"its labels are {labels}")  # fmt: skip
+        if len(labels) != 2:
+            raise UserError(f"--positive-label names one side of a pair; the data has "
+                            f"{len(labels)} classes {labels}: drop --positive-label")  # fmt: skip
+        other = next(name for name in labels if name != positive_label)
+        return {POSITIVE: positive_label, NEGATIVE: other}
+    if set(labels) == TWO_CLASSES:
+        return {POSITIVE: POSITIVE, NEGATIVE: NEGATIVE}
+    return None
+
+
+def read_plan(cfg: RunConfig, texts: TextSplits, encoder: bool) -> Plan:
+    """The plan for the run ``cfg`` on ``texts`` (split, no extra examples yet), its decisions
+    written into ``cfg``; ``encoder``: a pretrained encoder reads the texts. The fields in
+    ``cfg.given`` are kept (a resumed run's are all given); one the data cannot take is
+    refused."""
+    d, t, given = cfg.data, cfg.train, cfg.given
+    train_texts, train_labels = texts.texts("train")
+    counts = dict(sorted(Counter(train_labels).items()))
+    language, _ = language_of(train_texts)
+    pair = sentiment_pair(texts.labels.labels, d.positive_label)
+    plan = Plan(texts.labels.labels, counts, len(train_texts), language, pair)
+    n = plan.n_train
+    no_pair = f"the labels {plan.labels} are not a positive/negative pair"
+    if len(plan.labels) == 2:
+        no_pair += "; --positive-label NAME turns it on"
+
+    # extra training examples: the named sentiment sources need a pair
+    named = [s for s in extra_names(d.extra_train) if s in EXTRA_NAMES]
+    files = [s for s in extra_names(d.extra_train) if s not in EXTRA_NAMES]
+    if named and pair is None:
+        if "extra_train" in given:
+            raise UserError(f"--extra-train {','.join(named)} adds positive/negative examples; "
+                            f"{no_pair}: drop them from --extra-train")  # fmt: skip
+        plan.decisions.append(Decision("extra_train", False, f"{', '.join(named)}: {no_pair}"))
+        d.extra_train = ",".join(files)
+        named = []
+    elif named:
+        if "extra_train_examples" not in given and not 0 < d.extra_train_examples <= n:
+            d.extra_train_examples = n
+        cap = d.extra_train_examples or "all"
+        plan.decisions.append(Decision(
+            "extra_train", True, "the labels are a sentiment pair; at most as many as the "
+            "data's own training texts", f"{', '.join(named)}: {cap}"))  # fmt: skip
+    if files:
+        plan.decisions.append(Decision("extra_train", True, "files given", ", ".join(files)))
+    elif not named and not any(x.step == "extra_train" for x in plan.decisions):
+        plan.decisions.append(Decision("extra_train", False, "none given"))
+
+    if hasattr(d, "turns"):
+        plan.decisions.append(_turns(d, plan, encoder, given, no_pair))
+    if hasattr(d, "clean_labels"):
+        plan.decisions.append(_cleaning(d, plan, given))
+    if encoder:
+        plan.decisions.append(_epochs(t, plan, d, given))
+    plan.decisions.append(_monitor(t, plan, given))
+    return plan
+
+
+def _turns(d: Any, plan: Plan, encoder: bool, given: frozenset[str], no_pair: str) -> Decision:
+    why = None
+    if plan.pair is None:
+        why = no_pair
+    elif plan.language is None:
+        why = "the training texts are neither mostly Chinese nor mostly English"
+    elif not (encoder and d.pretrained):
+        why = "their clauses are chosen by a probe on a pretrained encoder"
+    if not d.turns:
+        return Decision("turns", False, "--turns 0")
+    if why is not None:
+        if "turns" in given:
+            raise UserError(f"--turns {d.turns}: {why}; give --turns 0")
+        d.turns = 0
+        return Decision("turns", False, why)
+    cap = plan.n_train // TURN_SHARE
+    if "turns" not in given and d.turns > cap:
+        d.turns = cap
+    if not d.turns:
+        return Decision("turns", False, f"too few training texts ({plan.n_train}) to compose any")
+    return Decision("turns", True, f"a sentiment pair in {plan.language}; at most one per "
+                    f"{TURN_SHARE} training texts", d.turns)  # fmt: skip
+
+
+def _cleaning(d: Any, plan: Plan, given: frozenset[str]) -> Decision:
+    if not d.clean_labels:
+        return Decision("label cleaning", False, "--clean-labels 0")
+    fits = len(plan.labels) == 2 and plan.n_train >= MIN_CLEANING
+    if not fits and "clean_labels" not in given:
+        d.clean_labels = 0.0
+        return Decision("label cleaning", False, f"measured on two classes and at least "
+                        f"{MIN_CLEANING} training texts; --clean-labels P turns it on")  # fmt: skip
+    return Decision("label cleaning", True, "drops texts the other folds' probe reads as another "
+                    "class", f"p < {d.clean_labels:g}")  # fmt: skip
+
+
+def _epochs(t: Any, plan: Plan, d: Any, given: frozenset[str]) -> Decision:
+    if t.max_steps:
+        return Decision("epochs", True, "--max-steps sets the length", f"{t.max_steps} steps")
+    if "epochs" in given:
+        return Decision("epochs", True, "as given", t.epochs)
+    extra = d.extra_train_examples if extra_names(d.extra_train) else 0
+    n = plan.n_train + extra + getattr(d, "turns", 0)
+    t.epochs = max(1, min(MAX_EPOCHS, math.ceil(SEEN_EXAMPLES / max(1, n))))
+    return Decision("epochs", True, f"enough to see {SEEN_EXAMPLES} examples of about {n} "
+                    f"(at most {MAX_EPOCHS})", t.epochs)  # fmt: skip
+
+
+def _monitor(t: Any, plan: Plan, given: frozenset[str]) -> Decision:
+    if "monitor" in given:
+        return Decision("checkpoint", True, "as given", t.monitor)
+    if plan.imbalance > IMBALANCE and t.monitor.endswith("_acc"):
+        t.monitor, t.monitor_mode = t.monitor[: -len("acc")] + "macro_f1", "max"
+        why = (f"the classes are imbalanced (largest / smallest {plan.imbalance:.1f} > "
+               f"{IMBALANCE}): the best validation macro-F1")  # fmt: skip
+    else:
+        why = f"the best {t.monitor.replace('_', ' ')}"
+    return Decision("checkpoint", True, why, t.monitor)
