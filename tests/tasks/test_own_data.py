@@ -184,3 +184,28 @@ def test_every_pretrained_encoder_of_the_registry_trains_by_name(tmp_path, monke
     argv = readme_command(data, out) + ["--arch", "stand_in", "--max-steps", "1"]
     assert main(argv) == 0
     assert json.loads((out / "config.json").read_text())["model"]["arch"] == "stand_in"
+
+
+def test_a_turn_pool_emptied_by_a_setting_is_refused_naming_it(tmp_path, monkeypatch):
+    """--turns with --turn-clauses 1 leaves one clause to compose from: refused by the plan,
+    before any encoder is opened, naming --turn-clauses; without --turns the preset's turns
+    are off and say why."""
+    import attnlab.tasks.classify_steps as steps
+
+    monkeypatch.setattr(steps, "open_encoder", lambda *a: pytest.fail("opened the encoder"))
+    rows = rows_of({"positive": GOOD, "negative": BAD})
+    with pytest.raises(UserError, match="--turns 8: .* among the --turn-clauses 1 sampled; give "
+                                        "a larger --turn-clauses or --turns 0"):  # fmt: skip
+        plan_of(tmp_path, rows, turns=8, turn_clauses=1)
+    cfg, plan = plan_of(tmp_path, rows, turn_clauses=1)
+    assert cfg.data.turns == 0
+    assert any(d.step == "turns" and not d.on and "clauses" in d.why for d in plan.decisions)
+
+
+def test_a_threshold_no_clause_reaches_is_refused_naming_it(tiny, tmp_path, capsys):
+    data = write_file(tmp_path / "own.csv", rows_of({"positive": GOOD, "negative": BAD}))
+    out = tmp_path / "run"
+    argv = readme_command(data, out) + ["--turns", "8", "--turn-threshold", "0.9999"]
+    probe(capsys, argv, "--turns 8: the probe confirms", "give a lower --turn-threshold",
+          after_training=True)  # fmt: skip
+    assert not out.exists()

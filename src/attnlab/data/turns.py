@@ -165,6 +165,15 @@ def clause_pool(texts: Sequence[str], labels: Sequence[str], language: str = "zh
     return [c for text, c in first.items() if len(seen_labels[text]) == 1]
 
 
+def sample_pool(pool: Sequence[Clause], n: int, seed: int) -> list[Clause]:
+    """A seeded random ``n`` of the clauses, in pool order (all of them when ``n`` is 0 or
+    not below their number)."""
+    if not n or len(pool) <= n:
+        return list(pool)
+    rng = random.Random(seed)
+    return [pool[i] for i in sorted(rng.sample(range(len(pool)), n))]
+
+
 def select(
     pool: Sequence[Clause], scores: Sequence[float] | None = None, threshold: float = 0.8
 ) -> list[Clause]:

@@ -35,7 +35,7 @@ from typing import Any
 
 from attnlab.data.prepare import TextSplits
 from attnlab.data.sentiment import EXTRA_NAMES, TWO_CLASSES, extra_names
-from attnlab.data.turns import NEGATIVE, POSITIVE, language_of
+from attnlab.data.turns import NEGATIVE, POSITIVE, clause_pool, language_of, sample_pool
 from attnlab.errors import UserError
 from attnlab.runs.task import RunConfig
 
@@ -44,6 +44,7 @@ SEEN_EXAMPLES = 8000  # examples an automatic number of epochs shows the model
 MAX_EPOCHS = 10
 IMBALANCE = 1.5  # largest / smallest class count above which macro-F1 chooses the checkpoint
 TURN_SHARE = 3  # turns: at most one per this many of the data's own training texts
+MIN_TURN_CLAUSES = 2  # clauses of each side a composition needs
 
 
 @dataclass
@@ -149,7 +150,7 @@ def read_plan(cfg: RunConfig, texts: TextSplits, encoder: bool) -> Plan:
         plan.decisions.append(Decision("extra_train", False, "none given"))
 
     if hasattr(d, "turns"):
-        plan.decisions.append(_turns(d, plan, encoder, given, no_pair))
+        plan.decisions.append(_turns(d, texts, plan, encoder, given, no_pair))
     if hasattr(d, "clean_labels"):
         plan.decisions.append(_cleaning(d, plan, given))
     if encoder:
@@ -158,7 +159,9 @@ def read_plan(cfg: RunConfig, texts: TextSplits, encoder: bool) -> Plan:
     return plan
 
 
-def _turns(d: Any, plan: Plan, encoder: bool, given: frozenset[str], no_pair: str) -> Decision:
+def _turns(
+    d: Any, texts: TextSplits, plan: Plan, encoder: bool, given: frozenset[str], no_pair: str
+) -> Decision:
     why = None
     if plan.pair is None:
         why = no_pair
@@ -173,6 +176,17 @@ def _turns(d: Any, plan: Plan, encoder: bool, given: frozenset[str], no_pair: st
             raise UserError(f"--turns {d.turns}: {why}; give --turns 0")
         d.turns = 0
         return Decision("turns", False, why)
+    sides = pool_sides(texts, plan, d.turn_clauses, d.split_seed)
+    if min(sides.values()) < MIN_TURN_CLAUSES:
+        why = (f"the training texts hold {sides[NEGATIVE]} negative and {sides[POSITIVE]} "
+               f"positive clauses fit to be a side of a turn")  # fmt: skip
+        if d.turn_clauses and "turn_clauses" in given:
+            why += f" among the --turn-clauses {d.turn_clauses} sampled"
+        if "turns" in given:
+            fix = "a larger --turn-clauses or " if "turn_clauses" in given else ""
+            raise UserError(f"--turns {d.turns}: {why}; give {fix}--turns 0")
+        d.turns = 0
+        return Decision("turns", False, why)
     cap = plan.n_train // TURN_SHARE
     if "turns" not in given and d.turns > cap:
         d.turns = cap
@@ -180,6 +194,18 @@ def _turns(d: Any, plan: Plan, encoder: bool, given: frozenset[str], no_pair: st
         return Decision("turns", False, f"too few training texts ({plan.n_train}) to compose any")
     return Decision("turns", True, f"a sentiment pair in {plan.language}; at most one per "
                     f"{TURN_SHARE} training texts", d.turns)  # fmt: skip
+
+
+def pool_sides(texts: TextSplits, plan: Plan, n: int, seed: int) -> Counter[str]:
+    """How many clauses of each side the composition may draw from: the qualifying clauses of
+    the corpus's own training texts, sampled to ``n`` as the step samples them."""
+    assert plan.pair is not None and plan.language is not None
+    polarity = {name: side for side, name in plan.pair.items()}
+    own, labels = texts.texts("train")
+    pool = clause_pool(own, [polarity[y] for y in labels], plan.language)
+    sides = Counter({NEGATIVE: 0, POSITIVE: 0})
+    sides.update(c.label for c in sample_pool(pool, n, seed))
+    return sides
 
 
 def _cleaning(d: Any, plan: Plan, given: frozenset[str]) -> Decision:

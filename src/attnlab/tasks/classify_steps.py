@@ -7,7 +7,6 @@ the frozen features (LP-FT) — and a teacher's soft labels. Each step calls the
 
 from __future__ import annotations
 
-import random
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from attnlab.data.turns import (
     compose_turns,
     language_of,
     neutral,
+    sample_pool,
     select,
 )
 from attnlab.data.unlabeled import load_unlabeled
@@ -51,12 +51,11 @@ from attnlab.models.zoo_mlm import encoder_classifier
 from attnlab.runs import training
 from attnlab.runs.encoders import open_encoder
 from attnlab.runs.task import RunConfig, Setup
-from attnlab.tasks.classify_plan import Plan
+from attnlab.tasks.classify_plan import MIN_TURN_CLAUSES, Plan
 from attnlab.train.char_mlm import pretrain_encoder
 
 CLEANING_FILE = "label_cleaning.json"
 TURNS_FILE = "turns.json"
-MIN_TURN_CLAUSES = 2  # confirmed clauses of each side a composition needs
 
 Features = tuple[torch.Tensor, torch.Tensor]  # pooled features (N, D) and labels (N,)
 
@@ -352,9 +351,7 @@ def scored_turns(
     language, _ = language_of(texts[:n_main])
     assert language is not None  # the plan turns the step off otherwise
     pool = clause_pool(texts[:n_main], [polarity[names[i]] for i in ids[:n_main]], language)
-    if d.turn_clauses and len(pool) > d.turn_clauses:
-        rng = random.Random(d.split_seed)
-        pool = [pool[i] for i in sorted(rng.sample(range(len(pool)), d.turn_clauses))]
+    pool = sample_pool(pool, d.turn_clauses, d.split_seed)
     x, y = feats[0][:n_main], feats[1][:n_main]  # every training text of the corpus, cleaned or not
     scorer = logistic_regression(x, y, len(names), d.probe_weight_decay)
     clause_ids = prep.texts.labels.encode([pair[c.label] for c in pool])
