@@ -389,6 +389,8 @@ def test_bad_settings_and_runs_that_serve_no_texts_are_one_line(run, tmp_path, c
         (["--threads", "-2"], "threads must be >="),
         (["--max-texts", "0"], "--max-texts must be >= 1"),
         (["--batch-size", "0"], "batch_size must be >= 1"),
+        (["--drain", "0"], "--drain 0.0: give seconds from 0.1"),
+        (["--drain", "nan"], "--drain nan"),
     ):
         assert main(["serve", str(run), *argv]) == 2
         err = capsys.readouterr().err.strip()
