@@ -299,7 +299,7 @@ def threads_arg(value: str) -> int | str:
 
 def open_for_predict(args: argparse.Namespace, default: str) -> Any:
     """The run with the path --precision / --threads ask for, the choice said on stderr when
-    it was measured or asked for, and always by serve."""
+    it was measured or asked for, and always by serve of a text classifier."""
     from attnlab.api import LoadedRun
 
     precision = args.precision or default
@@ -307,7 +307,8 @@ def open_for_predict(args: argparse.Namespace, default: str) -> Any:
     loaded = LoadedRun.open(args.run, getattr(args, "device", "cpu"), threads, args.batch_size,
                             precision)  # fmt: skip
     path = loaded.inference_path
-    if args.precision is not None or "auto" in (precision, threads) or args.command == "serve":
+    serving = args.command == "serve" and hasattr(loaded.run, "use_precision")  # a text run
+    if args.precision is not None or "auto" in (precision, threads) or serving:
         print(f"{args.command}: {path.reason}", file=sys.stderr, flush=True)
     return loaded
 
