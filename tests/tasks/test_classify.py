@@ -320,15 +320,20 @@ def test_extra_sources_need_the_corpus_labels_and_a_known_name(tmp_path, toy_kno
 
 
 def test_the_character_preset_shows_its_mixture(tmp_path, toy_knowledge, capsys):
-    """The preset names HowNet as its extra source, a value --help shows; a file of other
-    labels is refused in one line that says how to train without it."""
+    """The preset names HowNet as its extra source, a value --help shows; on a file of other
+    labels the plan leaves it out, says so and records it; given on the command line for such
+    a file it is refused in one line that says how to train without it."""
     cfg = training.build_config("classify", None, {"arch": "char"})
     assert cfg.data.data == "chinese_reviews" and cfg.data.extra_train == "hownet"
     data = write_corpus(tmp_path / "three.csv", n=60)
     out = tmp_path / "r"
     argv = ["train", "classify", "--arch", "char", "--data", str(data), "--out", str(out)]
-    assert main(argv) == 2
-    assert "--extra-train ''" in capsys.readouterr().err and not out.exists()
+    assert main([*argv, "--max-steps", "1"]) == 0
+    assert "extra_train: off: hownet: the labels" in capsys.readouterr().err
+    assert json.loads((out / "config.json").read_text())["data"]["extra_train"] == ""
+    other = tmp_path / "other"
+    assert main([*argv[:-1], str(other), "--extra-train", "hownet"]) == 2
+    assert "drop them from --extra-train" in capsys.readouterr().err and not other.exists()
 
 
 def test_training_reports_out_of_domain_accuracy_and_eval_scores_the_ood_files(

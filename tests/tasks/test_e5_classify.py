@@ -462,7 +462,8 @@ def test_turns_need_a_pretrained_encoder_and_two_sentiment_classes(tiny, tmp_pat
     out = tmp_path / "run"
     argv = ["train", "classify", "--data", str(stars), "--out", str(out), "--turns", "4"]
     probe(capsys, [*argv, "--extra-train", "", "--max-steps", "1", *TRAIN],
-          "--turns composes positive and negative", "--turns 0")  # fmt: skip
+          "--turns 4: the labels ['0', '1'] are not a positive/negative pair",
+          "--positive-label NAME", "--turns 0")  # fmt: skip
     probe(capsys, [*argv, "--pretrained", "false"], "--turns", "--pretrained false")
     no_turns = [*argv[:-2], "--turns", "0", "--turn-neutral", "0.2"]
     probe(capsys, no_turns, "--turn-neutral 0.2", "--turns N")
@@ -472,5 +473,6 @@ def test_turns_need_a_pretrained_encoder_and_two_sentiment_classes(tiny, tmp_pat
     kana.write_text("text,label\n" + "".join(rows), encoding="utf-8")
     argv = ["train", "classify", "--data", str(kana), "--out", str(out), "--turns", "4"]
     probe(capsys, [*argv, "--extra-train", "", "--max-steps", "1", *TRAIN],
-          "--turns composes Chinese or English", "--turns 0")  # fmt: skip
+          "--turns 4: the training texts are neither mostly Chinese nor mostly English",
+          "--turns 0")  # fmt: skip
     assert not out.exists()

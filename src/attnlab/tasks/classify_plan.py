@@ -44,7 +44,7 @@ SEEN_EXAMPLES = 8000  # examples an automatic number of epochs shows the model
 MAX_EPOCHS = 10
 IMBALANCE = 1.5  # largest / smallest class count above which macro-F1 chooses the checkpoint
 TURN_SHARE = 3  # turns: at most one per this many of the data's own training texts
-MIN_TURN_CLAUSES = 2  # clauses of each side a composition needs
+MIN_TURN_CLAUSES = 1  # clauses of each side a composition needs
 
 
 @dataclass
