@@ -34,7 +34,8 @@ SKIP = {"state", WEIGHTS, LOCK, "lock"}
 
 def _weights_module(run: object, keys: set[str]) -> nn.Module:
     """The module of ``run`` that model.safetensors was loaded into."""
-    modules = [v for v in vars(run).values() if isinstance(v, nn.Module)]
+    # one module under two names (a classifier's model and the path it infers with) is one
+    modules = list({id(v): v for v in vars(run).values() if isinstance(v, nn.Module)}.values())
     found = modules if len(modules) == 1 else [m for m in modules if keys <= set(m.state_dict())]
     if len(found) != 1:
         raise UserError(
