@@ -272,9 +272,15 @@ def verdict(arms: dict[str, list[dict]], key: str = "attnlab") -> str:
         )
     ratio = mean(r["wall_s"] for r in ours) / mean(r["wall_s"] for r in theirs)
     parts.append(f"wall time {ratio:.2f}× the Trainer's ({'met' if ratio <= 0.25 else 'not met'})")
-    if all("cpu_s" in r for r in ours + theirs):
-        cpu = mean(r["cpu_s"] for r in ours) / mean(r["cpu_s"] for r in theirs)
-        parts.append(f"CPU time {cpu:.2f}× ({'met' if cpu <= 0.25 else 'not met'})")
+    ours_cpu = [r["cpu_s"] for r in ours if "cpu_s" in r]
+    theirs_cpu = [r["cpu_s"] for r in theirs if "cpu_s" in r]
+    if ours_cpu and theirs_cpu:
+        cpu = mean(ours_cpu) / mean(theirs_cpu)
+        partial = len(ours_cpu) + len(theirs_cpu) < len(ours) + len(theirs)
+        parts.append(
+            f"CPU time {cpu:.2f}× ({'met' if cpu <= 0.25 else 'not met'}"
+            + (", from the runs that recorded it)" if partial else ")")
+        )
     return "Target (attnlab default against the Trainer): " + "; ".join(parts) + "."
 
 
@@ -313,6 +319,15 @@ def table(name: str, arms: dict[str, list[dict]], record: dict | None) -> list[s
             f"| {_cpu(rs)} "
             f"| {max(r['peak_rss_gib'] for r in rs):.2f} | {precision} |"
         )
+    if record:
+        majority = max(record["test_counts"].values()) / record["test_rows"]
+        for key, rs in sorted(arms.items()):
+            if all(r["accuracy"] < majority for r in rs):
+                lines += [
+                    "",
+                    f"{ARM_NAMES[key.split()[0]]}: every run read below the majority-label "
+                    f"accuracy ({majority:.3f}): it did not learn this file at these settings.",
+                ]
     return [*lines, ""]
 
 
