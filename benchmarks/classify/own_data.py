@@ -13,7 +13,8 @@ MKL_NUM_THREADS=1, torch.set_num_threads(1)):
 
 Every finished (dataset, arm, seed) appends one JSON line to OUT/results.jsonl; a rerun skips
 what is there (rows with other attnlab flags are kept and shown apart). The page and its
-picture are rendered from those lines, so a killed run keeps what it measured.
+picture (and a JSON copy of the lines and splits beside the page) are rendered from those
+lines, so a killed run keeps what it measured.
 ``tfidf`` and ``probe`` are deterministic given the split (lbfgs, unshuffled folds): they run
 once, with the first seed.
 
@@ -470,6 +471,15 @@ def render(out: Path, page: Path, args: argparse.Namespace) -> None:
         lines += [f"- {r['dataset']} {r['arm']} seed {r['seed']}: {r['error']}" for r in failed]
     if grouped:
         picture(grouped, page.with_suffix(".png"))
+    splits = {}
+    for name in sets.DATASETS:
+        split_path = out / "data" / name / "split.json"
+        if split_path.is_file():
+            splits[name] = json.loads(split_path.read_text(encoding="utf-8"))
+    record = {"command": page_command(out), "splits": splits, "rows": rows}
+    page.with_suffix(".json").write_text(
+        json.dumps(record, ensure_ascii=False, indent=1) + "\n", encoding="utf-8"
+    )
     common.write_page(page, lines, command=page_command(out))
 
 
