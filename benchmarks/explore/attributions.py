@@ -4,7 +4,7 @@ sentences and ten turned (转折) sentences of the bundled out-of-domain dev set
 The ten: in each of the first five domains of ``src/attnlab/data/sentiment_ood/dev.tsv`` (file
 order: film, series, restaurant, hotel, game), the first positive and the first negative row
 whose ``phenomenon`` is ``contrast`` (the set's tag for a turn). For each sentence: the run's
-prediction, every piece's score (attnlab.explore.attribution: integrated gradients over the word
+prediction, every piece's score (attnlab.infer.attribution: integrated gradients over the word
 vectors, 32 Gauss–Legendre steps, the predicted label's log-odds, the text's pieces blanked to
 ``<pad>`` in the reference), the completeness gap, the share of the scores' mass on the clause
 after the first comma (where a turn puts its verdict), and, for comparison, the share attention
@@ -29,9 +29,9 @@ from pathlib import Path
 import torch
 
 from attnlab.data.sentiment import TUTORIAL_EXAMPLES, load_ood
-from attnlab.explore.describe import encoder_name
-from attnlab.explore.text import piece_attribution
+from attnlab.infer.attribution import piece_attribution
 from attnlab.infer.classifier import ClassifierRun
+from attnlab.infer.describe import encoder_name
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMAS = {",", "，", "▁,"}

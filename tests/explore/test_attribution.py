@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnlab.explore.attribution import (
+from attnlab.infer.attribution import (
     attribute,
     log_odds,
     logits_from_words,

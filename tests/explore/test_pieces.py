@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from attnlab.data.sentiment import TUTORIAL_EXAMPLES
-from attnlab.explore.attribution import attribute, text_pieces
 from attnlab.explore.page import explore_data, read_page_data, render_page
 from attnlab.explore.sources import load_source
+from attnlab.infer.attribution import attribute, text_pieces
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 import _runs  # noqa: E402

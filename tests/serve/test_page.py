@@ -17,7 +17,7 @@ import pytest
 
 import attnlab
 from attnlab.data.sentiment import TUTORIAL_EXAMPLES
-from attnlab.explore.text import piece_attribution
+from attnlab.infer.attribution import piece_attribution
 from attnlab.serve.app import App, make_handler
 from attnlab.serve.http import Server, listen
 

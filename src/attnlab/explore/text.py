@@ -4,7 +4,7 @@ Every input is one row of one padded batch, as ``attnlab predict`` runs them, so
 show the padding mask at work. Per input: the tokens (padding included), the self-attention of
 every layer, the prediction, and each token's share of the pooled vector (attention rollout);
 for a fine-tuned pretrained encoder also which of the text's own pieces moved the decision
-(integrated gradients, explore.attribution).
+(integrated gradients, infer.attribution).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import torch
 from attnlab.data import pad_batch
 from attnlab.data.io import is_blank
 from attnlab.errors import UserError
-from attnlab.explore.attribution import STEPS, attribute, prompt_prefix, text_pieces
-from attnlab.explore.describe import encoder_name, prefix_note
 from attnlab.explore.pack import build_group, calls_named, rollout
 from attnlab.explore.sources import Source
+from attnlab.infer.attribution import piece_attribution, prompt_prefix
+from attnlab.infer.describe import encoder_name, prefix_note
 from attnlab.layers.attention_record import record_attention
 from attnlab.models.bert import BertClassifier
 from attnlab.models.classifier import TextClassifierEnsemble
@@ -131,36 +131,6 @@ def bert_examples(source: Source, texts: list[str]) -> dict[str, Any]:
     return data
 
 
-def piece_attribution(run: Any, text: str, method: str = "ig") -> dict[str, Any]:
-    """Integrated gradients (explore.attribution) of one text for a fine-tuned encoder's
-    prediction: every piece with its role (special, prefix, text) and score."""
-    ids = torch.tensor([run.reader.encode_batch([text])[0]])  # (1, T)
-    tokens = run.tokenizer.tokens(text, run.max_len)
-    start, stop = text_pieces(run.tokenizer, text, len(tokens))
-    out = attribute(run.model, ids, (start, stop), method)
-    roles = ["special"] + ["prefix"] * (start - 1) + ["text"] * (stop - start) + ["special"]
-    k = out["target"]
-    how = f"integrated gradients, {STEPS} steps" if method == "ig" else "gradient × input"
-    return {
-        "method": how,
-        "label": run.labels.labels[k],
-        "tokens": tokens,
-        "roles": roles,
-        "scores": [round(float(v), 6) for v in out["scores"]],
-        "log_odds": out["log_odds"],
-        "reference_log_odds": out["reference_log_odds"],
-        "reference_prob": out["reference_probs"][k],
-        "gap": out["gap"],
-        "note": ATTRIBUTION_NOTE,
-    }
-
-
-ATTRIBUTION_NOTE = (
-    "Each piece's score is its share of the change in the predicted label's log-odds, "
-    "log p/(1−p), between the text and a reference where every piece of the text is <pad> "
-    "(integrated gradients over the word vectors, Sundararajan et al. 2017): positive pushed "
-    "towards the label, negative against; the scores add up to that change."
-)
 
 
 def _prediction(pred: dict[str, Any]) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 A text box; the label and every class's probability (``POST /predict``'s own answer, from the
 server's model thread); for a fine-tuned pretrained encoder, which of the text's own pieces
-moved the decision (integrated gradients, attnlab.explore.attribution), with ``<s>``, ``</s>``
+moved the decision (integrated gradients, attnlab.infer.attribution), with ``<s>``, ``</s>``
 and e5's ``query: `` prefix shown apart. Chinese and English (a switch). The page is one HTML
 file with its script and styles inline, loads nothing from anywhere (its Content-Security-Policy
 forbids it) and puts every text into the page as text, never as markup.
@@ -66,7 +66,7 @@ class TryPage:
         (prediction,) = self.app.batcher.predict([text])
         attribution = None
         if self.explains:
-            from attnlab.explore.text import piece_attribution
+            from attnlab.infer.attribution import piece_attribution
 
             with self.lock:
                 attribution = piece_attribution(self.run, text)
@@ -76,8 +76,8 @@ class TryPage:
 def page_data(run: Any, labels: list[str], explains: bool) -> dict[str, Any]:
     """What the page shows before any request: the model, its labels, a first text."""
     from attnlab.data.sentiment import TUTORIAL_EXAMPLES
-    from attnlab.explore.attribution import prompt_prefix
-    from attnlab.explore.describe import encoder_name
+    from attnlab.infer.attribution import prompt_prefix
+    from attnlab.infer.describe import encoder_name
 
     tokenizer = getattr(run, "tokenizer", None)
     prefix = prompt_prefix(tokenizer) if tokenizer is not None else ""
