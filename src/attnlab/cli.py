@@ -307,7 +307,8 @@ def open_for_predict(args: argparse.Namespace, default: str) -> Any:
     loaded = LoadedRun.open(args.run, getattr(args, "device", "cpu"), threads, args.batch_size,
                             precision)  # fmt: skip
     path = loaded.inference_path
-    serving = args.command == "serve" and hasattr(loaded.run, "use_precision")  # a text run
+    text_classifier = "predict" in loaded.run.verbs and hasattr(loaded.run, "tokenizer")
+    serving = args.command == "serve" and text_classifier  # a run serve refuses says only that
     if args.precision is not None or "auto" in (precision, threads) or serving:
         print(f"{args.command}: {path.reason}", file=sys.stderr, flush=True)
     return loaded
