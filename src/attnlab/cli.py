@@ -423,7 +423,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         help="a line per request on stderr (default: one line a minute summing the answers)",
     )
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    add_threads(p, "default: fp32 on 1 thread; auto is measured at start")
+    add_threads(p, "default: auto, the path and the threads measured at start")
 
 
 def _run_serve(args: argparse.Namespace) -> int:
@@ -437,7 +437,7 @@ def _run_serve(args: argparse.Namespace) -> int:
             raise UserError(f"{flag} must be >= 1, got {value}")
     if not 0.1 <= args.drain <= 3600:  # nan fails too
         raise UserError(f"--drain {args.drain}: give seconds from 0.1 to 3600 (default 30)")
-    loaded = open_for_predict(args, "fp32")
+    loaded = open_for_predict(args, "auto")
     from attnlab.serve.app import serve
 
     busy = serve(loaded, args.host, args.port, args.max_texts, args.max_body * 1024,

@@ -317,7 +317,8 @@ def start(run: Path, port: int = 0) -> tuple[subprocess.Popen, int]:
     """``attnlab serve RUN`` in a child process; (process, port) once it listens."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "attnlab", "serve", str(run), "--port", str(port)],
+        [sys.executable, "-m", "attnlab", "serve", str(run), "--port", str(port),
+         "--precision", "fp32", "--threads", "1"],  # answers compared with fp32's
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
     line = proc.stdout.readline()

@@ -212,7 +212,8 @@ def test_a_second_ctrl_c_stops_at_once_with_the_server_s_own_words(tmp_path) -> 
     run = _runs.e5_run(tmp_path / "run", max_len=32)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "attnlab", "serve", str(run), "--port", "0"],
+        [sys.executable, "-m", "attnlab", "serve", str(run), "--port", "0",
+         "--precision", "fp32", "--threads", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
     try:
