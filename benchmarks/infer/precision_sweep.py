@@ -1,5 +1,5 @@
 """How far each fast CPU path's probabilities fall from float32's on the test suite's tiny runs:
-the sweep tests/infer/test_precision.py takes its tolerances from.
+the sweep tests/infer/test_inference_paths.py takes its tolerances from.
 
 For seeds 0..N-1 it writes the tiny e5 (mean pooling), MiniLM-layout BERT ([CLS] pooling) and
 character runs the tests use (random weights), predicts the check set and the tests' texts
