@@ -309,7 +309,8 @@ def open_for_predict(args: argparse.Namespace, default: str) -> Any:
     path = loaded.inference_path
     text_classifier = "predict" in loaded.run.verbs and hasattr(loaded.run, "tokenizer")
     serving = args.command == "serve" and text_classifier  # a run serve refuses says only that
-    if args.precision is not None or "auto" in (precision, threads) or serving:
+    asked = args.precision is not None or "auto" in (precision, threads)
+    if serving or (asked and args.command != "serve"):
         print(f"{args.command}: {path.reason}", file=sys.stderr, flush=True)
     return loaded
 

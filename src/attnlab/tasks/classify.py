@@ -360,10 +360,11 @@ class ClassifyTask(Task):
         """The recipe, in order: each step takes the data and returns the new data and its
         record; nothing passes between steps but what this method hands them."""
         prep: steps.Prepared = setup.prepared
-        for line in prep.plan.lines():  # the data is read and checked: what the recipe will do
-            training.say(line)
-        if prep.encoder is None:
+        if prep.encoder is None:  # no frozen pass: the plan prints with the run's other lines
+            setup.messages[:0] = prep.plan.lines()
             return steps.char_model(cfg, setup)
+        for line in prep.plan.lines():  # before the frozen pass: what the recipe will do
+            training.say(line)
         d: EncoderData = cfg.data
         model = steps.pretrained_classifier(cfg, prep)
         encoder, prep.encoder = prep.encoder, None  # its weights are copied: dropped
