@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import random
 import secrets
+import shutil
 
 import numpy as np
 import pytest
@@ -130,3 +131,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
             )
         )
     return report
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Headless Debian chromium driven by Playwright, one for the whole session (Playwright's
+    sync API runs one instance a process: the explorer's and the serve page's tests share it)."""
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("chromium is not installed (apt-get install chromium; setup.sh --test does)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        yield b
+        b.close()

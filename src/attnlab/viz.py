@@ -91,12 +91,7 @@ def plot_attention_grid(
         ax.set_title("which tokens the pooled representation leans on (attention rollout)")
     if title:
         fig.suptitle(title, fontproperties=font, fontsize=12)
-    fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(fig, out)
 
 
 def plot_confusion(
@@ -130,6 +125,11 @@ def plot_confusion(
                     fontsize=max(6, 12 - C // 4))  # fmt: skip
     if title:
         ax.set_title(title, fontproperties=font)
+    return _save(fig, out)
+
+
+def _save(fig: plt.Figure, out: str | Path) -> Path:
+    """Lay ``fig`` out, write it to ``out`` (its folder made) and close it."""
     fig.tight_layout()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import shutil
 import sys
 import threading
 import time
@@ -133,16 +132,6 @@ def test_a_character_run_gets_the_label_without_attribution(tmp_path):
     assert out["prediction"]["label"] in ("positive", "negative")
 
 
-@pytest.fixture(scope="module")
-def browser():
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        pytest.skip("chromium is not installed (apt-get install chromium; setup.sh --test does)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
-        yield b
-        b.close()
 
 
 def _until(condition, seconds: float = 60.0) -> None:
