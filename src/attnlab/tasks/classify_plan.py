@@ -138,12 +138,12 @@ def read_plan(cfg: RunConfig, texts: TextSplits, encoder: bool) -> Plan:
         d.extra_train = ",".join(files)
         named = []
     elif named:
-        if "extra_train_examples" not in given and not 0 < d.extra_train_examples <= n:
-            d.extra_train_examples = n
+        why = "the labels are a sentiment pair"
+        if not given & {"extra_train", "extra_train_examples"}:  # the preset's source
+            d.extra_train_examples = min(d.extra_train_examples or n, n)
+            why += "; at most as many as the data's own training texts"
         cap = d.extra_train_examples or "all"
-        plan.decisions.append(Decision(
-            "extra_train", True, "the labels are a sentiment pair; at most as many as the "
-            "data's own training texts", f"{', '.join(named)}: {cap}"))  # fmt: skip
+        plan.decisions.append(Decision("extra_train", True, why, f"{', '.join(named)}: {cap}"))
     if files:
         plan.decisions.append(Decision("extra_train", True, "files given", ", ".join(files)))
     elif not named and not any(x.step == "extra_train" for x in plan.decisions):
