@@ -154,3 +154,18 @@ def test_a_verb_an_image_run_only_draws_is_one_line(tmp_path) -> None:
     image = str(explore_runs.image_file(tmp_path))
     refused(lambda: attnlab.load(run).attention(image), "`attnlab attention")
     refused(lambda: attnlab.load(run).evaluate(split="nosuch"), "train, val, test")
+
+
+def test_a_config_or_record_nested_past_the_parser_is_one_line(tmp_path):
+    """config.json (or any JSON record) of brackets nested too deep for the parser is refused
+    in one line, not a RecursionError."""
+    from attnlab.data.io import read_json
+
+    deep = "[" * 100_000 + "]" * 100_000
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(deep)
+    with pytest.raises(UserError, match="nested too deep"):
+        attnlab.load(run)
+    with pytest.raises(UserError, match="nested too deep"):
+        read_json(run / "config.json", "data report")

@@ -156,6 +156,10 @@ def read_json(
             fix or f"regenerate the {what} file instead of editing it by hand",
             line=err.lineno,
         ) from None
+    except RecursionError:  # brackets nested past the parser's depth
+        raise DataError(path, f"not a valid {what} JSON file (nested too deep)",
+                        fix or f"regenerate the {what} file instead of editing it by hand",
+                        ) from None  # fmt: skip
     shape = keys or {}
     if keys is not None and not (
         isinstance(value, dict)

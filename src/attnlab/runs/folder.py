@@ -359,6 +359,9 @@ def read_config(folder: str | Path) -> dict[str, Any]:
         )
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
+    except RecursionError:  # brackets nested past the parser's depth
+        raise UserError(f"{path} is not valid JSON (nested too deep); restore it from a "
+                        "backup") from None  # fmt: skip
     except (ValueError, OSError) as err:
         raise UserError(f"{path} is not valid JSON ({err}); restore it from a backup") from None
     if not isinstance(raw, dict) or "task" not in raw:
