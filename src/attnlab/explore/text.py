@@ -18,10 +18,9 @@ from attnlab.data.io import is_blank
 from attnlab.errors import UserError
 from attnlab.explore.pack import build_group, calls_named, rollout
 from attnlab.explore.sources import Source
-from attnlab.infer.attribution import piece_attribution, prompt_prefix
+from attnlab.infer.attribution import explains, piece_attribution, prompt_prefix
 from attnlab.infer.describe import encoder_name, prefix_note
 from attnlab.layers.attention_record import record_attention
-from attnlab.models.bert import BertClassifier
 from attnlab.models.classifier import TextClassifierEnsemble
 
 
@@ -88,7 +87,7 @@ def bert_examples(source: Source, texts: list[str]) -> dict[str, Any]:
     calls = calls_named(rec.calls, "attn")  # self_attn; DeBERTa's attn
     pooling = getattr(run.model, "pooling", "mean")
     preds = run.predict(texts) if hasattr(run, "predict") else None
-    explain = preds is not None and isinstance(run.model, BertClassifier)
+    explain = preds is not None and explains(run.model)
     vectors = None if preds is not None else run.encode(texts)  # (B, D) unit sentence vectors
     examples = []
     for b, text in enumerate(texts):

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from attnlab.models.bert import BertClassifier, mean_pool
+from attnlab.models.bert import BertClassifier, BertModel, mean_pool
 
 METHODS = ("ig", "gxi")
 STEPS = 32  # Gauss–Legendre nodes of the path integral
@@ -82,6 +82,12 @@ def _common_head(ids: list[int], prefix_ids: list[int]) -> int:
     while n < min(len(ids), len(prefix_ids)) and ids[n] == prefix_ids[n]:
         n += 1
     return n
+
+
+def explains(model: Any) -> bool:
+    """Whether :func:`attribute` reads ``model``: a classifier over BERT's own encoder (e5,
+    MiniLM, a BERT folder), whose embeddings it recomposes; ALBERT's and DeBERTa's differ."""
+    return isinstance(model, BertClassifier) and isinstance(model.bert, BertModel)
 
 
 def embed_words(model: BertClassifier, ids: Tensor, words: Tensor) -> Tensor:

@@ -51,7 +51,7 @@ class RunConfig:
     arch: str = ""
     # the fields the user set (the command line, a TOML file of their own): a task may adapt
     # the other fields, which come from its bundled presets, to the data
-    given: frozenset[str] = frozenset()
+    given: frozenset[str] = field(default=frozenset(), compare=False)
 
     def __getattr__(self, name: str) -> ConfigBase:
         sections = self.__dict__.get("sections", {})

@@ -38,11 +38,11 @@ class TryPage:
     """The page and its ``/explain`` answers for one served run (an ``App``)."""
 
     def __init__(self, app: Any) -> None:
-        from attnlab.models.bert import BertClassifier
+        from attnlab.infer.attribution import explains
 
         self.app = app
         self.run = app.loaded.run
-        self.explains = isinstance(getattr(self.run, "model", None), BertClassifier)
+        self.explains = explains(getattr(self.run, "model", None))
         self.lock = threading.Lock()
         self.html = render(page_data(self.run, app.loaded.labels, self.explains)).encode("utf-8")
 
