@@ -35,7 +35,7 @@ from attnlab.data.lexicons import (
     load_modifiers,
 )
 from attnlab.data.splits import load_split_files
-from attnlab.data.tabular import _delimited_rows, load_labeled_file
+from attnlab.data.tabular import delimited_rows, load_labeled_file
 from attnlab.errors import UserError
 
 BUNDLED = "chinese_reviews"
@@ -113,7 +113,7 @@ def load_ood(
     """One out-of-domain split as a corpus, plus each row's {domain, phenomenon}."""
     path = (root or OOD_DIR) / f"{name}.tsv"
     corpus = load_labeled_file(path, "text", "label")
-    rows = _delimited_rows(path, read_utf8(path), "\t", "text", "label")
+    _, rows = delimited_rows(path, read_utf8(path), "\t", ("text", "label"), "restore the file")
     tags = [{k: row.get(k, "").strip() for k in ("domain", "phenomenon")} for _, row in rows]
     return corpus, tags
 

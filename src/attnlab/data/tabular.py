@@ -6,7 +6,7 @@ import csv
 import io
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from attnlab.data.corpus import LabeledCorpus
@@ -38,16 +38,18 @@ def load_labeled_file(
             f"the text and the label are the same column ({text_col!r})",
             "name the text column with --text-col and the label column with --label-col",
         )
-    fmt = _resolve_format(path, fmt)
+    fmt = resolve_format(path, fmt)
     text = read_utf8(path)
     if not text.strip():
         raise DataError(
             path, "file is empty", f"add rows with a '{text_col}' and a '{label_col}' field"
         )
     if fmt == "jsonl":
-        rows = _jsonl_rows(path, text)
+        rows = jsonl_rows(path, text)
     else:
-        rows = _delimited_rows(path, text, "\t" if fmt == "tsv" else ",", text_col, label_col)
+        fix = "pass text_col=/label_col= naming the right columns"
+        _, rows = delimited_rows(path, text, "\t" if fmt == "tsv" else ",", (text_col, label_col),
+                                 fix)  # fmt: skip
 
     texts: list[str] = []
     labels: list[str] = []
@@ -68,7 +70,7 @@ def load_labeled_file(
     return corpus
 
 
-def _resolve_format(path: Path, fmt: str | None) -> str:
+def resolve_format(path: Path, fmt: str | None) -> str:
     if fmt is not None:
         if fmt not in FORMATS:
             raise UserError(f"unknown format {fmt!r} for {path}; use one of {', '.join(FORMATS)}")
@@ -123,10 +125,11 @@ def _quoting_error(path: Path, err: csv.Error, start: int, end: int, delimiter: 
     return DataError(path, f"malformed row ({err})", fix, line=start)
 
 
-def _delimited_rows(
-    path: Path, text: str, delimiter: str, text_col: str, label_col: str
-) -> Iterator[tuple[int, dict[str, str]]]:
-    """Yield (first line number, {column: value}) for each non-blank data row."""
+def delimited_rows(
+    path: Path, text: str, delimiter: str, required: Sequence[str], column_fix: str
+) -> tuple[list[str], list[tuple[int, dict[str, str]]]]:
+    """The header of a CSV / TSV file and (first line number, {column: value}) of each
+    non-blank data row; a column of ``required`` missing is refused with ``column_fix``."""
     records = _records(path, text, delimiter)
     name = "tab" if delimiter == "\t" else "comma"
     header: list[str] = []
@@ -136,17 +139,15 @@ def _delimited_rows(
         if any(header):
             break
     else:
-        raise DataError(
-            path, "no header row", f"start with a row naming {text_col!r} and {label_col!r}"
-        )
-    for wanted in (text_col, label_col):
+        naming = " and ".join(repr(c) for c in required)
+        raise DataError(path, "no header row", f"start with a row naming {naming}")
+    for wanted in required:
         if wanted not in header:
             available = ", ".join(repr(c) for c in header)
             raise DataError(
                 path,
                 f"no column {wanted!r}; available columns: {available}",
-                f"pass text_col=/label_col= naming the right columns, or check that the "
-                f"file is {name}-separated",
+                f"{column_fix}, or check that the file is {name}-separated",
                 line=line,
             )
     duplicated = sorted({c for c in header if header.count(c) > 1})
@@ -154,6 +155,7 @@ def _delimited_rows(
         raise DataError(
             path, f"duplicate column names {duplicated}", "give each column a unique name", line
         )
+    rows = []
     for start, end, fields in records:
         if not fields or (len(fields) == 1 and not fields[0].strip()):
             continue
@@ -164,10 +166,11 @@ def _delimited_rows(
                 problem += f" in a row that runs inside quotes from line {start} to line {end}"
                 fix = f'check line {start} for an unbalanced quote (")'
             raise DataError(path, problem, fix, line=start)
-        yield start, dict(zip(header, fields))
+        rows.append((start, dict(zip(header, fields))))
+    return header, rows
 
 
-def _jsonl_rows(path: Path, text: str) -> Iterator[tuple[int, dict[str, object]]]:
+def jsonl_rows(path: Path, text: str) -> Iterator[tuple[int, dict[str, object]]]:
     """Yield (line number, object) for each non-blank line of a JSON-lines file."""
     for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():

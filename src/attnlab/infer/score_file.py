@@ -27,7 +27,7 @@ from typing import Any
 
 from attnlab.data.errors import DataError
 from attnlab.data.io import check_file_target, is_blank, read_utf8
-from attnlab.data.tabular import _jsonl_rows, _records, _resolve_format
+from attnlab.data.tabular import delimited_rows, jsonl_rows, resolve_format
 from attnlab.errors import UserError
 
 LABEL_COLUMN = "predicted_label"
@@ -52,17 +52,19 @@ def read_table(path: str | os.PathLike[str], text_col: str) -> Table:
     """The rows of a CSV, TSV or JSONL file (format from the extension) and the texts of
     ``text_col``; a missing column or an empty or non-string text is a DataError."""
     path = Path(path)
-    fmt = _resolve_format(path, None)
+    fmt = resolve_format(path, None)
     raw = read_utf8(path, "data file")
     if not raw.strip():
         raise DataError(path, "file is empty", f"add rows with a {text_col!r} column")
     if fmt == "jsonl":
-        numbered = list(_jsonl_rows(path, raw))
+        numbered = list(jsonl_rows(path, raw))
         columns: list[str] = []
         for _, row in numbered:
             columns += [key for key in row if key not in columns]
     else:
-        columns, numbered = _delimited(path, raw, "\t" if fmt == "tsv" else ",", text_col)
+        fix = "pass --text-col naming the text column"
+        columns, numbered = delimited_rows(path, raw, "\t" if fmt == "tsv" else ",", (text_col,),
+                                           fix)  # fmt: skip
     if not numbered:
         raise DataError(path, "file has no data rows", "add at least one row to score")
     texts = []
@@ -82,45 +84,11 @@ def read_table(path: str | os.PathLike[str], text_col: str) -> Table:
     return Table(path, fmt, columns, [r for _, r in numbered], [n for n, _ in numbered], texts)
 
 
-def _delimited(
-    path: Path, raw: str, delimiter: str, text_col: str
-) -> tuple[list[str], list[tuple[int, dict[str, Any]]]]:
-    """(header, [(line, {column: value})]) of a CSV / TSV file; blank lines skipped."""
-    records = _records(path, raw, delimiter)
-    name = "tab" if delimiter == "\t" else "comma"
-    start = 1
-    for start, _, fields in records:  # noqa: B007  # the header's line
-        header = [column.strip() for column in fields]
-        if any(header):
-            break
-    else:
-        raise DataError(path, "no header row", f"start with a row naming {text_col!r}")
-    if text_col not in header:
-        have = ", ".join(repr(c) for c in header)
-        raise DataError(path, f"no column {text_col!r}; available columns: {have}",
-                        f"pass --text-col naming the text column, or check that the file is "
-                        f"{name}-separated", start)  # fmt: skip
-    duplicated = sorted({c for c in header if header.count(c) > 1})
-    if duplicated:
-        raise DataError(path, f"duplicate column names {duplicated}",
-                        "give each column a unique name", start)  # fmt: skip
-    rows = []
-    for line, _, fields in records:
-        if not fields or (len(fields) == 1 and not fields[0].strip()):
-            continue
-        if len(fields) != len(header):
-            raise DataError(path, f"expected {len(header)} {name}-separated fields, found "
-                            f"{len(fields)}", 'quote fields that contain the separator, e.g. '
-                            '"a, b"', line)  # fmt: skip
-        rows.append((line, dict(zip(header, fields))))
-    return header, rows
-
-
 class Writer:
     """How OUT's header and rows are written (its format from its extension)."""
 
     def __init__(self, path: Path, columns: list[str], labels: Sequence[str]) -> None:
-        self.fmt = _resolve_format(path, None)
+        self.fmt = resolve_format(path, None)
         self.added = [LABEL_COLUMN] + [PROB_PREFIX + label for label in labels]
         clash = sorted(set(self.added) & set(columns))
         if clash:
