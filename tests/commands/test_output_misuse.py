@@ -15,6 +15,7 @@ from attnlab.cli import main
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "explore"))
 import explore_runs  # noqa: E402
+from _one_line import one_line  # noqa: E402  (this folder is on the path under pytest)
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -28,14 +29,6 @@ def attnlab(*args: str, shell_redirect: str = "", stdout=None) -> subprocess.Com
         return subprocess.run(["bash", "-c", f"exec {quoted} {shell_redirect}"], env=env,
                               stderr=subprocess.PIPE, text=True)  # fmt: skip
     return subprocess.run(cmd, env=env, stdout=stdout, stderr=subprocess.PIPE, text=True)
-
-
-def one_line(err: str, *needles: str) -> None:
-    err = err.strip()
-    assert "\n" not in err and "Traceback" not in err, err
-    assert err.startswith("attnlab: error:"), err
-    for needle in needles:
-        assert needle in err, (needle, err)
 
 
 @pytest.fixture(scope="module")

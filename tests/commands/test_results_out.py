@@ -16,6 +16,7 @@ from attnlab.cli import main
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "explore"))
 import explore_runs  # noqa: E402
+from _one_line import one_line  # noqa: E402  (this folder is on the path under pytest)
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 FULL = Path("/dev/full")
@@ -37,12 +38,6 @@ def commands(tmp_path_factory) -> dict[str, list[str]]:
     }
 
 
-def one_line(err: str, *needles: str) -> None:
-    err = err.strip()
-    assert "\n" not in err and "Traceback" not in err, err
-    assert err.startswith("attnlab: error:"), err
-    for needle in needles:
-        assert needle in err, (needle, err)
 
 
 @pytest.mark.skipif(not FULL.exists(), reason="no /dev/full here")

@@ -5,11 +5,13 @@ elsewhere and shows a hostile text as text."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -51,13 +53,22 @@ def hostile_run(tmp_path_factory) -> Path:
     return run
 
 
+@contextlib.contextmanager
+def serving(run: Path) -> Iterator[int]:
+    """The run behind the page's server on a free loopback port, closed after."""
+    srv, app = _serve(run)
+    try:
+        yield srv.server_address[1]
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        app.batcher.close()
+
+
 @pytest.fixture
 def server(run):
-    srv, app = _serve(run)
-    yield srv.server_address[1]
-    srv.shutdown()
-    srv.server_close()
-    app.batcher.close()
+    with serving(run) as port:
+        yield port
 
 
 def request(port: int, method: str, path: str, body: object = None, kind="application/json"):
@@ -144,11 +155,8 @@ def _until(condition, seconds: float = 60.0) -> None:
 
 @pytest.fixture
 def hostile_server(hostile_run):
-    srv, app = _serve(hostile_run)
-    yield srv.server_address[1]
-    srv.shutdown()
-    srv.server_close()
-    app.batcher.close()
+    with serving(hostile_run) as port:
+        yield port
 
 
 def test_the_page_in_chromium(browser, hostile_server, hostile_run):
