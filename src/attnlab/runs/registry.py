@@ -35,7 +35,9 @@ REGISTRY: dict[str, TaskEntry] = {
             "text classifier of the bundled Chinese reviews (or your file): fine-tunes the "
             "pretrained multilingual-e5-small (--arch e5, the default; or minilm, a checkpoint "
             "folder, an `attnlab train mlm` run); --arch char trains the tutorial's "
-            "character-level Transformer from scratch",
+            "character-level Transformer from scratch. On your own file the run reads it "
+            "first and prints its plan: the values of extra_train, turns, clean_labels, epochs "
+            "and monitor you do not give follow the data (docs/classify.md#your-own-data)",
             "attnlab.tasks.classify",
         ),
         TaskEntry(
