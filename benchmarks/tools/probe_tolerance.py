@@ -32,7 +32,6 @@ def objective(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, b: torch.Tensor
 
 def one(classes: int, seed: int) -> dict:
     from sklearn.linear_model import LogisticRegression
-
     from tests.finetune.test_finetune import blobs  # the test's own data, drawn the same way
 
     x, y = blobs(240, 6, classes, seed)
