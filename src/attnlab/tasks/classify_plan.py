@@ -136,7 +136,6 @@ def read_plan(cfg: RunConfig, texts: TextSplits, encoder: bool) -> Plan:
                             f"{no_pair}: drop them from --extra-train")  # fmt: skip
         plan.decisions.append(Decision("extra_train", False, f"{', '.join(named)}: {no_pair}"))
         d.extra_train = ",".join(files)
-        named = []
     elif named:
         why = "the labels are a sentiment pair"
         if not given & {"extra_train", "extra_train_examples"}:  # the preset's source
@@ -146,7 +145,7 @@ def read_plan(cfg: RunConfig, texts: TextSplits, encoder: bool) -> Plan:
         plan.decisions.append(Decision("extra_train", True, why, f"{', '.join(named)}: {cap}"))
     if files:
         plan.decisions.append(Decision("extra_train", True, "files given", ", ".join(files)))
-    elif not named and not any(x.step == "extra_train" for x in plan.decisions):
+    if not named and not files:
         plan.decisions.append(Decision("extra_train", False, "none given"))
 
     if hasattr(d, "turns"):
