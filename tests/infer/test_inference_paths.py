@@ -71,6 +71,50 @@ def test_int8_is_torch_aos_dynamic_quantization_of_the_run(runs) -> None:
     assert not torch.equal(got, clf.run.probs(clf.run.model, TEXTS[:8]))  # a different path
 
 
+def test_bf16_is_torch_autocast_of_the_run_with_its_weights_cast_once(runs) -> None:
+    clf = attnlab.load(runs["e5 mean"])
+    model = clf.run.model
+    path = prec.convert(model, "bf16")
+    assert isinstance(path, prec.Guarded) and path.reference is model
+    linears = [m for m in path.fast.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(m.weight.dtype == torch.bfloat16 for m in linears)
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # the run's untouched
+    ids, lengths = clf.run.encode(TEXTS)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        oracle = model(ids, lengths).float()
+    with torch.no_grad():
+        assert torch.equal(path.fast(ids, lengths), oracle)
+
+
+class Constant(torch.nn.Module):
+    """A stand-in fast path: the same logits (C,) for every text."""
+
+    def __init__(self, logits: list[float]) -> None:
+        super().__init__()
+        self.logits = torch.tensor(logits)
+
+    def forward(self, ids, lengths):
+        return self.logits.expand(len(ids), -1).clone()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_close_calls_are_rerun_in_fp32_and_sure_ones_are_not(runs, seed) -> None:
+    clf = attnlab.load(runs["e5 mean"])
+    model = clf.run.model
+    gen = torch.Generator().manual_seed(seed)
+    order = torch.randperm(len(TEXTS), generator=gen).tolist()
+    texts = [TEXTS[i] for i in order][:12]
+    ids, lengths = clf.run.encode(texts)
+    with torch.no_grad():
+        want = model(ids, lengths)  # (B, C)
+        close = prec.Guarded(Constant([0.01, 0.0]), model, 0.06)  # every text a close call
+        assert torch.allclose(close(ids, lengths), want, atol=1e-5), f"seed {seed}"
+        assert (close.seen, close.rerun) == (len(texts), len(texts))
+        sure = prec.Guarded(Constant([3.0, 0.0]), model, 0.06)  # p 0.95 / 0.05: none
+        assert torch.equal(sure(ids, lengths), torch.tensor([[3.0, 0.0]] * len(texts)))
+        assert sure.rerun == 0
+
+
 def test_auto_refuses_a_path_that_changes_a_label(runs, monkeypatch) -> None:
     convert = prec.convert
 
