@@ -106,6 +106,10 @@ def test_pieces_view_in_the_browser(tab, e5_page):
     rows = tab.locator("#pieces-table tr").count()
     assert rows == 1 + min(10, len(text))
     assert "query: " in tab.inner_text("#subtitle")
+    assert tab.locator("#layer").count() == 0 and tab.locator("#heads").count() == 0
+    tab.click("#tabs button[data-view='head']")  # a view of one layer's heads has them
+    assert tab.locator("#layer").count() == 1 and tab.locator("#heads").count() == 1
+    tab.click("#tabs button[data-view='pieces']")
     tab.select_option("#example", "1")  # the hostile text: shown as text, never run
     shown = "".join(tab.eval_on_selector_all("#pieces .piece", "c => c.map(x => x.textContent)"))
     assert "img" in shown and "script" in shown

@@ -185,7 +185,7 @@ function renderControls() {
     sel.value = S.group;
     box.append(el("label", { text: "attention " }), sel);
   }
-  if (ex.groups.length) {
+  if (ex.groups.length && S.view !== "pieces") {  // the pieces' scores span every layer and head
     const g = group();
     if (!S.heads) S.heads = new Set(Array.from({ length: g.heads }, (_, h) => h));
     const lay = el("select", { id: "layer", on: { change: (e) => { S.layer = +e.target.value; S.cell = null; renderView(); } } });
