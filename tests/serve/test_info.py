@@ -66,7 +66,7 @@ def test_info_of_an_e5_run_names_e5_its_4_bit_weights_and_the_data(runs) -> None
     report = json.loads((runs["e5"] / "data_report.json").read_text())
     assert got["labels"] == ["angry", "happy"] and got["task"] == "classify"
     assert got["max_len"] == report["max_len"]  # the length it trained at
-    assert got["read_len"] == report["read_len"] == 512  # predict reads e5's whole window
+    assert got["read_len"] == report["read_len"] == got["max_len"]  # it reads what it trained at
     encoder = got["encoder"]
     assert encoder["name"] == "e5"
     assert encoder["model"].startswith("intfloat/multilingual-e5-small (MIT)")

@@ -65,7 +65,7 @@ class Prepared:
     """A run's texts, how it reads them, and (before training) the pretrained encoder."""
 
     texts: TextSplits
-    reader: Reader  # what predict reads: a pretrained encoder's whole window
+    reader: Reader  # what predict reads (a pretrained encoder: what training read)
     train_reader: Reader  # what training reads (``truncate_len``)
     report: dict[str, Any]
     resume: bool  # a checkpoint will be restored: no step that its weights already hold
@@ -102,12 +102,14 @@ def encoder_prepared(
         "notes": encoder.notes,
         "vocab_size": encoder.tokenizer.vocab_size,
         "max_len": max_len,
-        "read_len": window,
+        # predict reads what training read: positions past it were never trained, and reading
+        # on lowered held-out accuracy on long texts (results/read_length.md)
+        "read_len": max_len,
         "truncation": str(truncation_report(lengths, max_len)),
     }
+    reader = PieceReader(encoder.tokenizer, max_len)
     return Prepared(
-        texts, PieceReader(encoder.tokenizer, window), PieceReader(encoder.tokenizer, max_len),
-        report, resume, run_dir, device, encoder,
+        texts, reader, reader, report, resume, run_dir, device, encoder,
     )  # fmt: skip
 
 
@@ -166,7 +168,8 @@ def report_lines(prep: Prepared) -> list[str]:
     if r.get("rare_labels"):
         lines.append(f"rare classes allowed: {r['rare_labels']}")
     unit = prep.reader.unit
-    read = f"; predict reads up to {r['read_len']}" if "read_len" in r else ""
+    read = r.get("read_len", r["max_len"])
+    read = "; predict reads the same" if read == r["max_len"] else f"; predict reads up to {read}"
     lines.append(f"vocab {r['vocab_size']} {unit}; training reads {r['max_len']} {unit} a text "
                  f"({r['truncation']}){read}")  # fmt: skip
     return lines
