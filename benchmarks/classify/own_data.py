@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import calendar
+import hashlib
 import json
 import math
 import os
@@ -66,6 +67,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--attnlab-flags", default="", help="flags after the documented command (shell words)"
     )
+    p.add_argument("--again", action="store_true",
+                   help="measure a seed again though results.jsonl has it (after a change to the "
+                        "recipe: the page takes each seed's latest row)")  # fmt: skip
     p.add_argument("--render", action="store_true", help="only render the page from the lines")
     p.add_argument("--page", type=Path, default=PAGE, help="the markdown page to write")
     return p
@@ -136,7 +140,14 @@ def run_arm(arm: str, name: str, seed: int, args: argparse.Namespace, hf: Path) 
     logs.mkdir(parents=True, exist_ok=True)
     log = logs / f"{name}_{arm}_s{seed}.log"
     if arm == "attnlab":
-        run = args.out / "attnlab_runs" / f"{name}_s{seed}"
+        tag = (
+            f"_{hashlib.sha1(args.attnlab_flags.encode()).hexdigest()[:8]}"
+            if args.attnlab_flags
+            else ""
+        )
+        run = (
+            args.out / "attnlab_runs" / f"{name}_s{seed}{tag}"
+        )  # a variant never replaces the default's
         if run.exists():
             shutil.rmtree(run)
         command = attnlab_command(data, run, seed, args.attnlab_flags)
@@ -211,7 +222,7 @@ def measure(args: argparse.Namespace) -> None:
               f"{record['classes']} classes", flush=True)  # fmt: skip
         for arm in arms:
             for seed in seeds[:1] if arm in DETERMINISTIC else seeds:
-                if _done(read_rows(lines), name, arm, seed, args.attnlab_flags):
+                if not args.again and _done(read_rows(lines), name, arm, seed, args.attnlab_flags):
                     continue
                 print(f"  {arm} seed {seed} ...", flush=True)
                 row = run_arm(arm, name, seed, args, hf)
