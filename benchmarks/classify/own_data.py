@@ -242,6 +242,12 @@ def _key(row: dict) -> str:
     return f"{row['arm']} {flags}" if flags else row["arm"]
 
 
+def _commits(rows: list[dict]) -> str:
+    """The commits a variant's rows ran at: a variant is measured once, the default again after
+    each change to the recipe."""
+    return "commit " + ", ".join(sorted({r.get("commit", "?") for r in rows}))
+
+
 def _spread(values: list[float], digits: int = 3) -> str:
     if len(values) == 1:
         return f"{values[0]:.{digits}f}"
@@ -319,7 +325,7 @@ def table(name: str, arms: dict[str, list[dict]], record: dict | None) -> list[s
     for key in sorted(arms, key=lambda k: (order[k.split()[0]], k)):
         rs = arms[key]
         arm, _, flags = key.partition(" ")
-        label = ARM_NAMES[arm] + (f" (`{flags}`, before the recipe rework)" if flags else "")
+        label = ARM_NAMES[arm] + (f" (`{flags}`, {_commits(rs)})" if flags else "")
         seeds = ",".join(str(r["seed"]) for r in sorted(rs, key=lambda r: r["seed"]))
         if arm in DETERMINISTIC:
             seeds += " (deterministic)"
@@ -426,7 +432,10 @@ def render(out: Path, page: Path, args: argparse.Namespace) -> None:
         "",
         "TF-IDF and the probe are deterministic given the split and ran once. Seeds vary "
         "the training (head initialisation, order, dropout), not the split. "
-        "± is the standard deviation over seeds.",
+        "± is the standard deviation over seeds. The plain attnlab rows are each seed's latest "
+        "run of the default; a variant (flags after the command) ran at the commit it names. "
+        "From commit 2cb0f85 on, a run's test scores read the length it trained at; rows "
+        "before it read e5's whole window, 512 pieces (results/read_length.md).",
         "",
         f"![held-out accuracy against wall time]({page.stem}.png)",
         "",
@@ -447,7 +456,7 @@ def render(out: Path, page: Path, args: argparse.Namespace) -> None:
             if "trainer" in grouped[name]:
                 flags = key.removeprefix("attnlab ")
                 judged = verdict(grouped[name], key).split(": ", 1)[1]
-                lines.append(f"  - with `{flags}` (before the recipe rework): {judged}")
+                lines.append(f"  - with `{flags}` ({_commits(grouped[name][key])}): {judged}")
     lines.append("")
     for name in sets.DATASETS:
         if name not in grouped:
