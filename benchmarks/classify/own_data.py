@@ -140,14 +140,10 @@ def run_arm(arm: str, name: str, seed: int, args: argparse.Namespace, hf: Path) 
     logs.mkdir(parents=True, exist_ok=True)
     log = logs / f"{name}_{arm}_s{seed}.log"
     if arm == "attnlab":
-        tag = (
-            f"_{hashlib.sha1(args.attnlab_flags.encode()).hexdigest()[:8]}"
-            if args.attnlab_flags
-            else ""
-        )
-        run = (
-            args.out / "attnlab_runs" / f"{name}_s{seed}{tag}"
-        )  # a variant never replaces the default's
+        # a variant's folder is its own, so it never replaces the default's
+        flags = args.attnlab_flags
+        tag = f"_{hashlib.sha1(flags.encode()).hexdigest()[:8]}" if flags else ""
+        run = args.out / "attnlab_runs" / f"{name}_s{seed}{tag}"
         if run.exists():
             shutil.rmtree(run)
         command = attnlab_command(data, run, seed, args.attnlab_flags)

@@ -336,9 +336,9 @@ class ClassifyTask(Task):
         prep.plan = plan
         prep.report["plan"] = plan.to_dict()
         tcfg, d = cfg.train, cfg.data
-        train = dataset(prep.train_reader, *texts.split_data("train"), tcfg.batch_size,
+        train = dataset(prep.reader, *texts.split_data("train"), tcfg.batch_size,
                         True, tcfg.seed)  # fmt: skip
-        val = dataset(prep.train_reader, *texts.split_data("val"), d.eval_batch_size)
+        val = dataset(prep.reader, *texts.split_data("val"), d.eval_batch_size)
         files = {
             "tokenizer.json": prep.reader.tokenizer.save,
             "labels.json": texts.labels.save,
@@ -346,7 +346,7 @@ class ClassifyTask(Task):
             "data_report.json": lambda path: write_json(path, prep.report),
         }
         extra = {}
-        if tcfg.monitor.startswith("ood_dev_"):  # choose on OOD dev, read as predict reads it
+        if tcfg.monitor.startswith("ood_dev_"):  # choose the checkpoint on OOD dev
             extra["ood_dev"] = ood_dev_data(prep.reader, texts.labels, d.eval_batch_size)
         setup = Setup(prep, train, SplitScorer(val, texts.labels, device, extra), files,
                       steps.report_lines(prep))  # fmt: skip
@@ -435,7 +435,7 @@ class ClassifyTask(Task):
         d = cfg.data
         results: dict[str, Any] = {"n_params": sum(p.numel() for p in model.parameters())}
         results["val"] = setup.evaluate.report(model)  # type: ignore[union-attr]
-        if prep.texts.split["test"]:  # read as predict reads it
+        if prep.texts.split["test"]:
             test = dataset(prep.reader, *prep.texts.split_data("test"), d.eval_batch_size)
             results["test"] = report_of(model, test, prep.texts.labels, device)
             (run_dir / "test_report.txt").write_text(

@@ -65,8 +65,7 @@ class Prepared:
     """A run's texts, how it reads them, and (before training) the pretrained encoder."""
 
     texts: TextSplits
-    reader: Reader  # what predict reads (a pretrained encoder: what training read)
-    train_reader: Reader  # what training reads (``truncate_len``)
+    reader: Reader  # what training and predict read (``max_len`` of a text)
     report: dict[str, Any]
     resume: bool  # a checkpoint will be restored: no step that its weights already hold
     run_dir: Path
@@ -108,9 +107,7 @@ def encoder_prepared(
         "truncation": str(truncation_report(lengths, max_len)),
     }
     reader = PieceReader(encoder.tokenizer, max_len)
-    return Prepared(
-        texts, reader, reader, report, resume, run_dir, device, encoder,
-    )  # fmt: skip
+    return Prepared(texts, reader, report, resume, run_dir, device, encoder)
 
 
 def char_prepared(
@@ -153,7 +150,7 @@ def char_prepared(
         **({"pretraining": unlabeled_report} if unlabeled_report else {}),
     }
     reader = CharReader(tokenizer, max_len, add_cls, d.tail_share)
-    return Prepared(texts, reader, reader, report, resume, run_dir, device, None, unlabeled)
+    return Prepared(texts, reader, report, resume, run_dir, device, None, unlabeled)
 
 
 def report_lines(prep: Prepared) -> list[str]:
@@ -318,7 +315,7 @@ def add_turns(
         if record is None:
             return train, None
         texts, labels = record["texts"], record["labels"]
-    data = dataset(prep.train_reader, texts, prep.texts.labels.encode(labels), d.eval_batch_size)
+    data = dataset(prep.reader, texts, prep.texts.labels.encode(labels), d.eval_batch_size)
     if isinstance(train, StateData):
         data = frozen_states(model, data, train.start, d.eval_batch_size, False, 0, prep.device,
                              "frozen blocks, turned sentences")  # fmt: skip
@@ -358,7 +355,7 @@ def scored_turns(
     x, y = feats[0][:n_main], feats[1][:n_main]  # every training text of the corpus, cleaned or not
     scorer = logistic_regression(x, y, len(names), d.probe_weight_decay)
     clause_ids = prep.texts.labels.encode([pair[c.label] for c in pool])
-    data = dataset(prep.train_reader, [c.text for c in pool], clause_ids, d.eval_batch_size)
+    data = dataset(prep.reader, [c.text for c in pool], clause_ids, d.eval_batch_size)
     cx, cy = pooled_features(model, data, prep.device)
     with torch.no_grad():
         p = torch.softmax(scorer(cx.double()), -1)[torch.arange(len(cy)), cy]  # (N,)
