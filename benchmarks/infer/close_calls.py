@@ -9,7 +9,8 @@ On the run's validation and test splits: float32's probabilities; each fast path
 re-run (bf16: the Linear weights in bfloat16 under autocast; int8: torch.ao's dynamic
 quantization) and the largest |p - p_fp32| and labels changed; the share of texts whose
 float32 top-two margin is under each margin; and the bf16 path as predict runs it (close calls
-re-run in float32): labels changed and the share re-run.
+re-run in float32): labels changed and the share re-run; the same for the bf16 pass through
+``torch.compile`` (``--compile``), whose fused kernels round differently from eager bf16.
 """
 
 from __future__ import annotations
@@ -49,9 +50,12 @@ def main(argv: list[str] | None = None) -> None:
         return torch.cat([run.probs(model, texts[i : i + 64]) for i in range(0, len(texts), 64)])
 
     paths = {"int8": prec.convert(run.model, "int8")}
-    guarded = prec.convert(run.model, "bf16") if "bf16" in prec.available() else None
-    if guarded is not None:
-        paths["bf16"] = guarded.fast
+    guarded = {}  # the bf16 path as predict runs it, eager and through torch.compile
+    if "bf16" in prec.available():
+        guarded["bf16"] = prec.convert(run.model, "bf16")
+        if prec.compile_missing() is None:
+            guarded["bf16 compiled"] = prec.compiled(prec.convert(run.model, "bf16"))
+    paths.update({name: path.fast for name, path in guarded.items()})
     rows = {}
     for split in ("val", "test"):
         texts, _, source = run.split_texts(split)
@@ -70,14 +74,14 @@ def main(argv: list[str] | None = None) -> None:
                 "labels_changed": int((got.argmax(-1) != ref.argmax(-1)).sum()),
                 "max_prob_change": float((got - ref).abs().max()),
             }
-        if guarded is not None:
-            guarded.seen = guarded.rerun = 0
-            got = probs(guarded, texts)
-            row["bf16 with re-run"] = {
+        for name, path in guarded.items():
+            path.seen = path.rerun = 0
+            got = probs(path, texts)
+            row[f"{name} with re-run"] = {
                 "margin": prec.BF16_MARGIN,
                 "labels_changed": int((got.argmax(-1) != ref.argmax(-1)).sum()),
                 "max_prob_change": float((got - ref).abs().max()),
-                "rerun_share": guarded.rerun / max(1, guarded.seen),
+                "rerun_share": path.rerun / max(1, path.seen),
             }
         rows[split] = row
         print(split, json.dumps(row), flush=True)
@@ -102,7 +106,8 @@ def page(out: dict, margins: list[float]) -> list[str]:
         "|---|---:|---|---:|---:|---:|",
     ]
     for split, row in out["splits"].items():
-        for name in ("int8", "bf16", "bf16 with re-run"):
+        for name in ("int8", "bf16", "bf16 with re-run", "bf16 compiled",
+                     "bf16 compiled with re-run"):
             if name in row:
                 r = row[name]
                 rerun = f"{r['rerun_share']:.1%} (margin {r['margin']})" if "margin" in r else "-"

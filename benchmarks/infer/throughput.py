@@ -11,7 +11,8 @@
 2. Texts/s for short reviews (the ``--short`` shortest-first bundled reviews under 64
    characters, spread over the corpus) and long ones (the ``--long`` longest bundled reviews,
    hundreds of pieces), through: attnlab's paths (``attnlab.load(RUN, precision=P,
-   threads=T).predict``: fp32, int8, bf16 where the CPU has it); transformers'
+   threads=T).predict``: fp32, int8, bf16 where the CPU has it, and fp32 and bf16 through
+   ``torch.compile`` (``compile=True``) where a C++ compiler is here); transformers'
    ``pipeline("text-classification")`` on ``attnlab export RUN --format hf`` (``batch_size``
    64, ``truncation=True``: its documented batching); onnxruntime on ``attnlab export RUN
    --format onnx`` (ORT_ENABLE_ALL, ``intra_op_num_threads`` = T, sequential) and on that graph
@@ -130,13 +131,12 @@ def engines(run: str, folder: Path, onnx: Path, onnx8: Path, threads: int) -> di
     from transformers import pipeline
 
     import attnlab
-    from attnlab.infer.precision import available
 
     torch.set_num_threads(threads)
     out = {}
-    for p in available():
-        clf = attnlab.load(run, threads=threads, precision=p)
-        out[f"attnlab {p}"] = clf.predict
+    for p, compiled in paths():
+        clf = attnlab.load(run, threads=threads, precision=p, compile=compiled)
+        out[f"attnlab {p}" + " compiled" * compiled] = clf.predict
     remote = "auto_map" in json.loads((folder / "config.json").read_text())
     pipe = pipeline("text-classification", model=str(folder), trust_remote_code=remote,
                     device=-1, top_k=None)  # fmt: skip
@@ -164,21 +164,31 @@ def engines(run: str, folder: Path, onnx: Path, onnx8: Path, threads: int) -> di
     return out
 
 
+def paths() -> list[tuple[str, bool]]:
+    """attnlab's paths on this machine, (precision, compiled): fp32, int8 and bf16 where the CPU
+    has it, and fp32 / bf16 through torch.compile where a C++ compiler is here."""
+    from attnlab.infer.precision import available, compile_missing
+
+    eager = [(p, False) for p in available()]
+    if compile_missing() is not None:
+        return eager
+    return eager + [(p, True) for p in available() if p != "int8"]
+
+
 def label_check(run: str) -> dict[str, dict]:
     """Each attnlab path on the run's test split against fp32: labels changed, largest
     probability change."""
     import attnlab
-    from attnlab.infer.precision import available
 
     ref_run = attnlab.load(run)
     texts, _, source = ref_run.run.split_texts("test")
     ref = ref_run.predict(texts)
     out: dict[str, dict] = {"source": {"split": source, "n": len(texts)}}
-    for p in available():
-        if p == "fp32":
+    for p, compiled in paths():
+        if p == "fp32" and not compiled:
             continue
-        got = attnlab.load(run, precision=p).predict(texts)
-        out[p] = {
+        got = attnlab.load(run, precision=p, compile=compiled).predict(texts)
+        out[p + " compiled" * compiled] = {
             "labels_changed": sum(g["label"] != r["label"] for g, r in zip(got, ref)),
             "max_prob_change": max(
                 abs(g["probs"][k] - r["probs"][k]) for g, r in zip(got, ref) for k in r["probs"]
@@ -257,6 +267,15 @@ def render(r: dict) -> str:
                   "|---|" + "---:|" * len(kinds)]  # fmt: skip
         lines += [f"| {e} | " + " | ".join(f"{kinds[k][e]:.1f}" for k in kinds) + " |"
                   for e in engines]  # fmt: skip
+        lines.append("")
+        for kind, rates in kinds.items():  # attnlab's fastest path that keeps fp32's labels
+            kept = [e for e in rates if e.startswith("attnlab") and "int8" not in e]
+            best = max(kept, key=lambda e: rates[e])
+            fp32 = rates[best] / rates["attnlab fp32"]
+            ort8 = rates[best] / rates["onnxruntime int8"]
+            lines.append(f"- {kind}: the fastest attnlab path that keeps the labels, {best}, "
+                         f"runs {fp32:.2f}x attnlab fp32 and {ort8:.2f}x onnxruntime "
+                         "int8")  # fmt: skip
         lines.append("")
     lab = r["labels"]
     lines += ["## Labels against fp32 on the run's test split", "",

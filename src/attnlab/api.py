@@ -160,14 +160,15 @@ class LoadedRun:
     @classmethod
     def open(
         cls, run_dir: str | Path, device: str = "cpu", threads: int | str = 1,
-        batch_size: int = BATCH_SIZE, precision: str = "fp32",
+        batch_size: int = BATCH_SIZE, precision: str = "fp32", compile: bool = False,
     ) -> LoadedRun:  # fmt: skip
         """Load the run in ``run_dir`` (any task; its weights checked) onto ``device``.
 
         ``precision``: the path a text classifier's predict takes, fp32, int8, bf16 or auto
         (the fastest whose labels equal fp32's on a check set, measured here);
-        ``threads="auto"``: 1 or every usable core, whichever the measurement finds faster.
-        ``.inference_path`` says which was taken and why (attnlab.infer.precision)."""
+        ``threads="auto"``: 1 or every usable core, whichever the measurement finds faster;
+        ``compile``: that path through ``torch.compile``, compiled here. ``.inference_path``
+        says which was taken and why (attnlab.infer.precision)."""
         auto = threads == "auto"
         threads = 1 if auto else threads
         check_settings(threads, batch_size)
@@ -175,12 +176,12 @@ class LoadedRun:
         check_device(device)
         with torch_threads(threads):  # type: ignore[arg-type]
             loaded = cls(load_run(run_dir, device), threads, batch_size)  # type: ignore[arg-type]
-        loaded.take_path(precision, auto)
+        loaded.take_path(precision, auto, compile)
         return loaded
 
-    def take_path(self, precision: str, auto_threads: bool = False) -> None:
+    def take_path(self, precision: str, auto_threads: bool = False, compile: bool = False) -> None:
         """Set the path predict takes (see :meth:`open`), measured on 1 and every usable core
-        when ``auto_threads``."""
+        when ``auto_threads``, and compiled when ``compile``."""
         from attnlab.infer.precision import Choice, usable_cores
 
         counts = sorted({1, usable_cores()}) if auto_threads else [self.threads or 1]
@@ -188,10 +189,14 @@ class LoadedRun:
         if use is None:  # image runs, language models: one path
             if precision not in ("fp32", "auto"):
                 raise UserError(f"precision {precision!r}: {self.run.run_dir} has only fp32")
+            if compile:
+                raise UserError(f"compile: only a text classifier's predict is compiled; "
+                                f"{self.run.run_dir} is a {self.run.task} run: "
+                                "drop it")  # fmt: skip
             self.inference_path = Choice("fp32", self.threads, f"fp32 ({self.run.task} run)")
             return
         with torch.no_grad():
-            self.inference_path = use(precision, counts)
+            self.inference_path = use(precision, counts, compile)
         if auto_threads:
             self.threads = self.inference_path.threads
 

@@ -285,6 +285,13 @@ def add_threads(p: argparse.ArgumentParser, default: str) -> None:
         "the CPU has it), or auto: the fastest whose labels equal fp32's on a check set, "
         f"measured at start ({default}); the path taken is said on stderr",
     )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="run the path through torch.compile (fp32 or bf16; needs a C++ compiler): it "
+        "compiles at start, which takes tens of seconds, then short texts run faster "
+        "(docs/results/throughput.md); for long files and servers",
+    )
 
 
 def threads_arg(value: str) -> int | str:
@@ -305,11 +312,11 @@ def open_for_predict(args: argparse.Namespace, default: str) -> Any:
     precision = args.precision or default
     threads = args.threads if args.threads is not None else "auto" if default == "auto" else 1
     loaded = LoadedRun.open(args.run, getattr(args, "device", "cpu"), threads, args.batch_size,
-                            precision)  # fmt: skip
+                            precision, args.compile)  # fmt: skip
     path = loaded.inference_path
     text_classifier = "predict" in loaded.run.verbs and hasattr(loaded.run, "tokenizer")
     serving = args.command == "serve" and text_classifier  # a run serve refuses says only that
-    asked = args.precision is not None or "auto" in (precision, threads)
+    asked = args.precision is not None or args.compile or "auto" in (precision, threads)
     if serving or (asked and args.command != "serve"):
         print(f"{args.command}: {path.reason}", file=sys.stderr, flush=True)
     return loaded

@@ -95,7 +95,7 @@ def test_the_routes_answer_the_api_s_numbers(server, run) -> None:
     status, info = request(port, "GET", "/info")
     assert status == 200 and info["labels"] == ["negative", "positive"]
     assert info["max_len"] == 48 and info["encoder"] == {"name": "a random tiny encoder"}
-    assert info["limits"] == {"max_texts": 8, "batch_size": 64, "threads": 1}
+    assert info["limits"] == {"max_texts": 8, "batch_size": 64, "threads": 1, "path": "fp32"}
 
 
 def test_bad_requests_get_a_clear_4xx_and_the_server_goes_on(server, capsys) -> None:

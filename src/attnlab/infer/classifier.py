@@ -13,6 +13,7 @@ Both models map ids (B, T) right-padded to lengths (B,) to logits (B, C) and hav
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,16 @@ from attnlab.data.sentiment import (
 from attnlab.data.splits import check_labels, load_split
 from attnlab.data.tabular import load_labeled_file
 from attnlab.errors import UserError
-from attnlab.infer.precision import CHECK_TEXTS, PRECISIONS, Choice, available, choose, convert
+from attnlab.infer.precision import (
+    CHECK_TEXTS,
+    PRECISIONS,
+    Choice,
+    available,
+    choose,
+    compile_missing,
+    compiled,
+    convert,
+)
 from attnlab.metrics import classification_report
 from attnlab.models.bert import BertClassifier, BertConfig
 from attnlab.models.classifier import build_classifier
@@ -240,9 +250,11 @@ class ClassifierRun(Run):
         ids, lengths = self.encode(texts)
         return torch.softmax(model(ids.to(self.device), lengths.to(self.device)).float(), -1)
 
-    def use_precision(self, precision: str, threads: list[int]) -> Choice:
+    def use_precision(self, precision: str, threads: list[int], compile: bool = False) -> Choice:
         """Take the ``precision`` path for predict ("auto": the fastest whose labels equal
-        float32's on the check set, timed on each of ``threads``; attnlab.infer.precision)."""
+        float32's on the check set, timed on each of ``threads``; attnlab.infer.precision);
+        ``compile``: then run it through ``torch.compile`` (fp32 or bf16), compiled here on
+        the check set rather than on the first texts to predict."""
         if precision not in PRECISIONS:
             raise UserError(f"precision {precision!r}: use one of {', '.join(PRECISIONS)}")
         if precision not in ("auto", *available()):
@@ -250,14 +262,39 @@ class ClassifierRun(Run):
                             "(avx512_bf16 or AMX); use int8, fp32 or auto")  # fmt: skip
         if torch.device(self.device).type != "cpu" and precision != "fp32":
             raise UserError(f"precision {precision} is a CPU path; on {self.device} use fp32")
+        if compile:
+            if torch.device(self.device).type != "cpu":
+                raise UserError(f"--compile compiles the CPU paths; on {self.device} drop it")
+            if precision == "int8":
+                raise UserError("--compile compiles the fp32 and bf16 paths, not int8's "
+                                "quantized layers: drop --compile or give "
+                                "--precision bf16")  # fmt: skip
+            missing = compile_missing()
+            if missing:
+                raise UserError(f"--compile: {missing}; install one or drop --compile")
         if precision == "auto" or len(threads) > 1:
             paths = available() if precision == "auto" else (precision,)
+            if compile:
+                paths = tuple(p for p in paths if p != "int8")
             choice, models = choose(self.model, self.probs, check_set(), paths, threads)
             self.infer_model = models[choice.precision]
         else:
             self.infer_model = convert(self.model, precision)
             said = "the trained model as it is" if precision == "fp32" else "not checked"
             choice = Choice(precision, threads[0], f"{precision} as asked ({said})")
+        if compile:
+            start = time.perf_counter()
+            self.infer_model = compiled(self.infer_model)
+            # compiled now, on the threads predict runs on: the graph is kept for that count
+            before = torch.get_num_threads()
+            torch.set_num_threads(choice.threads or before)
+            try:
+                self.probs(self.infer_model, check_set())
+            finally:
+                torch.set_num_threads(before)
+            choice.compiled = True
+            choice.reason += (f"; compiled with torch.compile in "
+                              f"{time.perf_counter() - start:.0f} s")  # fmt: skip
         self.precision = choice
         return choice
 

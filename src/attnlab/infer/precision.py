@@ -100,6 +100,45 @@ class Guarded(nn.Module):
         return logits
 
 
+class Compiled(nn.Module):
+    """``model`` through ``torch.compile`` (Inductor, the weights frozen into the graph as
+    constants so oneDNN's packed layouts are made once, shapes dynamic): the elementwise steps
+    between the matmuls (GELU, LayerNorm, the casts and residual adds) fuse into generated C++.
+    A batch of one runs as that text twice, so the graph compiled for batches serves it: torch
+    specialises a dimension of size 1, which would compile a second graph on a first lone text.
+    The graph is kept for the thread count it was compiled on: another count compiles again."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.compiled = torch.compile(model, dynamic=True, options={"freezing": True})
+
+    def forward(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        if len(ids) == 1:
+            return self.compiled(ids.repeat(2, 1), lengths.repeat(2))[:1]  # (1, C)
+        return self.compiled(ids, lengths)  # (B, C)
+
+
+def compile_missing() -> str | None:
+    """Why ``torch.compile`` cannot build its CPU kernels here (no C++ compiler), or None."""
+    from torch._inductor.cpp_builder import get_cpp_compiler
+
+    try:
+        get_cpp_compiler()
+    except Exception as err:  # noqa: BLE001 - torch raises its own kinds; the line names it
+        return f"torch.compile needs a C++ compiler (g++ or clang++, or $CXX): {err}"
+    return None
+
+
+def compiled(model: nn.Module) -> nn.Module:
+    """``model`` (a path from :func:`convert`) with its fast part compiled: a guarded path
+    compiles the bf16 pass and keeps the float32 re-run eager (it sees a few texts)."""
+    if isinstance(model, Guarded):
+        model.fast = Compiled(model.fast)
+        return model
+    return Compiled(model)
+
+
 def convert(model: nn.Module, precision: str) -> nn.Module:
     """``model`` for the ``precision`` path (fp32: itself; the others leave it untouched)."""
     if precision == "fp32":
@@ -135,6 +174,12 @@ class Choice:
     threads: int
     reason: str
     trials: list[Trial] = field(default_factory=list)
+    compiled: bool = False  # run through torch.compile
+
+    @property
+    def name(self) -> str:
+        """The path as one name: "bf16", "bf16 compiled"."""
+        return self.precision + " compiled" * self.compiled
 
 
 Predict = Callable[[nn.Module, list[str]], torch.Tensor]  # (model, texts) -> probs (N, C)

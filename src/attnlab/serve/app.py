@@ -156,6 +156,7 @@ class App:
             "max_texts": self.max_texts,
             "batch_size": self.loaded.batch_size,
             "threads": self.loaded.threads,
+            "path": getattr(self.loaded.inference_path, "name", None),
         }
 
 
