@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import random
 from pathlib import Path
@@ -19,7 +20,16 @@ from attnlab.cli import main
 from attnlab.data.prepare import split_texts
 from attnlab.errors import UserError
 from attnlab.runs.training import build_config
-from attnlab.tasks.classify_plan import IMBALANCE, MIN_CLEANING, read_plan, sentiment_pair
+from attnlab.tasks import classify_plan
+from attnlab.tasks.classify_plan import (
+    FULL_LR,
+    FULL_MAX,
+    IMBALANCE,
+    MIN_CLEANING,
+    SEEN_FULL,
+    read_plan,
+    sentiment_pair,
+)
 
 pytest.importorskip("semantra_multilingual")
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -77,7 +87,7 @@ def test_the_readme_command_trains_on_a_file_of_any_labels(tiny, tmp_path, capsy
     assert "per class on test" in captured.out and all(n in captured.out for n in names)
     assert (out / "confusion.png").stat().st_size > 0
     report = json.loads((out / "data_report.json").read_text())
-    assert [s["step"] for s in report["plan"]["steps"]][:2] == ["extra_train", "turns"]
+    assert [s["step"] for s in report["plan"]["steps"]][:3] == ["blocks", "extra_train", "turns"]
     assert main(["predict", str(out), "--json", GOOD[0]]) == 0
     pred = json.loads(capsys.readouterr().out.splitlines()[0])
     assert set(pred["probs"]) == set(names)
@@ -85,11 +95,13 @@ def test_the_readme_command_trains_on_a_file_of_any_labels(tiny, tmp_path, capsy
 
 def test_turns_and_film_sentences_keep_the_data_s_own_label_names(tiny, tmp_path, capsys):
     """--positive-label names the positive side of a pair: the English film sentences and the
-    composed turns join with the data's own names, and the run's classes stay the file's."""
+    composed turns join with the data's own names, and the run's classes stay the file's (the
+    top-block recipe, which adds the film sentences by itself)."""
     data = write_file(tmp_path / "own.csv", rows_of({"好评": GOOD, "差评": BAD}))
     out = tmp_path / "run"
     argv = readme_command(data, out) + ["--positive-label", "好评", "--turns", "6",
-                                        "--turn-threshold", "0.5", "--max-steps", "2"]  # fmt: skip
+                                        "--turn-threshold", "0.5", "--max-steps", "2",
+                                        "--train-layers", "1"]  # fmt: skip
     assert main(argv) == 0
     assert json.loads((out / "labels.json").read_text())["labels"] == ["好评", "差评"]
     turns = json.loads((out / "turns.json").read_text())
@@ -108,15 +120,38 @@ def plan_of(tmp_path: Path, rows: list[tuple[str, str]], **given):
     return cfg, read_plan(cfg, texts, encoder=True)
 
 
-def test_the_plan_keeps_the_bundled_recipe_for_the_bundled_kind_of_data(tmp_path):
-    """positive/negative labels: the film sentences at most as many as the data's texts, the
-    turns at most a third of them; label cleaning off below MIN_CLEANING training texts."""
+def test_the_plan_keeps_the_bundled_recipe_for_the_bundled_kind_of_data(tmp_path, monkeypatch):
+    """More than FULL_MAX positive/negative texts: the preset's top blocks, the film sentences
+    at most as many as the data's texts, the turns at most a third of them; label cleaning off
+    below MIN_CLEANING training texts."""
+    monkeypatch.setattr(classify_plan, "FULL_MAX", 10)  # the file below has more
     cfg, plan = plan_of(tmp_path, rows_of({"positive": GOOD, "negative": BAD}, copies=5))
     n = plan.n_train
-    assert plan.pair == {"positive": "positive", "negative": "negative"}
+    assert n > 10 and plan.pair == {"positive": "positive", "negative": "negative"}
+    assert cfg.data.train_layers == 4 and cfg.train.lr == 5e-5 and cfg.train.lr_decay == 0.6
     assert cfg.data.extra_train == "pang_lee" and cfg.data.extra_train_examples == n
     assert cfg.data.turns == n // 3 and cfg.data.clean_labels == 0 and n < MIN_CLEANING
     assert cfg.train.epochs == 10 and cfg.train.monitor == "val_acc"
+
+
+def test_a_small_set_trains_every_block_on_its_own_texts(tmp_path):
+    """At most FULL_MAX training texts: every block at FULL_LR with no layer-wise decay, the
+    film sentences and turns off (each saying how to add them back), epochs for SEEN_FULL
+    examples; a value given on the command line is kept."""
+    rows = rows_of({"positive": GOOD, "negative": BAD}, copies=5)
+    cfg, plan = plan_of(tmp_path, rows)
+    n = plan.n_train
+    assert n <= FULL_MAX and cfg.data.train_layers == 0
+    assert cfg.train.lr == FULL_LR and cfg.train.lr_decay == 1.0
+    assert cfg.data.extra_train == "" and cfg.data.turns == 0
+    assert cfg.train.epochs == min(10, math.ceil(SEEN_FULL / n))
+    lines = "\n".join(plan.lines())
+    assert "blocks: on (all): at most" in lines
+    assert "--extra-train pang_lee adds them" in lines and "--turns N adds them" in lines
+    cfg, plan = plan_of(tmp_path, rows, train_layers=4, turns=5, lr=1e-4)
+    assert cfg.data.train_layers == 4 and cfg.train.lr == 1e-4 and cfg.train.lr_decay == 0.6
+    assert cfg.data.turns == 5 and cfg.data.extra_train == "pang_lee"
+    assert "blocks: on (top 4): as given" in "\n".join(plan.lines())
 
 
 def test_a_given_value_is_kept_and_one_that_cannot_apply_is_refused(tmp_path, monkeypatch):
@@ -197,7 +232,7 @@ def test_a_turn_pool_emptied_by_a_setting_is_refused_naming_it(tmp_path, monkeyp
     with pytest.raises(UserError, match="--turns 8: .* among the --turn-clauses 1 sampled; give "
                                         "a larger --turn-clauses or --turns 0"):  # fmt: skip
         plan_of(tmp_path, rows, turns=8, turn_clauses=1)
-    cfg, plan = plan_of(tmp_path, rows, turn_clauses=1)
+    cfg, plan = plan_of(tmp_path, rows, turn_clauses=1, train_layers=1)  # turns on by rule
     assert cfg.data.turns == 0
     assert any(d.step == "turns" and not d.on and "clauses" in d.why for d in plan.decisions)
 

@@ -9,19 +9,28 @@ frozen pass. The decisions are written back into the config, so config.json reco
 
 The rules:
 
+- **blocks**: with a pretrained encoder, at most ``FULL_MAX`` training texts train every block
+  at one rate (``FULL_LR``, no layer-wise decay), as full fine-tuning does; more keep the
+  preset's top blocks on the frozen output of those below (the bundled recipe's 6,000 reviews).
+  On 1,800 texts the top-4 recipe trailed full fine-tuning on every binary set measured
+  (docs/results/own_data.md), while its frozen pass pays for itself only on larger sets.
 - **sentiment pair**: the labels are ``positive`` / ``negative``, or two classes with
   ``--positive-label NAME`` naming the positive one. The steps made for sentiment (the English
   film sentences, composed turns) apply only to a pair, with their labels renamed to the data's
   own: they never change a run's classes.
 - **extra sentiment sources** (``pang_lee``, ``imdb``, ``hownet``, ``dutir``): at most as many
-  as the data's own training texts, so a small set is not swamped by another corpus.
+  as the data's own training texts, so a small set is not swamped by another corpus; off when
+  every block trains (they were measured as levers of the top-block recipe, and would double
+  full fine-tuning's time).
 - **turns**: Chinese or English text, a pretrained encoder, at most a third of the data's own
-  training texts (the bundled recipe's 2,000 of 6,000).
+  training texts (the bundled recipe's 2,000 of 6,000); off when every block trains, as the
+  extra sources are.
 - **label cleaning**: two classes and at least ``MIN_CLEANING`` training texts, the setting it
   was measured in (docs/results/classify_e5.md): an out-of-fold probe on fewer texts, or on
   classes that overlap more, contradicts sound labels.
-- **epochs**: enough that training sees ``SEEN_EXAMPLES`` examples, at least 1 and at most
-  ``MAX_EPOCHS`` (the bundled recipe's one epoch of ~12,000 texts).
+- **epochs**: enough that training sees ``SEEN_EXAMPLES`` examples (``SEEN_FULL`` when every
+  block trains: two epochs of 1,800 texts), at least 1 and at most ``MAX_EPOCHS`` (the bundled
+  recipe's one epoch of ~12,000 texts).
 - **checkpoint**: chosen on validation macro-F1 when the largest class has more than
   ``IMBALANCE`` times the examples of the smallest, else on accuracy.
 """
@@ -40,7 +49,10 @@ from attnlab.errors import UserError
 from attnlab.runs.task import RunConfig
 
 MIN_CLEANING = 2000  # training texts label cleaning needs (measured at 6,000)
+FULL_MAX = 3000  # training texts up to which every block trains (measured at 200-1,800)
+FULL_LR = 3e-5  # full fine-tuning's one rate (classify_full.toml's)
 SEEN_EXAMPLES = 8000  # examples an automatic number of epochs shows the model
+SEEN_FULL = 3600  # the same when every block trains
 MAX_EPOCHS = 10
 IMBALANCE = 1.5  # largest / smallest class count above which macro-F1 chooses the checkpoint
 TURN_SHARE = 3  # turns: at most one per this many of the data's own training texts
@@ -128,9 +140,20 @@ def read_plan(cfg: RunConfig, texts: TextSplits, encoder: bool) -> Plan:
         no_pair += "; --positive-label NAME turns it on"
 
     # extra training examples: the named sentiment sources need a pair
+    full = None
+    if encoder:
+        blocks = _blocks(d, t, plan, given)
+        plan.decisions.append(blocks)
+        full = blocks.value == "all"
     named = [s for s in extra_names(d.extra_train) if s in EXTRA_NAMES]
     files = [s for s in extra_names(d.extra_train) if s not in EXTRA_NAMES]
-    if named and pair is None:
+    if named and pair is not None and full and "extra_train" not in given:
+        plan.decisions.append(Decision("extra_train", False, f"{', '.join(named)}: every block "
+                                       "trains on the data's own texts; --extra-train "
+                                       f"{','.join(named)} adds them"))  # fmt: skip
+        d.extra_train = ",".join(files)
+        named = []
+    elif named and pair is None:
         if "extra_train" in given:
             raise UserError(f"--extra-train {','.join(named)} adds positive/negative examples; "
                             f"{no_pair}: drop them from --extra-train")  # fmt: skip
@@ -145,23 +168,48 @@ def read_plan(cfg: RunConfig, texts: TextSplits, encoder: bool) -> Plan:
         plan.decisions.append(Decision("extra_train", True, why, f"{', '.join(named)}: {cap}"))
     if files:
         plan.decisions.append(Decision("extra_train", True, "files given", ", ".join(files)))
-    if not named and not files:
+    if not named and not files and not any(x.step == "extra_train" for x in plan.decisions):
         plan.decisions.append(Decision("extra_train", False, "none given"))
 
     if hasattr(d, "turns"):
-        plan.decisions.append(_turns(d, texts, plan, encoder, given, no_pair))
+        plan.decisions.append(_turns(d, texts, plan, encoder, given, no_pair, bool(full)))
     if hasattr(d, "clean_labels"):
         plan.decisions.append(_cleaning(d, plan, given))
     if encoder:
-        plan.decisions.append(_epochs(t, plan, d, given))
+        plan.decisions.append(_epochs(t, plan, d, given, bool(full)))
     plan.decisions.append(_monitor(t, plan, given))
     return plan
 
 
+def _blocks(d: Any, t: Any, plan: Plan, given: frozenset[str]) -> Decision:
+    if "train_layers" in given or d.train_layers <= 0:
+        why = "as given" if "train_layers" in given else "the preset's"
+        value = f"top {d.train_layers}" if d.train_layers else "all"
+        return Decision("blocks", True, why, value)
+    if plan.n_train > FULL_MAX:
+        top = f"top {d.train_layers}"
+        return Decision("blocks", True, f"more than {FULL_MAX} training texts: the {top} train on "
+                        f"the frozen output of the blocks below, each block at {t.lr_decay:g} "
+                        "of the rate above", top)  # fmt: skip
+    d.train_layers = 0
+    if "lr" not in given:
+        t.lr = FULL_LR
+    if "lr_decay" not in given:
+        t.lr_decay = 1.0
+    return Decision("blocks", True, f"at most {FULL_MAX} training texts: every block at lr "
+                    f"{t.lr:g}, full fine-tuning; --train-layers N trains only the top N",
+                    "all")  # fmt: skip
+
+
 def _turns(
-    d: Any, texts: TextSplits, plan: Plan, encoder: bool, given: frozenset[str], no_pair: str
-) -> Decision:
+    d: Any, texts: TextSplits, plan: Plan, encoder: bool, given: frozenset[str], no_pair: str,
+    full: bool,
+) -> Decision:  # fmt: skip
     why = None
+    if full and d.turns and "turns" not in given and plan.pair is not None:
+        d.turns = 0
+        return Decision("turns", False, "every block trains on the data's own texts; --turns N "
+                        "adds them")  # fmt: skip
     if plan.pair is None:
         why = no_pair
     elif plan.language is None:
@@ -219,15 +267,16 @@ def _cleaning(d: Any, plan: Plan, given: frozenset[str]) -> Decision:
                     "class", f"p < {d.clean_labels:g}")  # fmt: skip
 
 
-def _epochs(t: Any, plan: Plan, d: Any, given: frozenset[str]) -> Decision:
+def _epochs(t: Any, plan: Plan, d: Any, given: frozenset[str], full: bool) -> Decision:
     if t.max_steps:
         return Decision("epochs", True, "--max-steps sets the length", f"{t.max_steps} steps")
     if "epochs" in given:
         return Decision("epochs", True, "as given", t.epochs)
     extra = d.extra_train_examples if extra_names(d.extra_train) else 0
     n = plan.n_train + extra + getattr(d, "turns", 0)
-    t.epochs = max(1, min(MAX_EPOCHS, math.ceil(SEEN_EXAMPLES / max(1, n))))
-    return Decision("epochs", True, f"enough to see {SEEN_EXAMPLES} examples of about {n} "
+    seen = SEEN_FULL if full else SEEN_EXAMPLES
+    t.epochs = max(1, min(MAX_EPOCHS, math.ceil(seen / max(1, n))))
+    return Decision("epochs", True, f"enough to see {seen} examples of about {n} "
                     f"(at most {MAX_EPOCHS})", t.epochs)  # fmt: skip
 
 
