@@ -160,3 +160,25 @@ def test_overlap_is_read_from_start_and_end_times():
     assert _queues_note(alone) == "one arm ran at a time."
     side = [*alone, row("11:30", 120)]  # 00:09:30-00:11:30 overlaps both
     assert _queues_note(side).startswith("3 of the 3 runs overlapped")
+
+
+def test_default_rows_from_before_the_recipe_change_are_the_previous_default(monkeypatch):
+    """A plain attnlab row whose commit precedes RECIPE_CHANGE is shown apart, judged on its
+    own line; the default's verdict reads only the rows after it."""
+    from benchmarks.classify import own_data
+
+    monkeypatch.setattr(own_data, "_before_change", lambda commit: commit == "old")
+    old = _row("attnlab", 0, 0.70, 0.70, 100) | {"commit": "old"}
+    new = _row("attnlab", 0, 0.90, 0.90, 100) | {"commit": "new"}
+    trainer = _row("trainer", 0, 0.80, 0.80, 500)
+    arms = own_data.groups([new, old, trainer])["d"]
+    assert arms["attnlab"] == [new] and arms["attnlab-previous"] == [old]
+    assert "accuracy 0.900 against 0.800 (met" in own_data.verdict(arms)
+    assert "accuracy 0.700 against 0.800 (not met" in own_data.verdict(arms, "attnlab-previous")
+
+
+def test_a_commit_git_does_not_know_is_not_called_earlier():
+    from benchmarks.classify.own_data import _before_change
+
+    assert not _before_change("")
+    assert not _before_change("0000000 +src changes")

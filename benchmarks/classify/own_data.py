@@ -44,8 +44,13 @@ from benchmarks.classify import _own_data_sets as sets
 
 ARMS = ("tfidf", "probe", "attnlab", "trainer")
 DETERMINISTIC = {"tfidf", "probe"}
+# the commit that last changed the default recipe: plain attnlab rows from before it are shown
+# apart, as what the default was
+RECIPE_CHANGE = ("21aa68e", "the top 4 blocks at lr decay 0.6, with the film sentences and turns")
 ARM_NAMES = {
     "attnlab": "attnlab default",
+    "attnlab-previous": f"attnlab, the default before commit {RECIPE_CHANGE[0]} "
+    f"({RECIPE_CHANGE[1]})",
     "trainer": "Trainer, full fine-tuning",
     "probe": "frozen e5 + LogisticRegression",
     "tfidf": "TF-IDF + LogisticRegression",
@@ -258,12 +263,25 @@ def _cpu(rows: list[dict]) -> str:
     return _spread(known, 1) + (f" ({len(known)} of {len(rows)})" if len(known) < len(rows) else "")
 
 
+def _before_change(commit: str) -> bool:
+    """Whether ``commit`` (a row's, "+src changes" aside) precedes RECIPE_CHANGE; a commit git
+    does not know (none recorded, a shallow clone) is not said to."""
+    head = commit.split()[0] if commit else "?"
+    after = subprocess.run(["git", "merge-base", "--is-ancestor", RECIPE_CHANGE[0], head],
+                           cwd=common.ROOT, capture_output=True)  # fmt: skip
+    return after.returncode == 1  # 0: at or after it; 128: unknown
+
+
 def groups(rows: list[dict]) -> dict[str, dict[str, list[dict]]]:
-    """dataset -> arm key -> its rows that finished, latest per seed."""
+    """dataset -> arm key -> its rows that finished, latest per seed; the plain attnlab rows
+    from before RECIPE_CHANGE under their own key."""
     out: dict[str, dict[str, dict[int, dict]]] = defaultdict(lambda: defaultdict(dict))
     for row in rows:
         if "error" not in row:
-            out[row["dataset"]][_key(row)][row["seed"]] = row
+            key = _key(row)
+            if key == "attnlab" and _before_change(row.get("commit", "?")):
+                key = "attnlab-previous"
+            out[row["dataset"]][key][row["seed"]] = row
     return {d: {k: list(v.values()) for k, v in arms.items()} for d, arms in out.items()}
 
 
@@ -298,6 +316,9 @@ def verdict(arms: dict[str, list[dict]], key: str = "attnlab") -> str:
     return "Target (attnlab default against the Trainer): " + "; ".join(parts) + "."
 
 
+ARM_ORDER = ("attnlab", "attnlab-previous", "trainer", "probe", "tfidf")
+
+
 def table(name: str, arms: dict[str, list[dict]], record: dict | None) -> list[str]:
     lines = [f"## {name}", ""]
     if record:
@@ -317,7 +338,7 @@ def table(name: str, arms: dict[str, list[dict]], record: dict | None) -> list[s
         "| peak memory (GiB) | precision |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    order = {arm: i for i, arm in enumerate(("attnlab", "trainer", "probe", "tfidf"))}
+    order = {arm: i for i, arm in enumerate(ARM_ORDER)}
     for key in sorted(arms, key=lambda k: (order[k.split()[0]], k)):
         rs = arms[key]
         arm, _, flags = key.partition(" ")
@@ -356,9 +377,10 @@ def picture(grouped: dict[str, dict[str, list[dict]]], path: Path) -> None:
     cols = min(3, len(names))
     rows = (len(names) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False)
-    markers = {"attnlab": "o", "trainer": "s", "probe": "^", "tfidf": "D"}
+    markers = {"attnlab": "o", "attnlab-previous": "o", "trainer": "s", "probe": "^", "tfidf": "D"}
     colors = {
         "attnlab": "tab:blue",
+        "attnlab-previous": "tab:gray",
         "trainer": "tab:red",
         "probe": "tab:orange",
         "tfidf": "tab:green",
@@ -366,7 +388,7 @@ def picture(grouped: dict[str, dict[str, list[dict]]], path: Path) -> None:
     for ax, name in zip(axes.flat, names):
         for key, rs in sorted(grouped[name].items()):
             arm = key.split()[0]
-            label = ARM_NAMES[arm] + (" (before rework)" if " " in key else "")
+            label = ARM_NAMES[arm].split(" (")[0] + (", with flags" if " " in key else "")
             ax.scatter(
                 [r["wall_s"] / 60 for r in rs],
                 [r["accuracy"] for r in rs],
@@ -429,7 +451,9 @@ def render(out: Path, page: Path, args: argparse.Namespace) -> None:
         "TF-IDF and the probe are deterministic given the split and ran once. Seeds vary "
         "the training (head initialisation, order, dropout), not the split. "
         "± is the standard deviation over seeds. The plain attnlab rows are each seed's latest "
-        "run of the default; a variant (flags after the command) ran at the commit it names. "
+        "run of the default (rows from before the recipe's last change, commit "
+        f"{RECIPE_CHANGE[0]}, are shown as the previous default); a variant (flags after the "
+        "command) ran at the commit it names. "
         "From commit 2cb0f85 on, a run's test scores read the length it trained at; rows "
         "before it read e5's whole window, 512 pieces (results/read_length.md).",
         "",
@@ -448,6 +472,9 @@ def render(out: Path, page: Path, args: argparse.Namespace) -> None:
         if name not in grouped:
             continue
         lines.append(f"- {name}: {verdict(grouped[name]).split(': ', 1)[1]}")
+        if "attnlab-previous" in grouped[name] and "trainer" in grouped[name]:
+            judged = verdict(grouped[name], "attnlab-previous").split(": ", 1)[1]
+            lines.append(f"  - the default before commit {RECIPE_CHANGE[0]}: {judged}")
         for key in sorted(k for k in grouped[name] if k.startswith("attnlab ")):
             if "trainer" in grouped[name]:
                 flags = key.removeprefix("attnlab ")
