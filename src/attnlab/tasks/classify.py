@@ -60,7 +60,7 @@ from attnlab.runs import training
 from attnlab.runs.sections import PRESETS
 from attnlab.runs.task import RunConfig, Setup, Task
 from attnlab.tasks import classify_steps as steps
-from attnlab.tasks.classify_plan import read_plan
+from attnlab.tasks.classify_plan import FULL_MAX, read_plan
 from attnlab.train import StepOutput, TrainConfig
 from attnlab.viz import plot_confusion
 
@@ -176,7 +176,9 @@ class EncoderData(TextData):
     train_layers: int = setting(
         0,
         "blocks at the top that train; the embeddings and the blocks below stay as pretrained; "
-        "0, or the encoder's depth or more, = every block",
+        "0, or the encoder's depth or more, = every block; unless given, a file of at most "
+        f"{FULL_MAX} training texts trains every block (the run's plan: "
+        "docs/classify.md#your-own-data)",
         min=0,
     )
     cache_frozen: bool = setting(
