@@ -132,6 +132,9 @@ def test_the_plan_keeps_the_bundled_recipe_for_the_bundled_kind_of_data(tmp_path
     assert cfg.data.extra_train == "pang_lee" and cfg.data.extra_train_examples == n
     assert cfg.data.turns == n // 3 and cfg.data.clean_labels == 0 and n < MIN_CLEANING
     assert cfg.train.epochs == 10 and cfg.train.monitor == "val_acc"
+    pairless = "\n".join(plan_of(tmp_path, rows_of({"1": GOOD, "0": BAD}, copies=5))[1].lines())
+    hint = "are not a positive/negative pair; --positive-label NAME turns it on"
+    assert pairless.count(hint) == 2  # the film sentences and the turns
 
 
 def test_a_small_set_trains_every_block_on_its_own_texts(tmp_path):
@@ -148,6 +151,9 @@ def test_a_small_set_trains_every_block_on_its_own_texts(tmp_path):
     lines = "\n".join(plan.lines())
     assert "blocks: on (all): at most" in lines
     assert "--extra-train pang_lee adds them" in lines and "--turns N adds them" in lines
+    pairless = "\n".join(plan_of(tmp_path, rows_of({"1": GOOD, "0": BAD}, copies=5))[1].lines())
+    assert "--positive-label NAME with --extra-train pang_lee turns it on" in pairless
+    assert "--positive-label NAME with --turns N turns it on" in pairless
     cfg, plan = plan_of(tmp_path, rows, train_layers=4, turns=5, lr=1e-4)
     assert cfg.data.train_layers == 4 and cfg.train.lr == 1e-4 and cfg.train.lr_decay == 0.6
     assert cfg.data.turns == 5 and cfg.data.extra_train == "pang_lee"

@@ -135,16 +135,20 @@ def read_plan(cfg: RunConfig, texts: TextSplits, encoder: bool) -> Plan:
     pair = sentiment_pair(texts.labels.labels, d.positive_label)
     plan = Plan(texts.labels.labels, counts, len(train_texts), language, pair)
     n = plan.n_train
-    no_pair = f"the labels {plan.labels} are not a positive/negative pair"
-    if len(plan.labels) == 2:
-        no_pair += "; --positive-label NAME turns it on"
-
-    # extra training examples: the named sentiment sources need a pair
-    full = None
+    full = False  # every block trains: the sentiment steps are off unless given
     if encoder:
         blocks = _blocks(d, t, plan, given)
         plan.decisions.append(blocks)
         full = blocks.value == "all"
+
+    def no_pair(flag: str) -> str:
+        """Why a sentiment step is off for labels that are no pair, and what turns it on."""
+        why = f"the labels {plan.labels} are not a positive/negative pair"
+        if len(plan.labels) == 2:
+            why += f"; --positive-label NAME{f' with {flag}' if full and flag else ''} turns it on"
+        return why
+
+    # extra training examples: the named sentiment sources need a pair
     named = [s for s in extra_names(d.extra_train) if s in EXTRA_NAMES]
     files = [s for s in extra_names(d.extra_train) if s not in EXTRA_NAMES]
     if named and pair is not None and full and "extra_train" not in given:
@@ -156,8 +160,9 @@ def read_plan(cfg: RunConfig, texts: TextSplits, encoder: bool) -> Plan:
     elif named and pair is None:
         if "extra_train" in given:
             raise UserError(f"--extra-train {','.join(named)} adds positive/negative examples; "
-                            f"{no_pair}: drop them from --extra-train")  # fmt: skip
-        plan.decisions.append(Decision("extra_train", False, f"{', '.join(named)}: {no_pair}"))
+                            f"{no_pair('')}: drop them from --extra-train")  # fmt: skip
+        why = no_pair(f"--extra-train {','.join(named)}")
+        plan.decisions.append(Decision("extra_train", False, f"{', '.join(named)}: {why}"))
         d.extra_train = ",".join(files)
     elif named:
         why = "the labels are a sentiment pair"
@@ -172,11 +177,12 @@ def read_plan(cfg: RunConfig, texts: TextSplits, encoder: bool) -> Plan:
         plan.decisions.append(Decision("extra_train", False, "none given"))
 
     if hasattr(d, "turns"):
-        plan.decisions.append(_turns(d, texts, plan, encoder, given, no_pair, bool(full)))
+        turns_pair = no_pair("" if "turns" in given else "--turns N")
+        plan.decisions.append(_turns(d, texts, plan, encoder, given, turns_pair, full))
     if hasattr(d, "clean_labels"):
         plan.decisions.append(_cleaning(d, plan, given))
     if encoder:
-        plan.decisions.append(_epochs(t, plan, d, given, bool(full)))
+        plan.decisions.append(_epochs(t, plan, d, given, full))
     plan.decisions.append(_monitor(t, plan, given))
     return plan
 
