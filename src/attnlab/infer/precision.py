@@ -110,7 +110,6 @@ class Compiled(nn.Module):
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
-        self.model = model
         self.compiled = torch.compile(model, dynamic=True, options={"freezing": True})
 
     def forward(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
