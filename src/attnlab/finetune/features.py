@@ -10,14 +10,19 @@ from tqdm.auto import tqdm
 
 from attnlab.data.classification import ClassificationData
 from attnlab.data.states import StateData
+from attnlab.train.precision import autocast
 
 
 @torch.no_grad()
 def pooled_features(
-    model: nn.Module, data: ClassificationData | StateData, device: str | torch.device = "cpu"
+    model: nn.Module,
+    data: ClassificationData | StateData,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(features (N, D) float32, labels (N,)) of ``model.features`` in eval mode, in dataset
-    order; from the kept lower blocks' output when ``data`` holds it (:class:`StateData`)."""
+    order, under ``dtype``'s autocast (None: float32); from the kept lower blocks' output when
+    ``data`` holds it (:class:`StateData`)."""
     was_training = model.training
     model.eval()
     feats: dict[int, torch.Tensor] = {}
@@ -26,10 +31,11 @@ def pooled_features(
         batch = {
             k: v.to(device) if torch.is_tensor(v) else v for k, v in data.collate(indices).items()
         }
-        pooled = model.features(  # (B, D)
-            batch.get("input_ids"), batch["lengths"], hidden=batch.get("hidden"),
-            start=batch.get("start", 0),
-        )  # fmt: skip
+        with autocast(torch.device(device), dtype):
+            pooled = model.features(  # (B, D)
+                batch.get("input_ids"), batch["lengths"], hidden=batch.get("hidden"),
+                start=batch.get("start", 0),
+            )  # fmt: skip
         feats.update(zip(indices, pooled.float().cpu()))
     model.train(was_training)
     return torch.stack([feats[i] for i in range(len(data))]), torch.tensor(list(data.labels))

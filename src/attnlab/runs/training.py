@@ -340,8 +340,11 @@ def _train(
     train and report (``train`` once the folder is taken). ``restoring``: a resume that has a
     checkpoint to continue from; a resume without one starts afresh, every step of the recipe
     included, and rewrites the run's files."""
+    import torch
+
     from attnlab.train import Trainer, load_weights, seed_everything
     from attnlab.train.optim import layer_depths
+    from attnlab.train.precision import autocast
 
     main = folder.is_main_process()
     setup = task.setup(cfg, work, restoring, device)
@@ -369,7 +372,8 @@ def _train(
     (out / DIVERGED).unlink(missing_ok=True)
     load_weights(model, out / folder.WEIGHTS)
     model.to(device).eval()
-    results = {"summary": summary, **task.finish(cfg, setup, model, out, device)}
+    with autocast(torch.device(device), trainer.dtype):  # the engine's evaluations' precision
+        results = {"summary": summary, **task.finish(cfg, setup, model, out, device)}
     results["process"] = process_usage()
     write_json(out / "results.json", results)
     if not cfg.train.keep_state:  # what the run's verbs read stays; --resume past the end not

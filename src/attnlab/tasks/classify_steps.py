@@ -53,6 +53,7 @@ from attnlab.runs.encoders import open_encoder
 from attnlab.runs.task import RunConfig, Setup
 from attnlab.tasks.classify_plan import MIN_TURN_CLAUSES, Plan
 from attnlab.train.char_mlm import pretrain_encoder
+from attnlab.train.precision import inference_dtype
 
 CLEANING_FILE = "label_cleaning.json"
 TURNS_FILE = "turns.json"
@@ -233,9 +234,12 @@ def keep_states(
 
 def features(cfg: RunConfig, prep: Prepared, model: nn.Module, train: Any) -> Features:
     """The pretrained encoder's pooled features (N, D) and labels (N,) of every training text,
-    in order (from the kept lower-block states when ``train`` holds them)."""
+    in order (from the kept lower-block states when ``train`` holds them), in the precision
+    training will take where the device computes it natively: a probe's starting point, not a
+    reported number, so bf16's rounding costs nothing and its speed halves the pass."""
     data = subset(train, list(range(len(train.labels))), cfg.data.eval_batch_size, False, 0)
-    return pooled_features(model, data, prep.device)
+    return pooled_features(model, data, prep.device, inference_dtype(prep.device,
+                                                                    cfg.train.precision))
 
 
 def clean_labels(
@@ -356,7 +360,8 @@ def scored_turns(
     scorer = logistic_regression(x, y, len(names), d.probe_weight_decay)
     clause_ids = prep.texts.labels.encode([pair[c.label] for c in pool])
     data = dataset(prep.reader, [c.text for c in pool], clause_ids, d.eval_batch_size)
-    cx, cy = pooled_features(model, data, prep.device)
+    cx, cy = pooled_features(model, data, prep.device,
+                             inference_dtype(prep.device, cfg.train.precision))
     with torch.no_grad():
         p = torch.softmax(scorer(cx.double()), -1)[torch.arange(len(cy)), cy]  # (N,)
     kept = select(pool, p.tolist(), d.turn_threshold)

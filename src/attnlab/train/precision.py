@@ -117,6 +117,19 @@ def auto_candidate(device: str | torch.device) -> Candidate:
     return Candidate(None, f"no low-precision path is tested on device type '{kind}'")
 
 
+def inference_dtype(device: str | torch.device, requested: str = "auto") -> torch.dtype | None:
+    """The autocast dtype for a forward-only pass before the engine has timed ``auto`` (a
+    recipe's frozen features): the requested low precision, or for ``auto`` the candidate where
+    the device computes it natively (a CPU whose flags are unknown stays in fp32)."""
+    if requested == "fp32":
+        return None
+    if requested != "auto":
+        return PRECISION_DTYPES[requested]
+    if torch.device(device).type == "cpu" and not cpu_bf16_flags():
+        return None
+    return auto_candidate(device).dtype
+
+
 def check_precision(requested: str, device: str | torch.device) -> None:
     """Refuse a precision ``device`` cannot train in, as one line with the fix (a UserError),
     before anything is built or written."""
