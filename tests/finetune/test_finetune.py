@@ -101,6 +101,20 @@ def test_pooled_features_are_the_model_s_features_of_each_text_alone(seed):
     assert y.tolist() == data.labels
 
 
+def test_pooled_features_under_bf16_are_the_autocast_features_of_each_text(seed):
+    """With a dtype the pass runs under its autocast: each row is the model's own bf16 features
+    of that text (returned as float32), and not float32's (bf16 rounds them)."""
+    model, data = tiny_model(seed), tiny_data(seed)
+    x, _ = pooled_features(model, data, dtype=torch.bfloat16)
+    x32, _ = pooled_features(model, data)
+    assert x.dtype == torch.float32
+    for i, seq in enumerate(data.sequences):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            alone = model.features(torch.tensor([seq]), torch.tensor([len(seq)]))[0].float()
+        assert torch.allclose(x[i], alone, atol=2e-2), (seed, i)
+    assert not torch.equal(x, x32), seed
+
+
 def test_subsets_and_joins_of_kept_states_keep_each_text_s_states(seed):
     model, data = tiny_model(seed), tiny_data(seed)
     states = frozen_states(model, data, 2, 4, False, 0)

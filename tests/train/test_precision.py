@@ -12,7 +12,7 @@ import torch
 from attnlab.errors import UserError
 from attnlab.train import precision as prec
 from attnlab.train import precision_record
-from attnlab.train.precision import choose_precision, cpu_bf16_flags
+from attnlab.train.precision import choose_precision, cpu_bf16_flags, inference_dtype
 
 AVX2_ONLY = "processor\t: 0\nflags\t\t: fpu sse sse2 avx avx2 fma\n"
 AVX512_BF16 = "processor\t: 0\nflags\t\t: fpu avx avx2 avx512f avx512_bf16 amx_tile\n"
@@ -43,6 +43,18 @@ def test_auto_candidate_follows_the_cpu_flags(monkeypatch: pytest.MonkeyPatch) -
         fake_cpu(monkeypatch, flags=flags)
         dtype, reason = choose_precision("cpu", "auto")
         assert dtype is torch.bfloat16 and reason.startswith("auto -> bf16: CPU")
+
+
+def test_a_forward_pass_before_timing_takes_bf16_only_where_the_cpu_has_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """auto: bf16 on native bf16 only (unknown flags may mean emulation, which is slower than
+    fp32 for a pass that is never timed); an explicit precision is kept."""
+    for flags, want in ((True, torch.bfloat16), (None, None), (False, None)):
+        fake_cpu(monkeypatch, flags=flags)
+        assert inference_dtype("cpu", "auto") is want, flags
+        assert inference_dtype("cpu", "fp32") is None
+        assert inference_dtype("cpu", "bf16") is torch.bfloat16
 
 
 def test_explicit_bf16_on_cpu_without_bf16_warns_but_runs(monkeypatch: pytest.MonkeyPatch) -> None:
