@@ -139,16 +139,20 @@ def attnlab_scores(run: Path) -> dict:
     return {"accuracy": float(test["accuracy"]), "macro_f1": float(test["macro_f1"])} | extra
 
 
+def attnlab_run_dir(out: Path, name: str, seed: int, flags: str) -> Path:
+    """The folder of an attnlab run: a variant's (``flags``) is its own, so it never replaces
+    the default's."""
+    tag = f"_{hashlib.sha1(flags.encode()).hexdigest()[:8]}" if flags else ""
+    return out / "attnlab_runs" / f"{name}_s{seed}{tag}"
+
+
 def run_arm(arm: str, name: str, seed: int, args: argparse.Namespace, hf: Path) -> dict:
     data = args.out / "data" / name
     logs = args.out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     log = logs / f"{name}_{arm}_s{seed}.log"
     if arm == "attnlab":
-        # a variant's folder is its own, so it never replaces the default's
-        flags = args.attnlab_flags
-        tag = f"_{hashlib.sha1(flags.encode()).hexdigest()[:8]}" if flags else ""
-        run = args.out / "attnlab_runs" / f"{name}_s{seed}{tag}"
+        run = attnlab_run_dir(args.out, name, seed, args.attnlab_flags)
         if run.exists():
             shutil.rmtree(run)
         command = attnlab_command(data, run, seed, args.attnlab_flags)

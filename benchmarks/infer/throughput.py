@@ -22,8 +22,9 @@
    itself; the others are given them sorted, so every one pads as little), tokenizing inside
    the timed span; each engine warms up on 16 texts, then the rounds interleave the engines and
    the best round counts.
-3. attnlab's labels on the run's own test split through each path against fp32's: how many
-   changed and the largest probability change.
+3. attnlab's labels on the run's own test split through each path, and onnxruntime's through
+   both graphs, against attnlab fp32's: how many changed and the largest probability change
+   (a peer's speed compares fairly only beside the labels it keeps).
 """
 
 from __future__ import annotations
@@ -124,10 +125,7 @@ def export(run: str, fmt: str, target: Path) -> None:
 
 def engines(run: str, folder: Path, onnx: Path, onnx8: Path, threads: int) -> dict:
     """{name: callable(texts) -> None}, every engine on ``threads`` threads."""
-    import numpy as np
-    import onnxruntime as ort
     import torch
-    from tokenizers import Tokenizer
     from transformers import pipeline
 
     import attnlab
@@ -142,26 +140,39 @@ def engines(run: str, folder: Path, onnx: Path, onnx8: Path, threads: int) -> di
                     device=-1, top_k=None)  # fmt: skip
     out["transformers pipeline fp32"] = lambda texts: pipe(texts, batch_size=BATCH,
                                                             truncation=True)  # fmt: skip
+    for name, graph in (("onnxruntime fp32", onnx), ("onnxruntime int8", onnx8)):
+        out[name] = ort_engine(run, folder, graph, threads)
+    return out
+
+
+def ort_engine(run: str, folder: Path, graph: Path, threads: int):
+    """callable(texts) -> logits (N, C) of the ONNX ``graph`` on ``threads`` threads, in
+    batches of ``BATCH``, tokenized by the export's tokenizer at the run's max_len."""
+    import numpy as np
+    import onnxruntime as ort
+    from tokenizers import Tokenizer
+
+    import attnlab
+
     raw = Tokenizer.from_file(str(folder / "tokenizer.json"))
     raw.enable_padding(pad_id=raw.token_to_id("<pad>") or 0)
-    limit = attnlab.load(run).run.max_len
-    raw.enable_truncation(limit)
-    for name, graph in (("onnxruntime fp32", onnx), ("onnxruntime int8", onnx8)):
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
-        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        session = ort.InferenceSession(str(graph), opts, providers=["CPUExecutionProvider"])
+    raw.enable_truncation(attnlab.load(run).run.max_len)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    session = ort.InferenceSession(str(graph), opts, providers=["CPUExecutionProvider"])
 
-        def run_ort(texts, session=session):
-            for i in range(0, len(texts), BATCH):
-                enc = raw.encode_batch(texts[i : i + BATCH])
-                ids = np.array([e.ids for e in enc], dtype=np.int64)
-                mask = np.array([e.attention_mask for e in enc], dtype=np.int64)
-                session.run(None, {"input_ids": ids, "attention_mask": mask})
+    def run_ort(texts: list[str]) -> np.ndarray:
+        logits = []
+        for i in range(0, len(texts), BATCH):
+            enc = raw.encode_batch(texts[i : i + BATCH])
+            ids = np.array([e.ids for e in enc], dtype=np.int64)  # (B, T)
+            mask = np.array([e.attention_mask for e in enc], dtype=np.int64)  # (B, T)
+            logits.append(session.run(None, {"input_ids": ids, "attention_mask": mask})[0])
+        return np.concatenate(logits)  # (N, C)
 
-        out[name] = run_ort
-    return out
+    return run_ort
 
 
 def paths() -> list[tuple[str, bool]]:
@@ -175,25 +186,31 @@ def paths() -> list[tuple[str, bool]]:
     return eager + [(p, True) for p in available() if p != "int8"]
 
 
-def label_check(run: str) -> dict[str, dict]:
-    """Each attnlab path on the run's test split against fp32: labels changed, largest
-    probability change."""
+def label_check(run: str, folder: Path, graphs: dict[str, Path]) -> dict[str, dict]:
+    """Each attnlab path, and onnxruntime on each graph of ``graphs`` ({name: ONNX file}), on
+    the run's test split against attnlab fp32: labels changed, largest probability change."""
+    import torch
+
     import attnlab
 
     ref_run = attnlab.load(run)
     texts, _, source = ref_run.run.split_texts("test")
-    ref = ref_run.predict(texts)
-    out: dict[str, dict] = {"source": {"split": source, "n": len(texts)}}
+    names = ref_run.run.labels.labels
+    ref = torch.tensor([[r["probs"][k] for k in names] for r in ref_run.predict(texts)])  # (N, C)
+    got: dict[str, torch.Tensor] = {}
     for p, compiled in paths():
         if p == "fp32" and not compiled:
             continue
-        got = attnlab.load(run, precision=p, compile=compiled).predict(texts)
-        out[p + " compiled" * compiled] = {
-            "labels_changed": sum(g["label"] != r["label"] for g, r in zip(got, ref)),
-            "max_prob_change": max(
-                abs(g["probs"][k] - r["probs"][k]) for g, r in zip(got, ref) for k in r["probs"]
-            ),  # fmt: skip
-        }
+        rows = attnlab.load(run, precision=p, compile=compiled).predict(texts)
+        got[p + " compiled" * compiled] = torch.tensor([[r["probs"][k] for k in names]
+                                                        for r in rows])  # fmt: skip
+    for name, graph in graphs.items():
+        logits = torch.from_numpy(ort_engine(run, folder, graph, 1)(texts))  # (N, C)
+        got[name] = logits.float().softmax(-1)
+    out: dict[str, dict] = {"source": {"split": source, "n": len(texts)}}
+    for name, probs in got.items():
+        out[name] = {"labels_changed": int((probs.argmax(-1) != ref.argmax(-1)).sum()),
+                     "max_prob_change": float((probs - ref).abs().max())}  # fmt: skip
     return out
 
 
@@ -233,7 +250,11 @@ def main(argv: list[str] | None = None) -> None:
                         best[name] = max(best.get(name, 0.0), rate)
                         print(f"{n} thread(s), {kind}: {name} {rate:.1f} texts/s", flush=True)
                 results["rates"].setdefault(str(n), {})[kind] = best
-    results["labels"] = label_check(args.run)
+        results["labels"] = label_check(
+            args.run,
+            root / "hf",
+            {"onnxruntime fp32": root / "m.onnx", "onnxruntime int8": root / "m8.onnx"},
+        )
     info["load_average_at_end"] = load_average()
     (RESULTS / f"{args.out}.json").write_text(json.dumps(results, indent=1) + "\n")
     write_page(RESULTS / f"{args.out}.md", render(results), results["command"])
