@@ -160,6 +160,30 @@ def test_a_small_set_trains_every_block_on_its_own_texts(tmp_path):
     assert "blocks: on (top 4): as given" in "\n".join(plan.lines())
 
 
+def test_the_frozen_features_take_bf16_only_where_every_block_trains(monkeypatch):
+    """Full fine-tuning (the plan's train_layers 0, or every one of the blocks) reads the
+    probe's features in the precision training takes, bf16 on a CPU that has it; the top
+    blocks' recipe, a run asked for fp32 and a CPU without bf16 keep float32."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from attnlab.tasks import classify_steps
+    from attnlab.train import precision
+
+    def dtype(train_layers: int, asked: str = "auto") -> torch.dtype | None:
+        cfg = SimpleNamespace(data=SimpleNamespace(train_layers=train_layers),
+                              model=SimpleNamespace(n_layers=12),
+                              train=SimpleNamespace(precision=asked))  # fmt: skip
+        return classify_steps.features_dtype(cfg, SimpleNamespace(device="cpu"))
+
+    monkeypatch.setattr(precision, "cpu_bf16_flags", lambda: True)
+    assert dtype(0) is torch.bfloat16 and dtype(12) is torch.bfloat16
+    assert dtype(4) is None and dtype(11) is None and dtype(0, "fp32") is None
+    monkeypatch.setattr(precision, "cpu_bf16_flags", lambda: False)
+    assert dtype(0) is None
+
+
 def test_a_given_value_is_kept_and_one_that_cannot_apply_is_refused(tmp_path, monkeypatch):
     """A field set on the command line is never adapted; --turns or a sentiment corpus given
     for labels that are no pair is refused by the plan, before any encoder is opened."""
