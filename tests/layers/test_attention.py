@@ -49,7 +49,7 @@ F64 = torch.float64
 TIGHT = dict(rtol=1e-9, atol=1e-11)  # float64, same maths in a different order
 SETTINGS = settings(max_examples=60, deadline=None)
 # "triton" needs CUDA: tests/layers/test_flash_triton.py
-CPU_BACKENDS = ("explicit", "fused", "flash")
+CPU_BACKENDS = ("explicit", "fused", "matmul", "flash")
 
 
 def randn(g: torch.Generator, *shape: int, grad: bool = True) -> Tensor:
@@ -238,8 +238,31 @@ def test_backend_explicit_is_the_explicit_path_and_need_weights_takes_it() -> No
     for backend in CPU_BACKENDS:
         plain, _ = scaled_dot_product_attention(q, k, v, backend=backend)
         torch.testing.assert_close(plain, fused, **TIGHT)
-    with pytest.raises(ValueError, match="backend must be one of explicit, fused, flash, triton"):
+    names = "explicit, fused, matmul, flash, triton"
+    with pytest.raises(ValueError, match=f"backend must be one of {names}"):
         scaled_dot_product_attention(q, k, v, backend="fast")
+
+
+def test_matmul_takes_short_rows_under_autocast_and_leaves_long_ones_to_the_fused_kernel(seed):
+    """Under CPU bf16 autocast, key rows up to MATMUL_MAX_KEYS: batched products around a float32
+    softmax, within bf16's rounding of float64's attention (padded keys ignored; seeds 0-99: at
+    most 0.025 apart, the fused kernel 0.015); longer rows: exactly the fused kernel's output."""
+    from attnlab.layers.attention import MATMUL_MAX_KEYS
+
+    g = torch.Generator().manual_seed(seed)
+    for Tk in (MATMUL_MAX_KEYS, MATMUL_MAX_KEYS + 1):
+        q, k, v = (torch.randn(3, 4, Tk, 8, generator=g) for _ in range(3))
+        lengths = torch.tensor([Tk, Tk // 2, 1])
+        mask = (torch.arange(Tk) < lengths[:, None])[:, None, None, :]  # (B, 1, 1, Tk)
+        want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask)
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            got, _ = scaled_dot_product_attention(q, k, v, mask, backend="matmul")
+            fused, _ = scaled_dot_product_attention(q, k, v, mask)
+        assert got.dtype == torch.bfloat16, seed
+        if Tk > MATMUL_MAX_KEYS:
+            assert torch.equal(got, fused), seed
+        else:
+            torch.testing.assert_close(got.double(), want, atol=0.05, rtol=0.02)
 
 
 # --------------------------------------------------------------------------- dropout

@@ -12,11 +12,15 @@ Read top to bottom:
      weights, so ``need_weights=True`` and an active recorder
      (:class:`attnlab.layers.attention_record.record_attention`) always take it;
    * ``"fused"`` (the default): PyTorch's ``F.scaled_dot_product_attention``;
+   * ``"matmul"``: eq. 1 as two batched matrix products around a float32 softmax, the weights
+     never returned: on the CPU, rows of a few dozen keys run on it several times faster than
+     on torch's flash kernel, which tiles for long rows (benchmarks/attention/short_rows.py);
+     rows of more than ``MATMUL_MAX_KEYS`` keys run on the fused kernel;
    * ``"flash"``: attnlab's FlashAttention written by hand (:mod:`attnlab.layers.flash`);
    * ``"triton"``: its forward as a Triton kernel (:mod:`attnlab.layers.flash_triton`, CUDA).
 
-   The flash kernels take no additive bias and no dropout: a call with either runs on the fused
-   kernel instead.
+   The flash kernels and ``"matmul"`` take no dropout, and the flash kernels no additive bias:
+   a call with either runs on the fused kernel instead.
 3. The masks. One convention for all of attnlab: a **boolean** tensor where ``True`` means
    *may attend*, broadcastable to (B, H, Tq, Tk): 2-D (Tq, Tk) is shared by all, 3-D
    (B, Tq, Tk) is per sample, 4-D (B, H, Tq, Tk) per sample and head (a key padding mask is
@@ -97,8 +101,11 @@ def explicit_attention(
 
 # --------------------------------------------------------------------------- one entry point
 
-Backend = Literal["explicit", "fused", "flash", "triton"]
+Backend = Literal["explicit", "fused", "matmul", "flash", "triton"]
 BACKENDS: tuple[str, ...] = get_args(Backend)
+# the longest key rows the "matmul" backend computes: past them its (B, H, Tq, Tk) float32
+# scores cost more than the fused kernel's tiles (docs/results/attention_short_rows.md)
+MATMUL_MAX_KEYS = 128
 
 
 def scaled_dot_product_attention(
@@ -149,6 +156,8 @@ def scaled_dot_product_attention(
         out, weights = explicit_attention(
             q4, k4, v4, mask4, is_causal, bias=bias4, scale=scale, dropout_p=dropout_p
         )  # (N, H, Tq, Dv), (N, H, Tq, Tk)
+    elif backend == "matmul" and k.shape[-2] <= MATMUL_MAX_KEYS and dropout_p == 0.0:
+        out = _matmul_attention(q4, k4, v4, mask4, is_causal, bias4, scale)  # (N, H, Tq, Dv)
     elif backend in ("flash", "triton") and bias is None and dropout_p == 0.0:
         kernel = flash_attention if backend == "flash" else flash_attention_triton
         out = kernel(q4, k4, v4, mask4, is_causal, scale=scale)  # (N, H, Tq, Dv)
@@ -156,6 +165,36 @@ def scaled_dot_product_attention(
         out = _fused_attention(q4, k4, v4, mask4, is_causal, bias4, dropout_p, scale)
     out = out.reshape(*q.shape[:-1], v.shape[-1])  # (…, Tq, Dv)
     return out, None if weights is None else weights.reshape(target)  # (…, Tq, Tk)
+
+
+def _matmul_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    is_causal: bool,
+    bias: Tensor | None,
+    scale: float,
+) -> Tensor:
+    """Eq. 1 as batched matrix products: q (B, H, Tq, Dk), k, v (B, Hkv, Tk, D) -> (B, H, Tq,
+    Dv). Under autocast the products run in its dtype and the softmax in float32 (the scores
+    are read in at least float32); rows with nothing to attend to give zeros."""
+    H, Hkv, Tq, Tk = q.shape[1], k.shape[1], q.shape[2], k.shape[2]
+    if Hkv != H:  # grouped-query attention: each key/value head serves H / Hkv query heads
+        k = k.repeat_interleave(H // Hkv, dim=1)  # (B, H, Tk, Dk)
+        v = v.repeat_interleave(H // Hkv, dim=1)  # (B, H, Tk, Dv)
+    if is_causal:
+        mask = combine_masks(mask, causal_mask(Tq, Tk, device=q.device))  # (B|1, H|1, Tq, Tk)
+    raw = torch.matmul(q, k.transpose(-2, -1))  # Q Kᵀ                        (B, H, Tq, Tk)
+    scores = raw.to(torch.promote_types(raw.dtype, torch.float32)) * scale  # / √d_k
+    if bias is not None:
+        scores = scores + bias  # + a position bias                           (B, H, Tq, Tk)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)  # (B, H, Tq, Tk)
+    weights = torch.softmax(scores, dim=-1)  # softmax(·) over the keys      (B, H, Tq, Tk)
+    if mask is not None:
+        weights = weights * mask  # a row with no key: zeros, as the fused kernel gives
+    return torch.matmul(weights.to(v.dtype), v)  # softmax(·) V                (B, H, Tq, Dv)
 
 
 def _fused_attention(
@@ -426,8 +465,8 @@ class MultiHeadAttention(nn.Module):
     ``kernel`` replaces full attention in self-attention (local or linear attention, from
     :func:`attnlab.layers.efficient.make_kernel`); the parameters, and so checkpoints, stay the
     same.
-    ``backend`` says how full attention (self and cross) is computed: explicit, fused, flash or
-    triton (:func:`scaled_dot_product_attention`).
+    ``backend`` says how full attention (self and cross) is computed: explicit, fused, matmul,
+    flash or triton (:func:`scaled_dot_product_attention`).
     ``q_norm``/``k_norm`` (QK-norm, e.g. RMSNorm over Dh as in Qwen3) normalise each
     self-attention head's queries and keys before ``rotary``; ``forward(values=...)`` adds a
     tensor (B, Tq, Hkv*Dh) to the projected self-attention values (value embeddings).

@@ -262,7 +262,7 @@ class Block(nn.Module):
     GPT/LLaMA decoder-only block.
     ``attention`` chooses full, local (sliding ``window``, ``n_global`` global tokens) or
     linear self-attention (:mod:`attnlab.layers.efficient`), ``backend`` how full attention is
-    computed (explicit, fused, flash, triton); the parameters are the same for all of them.
+    computed (explicit, fused, matmul, flash, triton); the parameters are the same for all of them.
     With ``value_embeddings`` the block has a learned gate λ (init 0.5) and its self-attention
     values become v = x W_v + λ · e for the ``values`` e given to forward (modded-nanogpt mixes
     λ₀ v + λ₁ e; λ₀ folds into W_v).

@@ -5,9 +5,9 @@ Both are *kernels*: they take per-head q, k, v (B, H, T, D) like
 :class:`attnlab.layers.attention.MultiHeadAttention` through its ``kernel`` argument (they hold no
 parameters, so checkpoints are the same as with full attention). :func:`make_kernel` builds one
 from the config switch ``attention = "full" | "local" | "linear"``: *what* is computed. *How*
-full attention is computed (explicit, fused, flash, triton) is the separate ``backend`` switch
-of :func:`attnlab.layers.attention.scaled_dot_product_attention`; local and linear attention compute
-their own way and take only the default backend.
+full attention is computed (explicit, fused, matmul, flash, triton) is the separate ``backend``
+switch of :func:`attnlab.layers.attention.scaled_dot_product_attention`; local and linear
+attention compute their own way and take only the default backend.
 
 **Local attention** (sliding window; Child et al. 2019 §4, Beltagy et al. 2020 "Longformer"
 §3.1). With ``window = w`` a query at position i sees the keys j with 0 ≤ i − j < w when causal
@@ -56,7 +56,8 @@ AttentionKind = Literal["full", "local", "linear"]
 ATTENTION_KINDS: tuple[str, ...] = get_args(AttentionKind)
 BACKEND_HELP = (
     "how full attention is computed: fused (PyTorch's kernel) | explicit (the textbook steps, "
-    "T×T weights) | flash (attnlab's tiled FlashAttention) | triton (its Triton forward, CUDA)"
+    "T×T weights) | matmul (batched products, float32 softmax: short rows on the CPU) | flash "
+    "(attnlab's tiled FlashAttention) | triton (its Triton forward, CUDA)"
 )
 
 

@@ -109,7 +109,7 @@ def check_sdpa(m: Measure, cases: int = 24) -> None:
         leaves = [t for t in (q, k, v, bias) if t is not None]
         cot = torch.randn_like(want)
         want_grads = torch.autograd.grad((want * cot).sum(), leaves)
-        for backend in ("explicit", "fused", "flash"):  # triton: CUDA, not float64
+        for backend in ("explicit", "fused", "matmul", "flash"):  # triton: CUDA, not float64
             got, _ = scaled_dot_product_attention(
                 q, k, v, mask, is_causal="causal" in kind, bias=bias, scale=scale, backend=backend
             )
