@@ -58,6 +58,13 @@ LANGUAGE = {
     "bible_en": "en",
 }
 TEST_SIZE = 1000
+
+
+def language_of(name: str) -> str:
+    """A dataset's language: the bundled reviews at any size (reviews_N) are Chinese."""
+    return "zh" if name.startswith("reviews_") else LANGUAGE[name]
+
+
 TRAIN_CAP = 2000
 
 
@@ -154,7 +161,7 @@ def build(name: str, folder: Path, train_cap: int, test_size: int, seed: int) ->
     write_csv(folder / "test.csv", test)
     record = want | {
         "source": source,
-        "language": LANGUAGE[name],
+        "language": language_of(name),
         "corpus_rows": len(rows),
         "train_rows": len(train),
         "test_rows": len(test),

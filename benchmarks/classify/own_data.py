@@ -161,7 +161,7 @@ def run_arm(arm: str, name: str, seed: int, args: argparse.Namespace, hf: Path) 
         scratch.mkdir(parents=True, exist_ok=True)
         command = [
             sys.executable, "-m", "benchmarks.classify._own_data_arms", arm,
-            "--data", str(data), "--seed", str(seed), "--language", sets.LANGUAGE[name],
+            "--data", str(data), "--seed", str(seed), "--language", sets.language_of(name),
             "--hf", str(hf), "--out", str(scratch / "scores.json"),
         ]  # fmt: skip
     load_start = common.load_average()

@@ -18,6 +18,7 @@ from attnlab.cli import main
 from attnlab.errors import UserError
 from attnlab.infer import precision as prec
 from attnlab.infer.classifier import check_set
+from attnlab.layers.attention import MultiHeadAttention
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "explore"))
@@ -80,10 +81,16 @@ def test_bf16_is_torch_autocast_of_the_run_with_its_weights_cast_once(runs) -> N
     assert linears and all(m.weight.dtype == torch.bfloat16 for m in linears)
     assert all(p.dtype == torch.float32 for p in model.parameters())  # the run's untouched
     ids, lengths = clf.run.encode(TEXTS)
+    oracle_model = copy.deepcopy(model)  # attention on the backend the path takes
+    for module in oracle_model.modules():
+        if isinstance(module, MultiHeadAttention):
+            module.backend = "matmul"
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        oracle = model(ids, lengths).float()
+        oracle = oracle_model(ids, lengths).float()
+        plain = model(ids, lengths).float()  # the fused kernel: the same within bf16's rounding
     with torch.no_grad():
         assert torch.equal(path.fast(ids, lengths), oracle)
+    assert (oracle.softmax(-1) - plain.softmax(-1)).abs().max() <= TOLERANCE["bf16"]
 
 
 class Constant(torch.nn.Module):

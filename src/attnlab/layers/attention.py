@@ -105,7 +105,7 @@ Backend = Literal["explicit", "fused", "matmul", "flash", "triton"]
 BACKENDS: tuple[str, ...] = get_args(Backend)
 # the longest key rows the "matmul" backend computes: past them its (B, H, Tq, Tk) float32
 # scores cost more than the fused kernel's tiles (docs/results/attention_short_rows.md)
-MATMUL_MAX_KEYS = 128
+MATMUL_MAX_KEYS = 64
 
 
 def scaled_dot_product_attention(
