@@ -459,7 +459,10 @@ def render(out: Path, page: Path, args: argparse.Namespace) -> None:
         f"{RECIPE_CHANGE[0]}, are shown as the previous default); a variant (flags after the "
         "command) ran at the commit it names. "
         "From commit 2cb0f85 on, a run's test scores read the length it trained at; rows "
-        "before it read e5's whole window, 512 pieces (results/read_length.md).",
+        "before it read e5's whole window, 512 pieces (results/read_length.md). From commit "
+        "2382b7a on, a run's test scores are computed in its training precision (bf16 here), "
+        "as its validation already was, and where every block trains the probe's frozen "
+        "features too; rows before it computed both in float32.",
         "",
         f"![held-out accuracy against wall time]({page.stem}.png)",
         "",
