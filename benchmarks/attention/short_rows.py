@@ -137,6 +137,8 @@ def render(r: dict) -> str:
         if past:
             line += f"; past them {min(past):.2f}-{max(past):.2f}x"
         lines.append(line)
+    lines += ["", "So attnlab's bf16 inference path (attnlab.infer.precision.Autocast) takes the "
+              "matmul backend, and float32 keeps the fused kernel."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
