@@ -12,10 +12,10 @@ Read top to bottom:
      weights, so ``need_weights=True`` and an active recorder
      (:class:`attnlab.layers.attention_record.record_attention`) always take it;
    * ``"fused"`` (the default): PyTorch's ``F.scaled_dot_product_attention``;
-   * ``"matmul"``: eq. 1 as two batched matrix products around a float32 softmax, the weights
-     never returned: on the CPU, rows of a few dozen keys run on it several times faster than
-     on torch's flash kernel, which tiles for long rows (benchmarks/attention/short_rows.py);
-     rows of more than ``MATMUL_MAX_KEYS`` keys run on the fused kernel;
+   * ``"matmul"``: the explicit steps (two batched matrix products around the softmax), the
+     weights not returned, for rows of at most ``MATMUL_MAX_KEYS`` keys, and the fused kernel
+     past them: in bf16 on the CPU, rows of a few dozen keys run faster on it than on torch's
+     flash kernel, which tiles for long rows (benchmarks/attention/short_rows.py);
    * ``"flash"``: attnlab's FlashAttention written by hand (:mod:`attnlab.layers.flash`);
    * ``"triton"``: its forward as a Triton kernel (:mod:`attnlab.layers.flash_triton`, CUDA).
 
@@ -70,7 +70,8 @@ def explicit_attention(
     bool, True = may attend, broadcastable to (B, H, Tq, Tk); ``is_causal`` adds the decoder's
     mask (§3.2.3: no query sees a later key); ``bias`` an additive float (B|1, H|1, Tq, Tk)
     (relative positions, ALiBi); ``scale`` defaults to 1/√d_k. Returns the output
-    (B, H, Tq, Dv) and the weights (B, H, Tq, Tk).
+    (B, H, Tq, Dv) and the weights (B, H, Tq, Tk), in the products' dtype; the softmax runs in
+    at least float32.
     """
     B, H, Tq, Dk = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
@@ -82,7 +83,8 @@ def explicit_attention(
         mask = combine_masks(mask, causal_mask(Tq, Tk, device=q.device))  # (B|1, H|1, Tq, Tk)
 
     raw = torch.matmul(q, k.transpose(-2, -1))  # Q Kᵀ                      (B, H, Tq, Tk)
-    scores = raw * scale  # Q Kᵀ / √d_k                                      (B, H, Tq, Tk)
+    # the softmax reads the scores in at least float32 (bf16 / fp16 products are widened)
+    scores = raw.to(torch.promote_types(raw.dtype, torch.float32)) * scale  # Q Kᵀ / √d_k
     if bias is not None:
         scores = scores + bias  # + a position bias                           (B, H, Tq, Tk)
     if mask is not None:
@@ -92,6 +94,7 @@ def explicit_attention(
     weights = torch.softmax(scores, dim=-1)  # softmax(·) over the keys      (B, H, Tq, Tk)
     if mask is not None:
         weights = weights * mask  # ... which this turns into zeros           (B, H, Tq, Tk)
+    weights = weights.to(raw.dtype)  # the products' dtype again              (B, H, Tq, Tk)
     record_call(raw, scale, bias, mask, is_causal, weights)  # no-op unless recording
     if dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p)  # dropout on the weights (§5.4)
@@ -157,7 +160,8 @@ def scaled_dot_product_attention(
             q4, k4, v4, mask4, is_causal, bias=bias4, scale=scale, dropout_p=dropout_p
         )  # (N, H, Tq, Dv), (N, H, Tq, Tk)
     elif backend == "matmul" and k.shape[-2] <= MATMUL_MAX_KEYS and dropout_p == 0.0:
-        out = _matmul_attention(q4, k4, v4, mask4, is_causal, bias4, scale)  # (N, H, Tq, Dv)
+        # the explicit steps, the weights not returned
+        out, _ = explicit_attention(q4, k4, v4, mask4, is_causal, bias=bias4, scale=scale)
     elif backend in ("flash", "triton") and bias is None and dropout_p == 0.0:
         kernel = flash_attention if backend == "flash" else flash_attention_triton
         out = kernel(q4, k4, v4, mask4, is_causal, scale=scale)  # (N, H, Tq, Dv)
@@ -165,36 +169,6 @@ def scaled_dot_product_attention(
         out = _fused_attention(q4, k4, v4, mask4, is_causal, bias4, dropout_p, scale)
     out = out.reshape(*q.shape[:-1], v.shape[-1])  # (…, Tq, Dv)
     return out, None if weights is None else weights.reshape(target)  # (…, Tq, Tk)
-
-
-def _matmul_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask: Tensor | None,
-    is_causal: bool,
-    bias: Tensor | None,
-    scale: float,
-) -> Tensor:
-    """Eq. 1 as batched matrix products: q (B, H, Tq, Dk), k, v (B, Hkv, Tk, D) -> (B, H, Tq,
-    Dv). Under autocast the products run in its dtype and the softmax in float32 (the scores
-    are read in at least float32); rows with nothing to attend to give zeros."""
-    H, Hkv, Tq, Tk = q.shape[1], k.shape[1], q.shape[2], k.shape[2]
-    if Hkv != H:  # grouped-query attention: each key/value head serves H / Hkv query heads
-        k = k.repeat_interleave(H // Hkv, dim=1)  # (B, H, Tk, Dk)
-        v = v.repeat_interleave(H // Hkv, dim=1)  # (B, H, Tk, Dv)
-    if is_causal:
-        mask = combine_masks(mask, causal_mask(Tq, Tk, device=q.device))  # (B|1, H|1, Tq, Tk)
-    raw = torch.matmul(q, k.transpose(-2, -1))  # Q Kᵀ                        (B, H, Tq, Tk)
-    scores = raw.to(torch.promote_types(raw.dtype, torch.float32)) * scale  # / √d_k
-    if bias is not None:
-        scores = scores + bias  # + a position bias                           (B, H, Tq, Tk)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)  # (B, H, Tq, Tk)
-    weights = torch.softmax(scores, dim=-1)  # softmax(·) over the keys      (B, H, Tq, Tk)
-    if mask is not None:
-        weights = weights * mask  # a row with no key: zeros, as the fused kernel gives
-    return torch.matmul(weights.to(v.dtype), v)  # softmax(·) V                (B, H, Tq, Dv)
 
 
 def _fused_attention(
