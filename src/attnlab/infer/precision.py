@@ -38,7 +38,7 @@ CHECK_TEXTS = 64  # texts of the check set: labels compared with float32's, and 
 # bf16's close calls: a label can change only where the two classes' changes sum past their
 # margin; the largest |p - p_fp32| measured on the main job's run is 0.016 (validation) and
 # 0.018 (test) eager, 0.021 and 0.028 compiled (attention on the matmul backend), so 0.08
-# leaves 1.4x room over twice the largest; about 2% of its texts are re-run
+# leaves 1.4x room over twice the largest; 2.2-2.5% of its texts are re-run
 # (benchmarks/infer/close_calls.py, docs/results/close_calls.md)
 BF16_MARGIN = 0.08
 
