@@ -286,7 +286,8 @@ def test_bad_configurations_say_what_to_change():
         tiny_gpt(attention="linear", pos="alibi")
     with pytest.raises(ValueError, match="backend='flash' applies to attention='full'"):
         tiny_gpt(attention="local", window=4, backend="flash")
-    with pytest.raises(ValueError, match="backend must be one of explicit, fused, flash, triton"):
+    backends = "explicit, fused, matmul, flash, triton"
+    with pytest.raises(ValueError, match=f"backend must be one of {backends}"):
         check_attention_config("full", 0, 0, "fast")
     q, k, v = qkv(grad=False)
     with pytest.raises(ValueError, match="can only mask keys"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import torch
@@ -10,7 +11,6 @@ from tqdm.auto import tqdm
 
 from attnlab.data.classification import ClassificationData
 from attnlab.data.states import StateData
-from attnlab.train.precision import autocast
 
 
 @torch.no_grad()
@@ -31,7 +31,12 @@ def pooled_features(
         batch = {
             k: v.to(device) if torch.is_tensor(v) else v for k, v in data.collate(indices).items()
         }
-        with autocast(torch.device(device), dtype):
+        low = (
+            contextlib.nullcontext()
+            if dtype is None
+            else torch.autocast(torch.device(device).type, dtype=dtype)
+        )
+        with low:
             pooled = model.features(  # (B, D)
                 batch.get("input_ids"), batch["lengths"], hidden=batch.get("hidden"),
                 start=batch.get("start", 0),
