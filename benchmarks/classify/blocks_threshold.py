@@ -151,7 +151,11 @@ def main(argv: list[str] | None = None) -> None:
     if not args.render:
         measure(args)
     page = render(args)
-    common.write_page(common.RESULTS / f"{STEM}.md", page, common.command_line(argv))
+    rows = read_rows(args.out / "results.jsonl")
+    measured = args.out / "commands.txt"  # the commands that measured the rows, not a --render
+    lines = measured.read_text(encoding="utf-8").splitlines() if measured.is_file() else []
+    command = " && ".join(dict.fromkeys(lines)) or None
+    common.write_results(STEM, {"rows": rows}, page, command or common.command_line(argv))
     print(page)
 
 

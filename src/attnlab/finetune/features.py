@@ -26,21 +26,22 @@ def pooled_features(
     was_training = model.training
     model.eval()
     feats: dict[int, torch.Tensor] = {}
-    for indices in tqdm(data.batches(0), desc="features", unit="batch", file=sys.stderr,
-                        leave=False):  # fmt: skip
-        batch = {
-            k: v.to(device) if torch.is_tensor(v) else v for k, v in data.collate(indices).items()
-        }
-        low = (
-            contextlib.nullcontext()
-            if dtype is None
-            else torch.autocast(torch.device(device).type, dtype=dtype)
-        )
-        with low:
+    low = (
+        contextlib.nullcontext()
+        if dtype is None
+        else torch.autocast(torch.device(device).type, dtype=dtype)
+    )
+    with low:
+        for indices in tqdm(data.batches(0), desc="features", unit="batch", file=sys.stderr,
+                            leave=False):  # fmt: skip
+            batch = {
+                k: v.to(device) if torch.is_tensor(v) else v
+                for k, v in data.collate(indices).items()
+            }
             pooled = model.features(  # (B, D)
                 batch.get("input_ids"), batch["lengths"], hidden=batch.get("hidden"),
                 start=batch.get("start", 0),
             )  # fmt: skip
-        feats.update(zip(indices, pooled.float().cpu()))
+            feats.update(zip(indices, pooled.float().cpu()))
     model.train(was_training)
     return torch.stack([feats[i] for i in range(len(data))]), torch.tensor(list(data.labels))
