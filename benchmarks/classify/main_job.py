@@ -2,8 +2,8 @@
 
 ``run`` trains one run of the README's command in a child process — `python -m attnlab train
 classify --out OUT --seed S` plus any settings after ``--`` — and records beside the run
-(OUT/cost.json) the command's whole wall time (loading, the frozen pass, training, the final
-evaluations), the child's peak resident memory, the machine (CPU, whether it has bf16 matrix
+(OUT/cost.json) the command's whole wall and CPU time (loading, the frozen pass, training, the
+final evaluations), the child's peak resident memory, the machine (CPU, whether it has bf16 matrix
 units, threads) and its load before and after. ``report`` reads such runs and writes
 docs/results/main_job.md (and .json; ``--stem`` names another page): per run its cost,
 precision, the checkpoint kept, in-domain and out-of-domain accuracy, the turned (转折)
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -32,6 +33,10 @@ from benchmarks import common
 STEM = "main_job"
 TITLE = "The main job end to end: cost and scores"
 TUTORIAL_THIRD = "电影前半段很无聊，但是结局让我感动"
+# an in-domain text whose last clause opens with a turn word ("…，不过总体还可以"): where a
+# verdict followed by a concession and a turn that decides read alike
+TURN_FINAL = re.compile(r"[，,。！!；;]\s*(?:但是|但|不过|可是|只是|就是|然而|可惜)"
+                        r"[^，,。！!；;]*$")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -72,7 +77,8 @@ def run(args: argparse.Namespace) -> None:
     began = time.perf_counter()
     done = subprocess.run(command, check=False)
     wall = time.perf_counter() - began
-    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # Linux: KiB
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    peak_kib = usage.ru_maxrss  # Linux: KiB
     if done.returncode != 0:
         raise SystemExit(f"the run failed (exit {done.returncode}); nothing recorded")
     threads = json.loads((args.out / "config.json").read_text())["train"]["num_threads"]
@@ -81,11 +87,31 @@ def run(args: argparse.Namespace) -> None:
         "command": "attnlab train classify " + " ".join(command[5:]),
         "seed": args.seed,
         "wall_s": round(wall, 1),
+        # CPU time (user + system) compares runs that shared the machine
+        "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
         "peak_rss_gib": round(peak_kib / 2**20, 3),
         "machine": {**info, "load_average_at_end": common.load_average()},
     }
     (args.out / "cost.json").write_text(json.dumps(record, indent=2) + "\n")
     print(f"{args.out}: {wall / 60:.1f} min, peak {peak_kib / 2**20:.2f} GiB")
+
+
+def turn_final(run_dir: Path, run) -> dict[str, dict[str, float]]:
+    """Accuracy on the in-domain validation and test texts whose last clause opens with a turn
+    word (``TURN_FINAL``), and how many there are."""
+    from attnlab.data.sentiment import read_corpus
+    from attnlab.data.splits import load_split
+
+    config = json.loads((run_dir / "config.json").read_text())["data"]
+    corpus = read_corpus(config["data"], config["text_col"], config["label_col"])
+    split = load_split(run_dir / "split.json", corpus.texts)
+    out = {}
+    for name in ("val", "test"):
+        ids = [i for i in split[name] if TURN_FINAL.search(corpus.texts[i].rstrip("。！!~ ."))]
+        preds = run.predict([corpus.texts[i] for i in ids])
+        right = sum(p["label"] == corpus.labels[i] for p, i in zip(preds, ids))
+        out[name] = {"n": len(ids), "accuracy": round(right / max(len(ids), 1), 4)}
+    return out
 
 
 def scores(run_dir: Path) -> dict:
@@ -102,7 +128,8 @@ def scores(run_dir: Path) -> dict:
         name: report["accuracy_by"]["phenomenon"].get("contrast", {}).get("accuracy")
         for name, report in ood.items()
     }
-    preds = ClassifierRun.load(run_dir).predict([t for t, _ in TUTORIAL_EXAMPLES])
+    run = ClassifierRun.load(run_dir)
+    preds = run.predict([t for t, _ in TUTORIAL_EXAMPLES])
     right = sum(p["label"] == want for p, (_, want) in zip(preds, TUTORIAL_EXAMPLES))
     return {
         "val": results["val"]["accuracy"],
@@ -117,6 +144,7 @@ def scores(run_dir: Path) -> dict:
         "training_s": round(summary["wall_time_s"], 1),
         "checkpoint": f"{summary['monitor']}, step {summary['best_step']} of {summary['steps']}",
         "frozen_pass_s": frozen.get("seconds"),
+        "turn_final": turn_final(run_dir, run),
     }
 
 
@@ -136,6 +164,15 @@ def _mean_range(values: list[float]) -> str:
     return f"{statistics.fmean(values):.3f} ({min(values):.3f}–{max(values):.3f})"
 
 
+def _minutes(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds / 60:.1f}"
+
+
+def _cpu_mean(rows: list[dict]) -> str:
+    cpu = [r["cpu_s"] for r in rows if r.get("cpu_s") is not None]
+    return _minutes(statistics.fmean(cpu)) if cpu else "-"
+
+
 def render(data: dict) -> list[str]:
     rows = data["runs"]
     first = rows[0]["machine"]
@@ -146,27 +183,35 @@ def render(data: dict) -> list[str]:
         "",
         "Each run is the README's `attnlab train classify` with the options shown, in a child "
         "process: wall time is the whole command (loading, the frozen pass, training, the "
-        "final evaluations), the frozen pass and training (the loop, with its evaluations) "
+        "final evaluations), CPU time its user + system time (the fair measure when runs "
+        "shared the machine), the frozen pass and training (the loop, with its evaluations) "
         "as the run reports them, peak memory the child's resident peak. In-domain test n = 1,736, "
-        "OOD dev / test n = 210 each, turned (转折) OOD sentences 38 + 38; third: p(positive) "
+        "OOD dev / test n = 210 each, turned (转折) OOD sentences 38 + 38; turn-final: the "
+        "in-domain validation and test texts whose last clause opens with a turn word (但是, "
+        "不过, 只是 …: the script's TURN_FINAL), where a verdict then a concession and a turn "
+        "that decides read alike; third: p(positive) "
         f"of {TUTORIAL_THIRD}. Validation (in domain, n = 1,736) and OOD dev are the sets a "
         "choice may read; test, OOD test and the tutorial's sentences are read, never chosen on.",
         "",
-        "| recipe | seed | precision | threads | bf16 units | load at start | wall min "
+        "| recipe | seed | precision | threads | bf16 units | load at start | wall min | CPU min "
         "| frozen pass s | training min | peak GiB "
-        "| checkpoint kept by | val | test | OOD dev / test | 转折 dev / test | tutorial | third |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| checkpoint kept by | val | test | OOD dev / test | 转折 dev / test "
+        "| turn-final val / test | tutorial | third |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        m = r["machine"]
+        m, tf = r["machine"], r["turn_final"]
         lines.append(
             f"| {r['name']} | {r['seed']} | {r['precision']} | {m['torch_threads']} | "
             f"{'yes' if m.get('bf16_units') else 'no'} | {m['load_average_at_start'][0]:.1f} | "
-            f"{r['wall_s'] / 60:.1f} | {r.get('frozen_pass_s') or '-'} | "
+            f"{r['wall_s'] / 60:.1f} | {_minutes(r.get('cpu_s'))} | "
+            f"{r.get('frozen_pass_s') or '-'} | "
             f"{r['training_s'] / 60:.1f} | {r['peak_rss_gib']:.2f} | {r.get('checkpoint', '')} | "
             f"{r['val']:.3f} | {r['test']:.3f} | "
             f"{r['ood_dev']:.3f} / {r['ood_test']:.3f} | "
-            f"{r['turned_dev']:.2f} / {r['turned_test']:.2f} | {r['tutorial_right']} of 3 | "
+            f"{r['turned_dev']:.2f} / {r['turned_test']:.2f} | "
+            f"{tf['val']['accuracy']:.3f} / {tf['test']['accuracy']:.3f} | "
+            f"{r['tutorial_right']} of 3 | "
             f"{r['tutorial_p_positive'][2]:.2f} |"
         )
     lines += [
@@ -174,17 +219,21 @@ def render(data: dict) -> list[str]:
         "Per recipe: mean (min–max) over its runs.",
         "",
         "| recipe | runs | val | test | OOD dev | OOD test | 转折 dev | 转折 test "
-        "| third, each run | wall min, largest | peak GiB, largest |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| turn-final val | turn-final test "
+        "| third, each run | wall min, largest | CPU min, mean | peak GiB, largest |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name in dict.fromkeys(r["name"] for r in rows):
         rs = [r for r in rows if r["name"] == name]
         cells = [_mean_range([r[k] for r in rs]) for k in
                  ("val", "test", "ood_dev", "ood_test", "turned_dev", "turned_test")]  # fmt: skip
+        cells += [_mean_range([r["turn_final"][k]["accuracy"] for r in rs])
+                  for k in ("val", "test")]  # fmt: skip
         third = ", ".join(f"{r['tutorial_p_positive'][2]:.2f}" for r in rs)
         lines.append(
             f"| {name} | {len(rs)} | " + " | ".join(cells) + f" | {third} | "
-            f"{max(r['wall_s'] for r in rs) / 60:.1f} | {max(r['peak_rss_gib'] for r in rs):.2f} |"
+            f"{max(r['wall_s'] for r in rs) / 60:.1f} | {_cpu_mean(rs)} | "
+            f"{max(r['peak_rss_gib'] for r in rs):.2f} |"
         )
     for note in data.get("notes", []):
         lines += ["", note]

@@ -9,11 +9,14 @@ import pytest
 
 from attnlab.data.turns import (
     EN_TURNS,
+    ZH_CONCEDE,
     ZH_TURNS,
     Clause,
     clause_pool,
     compose_turns,
+    concessions,
     count_for_share,
+    is_mild,
     neutral,
     qualifies_en,
     qualifies_zh,
@@ -208,6 +211,64 @@ def test_neutral_first_refused_without_neutral_clauses_or_beyond_them():
         compose_turns(pool, 40, seed=0, neutral_first=NEUTRAL[:1], neutral_share=1.0)
     with pytest.raises(UserError, match="share"):
         compose_turns(pool, 4, seed=0, neutral_first=NEUTRAL, neutral_share=1.5)
+
+
+MILD_POS = [Clause(t, "positive", i, False) for i, t in enumerate(["前台还算热情", "早餐还可以"])]
+MILD_NEG = [Clause(t, "negative", i, False) for i, t in enumerate(["机身有点重", "屏幕略显暗淡"])]
+
+
+def test_mild_clauses_hold_a_weakening_word():
+    assert is_mild("前台还算热情") and is_mild("机身有点重")
+    assert not is_mild("房间干净整洁") and not is_mild("隔音效果太差")
+    assert is_mild("the ending is a bit slow", "en") and is_mild("a fairly decent cast", "en")
+    assert not is_mild("a bitter and tedious film", "en")  # a word, not a part of one
+
+
+def test_concessions_take_the_polarity_the_scorer_reads():
+    # a mild clause read as its text's label keeps it, one read as the other takes the other;
+    # one near one half, and a clause that is not mild, are dropped
+    texts = ["前台还算热情", "机身有点重", "早餐倒是还可以", "房间干净整洁"]
+    labels = ["negative", "negative", "positive", "positive"]
+    pool = [Clause(t, y, i, False) for i, (t, y) in enumerate(zip(texts, labels))]
+    out = concessions(pool, [0.1, 0.9, 0.55, 0.99])
+    assert [(c.text, c.label) for c in out] == [(texts[0], "positive"), (texts[1], "negative")]
+    with pytest.raises(UserError):
+        concessions(pool, [0.5])
+
+
+def test_conceded_turns_put_the_verdict_first_and_keep_the_rest_draw_for_draw():
+    rng = random.Random(rng_seed := random.randint(0, 10**6))
+    texts, labels = _corpus(rng)
+    pool = clause_pool(texts, labels)
+    polarity = {c.text: c.label for c in pool} | {c.text: c.label for c in MILD_POS + MILD_NEG}
+    n, share = 2 * rng.randint(4, 9), rng.choice([0.25, 0.5, 1.0])
+    seed = rng.randint(0, 10**6)
+    out = compose_turns(pool, n, seed=seed, conceded=MILD_POS + MILD_NEG, concession_share=share)
+    k = round(share * n)
+    assert len(out.texts) == len(set(out.texts)) == n, rng_seed
+    plain = compose_turns(pool, n, seed=seed)
+    assert out.texts[: n - k] == plain.texts[: n - k]  # the turns before them are unchanged
+    assert out.stats["conceded"] == k and "conceded" not in plain.stats
+    for text, label in zip(out.texts[n - k :], out.labels[n - k :]):
+        first, last = _split_turn(text, [("", t) for t in ZH_CONCEDE])
+        assert polarity[first] == label and not is_mild(first), rng_seed  # the verdict decides
+        assert polarity[last] != label and is_mild(last), rng_seed  # mild, the other side
+    assert abs(out.labels[n - k :].count("positive") - k / 2) <= 0.5, rng_seed  # half each
+    # none asked: the composition is the one without them
+    assert compose_turns(pool, n, seed=seed, conceded=MILD_POS).texts == plain.texts
+
+
+def test_conceded_turns_refused_without_mild_clauses_of_both_sides_or_beyond_all():
+    texts, labels = _corpus(random.Random(5))
+    pool = clause_pool(texts, labels)
+    with pytest.raises(UserError, match="mild clauses of both"):
+        compose_turns(pool, 4, seed=0, conceded=MILD_POS, concession_share=0.5)
+    with pytest.raises(UserError, match="add up to at most 1"):
+        compose_turns(pool, 4, seed=0, neutral_first=NEUTRAL, neutral_share=0.5,
+                      conceded=MILD_POS + MILD_NEG, concession_share=0.75)  # fmt: skip
+    with pytest.raises(UserError, match="would repeat"):
+        compose_turns(pool, 400, seed=0, conceded=MILD_POS[:1] + MILD_NEG[:1],
+                      concession_share=1.0)  # fmt: skip
 
 
 def test_count_for_share():

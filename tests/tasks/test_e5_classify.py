@@ -432,6 +432,32 @@ def test_neutral_first_turns_open_with_the_listed_neutral_clauses(tiny, reviews,
     assert [first in openers for first in firsts] == [True] * 6 + [False] * 6
 
 
+def test_conceded_turns_put_a_verdict_before_a_listed_mild_clause(tiny, tmp_path):
+    """--turn-concessions: that share of the composed sentences (the last ones) runs the other
+    way, a verdict, 不过/但是/只是, then a mild clause the probe read as the other polarity
+    (listed in turns.json), labelled by the verdict."""
+    from attnlab.data.turns import ZH_CONCEDE, is_mild
+
+    mild = {"positive": ["前台还算热情", "早餐还可以"], "negative": ["机身有点重", "屏幕略显暗淡"]}
+    rows = ["text\tlabel"] + [f"{t}\tpositive" for t in (POSITIVE + mild["positive"]) * 4]
+    rows += [f"{t}\tnegative" for t in (NEGATIVE + mild["negative"]) * 4]
+    data = tmp_path / "reviews.tsv"
+    data.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    out = tmp_path / "run"
+    extra = ["--train-layers", "1", "--turns", "12", "--turn-threshold", "0.6"]
+    assert train(out, data, "--max-steps", "1", *extra, "--turn-concessions", "0.5") == 0
+    record = json.loads((out / "turns.json").read_text())
+    read = {text: label for text, label in record["mild_clauses"]}
+    assert record["concession_share"] == 0.5 and set(read.values()) == {"positive", "negative"}
+    assert all(text in mild[label] for text, label in read.items())  # the probe read them right
+    for text, label in zip(record["texts"][6:], record["labels"][6:]):
+        turn = next(t for t in ZH_CONCEDE if t in text)
+        first, last = text.rstrip("。").split(turn, 1)
+        assert not is_mild(first) and first in "，".join(POSITIVE if label == "positive"
+                                                         else NEGATIVE), text  # fmt: skip
+        assert read[last] != label, text
+
+
 def test_english_training_texts_get_english_turns(tiny, tmp_path):
     """The turns follow the training texts' language: English reviews compose English turns
     (EN_TURNS), never Chinese ones."""
@@ -467,6 +493,10 @@ def test_turns_need_a_pretrained_encoder_and_two_sentiment_classes(tiny, tmp_pat
     probe(capsys, [*argv, "--pretrained", "false"], "--turns", "--pretrained false")
     no_turns = [*argv[:-2], "--turns", "0", "--turn-neutral", "0.2"]
     probe(capsys, no_turns, "--turn-neutral 0.2", "--turns N")
+    no_turns = [*argv[:-2], "--turns", "0", "--turn-concessions", "0.2"]
+    probe(capsys, no_turns, "--turn-concessions 0.2", "--turns N")
+    both = [*argv, "--turn-neutral", "0.6", "--turn-concessions", "0.6"]
+    probe(capsys, both, "--turn-neutral 0.6", "--turn-concessions 0.6", "at most 1")
     kana = tmp_path / "kana.csv"  # neither Chinese nor English: no turn words to compose with
     rows = [f"すばらしいえいが{i},positive\n" if i % 2 else f"つまらないえいが{i},negative\n"
             for i in range(40)]  # fmt: skip

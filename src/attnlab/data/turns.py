@@ -14,6 +14,14 @@ in the *training split's own texts* (no sentence we wrote):
 
 with the turn drawn from 但是 / 不过 / 可是 / 然而 and 虽然…但是 (``ZH_TURNS``); for English
 corpora (Pang & Lee) the same rule with ", but" / "; however," / ", yet" (``EN_TURNS``).
+With ``concession_share`` > 0, a share of the examples run the other way, a verdict followed by a
+small concession of the other polarity, labelled by the verdict:
+
+    negative clause + "，不过" + mild positive clause -> negative  "再也不会来了，不过前台还算热情"
+    positive clause + "，只是" + mild negative clause -> positive  "很好用，只是有点重"
+
+with the turn drawn from ``ZH_CONCEDE`` (``EN_CONCEDE``); a mild clause holds a word that
+weakens it (还算 / 还可以 / 有点 …, ``ZH_MILD``; "a bit", "fairly" …, ``EN_MILD``).
 
 Which clauses qualify. A clause's own polarity is not labelled: the corpus labels whole
 fragments. :func:`clause_pool` takes every clause of the given texts (split at clause
@@ -26,6 +34,9 @@ single-clause text are kept (their label is then their own, up to the corpus's n
 :func:`neutral` takes the clauses the same scorer reads as neither: p within ``NEUTRAL_BAND`` of
 one half (a fact, a setting: "酒店位于市中心"), to open a concessive turn whose second clause
 alone decides.
+
+:func:`concessions` takes the mild clauses and gives each the polarity the scorer reads (a mild
+clause in a review of the other polarity, "质量还不错" in a negative one, is the common case).
 
 Composition (:func:`compose_turns`) is deterministic in its seed: each example draws one clause
 of each polarity, a turn and an order (which polarity comes last decides the label), half the
@@ -62,6 +73,14 @@ EN_TURNS: tuple[tuple[str, str], ...] = (
     ("", " , yet "),
     ("although ", " , "),
 )
+# a verdict, then a small concession of the other polarity: the first clause decides
+ZH_CONCEDE: tuple[str, ...] = ("，不过", "，但是", "，只是")
+EN_CONCEDE: tuple[str, ...] = (" , but ", " , though ", " ; still , ")
+# words that make a clause a mild one: a concession, not a verdict
+ZH_MILD = ("还算", "还可以", "还行", "还不错", "尚可", "也算", "倒是", "倒也", "有点", "有些",
+           "稍微", "略显", "稍")  # fmt: skip
+EN_MILD = ("a bit", "a little", "somewhat", "fairly", "decent", "okay", "passable", "mildly",
+           "slightly", "at least")  # fmt: skip
 # a clause holding one of these turns or hedges on its own: the rule's label would be wrong
 ZH_TURN_WORDS = (
     "但", "却", "不过", "可是", "然而", "虽然", "虽", "尽管", "可惜", "只是", "就是", "除了",
@@ -191,6 +210,29 @@ def neutral(pool: Sequence[Clause], scores: Sequence[float]) -> list[str]:
     return [c.text for c, p in _scored(pool, scores) if abs(p - 0.5) <= NEUTRAL_BAND]
 
 
+def is_mild(clause: str, language: str = "zh") -> bool:
+    """Whether ``clause`` holds a word that weakens it (``ZH_MILD`` / ``EN_MILD``)."""
+    if language == "zh":
+        return any(word in clause for word in ZH_MILD)
+    padded = f" {' '.join(_EN_WORD.findall(clause.lower()))} "
+    return any(f" {word} " in padded for word in EN_MILD)
+
+
+def concessions(
+    pool: Sequence[Clause], scores: Sequence[float], language: str = "zh"
+) -> list[Clause]:
+    """The mild clauses of ``pool`` (``is_mild``), each labelled with the polarity a scorer
+    reads: its text's label where p(own label) ``scores[i]`` is at least 0.5 + ``NEUTRAL_BAND``,
+    the other where at most 0.5 - ``NEUTRAL_BAND``; the clauses between are dropped."""
+    other = {NEGATIVE: POSITIVE, POSITIVE: NEGATIVE}
+    out = []
+    for c, p in _scored(pool, scores):
+        if not is_mild(c.text, language) or abs(p - 0.5) <= NEUTRAL_BAND:
+            continue
+        out.append(c if p > 0.5 else Clause(c.text, other[c.label], c.source, c.whole))
+    return out
+
+
 def _scored(pool: Sequence[Clause], scores: Sequence[float]) -> zip[tuple[Clause, float]]:
     if len(scores) != len(pool):
         raise UserError(f"{len(scores)} scores for {len(pool)} clauses; give one per clause")
@@ -205,17 +247,40 @@ def compose_turns(
     held_out: Collection[str] = (),
     neutral_first: Sequence[str] = (),
     neutral_share: float = 0.0,
+    conceded: Sequence[Clause] = (),
+    concession_share: float = 0.0,
 ) -> LabeledCorpus:
     """``n`` turned examples (half ending positive, half negative; an odd one ends positive):
     a clause of one polarity, a turn, a clause of the other; labelled by the last clause. The
     first ``round(neutral_share * n)`` examples open with a clause of ``neutral_first`` instead
-    (half of them, too, end positive). Deterministic in ``seed``; no text repeats and none is in
-    ``held_out``."""
+    (half of them, too, end positive). The last ``round(concession_share * n)`` run the other
+    way: a clause of ``pool``, a turn of ``ZH_CONCEDE`` / ``EN_CONCEDE``, a clause of the other
+    polarity from ``conceded`` (see :func:`concessions`), labelled by the first clause (half of
+    them positive). Deterministic in ``seed``; no text repeats and none is in ``held_out``."""
     turns = ZH_TURNS if language == "zh" else EN_TURNS
+    concede = ZH_CONCEDE if language == "zh" else EN_CONCEDE
+    mild = {label: [c.text for c in conceded if c.label == label] for label in (NEGATIVE, POSITIVE)}
     by_label = {label: [c.text for c in pool if c.label == label] for label in (NEGATIVE, POSITIVE)}
+    # a verdict is no mild clause itself
+    verdicts = {label: [t for t in texts if not is_mild(t, language)]
+                for label, texts in by_label.items()}  # fmt: skip
     if not 0 <= neutral_share <= 1:
         raise UserError(f"turn_neutral {neutral_share}: give a share in [0, 1]")
+    if not 0 <= concession_share <= 1:
+        raise UserError(f"turn_concessions {concession_share}: give a share in [0, 1]")
     n_neutral = round(neutral_share * n)
+    n_conceded = round(concession_share * n)
+    if n_neutral + n_conceded > n:
+        raise UserError(
+            f"turn_neutral {neutral_share} and turn_concessions {concession_share} ask for more "
+            f"than all {n} turns: give shares that add up to at most 1"
+        )
+    if n_conceded and not all(mild.values()):
+        raise UserError(
+            f"turn_concessions needs mild clauses of both polarities; the scorer read "
+            f"{len(mild[NEGATIVE])} negative and {len(mild[POSITIVE])} positive: give "
+            "--turn-concessions 0, or more texts"
+        )
     if n_neutral and not neutral_first:
         raise UserError(
             "turn_neutral asks for turns that open with a neutral clause, and the scorer read "
@@ -237,6 +302,14 @@ def compose_turns(
             f"{len(by_label[POSITIVE])} positive clauses would repeat; ask for at most "
             f"{2 * per_label}"
         )
+    per_conceded = min(len(verdicts[a]) * len(mild[b]) for a, b in ((NEGATIVE, POSITIVE),
+                       (POSITIVE, NEGATIVE))) * len(concede) * len(ends)  # fmt: skip
+    if (n_conceded + 1) // 2 > per_conceded:
+        raise UserError(
+            f"{n_conceded} conceded turns from {len(mild[NEGATIVE])} negative and "
+            f"{len(mild[POSITIVE])} positive mild clauses would repeat; ask for a smaller "
+            f"--turn-concessions (at most {2 * per_conceded} of them)"
+        )
     per_neutral = len(neutral_first) * min(map(len, by_label.values())) * len(turns) * len(ends)
     if (n_neutral + 1) // 2 > per_neutral:
         raise UserError(
@@ -250,9 +323,14 @@ def compose_turns(
         last = POSITIVE if k % 2 == 0 else NEGATIVE
         first = NEGATIVE if last == POSITIVE else POSITIVE
         firsts = neutral_first if k < n_neutral else by_label[first]
+        conceding = k >= n - n_conceded
         for _ in range(MAX_DRAWS):
-            a, b = rng.choice(firsts), rng.choice(by_label[last])
-            opener, turn = rng.choice(turns)
+            if conceding:  # the verdict first, decides: ``last`` names the label
+                a, b = rng.choice(verdicts[last]), rng.choice(mild[first])
+                opener, turn = "", rng.choice(concede)
+            else:
+                a, b = rng.choice(firsts), rng.choice(by_label[last])
+                opener, turn = rng.choice(turns)
             text = f"{opener}{a}{turn}{b}{rng.choice(ends)}"
             if text not in seen:
                 break
@@ -272,6 +350,10 @@ def compose_turns(
     }
     if n_neutral:
         stats["neutral_first"] = n_neutral
+    if n_conceded:
+        stats["conceded"] = n_conceded
+        stats["mild_clauses"] = {label: len(v) for label, v in mild.items()}
+        stats["concede"] = [t.strip() for t in concede]
     return LabeledCorpus(texts, labels, source=f"turned sentences composed from {language} clauses "
                          "of the training split (augmentation)", stats=stats)  # fmt: skip
 

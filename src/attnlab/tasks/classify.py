@@ -227,13 +227,29 @@ class EncoderData(TextData):
         min=0,
         max=1,
     )
+    turn_concessions: float = setting(
+        0.0,
+        "turns: share of them that run the other way, a verdict then a mild clause of the "
+        "other polarity (再也不会来了，不过前台还算热情), labelled by the verdict; 0 = none",
+        min=0,
+        max=1,
+    )
 
     def check(self) -> None:
         super().check()
-        if self.turn_neutral and not self.turns:
+        for name in ("turn_neutral", "turn_concessions"):
+            share = getattr(self, name)
+            if share and not self.turns:
+                flag = "--" + name.replace("_", "-")
+                raise UserError(
+                    f"{flag} {share} is a share of the composed turns, and --turns is 0: give "
+                    f"--turns N too, or drop {flag}"
+                )
+        if self.turn_neutral + self.turn_concessions > 1:
             raise UserError(
-                f"--turn-neutral {self.turn_neutral} is a share of the composed turns, and "
-                "--turns is 0: give --turns N too, or drop --turn-neutral"
+                f"--turn-neutral {self.turn_neutral} and --turn-concessions "
+                f"{self.turn_concessions} are shares of the same turns: give two that add up to "
+                "at most 1"
             )
         if self.turns and not self.pretrained:
             raise UserError(

@@ -31,6 +31,8 @@ from attnlab.data.turns import (
     POSITIVE,
     clause_pool,
     compose_turns,
+    concessions,
+    is_mild,
     language_of,
     neutral,
     sample_pool,
@@ -363,15 +365,21 @@ def scored_turns(
     polarity = {name: side for side, name in pair.items()}  # the data's label -> its side
     language, _ = language_of(texts[:n_main])
     assert language is not None  # the plan turns the step off otherwise
-    pool = clause_pool(texts[:n_main], [polarity[names[i]] for i in ids[:n_main]], language)
-    pool = sample_pool(pool, d.turn_clauses, d.split_seed)
+    every = clause_pool(texts[:n_main], [polarity[names[i]] for i in ids[:n_main]], language)
+    pool = sample_pool(every, d.turn_clauses, d.split_seed)
+    # the mild clauses are few: every one of them is scored, sampled or not
+    sampled = {c.text for c in pool}
+    mild = [c for c in every if c.text not in sampled and is_mild(c.text, language)]
+    scored = pool + (mild if d.turn_concessions else [])
     x, y = feats[0][:n_main], feats[1][:n_main]  # every training text of the corpus, cleaned or not
     scorer = logistic_regression(x, y, len(names), d.probe_weight_decay)
-    clause_ids = prep.texts.labels.encode([pair[c.label] for c in pool])
-    data = dataset(prep.reader, [c.text for c in pool], clause_ids, d.eval_batch_size)
+    clause_ids = prep.texts.labels.encode([pair[c.label] for c in scored])
+    data = dataset(prep.reader, [c.text for c in scored], clause_ids, d.eval_batch_size)
     cx, cy = pooled_features(model, data, prep.device, features_dtype(cfg, prep))
     with torch.no_grad():
         p = torch.softmax(scorer(cx.double()), -1)[torch.arange(len(cy)), cy]  # (N,)
+    conceded = concessions(scored, p.tolist(), language) if d.turn_concessions else []
+    p = p[: len(pool)]
     kept = select(pool, p.tolist(), d.turn_threshold)
     sides = Counter(c.label for c in kept)
     if min(sides[NEGATIVE], sides[POSITIVE]) < MIN_TURN_CLAUSES:
@@ -387,13 +395,18 @@ def scored_turns(
     openers = neutral(pool, p.tolist()) if d.turn_neutral else []
     held = held_out_texts(prep.texts.corpus, prep.texts.split) | set(texts)
     turns = compose_turns(kept, d.turns, d.split_seed, language, held_out=held,
-                          neutral_first=openers, neutral_share=d.turn_neutral)  # fmt: skip
+                          neutral_first=openers, neutral_share=d.turn_neutral,
+                          conceded=conceded, concession_share=d.turn_concessions)  # fmt: skip
     return {
         "n": d.turns,
         "language": language,
         "threshold": d.turn_threshold,
         **({"neutral_share": d.turn_neutral, "clauses_neutral": len(openers),
             "neutral_clauses": openers} if d.turn_neutral else {}),  # fmt: skip
+        **({"concession_share": d.turn_concessions,
+            "clauses_mild": dict(Counter(c.label for c in conceded)),
+            "mild_clauses": [[c.text, c.label] for c in conceded]}
+           if d.turn_concessions else {}),  # fmt: skip
         "clauses_scored": len(pool),
         "clauses_kept": dict(Counter(c.label for c in kept)),
         "source": turns.source,
