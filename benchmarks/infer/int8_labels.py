@@ -32,14 +32,7 @@ import warnings
 import torch
 from torch import Tensor, nn
 
-from benchmarks.common import (
-    RESULTS,
-    command_line,
-    load_average,
-    machine,
-    machine_line,
-    write_page,
-)
+from benchmarks.common import command_line, load_average, machine, machine_line, write_results
 
 STEM = "int8_labels"
 BATCH = 64
@@ -178,10 +171,9 @@ def main(argv: list[str] | None = None) -> None:
             rows[name][split] = {"n": len(texts), "source": source, **row}
             print(split, name, json.dumps(row), flush=True)
     info["load_average_at_end"] = load_average()
-    out = {"command": command_line(argv), "machine": info, "run": args.run,
-           "calibration_texts": args.calibration, "schemes": rows}  # fmt: skip
-    (RESULTS / f"{STEM}.json").write_text(json.dumps(out, indent=1), "utf-8")
-    write_page(RESULTS / f"{STEM}.md", page(out), out["command"])
+    out = {"machine": info, "run": args.run, "calibration_texts": args.calibration,
+           "schemes": rows}  # fmt: skip
+    write_results(STEM, out, page(out), command_line(argv))
 
 
 def page(out: dict) -> list[str]:
