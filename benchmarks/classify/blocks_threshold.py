@@ -19,6 +19,8 @@ turns are off in both arms: the two differ in the blocks that train, their rate 
 
     python -m benchmarks.classify.blocks_threshold --datasets reviews_4500,bible_zh --seeds 0,1,2
     python -m benchmarks.classify.blocks_threshold --render
+    python -m benchmarks.classify.blocks_threshold --out /work/runs/blocks_threshold_6000 \
+        --datasets reviews_6000,bible_zh --train-size 6000 --stem blocks_threshold_6000
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--test-size", type=int, default=1000, help="held-out rows")
     p.add_argument("--split-seed", type=int, default=0, help="seed of every dataset's split")
     p.add_argument("--render", action="store_true", help="only render the page")
+    p.add_argument("--stem", default=STEM, help="the page's name under docs/results/ (another "
+                   "size: another --out and another page)")  # fmt: skip
     return p
 
 
@@ -155,7 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     measured = args.out / "commands.txt"  # the commands that measured the rows, not a --render
     lines = measured.read_text(encoding="utf-8").splitlines() if measured.is_file() else []
     command = " && ".join(dict.fromkeys(lines)) or None
-    common.write_results(STEM, {"rows": rows}, page, command or common.command_line(argv))
+    common.write_results(args.stem, {"rows": rows}, page, command or common.command_line(argv))
     print(page)
 
 
