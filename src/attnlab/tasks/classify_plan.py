@@ -13,9 +13,9 @@ The rules:
   at one rate (``FULL_LR``, no layer-wise decay), as full fine-tuning does; more keep the
   preset's top blocks on the frozen output of those below (the bundled recipe's 6,000 reviews).
   On 180-1,800 texts the top-4 recipe trailed full fine-tuning on all six datasets measured
-  (docs/results/own_data.md), and at 4,050 on both measured, the bundled reviews (0/1) and the
-  Bible's book genres (docs/results/blocks_threshold.md); between 4,050 and 6,000 nothing was
-  measured.
+  (docs/results/own_data.md), and at 4,050 and 5,400 on both measured, the bundled reviews
+  (0/1) and the Bible's book genres (docs/results/blocks_threshold.md,
+  blocks_threshold_6000.md).
 - **sentiment pair**: the labels are ``positive`` / ``negative``, or two classes with
   ``--positive-label NAME`` naming the positive one. The steps made for sentiment (the English
   film sentences, composed turns) apply only to a pair, with their labels renamed to the data's
