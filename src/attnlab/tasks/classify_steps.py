@@ -367,10 +367,10 @@ def scored_turns(
     assert language is not None  # the plan turns the step off otherwise
     every = clause_pool(texts[:n_main], [polarity[names[i]] for i in ids[:n_main]], language)
     pool = sample_pool(every, d.turn_clauses, d.split_seed)
-    # the mild clauses are few: every one of them is scored, sampled or not
-    sampled = {c.text for c in pool}
-    mild = [c for c in every if c.text not in sampled and is_mild(c.text, language)]
-    scored = pool + (mild if d.turn_concessions else [])
+    scored = list(pool)
+    if d.turn_concessions:  # the mild clauses are few: every one is scored, sampled or not
+        sampled = {c.text for c in pool}
+        scored += [c for c in every if c.text not in sampled and is_mild(c.text, language)]
     x, y = feats[0][:n_main], feats[1][:n_main]  # every training text of the corpus, cleaned or not
     scorer = logistic_regression(x, y, len(names), d.probe_weight_decay)
     clause_ids = prep.texts.labels.encode([pair[c.label] for c in scored])
