@@ -33,6 +33,7 @@ from attnlab.layers.attention import (
     explicit_attention,
     from_attn_mask,
     from_key_padding_mask,
+    matmul_attention,
     padding_mask,
     padding_mask_from_ids,
     scaled_dot_product_attention,
@@ -243,14 +244,15 @@ def test_backend_explicit_is_the_explicit_path_and_need_weights_takes_it() -> No
         scaled_dot_product_attention(q, k, v, backend="fast")
 
 
-def test_matmul_takes_short_rows_under_autocast_and_leaves_long_ones_to_the_fused_kernel(seed):
-    """Under CPU bf16 autocast, key rows up to MATMUL_MAX_KEYS: batched products around a float32
-    softmax, within bf16's rounding of float64's attention (padded keys ignored; seeds 0-99: at
-    most 0.025 apart, the fused kernel 0.015); longer rows: exactly the fused kernel's output."""
+def test_matmul_backend_takes_bf16_rows_up_to_its_limit_and_leaves_the_rest_to_fused(seed):
+    """Under CPU bf16 autocast the matmul backend computes rows of up to MATMUL_MAX_KEYS keys in
+    bfloat16, within bf16's rounding of float64's attention (padded keys ignored; seeds 0-99:
+    at most 0.012 past a 2% relative error), and gives longer rows, and float32 calls, to the
+    fused kernel."""
     from attnlab.layers.attention import MATMUL_MAX_KEYS
 
     g = torch.Generator().manual_seed(seed)
-    for Tk in (MATMUL_MAX_KEYS, MATMUL_MAX_KEYS + 1):
+    for Tk in (20, 100, MATMUL_MAX_KEYS, MATMUL_MAX_KEYS + 1):
         q, k, v = (torch.randn(3, 4, Tk, 8, generator=g) for _ in range(3))
         lengths = torch.tensor([Tk, Tk // 2, 1])
         mask = (torch.arange(Tk) < lengths[:, None])[:, None, None, :]  # (B, 1, 1, Tk)
@@ -262,7 +264,29 @@ def test_matmul_takes_short_rows_under_autocast_and_leaves_long_ones_to_the_fuse
         if Tk > MATMUL_MAX_KEYS:
             assert torch.equal(got, fused), seed
         else:
+            assert not torch.equal(got, fused), seed  # its own steps, not the kernel's
             torch.testing.assert_close(got.double(), want, atol=0.05, rtol=0.02)
+        with torch.no_grad():
+            got, _ = scaled_dot_product_attention(q, k, v, mask, backend="matmul")
+            fused, _ = scaled_dot_product_attention(q, k, v, mask)
+        assert torch.equal(got, fused), seed
+
+
+def test_matmul_attention_zeroes_rows_with_no_key_and_matches_under_gqa_bias_and_causal():
+    """matmul_attention's masked rows, grouped-query heads, additive bias and causal mask
+    against the explicit steps in float64 (gradients too)."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 4, 6, 8, dtype=F64, generator=g, requires_grad=True)
+    k, v = (torch.randn(2, 2, 6, 8, dtype=F64, generator=g) for _ in range(2))
+    bias = torch.randn(1, 4, 6, 6, dtype=F64, generator=g)
+    mask = torch.rand(2, 1, 6, 6, generator=g) < 0.6
+    mask[0, 0, 2] = False  # a query row with nothing to attend to
+    want, _ = explicit_attention(q, k, v, mask, is_causal=True, bias=bias, scale=8**-0.5)
+    got = matmul_attention(q, k, v, mask, True, bias, 8**-0.5)  # (2, 4, 6, 8)
+    want_grad, got_grad = (torch.autograd.grad(o.square().sum(), q)[0] for o in (want, got))
+    assert torch.equal(got[0, :, 2], torch.zeros_like(got[0, :, 2]))
+    torch.testing.assert_close(got, want, **TIGHT)
+    torch.testing.assert_close(got_grad, want_grad, **TIGHT)
 
 
 # --------------------------------------------------------------------------- dropout

@@ -5,11 +5,12 @@
   qint8 weights per tensor, activations quantized per batch at run time; fbgemm's VNNI kernels
   on this CPU), embeddings, LayerNorm, softmax and attention's two batched matmuls in float32;
 - ``bf16``: the forward pass under ``torch.autocast("cpu", torch.bfloat16)`` (matmuls in
-  bfloat16 with float32 accumulation, LayerNorm and softmax in float32), the Linear weights
-  stored in bfloat16 once rather than cast on every call (the same numbers), and its close
-  calls decided in float32 (``Guarded``: a text whose two likeliest classes are within
-  ``BF16_MARGIN`` is run again through the float32 model); offered only where the CPU has
-  native bfloat16 (avx512_bf16 or AMX), as emulated bfloat16 is slower than float32.
+  bfloat16 with float32 accumulation, LayerNorm in float32, attention's softmax summing in
+  float32), the Linear weights stored in bfloat16 once rather than cast on every call (the
+  same numbers), and its close calls decided in float32 (``Guarded``: a text whose two
+  likeliest classes are within ``BF16_MARGIN`` is run again through the float32 model);
+  offered only where the CPU has native bfloat16 (avx512_bf16 or AMX), as emulated bfloat16
+  is slower than float32.
 
 ``choose`` takes the fastest path whose labels equal float32's on a check set: it times every
 path (and, when asked to, 1 thread against every core this process may use, so threads follow
@@ -36,9 +37,9 @@ from attnlab.layers.attention import MultiHeadAttention
 PRECISIONS = ("auto", "fp32", "bf16", "int8")
 CHECK_TEXTS = 64  # texts of the check set: labels compared with float32's, and timed
 # bf16's close calls: a label can change only where the two classes' changes sum past their
-# margin; the largest |p - p_fp32| measured on the main job's run is 0.016 (validation) and
-# 0.018 (test) eager, 0.021 and 0.028 compiled (attention on the matmul backend), so 0.08
-# leaves 1.4x room over twice the largest; 2.2-2.5% of its texts are re-run
+# margin; the largest |p - p_fp32| measured on the main job's run is 0.021 (validation) and
+# 0.017 (test) eager, 0.025 and 0.016 compiled (attention on the matmul backend), so 0.08
+# leaves 1.6x room over twice the largest; 2.2-2.7% of its texts are re-run
 # (benchmarks/infer/close_calls.py, docs/results/close_calls.md)
 BF16_MARGIN = 0.08
 
@@ -67,8 +68,8 @@ class Autocast(nn.Module):
     """A copy of ``model`` with its Linear layers in bfloat16, run under CPU bfloat16 autocast;
     logits returned as float32. Autocast casts a float32 weight to bfloat16 on every call; the
     copy holds that cast once, so the numbers are autocast's and the casts are gone. Its full
-    attention takes the ``matmul`` backend, which runs the short rows of most texts faster than
-    torch's flash kernel in bfloat16 (longer rows stay on the fused kernel)."""
+    attention takes the ``matmul`` backend, which runs bfloat16 rows of up to 256 keys faster
+    than torch's flash kernel (longer rows stay on the fused kernel)."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()

@@ -12,10 +12,10 @@ Read top to bottom:
      weights, so ``need_weights=True`` and an active recorder
      (:class:`attnlab.layers.attention_record.record_attention`) always take it;
    * ``"fused"`` (the default): PyTorch's ``F.scaled_dot_product_attention``;
-   * ``"matmul"``: the explicit steps (two batched matrix products around the softmax), the
-     weights not returned, for rows of at most ``MATMUL_MAX_KEYS`` keys, and the fused kernel
-     past them: in bf16 on the CPU, rows of a few dozen keys run faster on it than on torch's
-     flash kernel, which tiles for long rows (benchmarks/attention/short_rows.py);
+   * ``"matmul"``: :func:`matmul_attention`, two batched matrix products around a softmax, every
+     step in the products' dtype, the weights not returned, for bf16 or fp16 rows of at most
+     ``MATMUL_MAX_KEYS`` keys, where it runs faster than torch's CPU flash kernel; float32 and
+     float64 calls and longer rows take the fused kernel (benchmarks/attention/short_rows.py);
    * ``"flash"``: attnlab's FlashAttention written by hand (:mod:`attnlab.layers.flash`);
    * ``"triton"``: its forward as a Triton kernel (:mod:`attnlab.layers.flash_triton`, CUDA).
 
@@ -106,9 +106,14 @@ def explicit_attention(
 
 Backend = Literal["explicit", "fused", "matmul", "flash", "triton"]
 BACKENDS: tuple[str, ...] = get_args(Backend)
-# the longest key rows the "matmul" backend computes: past them its (B, H, Tq, Tk) float32
-# scores cost more than the fused kernel's tiles (docs/results/attention_short_rows.md)
-MATMUL_MAX_KEYS = 64
+# the longest bf16 / fp16 key rows the "matmul" backend computes: up to them it runs faster
+# than torch's CPU flash kernel, at 512 its (B, H, Tq, Tk) scores cost more than the kernel's
+# tiles; in float32 the kernel is the faster at every length (docs/results/attention_short_rows.md)
+MATMUL_MAX_KEYS = 256
+# the matmul backend pads bf16 / fp16 key rows with masked keys to a multiple of this, as
+# torch's CPU softmax runs a row's tail past its last whole 32-lane vector several times slower;
+# rows shorter than one vector are softmaxed in float32 instead, faster still
+SOFTMAX_WIDTH = 32
 
 
 def scaled_dot_product_attention(
@@ -159,9 +164,13 @@ def scaled_dot_product_attention(
         out, weights = explicit_attention(
             q4, k4, v4, mask4, is_causal, bias=bias4, scale=scale, dropout_p=dropout_p
         )  # (N, H, Tq, Dv), (N, H, Tq, Tk)
-    elif backend == "matmul" and k.shape[-2] <= MATMUL_MAX_KEYS and dropout_p == 0.0:
-        # the explicit steps, the weights not returned
-        out, _ = explicit_attention(q4, k4, v4, mask4, is_causal, bias=bias4, scale=scale)
+    elif (
+        backend == "matmul"
+        and dropout_p == 0.0
+        and product_dtype(q).itemsize < 4
+        and k.shape[-2] <= MATMUL_MAX_KEYS
+    ):
+        out = matmul_attention(q4, k4, v4, mask4, is_causal, bias4, scale)  # (N, H, Tq, Dv)
     elif backend in ("flash", "triton") and bias is None and dropout_p == 0.0:
         kernel = flash_attention if backend == "flash" else flash_attention_triton
         out = kernel(q4, k4, v4, mask4, is_causal, scale=scale)  # (N, H, Tq, Dv)
@@ -169,6 +178,69 @@ def scaled_dot_product_attention(
         out = _fused_attention(q4, k4, v4, mask4, is_causal, bias4, dropout_p, scale)
     out = out.reshape(*q.shape[:-1], v.shape[-1])  # (…, Tq, Dv)
     return out, None if weights is None else weights.reshape(target)  # (…, Tq, Tk)
+
+
+def product_dtype(q: Tensor) -> torch.dtype:
+    """The dtype attention's products of ``q`` run in: autocast's where it is on and q is
+    float32, else q's own."""
+    kind = q.device.type
+    if q.dtype == torch.float32 and torch.is_autocast_enabled(kind):
+        return torch.get_autocast_dtype(kind)
+    return q.dtype
+
+
+def matmul_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    is_causal: bool,
+    bias: Tensor | None,
+    scale: float,
+) -> Tensor:
+    """Eq. 1 as two batched products around a softmax, for inference: the scores are written
+    once, by ``baddbmm``, with the mask and bias entering as one additive term (masked keys get
+    the dtype's lowest value), and every step runs in the products' dtype (:func:`product_dtype`;
+    torch's softmax of bf16 / fp16 scores sums in float32 and rounds its output once, as the
+    explicit path's cast of float32 weights does). q (B, H, Tq, Dk); k (B, Hkv, Tk, Dk);
+    v (B, Hkv, Tk, Dv); mask bool and bias float, broadcastable to (B, H, Tq, Tk)
+    -> (B, H, Tq, Dv). A query row with no key to attend to gives zeros."""
+    dtype = product_dtype(q)
+    B, H, Tq, Dk = q.shape
+    Hkv, Tk, Dv = k.shape[1], k.shape[2], v.shape[-1]
+    if Hkv != H:  # grouped-query attention: each key/value head serves H / Hkv query heads
+        k = k.repeat_interleave(H // Hkv, dim=1)  # (B, H, Tk, Dk)
+        v = v.repeat_interleave(H // Hkv, dim=1)  # (B, H, Tk, Dv)
+    if is_causal:
+        mask = combine_masks(mask, causal_mask(Tq, Tk, device=q.device))  # (B|1, H|1, Tq, Tk)
+    narrow = dtype.itemsize < 4 and Tk < SOFTMAX_WIDTH  # softmaxed in float32, then rounded
+    pad = -Tk % SOFTMAX_WIDTH if dtype.itemsize < 4 and not narrow else 0
+    low = torch.finfo(dtype).min  # a masked key's score
+    with torch.autocast(q.device.type, enabled=False):  # the dtype is chosen here, not by autocast
+        add = None if bias is None else bias.to(dtype)  # (B|1, H|1, Tq|1, Tk)
+        if mask is not None:
+            base = torch.zeros((), dtype=dtype, device=q.device) if add is None else add
+            add = base.masked_fill(~mask, low)  # (B|1, H|1, Tq|1, Tk)
+        if pad:  # masked keys up to whole vectors: torch's bf16 softmax is slow on a row's tail
+            if add is None:
+                add = torch.zeros(1, 1, 1, Tk, dtype=dtype, device=q.device)
+            add = F.pad(add, (0, pad), value=low)  # (B|1, H|1, Tq|1, Tk + pad)
+            k, v = F.pad(k, (0, 0, 0, pad)), F.pad(v, (0, 0, 0, pad))  # (B, H, Tk + pad, D)
+            Tk += pad
+        q3 = q.to(dtype).reshape(B * H, Tq, Dk)
+        k3 = k.to(dtype).reshape(B * H, Tk, Dk)
+        v3 = v.to(dtype).reshape(B * H, Tk, Dv)
+        if add is None:
+            scores = torch.bmm(q3, k3.transpose(1, 2)).mul_(scale)  # Q Kᵀ / √d_k (BH, Tq, Tk)
+        else:  # + bias, masked                                                (BH, Tq, Tk)
+            add = add.expand(B, H, Tq, Tk).reshape(B * H, Tq, Tk)
+            scores = torch.baddbmm(add, q3, k3.transpose(1, 2), alpha=scale)
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32 if narrow else None)
+        weights = weights.to(dtype)  # softmax(·) over the keys                 (BH, Tq, Tk)
+        out = torch.bmm(weights, v3).reshape(B, H, Tq, Dv)  # softmax(·) V     (B, H, Tq, Dv)
+    if mask is not None:  # a row with no key softmaxed to a uniform row over masked keys
+        out = out.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)  # (B, H, Tq, Dv)
+    return out
 
 
 def _fused_attention(
