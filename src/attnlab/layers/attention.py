@@ -73,14 +73,8 @@ def explicit_attention(
     (B, H, Tq, Dv) and the weights (B, H, Tq, Tk), in the products' dtype; the softmax runs in
     at least float32.
     """
-    B, H, Tq, Dk = q.shape
-    Hkv, Tk = k.shape[1], k.shape[2]
-    scale = 1.0 / math.sqrt(Dk) if scale is None else scale
-    if Hkv != H:  # grouped-query attention: each key/value head serves H / Hkv query heads
-        k = k.repeat_interleave(H // Hkv, dim=1)  # (B, H, Tk, Dk)
-        v = v.repeat_interleave(H // Hkv, dim=1)  # (B, H, Tk, Dv)
-    if is_causal:
-        mask = combine_masks(mask, causal_mask(Tq, Tk, device=q.device))  # (B|1, H|1, Tq, Tk)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    k, v, mask = every_head(q, k, v, mask, is_causal)
 
     raw = torch.matmul(q, k.transpose(-2, -1))  # Q Kᵀ                      (B, H, Tq, Tk)
     # the softmax reads the scores in at least float32 (bf16 / fp16 products are widened)
@@ -100,6 +94,21 @@ def explicit_attention(
         weights = F.dropout(weights, p=dropout_p)  # dropout on the weights (§5.4)
     out = torch.matmul(weights, v)  # softmax(·) V                           (B, H, Tq, Dv)
     return out, weights
+
+
+def every_head(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """k, v repeated to q's H heads (grouped-query attention: each of the Hkv key/value heads
+    serves H / Hkv query heads) and ``mask`` with the decoder's causal mask added when
+    ``is_causal``: (B, H, Tk, Dk), (B, H, Tk, Dv), (B|1, H|1, Tq|1, Tk) or None."""
+    H, Hkv = q.shape[1], k.shape[1]
+    if Hkv != H:
+        k = k.repeat_interleave(H // Hkv, dim=1)  # (B, H, Tk, Dk)
+        v = v.repeat_interleave(H // Hkv, dim=1)  # (B, H, Tk, Dv)
+    if is_causal:  # §3.2.3: no query sees a later key
+        mask = combine_masks(mask, causal_mask(q.shape[2], k.shape[2], device=q.device))
+    return k, v, mask
 
 
 # --------------------------------------------------------------------------- one entry point
@@ -207,12 +216,8 @@ def matmul_attention(
     -> (B, H, Tq, Dv). A query row with no key to attend to gives zeros."""
     dtype = product_dtype(q)
     B, H, Tq, Dk = q.shape
-    Hkv, Tk, Dv = k.shape[1], k.shape[2], v.shape[-1]
-    if Hkv != H:  # grouped-query attention: each key/value head serves H / Hkv query heads
-        k = k.repeat_interleave(H // Hkv, dim=1)  # (B, H, Tk, Dk)
-        v = v.repeat_interleave(H // Hkv, dim=1)  # (B, H, Tk, Dv)
-    if is_causal:
-        mask = combine_masks(mask, causal_mask(Tq, Tk, device=q.device))  # (B|1, H|1, Tq, Tk)
+    Tk, Dv = k.shape[2], v.shape[-1]
+    k, v, mask = every_head(q, k, v, mask, is_causal)
     narrow = dtype.itemsize < 4 and Tk < SOFTMAX_WIDTH  # softmaxed in float32, then rounded
     pad = -Tk % SOFTMAX_WIDTH if dtype.itemsize < 4 and not narrow else 0
     low = torch.finfo(dtype).min  # a masked key's score
