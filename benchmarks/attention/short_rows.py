@@ -3,7 +3,7 @@ measurement behind ``attnlab.layers.attention.MATMUL_MAX_KEYS``.
 
     python -m benchmarks.attention.short_rows     # docs/results/attention_short_rows.{md,json}
 
-e5-small's attention (12 heads of 32) at key lengths 16-512, about 2,048 tokens a batch (a
+e5-small's attention (12 heads of 32) at key lengths 8-512, about 2,048 tokens a batch (a
 predict batch of short reviews holds 64 texts of about 30 pieces), a key padding mask (each row
 between half the length and all of it), q, k, v strided views of one projection's output as in
 a model, no gradient, one thread: ``scaled_dot_product_attention(..., backend="fused")``

@@ -211,9 +211,11 @@ def matmul_attention(
     once, by ``baddbmm``, with the mask and bias entering as one additive term (masked keys get
     the dtype's lowest value), and every step runs in the products' dtype (:func:`product_dtype`;
     torch's softmax of bf16 / fp16 scores sums in float32 and rounds its output once, as the
-    explicit path's cast of float32 weights does). q (B, H, Tq, Dk); k (B, Hkv, Tk, Dk);
-    v (B, Hkv, Tk, Dv); mask bool and bias float, broadcastable to (B, H, Tq, Tk)
-    -> (B, H, Tq, Dv). A query row with no key to attend to gives zeros."""
+    explicit path's cast of float32 weights does; a bf16 / fp16 row shorter than
+    ``SOFTMAX_WIDTH`` is softmaxed in float32 and rounded, the same numbers, faster).
+    q (B, H, Tq, Dk); k (B, Hkv, Tk, Dk); v (B, Hkv, Tk, Dv); mask bool and bias float,
+    broadcastable to (B, H, Tq, Tk) -> (B, H, Tq, Dv). A query row with no key to attend to
+    gives zeros."""
     dtype = product_dtype(q)
     B, H, Tq, Dk = q.shape
     Tk, Dv = k.shape[2], v.shape[-1]
