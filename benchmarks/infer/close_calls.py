@@ -49,18 +49,19 @@ def main(argv: list[str] | None = None) -> None:
     def probs(model: torch.nn.Module, texts: list[str]) -> torch.Tensor:
         return torch.cat([run.probs(model, texts[i : i + 64]) for i in range(0, len(texts), 64)])
 
+    fp32 = prec.convert(run.model, "fp32")  # what predict runs: Linear on oneDNN
     paths = {"int8": prec.convert(run.model, "int8")}
     guarded = {}  # the bf16 path as predict runs it, eager and through torch.compile
     if "bf16" in prec.available():
         guarded["bf16"] = prec.convert(run.model, "bf16")
         if prec.compile_missing() is None:
-            guarded["bf16 compiled"] = prec.compiled(prec.convert(run.model, "bf16"))
+            guarded["bf16 compiled"] = prec.compiled(prec.convert(run.model, "bf16"), run.model)
     paths.update({name: path.fast for name, path in guarded.items()})
     rows = {}
     for split in ("val", "test"):
         texts, _, source = run.split_texts(split)
         texts = sorted(texts, key=len)  # batches pad as little as predict's own sorting does
-        ref = probs(run.model, texts)  # (N, C)
+        ref = probs(fp32, texts)  # (N, C)
         top = ref.topk(2, dim=-1).values
         margin = top[:, 0] - top[:, 1]  # (N,)
         row = {

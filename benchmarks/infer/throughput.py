@@ -5,16 +5,18 @@
 
 1. The machine's matmul peak, measured with torch: float32 and bfloat16 ``torch.matmul`` of
    (1024 x 1024) @ (1024 x 1024), int8 ``torch._int_mm`` of the same shape (int32 sums), and
-   the fbgemm int8 dynamic linear that the int8 path runs (``torch.ao`` quantized Linear,
-   (2048 x 384) @ (384 x 1536), e5-small's feed-forward at 2,048 tokens); GFLOP/s (GOP/s for
-   int8) as 2·M·N·K over the best of 10 calls.
+   at e5-small's feed-forward shape ((2048 x 384) @ (384 x 1536), 2,048 tokens) the Linear
+   layers the paths run: fbgemm's int8 dynamic linear (``torch.ao`` quantized Linear, the
+   int8 path), torch's float32 ``nn.Linear`` (MKL's sgemm), the same through oneDNN (the fp32
+   path's ``OneDNNLinear``) and a bfloat16 ``nn.Linear`` (oneDNN, the bf16 path); GFLOP/s
+   (GOP/s for int8) as 2·M·N·K over the best of 10 calls.
 2. Texts/s for short reviews (the ``--short`` shortest-first bundled reviews under 64
    characters, spread over the corpus) and long ones (the ``--long`` longest bundled reviews,
    hundreds of pieces), through: attnlab's paths (``attnlab.load(RUN, precision=P,
    threads=T).predict``: fp32, int8, bf16 where the CPU has it, and fp32 and bf16 through
-   ``torch.compile`` (``compile=True``) where a C++ compiler is here, and that bf16 compiled
-   pass without its float32 re-run of close calls, to show what the re-run costs);
-   transformers'
+   ``torch.compile`` (``compile=True``) where a C++ compiler is here; and, to show what each
+   costs, the fp32 model on torch's own Linear (MKL) rather than oneDNN's, and that bf16
+   compiled pass without its float32 re-run of close calls); transformers'
    ``pipeline("text-classification")`` on ``attnlab export RUN --format hf`` (``batch_size``
    64, ``truncation=True``: its documented batching); onnxruntime on ``attnlab export RUN
    --format onnx`` (ORT_ENABLE_ALL, ``intra_op_num_threads`` = T, sequential) and on that graph
@@ -54,6 +56,7 @@ from benchmarks.common import (
 
 STEM = "throughput"
 UNGUARDED = "bf16 compiled, close calls not re-run"
+TORCH_LINEAR = "fp32, torch's Linear (MKL)"
 BATCH = 64
 
 
@@ -97,7 +100,14 @@ def peaks(threads: int) -> dict[str, float]:
         lambda: qlin(x),
         2 * 2048 * 384 * 1536,
     )
-    cases["fp32 Linear 2048x384 @ 384x1536"] = (lambda: lin(x), 2 * 2048 * 384 * 1536)
+    cases["fp32 Linear (torch: MKL) 2048x384 @ 384x1536"] = (lambda: lin(x), 2 * 2048 * 384 * 1536)
+    if torch.backends.mkldnn.is_available():  # what attnlab's fp32 path runs
+        from attnlab.infer.precision import OneDNNLinear
+
+        dnn = OneDNNLinear(lin)
+        cases["fp32 Linear (oneDNN) 2048x384 @ 384x1536"] = (lambda: dnn(x), 2 * 2048 * 384 * 1536)
+        xb, lb = x.bfloat16(), copy.deepcopy(lin).bfloat16()
+        cases["bf16 Linear (oneDNN) 2048x384 @ 384x1536"] = (lambda: lb(xb), 2 * 2048 * 384 * 1536)
     with torch.no_grad():
         for name, (call, flops) in cases.items():
             call()
@@ -140,6 +150,8 @@ def engines(run: str, folder: Path, onnx: Path, onnx8: Path, threads: int) -> di
     for p, compiled in paths():
         clf = attnlab.load(run, threads=threads, precision=p, compile=compiled)
         out[f"attnlab {p}" + " compiled" * compiled] = clf.predict
+        if p == "fp32" and not compiled:
+            out[f"attnlab {TORCH_LINEAR}"] = torch_linear(clf).predict
         if p == "bf16" and compiled:
             out[f"attnlab {UNGUARDED}"] = unguarded(clf).predict
     remote = "auto_map" in json.loads((folder / "config.json").read_text())
@@ -192,6 +204,15 @@ def unguarded(clf: Any) -> Any:
     return bare
 
 
+def torch_linear(clf: Any) -> Any:
+    """A second handle on ``clf`` (attnlab.load's fp32 path) that runs the trained model as it
+    is, torch's own float32 Linear (MKL's sgemm) rather than oneDNN's: what fp32 ran before."""
+    bare = copy.copy(clf)
+    bare.run = copy.copy(clf.run)
+    bare.run.infer_model = clf.run.model
+    return bare
+
+
 def paths() -> list[tuple[str, bool]]:
     """attnlab's paths on this machine, (precision, compiled): fp32, int8 and bf16 where the CPU
     has it, and fp32 / bf16 through torch.compile where a C++ compiler is here."""
@@ -220,10 +241,10 @@ def label_check(
     got: dict[str, torch.Tensor] = {}
     rerun: dict[str, dict] = {}
     for p, compiled in paths():
-        if p == "fp32" and not compiled:
-            continue
         clf = attnlab.load(run, precision=p, compile=compiled)
         handles = {p + " compiled" * compiled: clf}
+        if p == "fp32" and not compiled:  # the reference itself: only torch's Linear to check
+            handles = {TORCH_LINEAR: torch_linear(clf)}
         if p == "bf16" and compiled:
             handles[UNGUARDED] = unguarded(clf)
             guard = clf.run.infer_model  # attnlab.infer.precision.Guarded
@@ -326,10 +347,11 @@ def render(r: dict) -> str:
             kept = [e for e in rates if e == "attnlab fp32" or changed.get(e, 1) == 0]
             best = max(kept, key=lambda e: rates[e])
             fp32 = rates[best] / rates["attnlab fp32"]
+            mkl = rates[best] / rates[f"attnlab {TORCH_LINEAR}"]
             ort8 = rates[best] / rates["onnxruntime int8"]
             lines.append(f"- {kind}: the fastest attnlab path that keeps the labels, {best}, "
-                         f"runs {fp32:.2f}x attnlab fp32 and {ort8:.2f}x onnxruntime "
-                         "int8")  # fmt: skip
+                         f"runs {fp32:.2f}x attnlab fp32 ({mkl:.2f}x fp32 on torch's Linear) "
+                         f"and {ort8:.2f}x onnxruntime int8")  # fmt: skip
             bare = f"attnlab {UNGUARDED}"
             if bare in rates:
                 guarded = rates["attnlab bf16 compiled"]

@@ -1,6 +1,6 @@
 """Predict through ``torch.compile`` (``compile=True``, ``--compile``): the same numbers as the
-eager path it compiles, compiled once at load (no recompile for a lone text or a new length),
-and a clear line where it cannot run."""
+eager path it compiles, its Linear weights frozen and packed for oneDNN, compiled once at load
+(no recompile for a lone text or a new length), and a clear line where it cannot run."""
 
 from __future__ import annotations
 
@@ -66,10 +66,12 @@ def test_compiled_bf16_keeps_the_float32_rerun_and_stays_near_fp32(tmp_path) -> 
         pytest.skip("no native bfloat16 on this CPU")
     want = attnlab.load(run).predict(TEXTS)
     eager = attnlab.load(run, precision="bf16").predict(TEXTS)
+    packed = counters["inductor"]["mkldnn_linear_weight_pack_matcher_count"]
     clf = attnlab.load(run, precision="bf16", compile=True)
     path = clf.run.infer_model
     assert isinstance(path, prec.Guarded) and isinstance(path.fast, prec.Compiled)
     assert not isinstance(path.reference, prec.Compiled)  # close calls decided eagerly in fp32
+    assert counters["inductor"]["mkldnn_linear_weight_pack_matcher_count"] > packed  # frozen
     got = clf.predict(TEXTS)
     # the compiled pass fuses casts and LayerNorm that eager bf16 rounds between kernels: its
     # probabilities stay within the bf16 path's own tolerance of both (test_inference_paths)

@@ -76,7 +76,9 @@ def test_bf16_is_torch_autocast_of_the_run_with_its_weights_cast_once(runs) -> N
     clf = attnlab.load(runs["e5 mean"])
     model = clf.run.model
     path = prec.convert(model, "bf16")
-    assert isinstance(path, prec.Guarded) and path.reference is model
+    assert isinstance(path, prec.Guarded)
+    assert [type(m) for m in path.reference.modules()] == [type(m) for m in
+                                                           prec.convert(model, "fp32").modules()]
     linears = [m for m in path.fast.modules() if isinstance(m, torch.nn.Linear)]
     assert linears and all(m.weight.dtype == torch.bfloat16 for m in linears)
     assert all(p.dtype == torch.float32 for p in model.parameters())  # the run's untouched
@@ -91,6 +93,46 @@ def test_bf16_is_torch_autocast_of_the_run_with_its_weights_cast_once(runs) -> N
     with torch.no_grad():
         assert torch.equal(path.fast(ids, lengths), oracle)
     assert (oracle.softmax(-1) - plain.softmax(-1)).abs().max() <= TOLERANCE["bf16"]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_onednn_linear_is_nn_linear(seed) -> None:
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("torch built without oneDNN")
+    gen = torch.Generator().manual_seed(seed)
+    print("seed", seed)
+    for bias in (True, False):
+        linear = torch.nn.Linear(48, 80, bias=bias)
+        with torch.no_grad():
+            for p in linear.parameters():
+                p.copy_(torch.randn(p.shape, generator=gen))
+        x = torch.randn(6, 3, 48, generator=gen).transpose(0, 1)  # (3, 6, 48), not contiguous
+        want = torch.nn.functional.linear(x.double(), linear.weight.double(),
+                                          None if linear.bias is None else linear.bias.double())
+        got = prec.OneDNNLinear(linear)(x)
+        assert got.dtype == torch.float32 and got.shape == (3, 6, 80)
+        assert ((got.double() - want).abs() / want.abs().max()).max() < 1e-6  # float32's rounding
+
+
+def test_fp32_path_is_the_trained_model_with_its_linears_on_onednn(runs) -> None:
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("torch built without oneDNN")
+    clf = attnlab.load(runs["e5 mean"])
+    model = clf.run.model
+    path = clf.run.infer_model
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    swapped = [m for m in path.modules() if isinstance(m, prec.OneDNNLinear)]
+    assert linears and len(swapped) == len(linears)
+    assert not any(isinstance(m, torch.nn.Linear) for m in path.modules())
+    assert {id(p) for p in path.parameters()} == {id(p) for p in model.parameters()}  # shared
+    assert all(isinstance(m, torch.nn.Linear) for m in linears)  # the run's own untouched
+    ids, lengths = clf.run.encode(TEXTS)
+    oracle = copy.deepcopy(model).double()
+    with torch.no_grad():
+        want = oracle(ids, lengths)
+        error = (path(ids, lengths).double() - want).abs().max()
+        plain = (model(ids, lengths).double() - want).abs().max()
+    assert error <= 4 * plain + 1e-6, (error, plain)  # float32's rounding, as torch's own Linear
 
 
 class Constant(torch.nn.Module):

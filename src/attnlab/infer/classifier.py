@@ -214,7 +214,7 @@ class ClassifierRun(Run):
         # ids of a text training read at most (data_report's max_len); predict may read more
         self.train_len = train_len or reader.max_len
         self.infer_model = model  # what predict runs: the model, or a faster path of it
-        self.precision = Choice("fp32", 1, "fp32: the trained model as it is")
+        self.precision = Choice("fp32", 1, "fp32: the trained model")
 
     @classmethod
     def load(cls, run_dir: str | Path, device: str = "cpu") -> ClassifierRun:
@@ -280,11 +280,11 @@ class ClassifierRun(Run):
             self.infer_model = models[choice.precision]
         else:
             self.infer_model = convert(self.model, precision)
-            said = "the trained model as it is" if precision == "fp32" else "not checked"
+            said = "the trained model" if precision == "fp32" else "not checked"
             choice = Choice(precision, threads[0], f"{precision} as asked ({said})")
         if compile:
             start = time.perf_counter()
-            self.infer_model = compiled(self.infer_model)
+            self.infer_model = compiled(self.infer_model, self.model)
             # compiled now, on the threads predict runs on: the graph is kept for that count
             before = torch.get_num_threads()
             torch.set_num_threads(choice.threads or before)

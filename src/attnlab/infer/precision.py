@@ -1,6 +1,8 @@
 """The CPU paths a classifier's forward pass may take, and the measured choice between them.
 
-- ``fp32``: the trained model as it is;
+- ``fp32``: the trained model, its Linear layers run through oneDNN's float32 matmul on the CPU
+  (``OneDNNLinear``: the same weights and float32 numbers; torch's own float32 Linear calls
+  MKL, whose AVX2 kernels are what it runs on AMD CPUs);
 - ``int8``: every ``nn.Linear`` dynamically quantized (``torch.ao.quantization.quantize_dynamic``,
   qint8 weights per tensor, activations quantized per batch at run time; fbgemm's VNNI kernels
   on this CPU), embeddings, LayerNorm, softmax and attention's two batched matmuls in float32;
@@ -8,7 +10,7 @@
   bfloat16 with float32 accumulation, LayerNorm in float32, attention's softmax summing in
   float32), the Linear weights stored in bfloat16 once rather than cast on every call (the
   same numbers), and its close calls decided in float32 (``Guarded``: a text whose two
-  likeliest classes are within ``BF16_MARGIN`` is run again through the float32 model);
+  likeliest classes are within ``BF16_MARGIN`` is run again through the fp32 path);
   offered only where the CPU has native bfloat16 (avx512_bf16 or AMX), as emulated bfloat16
   is slower than float32.
 
@@ -38,9 +40,9 @@ PRECISIONS = ("auto", "fp32", "bf16", "int8")
 CHECK_TEXTS = 64  # texts of the check set: labels compared with float32's, and timed
 # bf16's close calls: a label can change only where the two classes' changes sum past their
 # margin; the largest |p - p_fp32| measured on the main job's run is 0.021 (validation) and
-# 0.017 (test) eager, 0.025 and 0.016 compiled (attention on the matmul backend), so 0.08
-# leaves 1.6x room over twice the largest; 2.2-2.7% of its texts are re-run
-# (benchmarks/infer/close_calls.py, docs/results/close_calls.md)
+# 0.017 (test) eager, 0.016 and 0.018 compiled (Linear weights packed by Inductor's freezing,
+# attention on the matmul backend), so 0.08 leaves 1.9x room over twice the largest; 2.2-2.6%
+# of its texts are re-run (benchmarks/infer/close_calls.py, docs/results/close_calls.md)
 BF16_MARGIN = 0.08
 
 
@@ -62,6 +64,39 @@ def usable_cores() -> int:
 def available() -> tuple[str, ...]:
     """The paths this machine runs: fp32, int8, and bf16 where the CPU has it."""
     return ("fp32", "int8", "bf16") if cpu_has_bf16() else ("fp32", "int8")
+
+
+class OneDNNLinear(nn.Module):
+    """``linear`` (its own weight and bias, shared) through oneDNN's float32 matmul,
+    y = x Wᵀ + b. torch's float32 ``nn.Linear`` calls MKL's sgemm, which on AMD CPUs runs its
+    AVX2 kernels whatever the CPU has; oneDNN runs AVX-512 where the CPU has it (on a 2-core
+    AMD EPYC with AVX-512, one thread: 2.3x MKL's GFLOP/s at e5-small's feed-forward shape,
+    docs/results/throughput.md). Inference only: the op has no gradient."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.weight, self.bias = linear.weight, linear.bias  # (out, in), (out,) or None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # (..., in) -> (..., out)
+        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+
+
+def onednn(model: nn.Module) -> nn.Module:
+    """``model`` with every float32 ``nn.Linear`` on the CPU run by :class:`OneDNNLinear`,
+    sharing every tensor with ``model`` (no weight is copied); ``model`` itself where torch was
+    built without oneDNN or the model is not float32 on the CPU."""
+    weight = next(model.parameters(), None)
+    if (not torch.backends.mkldnn.is_available() or weight is None
+            or weight.device.type != "cpu" or weight.dtype != torch.float32):  # fmt: skip
+        return model
+    shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    copied = copy.deepcopy(model, memo=shared)
+    for module in list(copied.modules()):
+        for name, child in list(module.named_children()):
+            if type(child) is nn.Linear:
+                setattr(module, name, OneDNNLinear(child))
+    return copied.eval()
 
 
 class Autocast(nn.Module):
@@ -109,21 +144,28 @@ class Guarded(nn.Module):
 
 
 class Compiled(nn.Module):
-    """``model`` through ``torch.compile`` (Inductor, the weights frozen into the graph as
-    constants so oneDNN's packed layouts are made once, shapes dynamic): the elementwise steps
-    between the matmuls (GELU, LayerNorm, the casts and residual adds) fuse into generated C++.
-    A batch of one runs as that text twice, so the graph compiled for batches serves it: torch
-    specialises a dimension of size 1, which would compile a second graph on a first lone text.
-    The graph is kept for the thread count it was compiled on: another count compiles again."""
+    """``model`` through ``torch.compile`` (Inductor, shapes dynamic, the weights frozen into
+    the graph as constants): each Linear becomes oneDNN's linear on a weight packed once, with
+    a following GELU fused into it, and the elementwise steps between the matmuls (LayerNorm,
+    the casts and residual adds) fuse into generated C++. Freezing is Inductor's global setting,
+    held here around every call: Dynamo reads it when it traces (to keep the weights as
+    constants rather than graph inputs), so ``torch.compile(options={"freezing": True})`` alone
+    packs nothing. A batch of one runs as that text twice, so the graph compiled for batches
+    serves it: torch specialises a dimension of size 1, which would compile a second graph on a
+    first lone text. The graph is kept for the thread count it was compiled on: another count
+    compiles again."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
-        self.compiled = torch.compile(model, dynamic=True, options={"freezing": True})
+        self.compiled = torch.compile(model, dynamic=True)
 
     def forward(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        if len(ids) == 1:
-            return self.compiled(ids.repeat(2, 1), lengths.repeat(2))[:1]  # (1, C)
-        return self.compiled(ids, lengths)  # (B, C)
+        from torch._inductor import config as inductor_config  # a second to import: only here
+
+        with inductor_config.patch(freezing=True):
+            if len(ids) == 1:
+                return self.compiled(ids.repeat(2, 1), lengths.repeat(2))[:1]  # (1, C)
+            return self.compiled(ids, lengths)  # (B, C)
 
 
 def compile_missing() -> str | None:
@@ -137,21 +179,22 @@ def compile_missing() -> str | None:
     return None
 
 
-def compiled(model: nn.Module) -> nn.Module:
-    """``model`` (a path from :func:`convert`) with its fast part compiled: a guarded path
-    compiles the bf16 pass and keeps the float32 re-run eager (it sees a few texts)."""
-    if isinstance(model, Guarded):
-        model.fast = Compiled(model.fast)
-        return model
+def compiled(path: nn.Module, model: nn.Module) -> nn.Module:
+    """``path`` (``convert(model, ...)``) with its fast part compiled: a guarded path compiles
+    the bf16 pass and keeps the float32 re-run eager (it sees a few texts); the fp32 path
+    compiles ``model`` itself, whose plain Linear layers Inductor packs for oneDNN."""
+    if isinstance(path, Guarded):
+        path.fast = Compiled(path.fast)
+        return path
     return Compiled(model)
 
 
 def convert(model: nn.Module, precision: str) -> nn.Module:
-    """``model`` for the ``precision`` path (fp32: itself; the others leave it untouched)."""
+    """``model`` for the ``precision`` path (a new module; ``model`` is left untouched)."""
     if precision == "fp32":
-        return model
+        return onednn(model)
     if precision == "bf16":
-        return Guarded(Autocast(model).eval(), model, BF16_MARGIN).eval()
+        return Guarded(Autocast(model).eval(), onednn(model), BF16_MARGIN).eval()
     if precision == "int8":
         with warnings.catch_warnings():  # torch.ao's notice that torchao will replace it
             warnings.simplefilter("ignore")
