@@ -25,7 +25,8 @@
    batches of 64. Every engine reads the same texts, sorted by length (attnlab sorts them
    itself; the others are given them sorted, so every one pads as little), tokenizing inside
    the timed span; each engine warms up on 16 texts, then the rounds interleave the engines and
-   the best round counts.
+   the best round counts; the page also gives the range of the round-by-round ratio of
+   attnlab's fastest path that keeps the labels to onnxruntime's int8.
 3. attnlab's labels on the run's own test split through each path, and onnxruntime's through
    both graphs, against attnlab fp32's: how many changed and the largest probability change
    (a peer's speed compares fairly only beside the labels it keeps).
@@ -274,7 +275,7 @@ def main(argv: list[str] | None = None) -> None:
     sets = texts_of(args.short, args.long)
     sizes = {k: len(v) for k, v in sets.items()}
     results: dict = {"command": command_line(argv), "machine": info, "run": args.run,
-                     "texts": sizes, "peak": {}, "rates": {}}  # fmt: skip
+                     "texts": sizes, "peak": {}, "rates": {}, "rounds": {}}  # fmt: skip
     import attnlab
 
     reader = attnlab.load(args.run).run.reader
@@ -292,15 +293,17 @@ def main(argv: list[str] | None = None) -> None:
             for kind, texts in sets.items():
                 for call in table.values():
                     call(texts[:16])  # warm-up
-                best: dict[str, float] = {}
+                rounds: dict[str, list[float]] = {name: [] for name in table}
                 for _ in range(args.rounds):
                     for name, call in table.items():
                         start = time.perf_counter()
                         call(texts)
-                        rate = len(texts) / (time.perf_counter() - start)
-                        best[name] = max(best.get(name, 0.0), rate)
-                        print(f"{n} thread(s), {kind}: {name} {rate:.1f} texts/s", flush=True)
-                results["rates"].setdefault(str(n), {})[kind] = best
+                        rounds[name].append(len(texts) / (time.perf_counter() - start))
+                        print(f"{n} thread(s), {kind}: {name} {rounds[name][-1]:.1f} texts/s",
+                              flush=True)  # fmt: skip
+                results["rates"].setdefault(str(n), {})[kind] = {k: max(v) for k, v in
+                                                                 rounds.items()}  # fmt: skip
+                results["rounds"].setdefault(str(n), {})[kind] = rounds
         results["labels"] = label_check(
             args.run,
             root / "hf",
@@ -349,9 +352,12 @@ def render(r: dict) -> str:
             fp32 = rates[best] / rates["attnlab fp32"]
             mkl = rates[best] / rates[f"attnlab {TORCH_LINEAR}"]
             ort8 = rates[best] / rates["onnxruntime int8"]
+            paired = r["rounds"][n][kind]  # each round ran every engine once, one after another
+            each = [a / b for a, b in zip(paired[best], paired["onnxruntime int8"])]
             lines.append(f"- {kind}: the fastest attnlab path that keeps the labels, {best}, "
                          f"runs {fp32:.2f}x attnlab fp32 ({mkl:.2f}x fp32 on torch's Linear) "
-                         f"and {ort8:.2f}x onnxruntime int8")  # fmt: skip
+                         f"and {ort8:.2f}x onnxruntime int8 (round by round "
+                         f"{min(each):.2f}-{max(each):.2f}x)")  # fmt: skip
             bare = f"attnlab {UNGUARDED}"
             if bare in rates:
                 guarded = rates["attnlab bf16 compiled"]

@@ -72,7 +72,13 @@ def test_compiled_bf16_keeps_the_float32_rerun_and_stays_near_fp32(tmp_path) -> 
     assert isinstance(path, prec.Guarded) and isinstance(path.fast, prec.Compiled)
     assert not isinstance(path.reference, prec.Compiled)  # close calls decided eagerly in fp32
     assert counters["inductor"]["mkldnn_linear_weight_pack_matcher_count"] > packed  # frozen
+    compiled = graphs()
     got = clf.predict(TEXTS)
+    ids, _ = clf.run.encode(TEXTS[:2])
+    for width in (3, 31, 32, 33, 48, clf.run.max_len):  # each side of the eager softmax's cases
+        with torch.no_grad():
+            path(ids[:, :1].repeat(1, width), torch.full((2,), width))
+    assert graphs() == compiled  # one graph, built at load, for every width predict reads
     # the compiled pass fuses casts and LayerNorm that eager bf16 rounds between kernels: its
     # probabilities stay within the bf16 path's own tolerance of both (test_inference_paths)
     assert (probs(got) - probs(eager)).abs().max() <= 0.004

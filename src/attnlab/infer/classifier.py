@@ -285,11 +285,13 @@ class ClassifierRun(Run):
         if compile:
             start = time.perf_counter()
             self.infer_model = compiled(self.infer_model, self.model)
-            # compiled now, on the threads predict runs on: the graph is kept for that count
+            # compiled now, on the threads predict runs on: the graph is kept for that count;
+            # and at the widest batch predict reads, where attention may take another kernel
             before = torch.get_num_threads()
             torch.set_num_threads(choice.threads or before)
             try:
                 self.probs(self.infer_model, check_set())
+                self.probs(self.infer_model, ["".join(check_set() * 16)] * 2)  # cut at the widest
             finally:
                 torch.set_num_threads(before)
             choice.compiled = True

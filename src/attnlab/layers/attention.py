@@ -211,8 +211,9 @@ def matmul_attention(
     once, by ``baddbmm``, with the mask and bias entering as one additive term (masked keys get
     the dtype's lowest value), and every step runs in the products' dtype (:func:`product_dtype`;
     torch's softmax of bf16 / fp16 scores sums in float32 and rounds its output once, as the
-    explicit path's cast of float32 weights does; a bf16 / fp16 row shorter than
-    ``SOFTMAX_WIDTH`` is softmaxed in float32 and rounded, the same numbers, faster).
+    explicit path's cast of float32 weights does; run eagerly, a bf16 / fp16 row shorter than
+    ``SOFTMAX_WIDTH`` is softmaxed in float32 and rounded, the same numbers, faster, and a
+    longer one is padded with masked keys to a multiple of it).
     q (B, H, Tq, Dk); k (B, Hkv, Tk, Dk); v (B, Hkv, Tk, Dv); mask bool and bias float,
     broadcastable to (B, H, Tq, Tk) -> (B, H, Tq, Dv). A query row with no key to attend to
     gives zeros."""
@@ -220,15 +221,19 @@ def matmul_attention(
     B, H, Tq, Dk = q.shape
     Tk, Dv = k.shape[2], v.shape[-1]
     k, v, mask = every_head(q, k, v, mask, is_causal)
-    narrow = dtype.itemsize < 4 and Tk < SOFTMAX_WIDTH  # softmaxed in float32, then rounded
-    pad = -Tk % SOFTMAX_WIDTH if dtype.itemsize < 4 and not narrow else 0
+    # torch's eager bf16 / fp16 softmax is slow on short rows (softmaxed in float32, then
+    # rounded) and on a row's tail past its last whole vector (padded with masked keys); under
+    # torch.compile the softmax is Inductor's own loop, and each such branch would be a graph
+    eager = not torch.compiler.is_compiling()
+    narrow = eager and dtype.itemsize < 4 and Tk < SOFTMAX_WIDTH
+    pad = -Tk % SOFTMAX_WIDTH if eager and dtype.itemsize < 4 and not narrow else 0
     low = torch.finfo(dtype).min  # a masked key's score
     with torch.autocast(q.device.type, enabled=False):  # the dtype is chosen here, not by autocast
         add = None if bias is None else bias.to(dtype)  # (B|1, H|1, Tq|1, Tk)
         if mask is not None:
             base = torch.zeros((), dtype=dtype, device=q.device) if add is None else add
             add = base.masked_fill(~mask, low)  # (B|1, H|1, Tq|1, Tk)
-        if pad:  # masked keys up to whole vectors: torch's bf16 softmax is slow on a row's tail
+        if pad:  # masked keys up to whole vectors
             if add is None:
                 add = torch.zeros(1, 1, 1, Tk, dtype=dtype, device=q.device)
             add = F.pad(add, (0, pad), value=low)  # (B|1, H|1, Tq|1, Tk + pad)
