@@ -248,7 +248,7 @@ def test_a_client_stalling_in_its_headers_holds_no_one_up(server, monkeypatch) -
 def test_requests_arriving_together_share_one_forward_pass(server, run) -> None:
     srv, app = server
     port = srv.server_address[1]
-    model = app.loaded.run.model
+    model = app.loaded.run.infer_model  # what predict runs
     passes = []
     hook = model.register_forward_pre_hook(lambda module, args: passes.append(args[0].shape))
     first_in, release = threading.Event(), threading.Event()
