@@ -82,6 +82,11 @@ def test_bf16_is_torch_autocast_of_the_run_with_its_weights_cast_once(runs) -> N
     linears = [m for m in path.fast.modules() if isinstance(m, torch.nn.Linear)]
     assert linears and all(m.weight.dtype == torch.bfloat16 for m in linears)
     assert all(p.dtype == torch.float32 for p in model.parameters())  # the run's untouched
+    ours = {id(p) for m in model.modules() if isinstance(m, torch.nn.Linear)
+            for p in m.parameters(recurse=False)}  # fmt: skip
+    rest = [p for p in model.parameters() if id(p) not in ours]
+    assert rest and {id(p) for p in rest} <= {id(p) for p in path.fast.parameters()}  # shared
+    assert not ours & {id(p) for p in path.fast.parameters()}  # the cast ones are copies
     ids, lengths = clf.run.encode(TEXTS)
     oracle_model = copy.deepcopy(model)  # attention on the backend the path takes
     for module in oracle_model.modules():

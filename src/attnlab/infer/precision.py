@@ -102,13 +102,17 @@ def onednn(model: nn.Module) -> nn.Module:
 class Autocast(nn.Module):
     """A copy of ``model`` with its Linear layers in bfloat16, run under CPU bfloat16 autocast;
     logits returned as float32. Autocast casts a float32 weight to bfloat16 on every call; the
-    copy holds that cast once, so the numbers are autocast's and the casts are gone. Its full
-    attention takes the ``matmul`` backend, which runs bfloat16 rows of up to 256 keys faster
-    than torch's flash kernel (longer rows stay on the fused kernel)."""
+    copy holds that cast once, so the numbers are autocast's and the casts are gone; every
+    other tensor (the embeddings, most of e5's weights) is shared with ``model``, not copied.
+    Its full attention takes the ``matmul`` backend, which runs bfloat16 rows of up to 256 keys
+    faster than torch's flash kernel (longer rows stay on the fused kernel)."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
-        self.model = copy.deepcopy(model)
+        cast = {id(t) for m in model.modules() if isinstance(m, nn.Linear)
+                for t in m.parameters(recurse=False)}  # copied: .to() rewrites them in place
+        kept = (*model.parameters(), *model.buffers())
+        self.model = copy.deepcopy(model, memo={id(t): t for t in kept if id(t) not in cast})
         for module in self.model.modules():
             if isinstance(module, nn.Linear):
                 module.to(torch.bfloat16)
