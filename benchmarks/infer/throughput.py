@@ -195,23 +195,25 @@ def ort_engine(run: str, folder: Path, graph: Path, threads: int):
     return run_ort
 
 
-def unguarded(clf: Any) -> Any:
-    """A second handle on ``clf`` (attnlab.load's bf16 compiled path) whose close calls are not
-    re-run in float32: the bf16 pass alone, for the re-run's cost. Not a path predict offers:
-    it changes labels."""
+def handle(clf: Any, infer_model: Any) -> Any:
+    """A second handle on ``clf`` (an attnlab.load classifier) whose predict runs
+    ``infer_model``: a measurement only, not a path predict offers."""
     bare = copy.copy(clf)
     bare.run = copy.copy(clf.run)
-    bare.run.infer_model = clf.run.infer_model.fast  # the compiled bf16 pass, no Guarded
+    bare.run.infer_model = infer_model
     return bare
+
+
+def unguarded(clf: Any) -> Any:
+    """``clf`` (the bf16 compiled path) with its close calls not re-run in float32: the bf16
+    pass alone, for the re-run's cost (it changes labels)."""
+    return handle(clf, clf.run.infer_model.fast)  # the compiled bf16 pass, no Guarded
 
 
 def torch_linear(clf: Any) -> Any:
-    """A second handle on ``clf`` (attnlab.load's fp32 path) that runs the trained model as it
-    is, torch's own float32 Linear (MKL's sgemm) rather than oneDNN's: what fp32 ran before."""
-    bare = copy.copy(clf)
-    bare.run = copy.copy(clf.run)
-    bare.run.infer_model = clf.run.model
-    return bare
+    """``clf`` (the fp32 path) on the trained model as it is: torch's own float32 Linear (MKL's
+    sgemm) rather than oneDNN's, what fp32 ran before."""
+    return handle(clf, clf.run.model)
 
 
 def paths() -> list[tuple[str, bool]]:

@@ -291,7 +291,7 @@ class ClassifierRun(Run):
             torch.set_num_threads(choice.threads or before)
             try:
                 self.probs(self.infer_model, check_set())
-                self.probs(self.infer_model, ["".join(check_set() * 16)] * 2)  # cut at the widest
+                self.probs(self.infer_model, ["".join(check_set() * 16)])  # cut at the widest
             finally:
                 torch.set_num_threads(before)
             choice.compiled = True

@@ -82,6 +82,14 @@ class OneDNNLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
 
 
+def sharing_copy(model: nn.Module, copied: Sequence[torch.Tensor] = ()) -> nn.Module:
+    """A copy of ``model``'s modules holding ``model``'s own parameters and buffers, but for
+    those in ``copied``, which are copied (ones the caller will change)."""
+    own = {id(t) for t in copied}
+    kept = (*model.parameters(), *model.buffers())
+    return copy.deepcopy(model, memo={id(t): t for t in kept if id(t) not in own})
+
+
 def onednn(model: nn.Module) -> nn.Module:
     """``model`` with every float32 ``nn.Linear`` on the CPU run by :class:`OneDNNLinear`,
     sharing every tensor with ``model`` (no weight is copied); ``model`` itself where torch was
@@ -90,8 +98,7 @@ def onednn(model: nn.Module) -> nn.Module:
     if (not torch.backends.mkldnn.is_available() or weight is None
             or weight.device.type != "cpu" or weight.dtype != torch.float32):  # fmt: skip
         return model
-    shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
-    copied = copy.deepcopy(model, memo=shared)
+    copied = sharing_copy(model)
     for module in list(copied.modules()):
         for name, child in list(module.named_children()):
             if type(child) is nn.Linear:
@@ -109,10 +116,9 @@ class Autocast(nn.Module):
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
-        cast = {id(t) for m in model.modules() if isinstance(m, nn.Linear)
-                for t in m.parameters(recurse=False)}  # copied: .to() rewrites them in place
-        kept = (*model.parameters(), *model.buffers())
-        self.model = copy.deepcopy(model, memo={id(t): t for t in kept if id(t) not in cast})
+        cast = [t for m in model.modules() if isinstance(m, nn.Linear)
+                for t in m.parameters(recurse=False)]  # copied: .to() rewrites them in place
+        self.model = sharing_copy(model, cast)
         for module in self.model.modules():
             if isinstance(module, nn.Linear):
                 module.to(torch.bfloat16)
@@ -194,7 +200,8 @@ def compiled(path: nn.Module, model: nn.Module) -> nn.Module:
 
 
 def convert(model: nn.Module, precision: str) -> nn.Module:
-    """``model`` for the ``precision`` path (a new module; ``model`` is left untouched)."""
+    """``model`` for the ``precision`` path; ``model`` is left untouched (fp32 returns it itself
+    where oneDNN does not apply: see :func:`onednn`)."""
     if precision == "fp32":
         return onednn(model)
     if precision == "bf16":

@@ -119,9 +119,9 @@ BACKENDS: tuple[str, ...] = get_args(Backend)
 # than torch's CPU flash kernel, at 512 its (B, H, Tq, Tk) scores cost more than the kernel's
 # tiles; in float32 the kernel is the faster at every length (docs/results/attention_short_rows.md)
 MATMUL_MAX_KEYS = 256
-# the matmul backend pads bf16 / fp16 key rows with masked keys to a multiple of this, as
-# torch's CPU softmax runs a row's tail past its last whole 32-lane vector several times slower;
-# rows shorter than one vector are softmaxed in float32 instead, faster still
+# run eagerly, the matmul backend pads bf16 / fp16 key rows with masked keys to a multiple of
+# this, as torch's CPU softmax runs a row's tail past its last whole 32-lane vector several
+# times slower; rows shorter than one vector are softmaxed in float32 instead, faster still
 SOFTMAX_WIDTH = 32
 
 
